@@ -1,0 +1,86 @@
+//! Numbered response chunks to one subject (a client's inbox).
+
+use async_nats::Client;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use switchyard_messages::{FinishReason, GenerateMetrics, StreamChunk, Token, WireError, PROTOCOL_VERSION};
+
+/// Sends one request's response stream: seq 0, 1, 2, … with the last chunk marked
+/// `done`. Cheap to clone; clones share the sequence counter.
+#[derive(Clone)]
+pub struct ChunkSink {
+    client: Client,
+    subject: String,
+    request_id: String,
+    worker_id: Option<String>,
+    seq: Arc<AtomicU64>,
+}
+
+impl ChunkSink {
+    /// A sink publishing to `subject` for `request_id`; `worker_id` is stamped on the
+    /// first and last chunk.
+    pub fn new(client: Client, subject: String, request_id: String, worker_id: Option<String>) -> Self {
+        Self {
+            client,
+            subject,
+            request_id,
+            worker_id,
+            seq: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Chunks sent so far.
+    pub fn sent(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+
+    async fn send(&self, mut chunk: StreamChunk) -> bool {
+        chunk.seq = self.seq.fetch_add(1, Ordering::AcqRel);
+        if chunk.seq == 0 || chunk.done {
+            chunk.worker_id = self.worker_id.clone();
+        }
+        crate::nats::publish(&self.client, self.subject.clone(), &chunk)
+            .await
+            .is_ok()
+    }
+
+    fn chunk(&self) -> StreamChunk {
+        StreamChunk {
+            v: PROTOCOL_VERSION,
+            request_id: self.request_id.clone(),
+            seq: 0,
+            tokens: Vec::new(),
+            done: false,
+            finish_reason: None,
+            metrics: None,
+            error: None,
+            worker_id: None,
+        }
+    }
+
+    /// Sends tokens (an empty list is a keep-alive). Returns false if NATS refused.
+    pub async fn tokens(&self, tokens: Vec<Token>) -> bool {
+        let mut c = self.chunk();
+        c.tokens = tokens;
+        self.send(c).await
+    }
+
+    /// Sends the final chunk of a successful stream.
+    pub async fn done(&self, tokens: Vec<Token>, reason: FinishReason, metrics: GenerateMetrics) -> bool {
+        let mut c = self.chunk();
+        c.tokens = tokens;
+        c.done = true;
+        c.finish_reason = Some(reason);
+        c.metrics = Some(metrics);
+        self.send(c).await
+    }
+
+    /// Sends the final chunk of a failed stream.
+    pub async fn error(&self, error: WireError) -> bool {
+        let mut c = self.chunk();
+        c.done = true;
+        c.finish_reason = Some(FinishReason::Error);
+        c.error = Some(error);
+        self.send(c).await
+    }
+}

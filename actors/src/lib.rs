@@ -1,0 +1,29 @@
+//! # switchyard-actors — shared actor plumbing and the NATS bridge
+//!
+//! ## Layout
+//! - [`nats`]: connecting to NATS and publishing contract types.
+//! - [`chunks`]: [`ChunkSink`], which numbers a response stream's chunks and sends
+//!   keep-alives while a request waits or computes.
+//! - [`admission`]: [`Admission`], a worker's bounded admission (capacity + queue);
+//!   a full queue is an immediate `overloaded`, never unbounded growth.
+//! - [`cancel`]: [`CancelRegistry`], request id → cancel flag, fed by
+//!   `{p}.v1.cancel.{request_id}`.
+//!
+//! Workers and coordinators (their own crates) are built from these pieces.
+
+pub mod admission;
+pub mod cancel;
+pub mod chunks;
+pub mod nats;
+
+pub use admission::{Admission, AdmissionPermit};
+pub use cancel::CancelRegistry;
+pub use chunks::ChunkSink;
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

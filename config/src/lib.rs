@@ -1,0 +1,274 @@
+//! # switchyard-config — one typed configuration for every component
+//!
+//! ## Layout
+//! - [`Config`] and its sections ([`NatsConfig`], [`CoordinatorConfig`],
+//!   [`WorkerConfig`], [`ClientConfig`]) with their documented defaults.
+//! - [`Config::load`]: defaults → TOML file → `SWITCHYARD_{SECTION}_{FIELD}` env vars;
+//!   the CLI then applies its flags and calls [`Config::validate`].
+//!
+//! Every error names the field, and the file or variable it came from.
+
+mod env;
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading config file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema (unknown key, wrong type).
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, naming the field.
+        message: String,
+    },
+    /// An environment variable has a value of the wrong type.
+    #[error("environment variable {var}: {message}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("invalid {field} = {value}: {reason}")]
+    Invalid {
+        /// Dotted field name, e.g. `worker.capacity`.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Connection to NATS.
+    pub nats: NatsConfig,
+    /// Coordinator behaviour.
+    pub coordinator: CoordinatorConfig,
+    /// Worker behaviour.
+    pub worker: WorkerConfig,
+    /// Client behaviour (CLI and library).
+    pub client: ClientConfig,
+}
+
+/// Connection to NATS.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConfig {
+    /// NATS server URL; empty = `switchyard up` starts a local server.
+    pub url: String,
+    /// Subject prefix (`{prefix}.v1.…`), for several tenants on one NATS account.
+    pub prefix: String,
+    /// Path to the `nats-server` binary `switchyard up` starts; empty = search
+    /// `~/.cache/switchyard/bin` then `PATH`.
+    pub server_bin: String,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            prefix: "sy".into(),
+            server_bin: String::new(),
+        }
+    }
+}
+
+/// Coordinator behaviour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// A worker whose last heartbeat is older than this is dropped, milliseconds.
+    pub worker_expiry_ms: u64,
+    /// How long to wait for a worker's admission answer before trying another, ms.
+    pub admission_timeout_ms: u64,
+    /// Workers tried per request before giving up.
+    pub max_attempts: u32,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            worker_expiry_ms: 3_000,
+            admission_timeout_ms: 2_000,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// Worker behaviour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Worker id (one subject token); empty = `{backend}-{host}-{pid}`.
+    pub id: String,
+    /// Model file (GGUF) to serve; empty = the demo model in the cache.
+    pub model: String,
+    /// Name requests use for the model; empty = the file name without `.gguf`.
+    pub model_name: String,
+    /// Backend: `cpu` (candle).
+    pub backend: String,
+    /// Compute threads; 0 = all cores.
+    pub threads: u32,
+    /// Context window in tokens; 0 = the model's own, capped by the backend.
+    pub context_len: u32,
+    /// Requests computed at once.
+    pub capacity: u32,
+    /// Requests that may wait beyond `capacity`; more are refused with `overloaded`.
+    pub queue_depth: u32,
+    /// Heartbeat period, milliseconds.
+    pub heartbeat_ms: u64,
+    /// Keep-alive chunk period while a request is queued or computing, milliseconds.
+    pub keepalive_ms: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            model: String::new(),
+            model_name: String::new(),
+            backend: "cpu".into(),
+            threads: 0,
+            context_len: 0,
+            capacity: 1,
+            queue_depth: 16,
+            heartbeat_ms: 1_000,
+            keepalive_ms: 1_000,
+        }
+    }
+}
+
+/// Client behaviour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    /// A stream with no chunk for this long ends with `worker_lost`, milliseconds.
+    pub stall_timeout_ms: u64,
+    /// Timeout for request/reply calls (status, models), milliseconds.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            stall_timeout_ms: 10_000,
+            request_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults, overlaid by `file` (if given) and then by `SWITCHYARD_*` variables
+    /// from `vars` (pass `std::env::vars()`). Call [`Config::validate`] after flags.
+    pub fn load(file: Option<&Path>, vars: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        let mut table = toml::Table::try_from(Config::default()).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<defaults>"),
+            message: e.to_string(),
+        })?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            // Parse into the typed struct first so unknown keys and wrong types are
+            // reported against the file, with the field's name.
+            let from_file: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.message().to_string(),
+            })?;
+            let file_table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.message().to_string(),
+            })?;
+            drop(from_file);
+            env::merge(&mut table, file_table);
+        }
+        env::apply(&mut table, vars)?;
+        table.try_into().map_err(|e: toml::de::Error| ConfigError::Parse {
+            path: PathBuf::from("<merged>"),
+            message: e.message().to_string(),
+        })
+    }
+
+    /// Checks every value's range; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, value: String, reason| Err(ConfigError::Invalid { field, value, reason });
+        let token_ok = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if self.nats.prefix.is_empty() || !token_ok(&self.nats.prefix) {
+            return invalid(
+                "nats.prefix",
+                self.nats.prefix.clone(),
+                "must be non-empty letters, digits, '-' or '_'",
+            );
+        }
+        if !self.worker.id.is_empty() && !token_ok(&self.worker.id) {
+            return invalid(
+                "worker.id",
+                self.worker.id.clone(),
+                "must be letters, digits, '-' or '_'",
+            );
+        }
+        if self.worker.backend != "cpu" {
+            return invalid(
+                "worker.backend",
+                self.worker.backend.clone(),
+                "this build's workers support: cpu",
+            );
+        }
+        if self.worker.capacity == 0 {
+            return invalid("worker.capacity", "0".into(), "must be at least 1");
+        }
+        if self.worker.heartbeat_ms < 50 {
+            return invalid(
+                "worker.heartbeat_ms",
+                self.worker.heartbeat_ms.to_string(),
+                "must be at least 50",
+            );
+        }
+        if self.worker.keepalive_ms < 50 {
+            return invalid(
+                "worker.keepalive_ms",
+                self.worker.keepalive_ms.to_string(),
+                "must be at least 50",
+            );
+        }
+        if self.coordinator.worker_expiry_ms <= self.worker.heartbeat_ms {
+            return invalid(
+                "coordinator.worker_expiry_ms",
+                self.coordinator.worker_expiry_ms.to_string(),
+                "must exceed worker.heartbeat_ms",
+            );
+        }
+        if self.coordinator.max_attempts == 0 {
+            return invalid("coordinator.max_attempts", "0".into(), "must be at least 1");
+        }
+        if self.client.stall_timeout_ms <= self.worker.keepalive_ms {
+            return invalid(
+                "client.stall_timeout_ms",
+                self.client.stall_timeout_ms.to_string(),
+                "must exceed worker.keepalive_ms",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,61 @@
+use super::*;
+use std::io::Write;
+
+fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[test]
+fn defaults_are_valid() {
+    let c = Config::load(None, vars(&[])).unwrap();
+    assert_eq!(c, Config::default());
+    c.validate().unwrap();
+}
+
+#[test]
+fn file_then_env_override_in_order() {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    writeln!(f, "[worker]\ncapacity = 2\nqueue_depth = 5\n[nats]\nprefix = \"t1\"").unwrap();
+    let c = Config::load(
+        Some(f.path()),
+        vars(&[("SWITCHYARD_WORKER_CAPACITY", "3"), ("SWITCHYARD_CACHE", "/x")]),
+    )
+    .unwrap();
+    assert_eq!(c.worker.capacity, 3, "env beats file");
+    assert_eq!(c.worker.queue_depth, 5, "file beats default");
+    assert_eq!(c.nats.prefix, "t1");
+}
+
+#[test]
+fn unknown_key_in_file_names_it_and_the_file() {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    writeln!(f, "[worker]\ncapacityy = 2").unwrap();
+    let err = Config::load(Some(f.path()), vars(&[])).unwrap_err().to_string();
+    assert!(err.contains("capacityy"), "{err}");
+    assert!(err.contains(&f.path().display().to_string()), "{err}");
+}
+
+#[test]
+fn wrong_type_in_env_names_the_variable() {
+    let err = Config::load(None, vars(&[("SWITCHYARD_WORKER_CAPACITY", "many")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("SWITCHYARD_WORKER_CAPACITY"), "{err}");
+}
+
+#[test]
+fn invalid_values_name_the_field() {
+    let mut c = Config::default();
+    c.worker.capacity = 0;
+    assert!(c.validate().unwrap_err().to_string().contains("worker.capacity"));
+    let mut c = Config::default();
+    c.nats.prefix = "a.b".into();
+    assert!(c.validate().unwrap_err().to_string().contains("nats.prefix"));
+    let mut c = Config::default();
+    c.coordinator.worker_expiry_ms = 10;
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("coordinator.worker_expiry_ms"));
+}

@@ -1,0 +1,181 @@
+//! # switchyard-coordinator — the CoordinatorActor
+//!
+//! ## Layout
+//! - [`registry`]: live workers from heartbeats, and the routing policy (plain data).
+//! - [`actor`]: the CoordinatorActor owning the registry.
+//! - [`service`]: forwarding a client request to a worker with the client's inbox as
+//!   the stream target; tokens never pass through the coordinator.
+//! - [`CoordinatorHandle`]: starts all of it on a NATS connection.
+//!
+//! A request on `{p}.v1.generate` (queue group: one of several coordinators takes it)
+//! is decoded and validated, routed by the registry, and forwarded as a NATS request
+//! to `{p}.v1.worker.{wid}.generate` with header `Sy-Stream-To: <client inbox>`; the
+//! worker's [`switchyard_messages::Admission`] answer decides whether to try the next
+//! candidate. This crate never imports `switchyard-workers`: it knows workers only by
+//! their heartbeats.
+
+pub mod actor;
+pub mod registry;
+pub mod service;
+
+use actor::{CoordinatorActor, CoordinatorArgs, CoordinatorMsg};
+use async_nats::service::ServiceExt;
+use futures::StreamExt;
+use ractor::{Actor, ActorRef};
+use std::time::Duration;
+use switchyard_messages::subjects::COORDINATOR_QUEUE;
+use switchyard_messages::{encode, FleetStatus, ModelsReply, Subjects};
+use tokio::task::JoinHandle;
+
+/// How a coordinator behaves.
+#[derive(Debug, Clone)]
+pub struct CoordinatorOptions {
+    /// Unique id.
+    pub coordinator_id: String,
+    /// Subjects (prefix).
+    pub subjects: Subjects,
+    /// Heartbeat expiry.
+    pub worker_expiry: Duration,
+    /// Wait for a worker's admission answer.
+    pub admission_timeout: Duration,
+    /// Workers tried per request.
+    pub max_attempts: u32,
+}
+
+/// A running coordinator.
+pub struct CoordinatorHandle {
+    actor: ActorRef<CoordinatorMsg>,
+    tasks: Vec<JoinHandle<()>>,
+    service: Option<async_nats::service::Service>,
+}
+
+impl CoordinatorHandle {
+    /// Starts a coordinator on `client`.
+    pub async fn start(client: async_nats::Client, opts: CoordinatorOptions) -> anyhow::Result<Self> {
+        let (actor, _) = Actor::spawn(
+            None,
+            CoordinatorActor,
+            CoordinatorArgs {
+                coordinator_id: opts.coordinator_id.clone(),
+                expiry: opts.worker_expiry,
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the coordinator actor: {e}"))?;
+        let mut tasks = Vec::new();
+
+        let mut heartbeats = client.subscribe(opts.subjects.heartbeat_all()).await?;
+        let a = actor.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(msg) = heartbeats.next().await {
+                match switchyard_messages::decode(&msg.payload) {
+                    Ok(status) => {
+                        let _ = a.cast(CoordinatorMsg::Heartbeat(status));
+                    }
+                    Err(e) => tracing::warn!(subject = %msg.subject, "bad heartbeat: {e}"),
+                }
+            }
+        }));
+
+        let service = client
+            .service_builder()
+            .description(format!("switchyard coordinator {}", opts.coordinator_id))
+            .queue_group(COORDINATOR_QUEUE)
+            .start("switchyard-coordinator", env!("CARGO_PKG_VERSION"))
+            .await
+            .map_err(|e| anyhow::anyhow!("registering the NATS micro service: {e}"))?;
+        let ctx = service::ForwardContext {
+            client: client.clone(),
+            actor: actor.clone(),
+            subjects: opts.subjects.clone(),
+            admission_timeout: opts.admission_timeout,
+            max_attempts: opts.max_attempts,
+        };
+        for (name, subject, chat) in [
+            ("generate", opts.subjects.generate(), false),
+            ("chat", opts.subjects.chat(), true),
+        ] {
+            let mut endpoint = service
+                .endpoint_builder()
+                .name(name)
+                .add(subject)
+                .await
+                .map_err(|e| anyhow::anyhow!("endpoint {name}: {e}"))?;
+            let ctx = ctx.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(request) = endpoint.next().await {
+                    tokio::spawn(service::forward(ctx.clone(), request.message, chat));
+                }
+            }));
+        }
+        for (name, subject) in [("status", opts.subjects.status()), ("models", opts.subjects.models())] {
+            let mut endpoint = service
+                .endpoint_builder()
+                .name(name)
+                .add(subject)
+                .await
+                .map_err(|e| anyhow::anyhow!("endpoint {name}: {e}"))?;
+            let a = actor.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(request) = endpoint.next().await {
+                    let body = if name == "status" {
+                        ractor::call_t!(a, CoordinatorMsg::Status, 5_000).map(|s: FleetStatus| encode(&s))
+                    } else {
+                        ractor::call_t!(a, CoordinatorMsg::Models, 5_000).map(|m: ModelsReply| encode(&m))
+                    };
+                    let body = body.unwrap_or_else(|e| {
+                        encode(&switchyard_messages::ErrorReply {
+                            v: switchyard_messages::PROTOCOL_VERSION,
+                            error: switchyard_messages::WireError::new(
+                                switchyard_messages::ErrorCode::Internal,
+                                e.to_string(),
+                            ),
+                        })
+                    });
+                    let _ = request.respond(Ok(body.into())).await;
+                }
+            }));
+        }
+        // Ask every worker to heartbeat now instead of waiting a period.
+        let _ = client.publish(opts.subjects.discover(), bytes::Bytes::new()).await;
+        Ok(Self {
+            actor,
+            tasks,
+            service: Some(service),
+        })
+    }
+
+    /// The current fleet view.
+    pub async fn status(&self) -> anyhow::Result<FleetStatus> {
+        ractor::call_t!(self.actor, CoordinatorMsg::Status, 5_000)
+            .map_err(|e| anyhow::anyhow!("coordinator status: {e}"))
+    }
+
+    /// Stops serving.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.service.take() {
+            let _ = s.stop().await;
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        self.actor.stop(None);
+    }
+}
+
+/// A default coordinator id: `coord-{host}-{pid}`.
+pub fn default_coordinator_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    format!("coord-{host}-{}", std::process::id())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

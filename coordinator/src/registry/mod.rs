@@ -1,0 +1,237 @@
+//! The worker registry and routing policy — plain data, tested without a runtime.
+//!
+//! Workers enter on their heartbeats and leave when heartbeats stop for longer than
+//! the expiry. Routing filters the live workers (serves the model, available, not
+//! draining, matches the request's pins) and orders them: backend preference
+//! (seed 000 `Default()`: metal > rocm > llama_cpp > cuda > cpu), then free capacity,
+//! then load, with saturated workers last so requests spill to the next backend.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use switchyard_messages::{ErrorCode, ModelEntry, WireError, WorkerStatus, WorkerView};
+
+/// Backends in order of preference (seed 000 `Default()`).
+pub const BACKEND_PREFERENCE: &[&str] = &["metal", "rocm", "llama_cpp", "cuda", "cpu"];
+
+fn backend_rank(backend: &str) -> usize {
+    BACKEND_PREFERENCE
+        .iter()
+        .position(|b| *b == backend)
+        .unwrap_or(BACKEND_PREFERENCE.len())
+}
+
+/// What a request asks of routing.
+#[derive(Debug, Clone, Default)]
+pub struct RouteQuery {
+    /// Model name; empty = any.
+    pub model: String,
+    /// Only this backend.
+    pub backend: Option<String>,
+    /// Only this worker.
+    pub worker: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    status: WorkerStatus,
+    seen: Instant,
+    /// Requests routed here since its last heartbeat (not yet reflected in it).
+    routed_since: u32,
+}
+
+impl Entry {
+    fn load(&self) -> u32 {
+        self.status.in_flight + self.status.queued + self.routed_since
+    }
+    fn limit(&self) -> u32 {
+        self.status.capacity + self.status.queue_capacity
+    }
+    fn serves(&self, model: &str) -> bool {
+        model.is_empty() || self.status.models.iter().any(|m| m.name == model)
+    }
+}
+
+/// Live workers as known from heartbeats.
+#[derive(Debug)]
+pub struct Registry {
+    workers: HashMap<String, Entry>,
+    expiry: Duration,
+}
+
+impl Registry {
+    /// A registry that forgets a worker `expiry` after its last heartbeat.
+    pub fn new(expiry: Duration) -> Self {
+        Self {
+            workers: HashMap::new(),
+            expiry,
+        }
+    }
+
+    /// Records a heartbeat received at `now`. Returns true for a new worker.
+    pub fn heartbeat(&mut self, status: WorkerStatus, now: Instant) -> bool {
+        match self.workers.get_mut(&status.worker_id) {
+            // Heartbeats can arrive out of order across reconnects; keep the newest.
+            Some(e) if e.status.started_at_ms == status.started_at_ms && e.status.seq > status.seq => false,
+            Some(e) => {
+                e.status = status;
+                e.seen = now;
+                e.routed_since = 0;
+                false
+            }
+            None => {
+                let id = status.worker_id.clone();
+                self.workers.insert(
+                    id,
+                    Entry {
+                        status,
+                        seen: now,
+                        routed_since: 0,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Drops workers not heard from within the expiry; returns their ids.
+    pub fn expire(&mut self, now: Instant) -> Vec<String> {
+        let expiry = self.expiry;
+        let dead: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.seen) > expiry)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &dead {
+            self.workers.remove(id);
+        }
+        dead
+    }
+
+    /// Forgets a worker at once (it did not answer a forward).
+    pub fn remove(&mut self, worker_id: &str) -> bool {
+        self.workers.remove(worker_id).is_some()
+    }
+
+    /// Notes that a request was routed to `worker_id`.
+    pub fn routed(&mut self, worker_id: &str) {
+        if let Some(e) = self.workers.get_mut(worker_id) {
+            e.routed_since += 1;
+        }
+    }
+
+    /// Candidate worker ids for `q`, best first, or why there are none.
+    pub fn route(&self, q: &RouteQuery) -> Result<Vec<String>, WireError> {
+        if self.workers.is_empty() {
+            return Err(WireError::new(
+                ErrorCode::NoWorker,
+                "no workers are registered with this coordinator",
+            ));
+        }
+        if !self.workers.values().any(|e| e.serves(&q.model)) {
+            let mut served: Vec<&str> = self
+                .workers
+                .values()
+                .flat_map(|e| e.status.models.iter().map(|m| m.name.as_str()))
+                .collect();
+            served.sort_unstable();
+            served.dedup();
+            return Err(WireError::new(
+                ErrorCode::UnknownModel,
+                format!("no worker serves model {:?}; served: {}", q.model, served.join(", ")),
+            ));
+        }
+        let mut candidates: Vec<&Entry> = self
+            .workers
+            .values()
+            .filter(|e| e.serves(&q.model))
+            .filter(|e| q.backend.as_deref().is_none_or(|b| e.status.backend == b))
+            .filter(|e| q.worker.as_deref().is_none_or(|w| e.status.worker_id == w))
+            .collect();
+        if candidates.is_empty() {
+            return Err(WireError::new(
+                ErrorCode::NoWorker,
+                format!(
+                    "no live worker serves {:?} with backend {:?} and worker {:?}",
+                    q.model,
+                    q.backend.as_deref().unwrap_or("any"),
+                    q.worker.as_deref().unwrap_or("any")
+                ),
+            ));
+        }
+        candidates.retain(|e| e.status.available && !e.status.draining);
+        if candidates.is_empty() {
+            return Err(WireError::new(
+                ErrorCode::NoWorker,
+                format!("every worker serving {:?} is unavailable or draining", q.model),
+            ));
+        }
+        candidates.sort_by(|a, b| {
+            let key = |e: &Entry| {
+                let saturated = e.load() >= e.limit();
+                let busy = e.load() >= e.status.capacity;
+                (
+                    saturated,
+                    backend_rank(&e.status.backend),
+                    busy,
+                    e.load(),
+                    e.status.worker_id.clone(),
+                )
+            };
+            key(a).cmp(&key(b))
+        });
+        Ok(candidates.iter().map(|e| e.status.worker_id.clone()).collect())
+    }
+
+    /// Every live worker, for `status`.
+    pub fn views(&self, now: Instant) -> Vec<WorkerView> {
+        let mut views: Vec<WorkerView> = self
+            .workers
+            .values()
+            .map(|e| WorkerView {
+                status: e.status.clone(),
+                age_ms: now.duration_since(e.seen).as_millis() as u64,
+            })
+            .collect();
+        views.sort_by(|a, b| a.status.worker_id.cmp(&b.status.worker_id));
+        views
+    }
+
+    /// Models served by live workers, for `models`.
+    pub fn models(&self) -> Vec<ModelEntry> {
+        let mut by_name: HashMap<&str, ModelEntry> = HashMap::new();
+        for e in self.workers.values() {
+            for m in &e.status.models {
+                let entry = by_name.entry(&m.name).or_insert_with(|| ModelEntry {
+                    name: m.name.clone(),
+                    workers: Vec::new(),
+                    backends: Vec::new(),
+                    info: m.info.clone(),
+                });
+                entry.workers.push(e.status.worker_id.clone());
+                if !entry.backends.contains(&e.status.backend) {
+                    entry.backends.push(e.status.backend.clone());
+                }
+            }
+        }
+        let mut models: Vec<ModelEntry> = by_name.into_values().collect();
+        for m in &mut models {
+            m.workers.sort();
+        }
+        models.sort_by(|a, b| a.name.cmp(&b.name));
+        models
+    }
+
+    /// Number of live workers.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether no worker is live.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests;

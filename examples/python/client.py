@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Minimal switchyard client: one streaming request over NATS + MessagePack.
+
+Protocol: docs/protocol.md.  Needs `pip install nats-py msgpack` (Python 3.11+).
+
+    python examples/python/client.py --nats nats://127.0.0.1:4222 --prompt "Once upon a time"
+    python examples/python/client.py --chat "Say hi" --json
+
+Exit status: 0 success; 2 error chunk, no responders or protocol error (seq gap);
+3 stall (no chunk for --stall-ms, reported as worker_lost).
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import uuid
+
+import msgpack
+import nats
+import nats.errors
+
+PROTOCOL_VERSION = 1
+
+
+def fail(code: str, message: str) -> None:
+    print(f"error: {code}: {message}", file=sys.stderr, flush=True)
+
+
+async def run(args: argparse.Namespace) -> int:
+    nc = await nats.connect(args.nats)
+    try:
+        return await stream(nc, args)
+    finally:
+        await nc.drain()
+
+
+async def stream(nc, args: argparse.Namespace) -> int:
+    request_id = uuid.uuid4().hex
+    req = {"v": PROTOCOL_VERSION, "request_id": request_id, "model": args.model,
+           "config": {"max_tokens": args.max_tokens}}
+    if args.chat is not None:
+        verb, req["messages"] = "chat", [{"role": "user", "content": args.chat}]
+    else:
+        verb, req["prompt"] = "generate", args.prompt
+    subject = f"{args.prefix}.v1.{verb}"
+
+    # 1. Subscribe to a fresh inbox BEFORE publishing, so no chunk can be missed.
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.flush()
+    # 2. Publish the request with the inbox as the NATS reply subject.
+    headers = {"Sy-Request-Id": request_id,
+               "traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"}
+    await nc.publish(subject, msgpack.packb(req, use_bin_type=True), reply=inbox, headers=headers)
+
+    text, token_ids, worker_id, expected_seq = [], [], None, 0
+    while True:
+        # 3. Read chunks; keep-alives arrive at least every keepalive_ms, so silence
+        #    longer than the stall limit means the worker is gone.
+        try:
+            msg = await sub.next_msg(timeout=args.stall_ms / 1000)
+        except nats.errors.TimeoutError:
+            fail("worker_lost", f"no chunk for {args.stall_ms} ms")
+            # Tell the worker (if it is alive after all) to stop.
+            await nc.publish(f"{args.prefix}.v1.cancel.{request_id}", b"")
+            await nc.flush()
+            return 3
+        # NATS "no responders" status (503, empty body): nobody listens on the subject.
+        if msg.headers and msg.headers.get("Status") == "503":
+            fail("no_worker", f"no responders on {subject}")
+            return 2
+        chunk = msgpack.unpackb(msg.data, raw=False)  # unknown keys are simply ignored
+        if chunk.get("request_id") not in (request_id, ""):
+            continue  # not ours (cannot normally happen on a fresh inbox)
+        seq = chunk.get("seq")
+        if seq != expected_seq:
+            fail("protocol", f"seq gap: expected {expected_seq}, got {seq}")
+            await nc.publish(f"{args.prefix}.v1.cancel.{request_id}", b"")
+            return 2
+        expected_seq += 1
+        worker_id = chunk.get("worker_id") or worker_id
+
+        for tok in chunk.get("tokens") or []:
+            token_ids.append(tok["id"])
+            text.append(tok["text"])  # may be "" mid-UTF-8 character
+            if not args.json:
+                sys.stdout.write(tok["text"])
+                sys.stdout.flush()
+
+        if not chunk.get("done"):
+            continue  # seq 0 (admission) and keep-alives carry no tokens
+        err = chunk.get("error")
+        if args.json:
+            print(json.dumps({"text": "".join(text), "token_ids": token_ids,
+                              "finish_reason": chunk.get("finish_reason"),
+                              "worker_id": worker_id, "metrics": chunk.get("metrics"),
+                              "error": err}), flush=True)
+        if err:
+            fail(err.get("code"), err.get("message", ""))
+            return 2
+        return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="Stream a generation from switchyard.")
+    p.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
+    p.add_argument("--prefix", default="sy", help="subject prefix")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="raw prompt (sent to {prefix}.v1.generate)")
+    what.add_argument("--chat", help="one user message (sent to {prefix}.v1.chat)")
+    p.add_argument("--model", default="", help='model name; "" = any served model')
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--stall-ms", type=int, default=10000,
+                   help="give up (worker_lost) after this long without a chunk")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end instead of streaming text")
+    return asyncio.run(run(p.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+//! # switchyard-messages — the wire contract
+//!
+//! Everything that crosses a process boundary in switchyard is defined here, and
+//! nothing here knows about tokio, NATS or actors, so any crate (or a client in any
+//! language reading `docs/protocol.md`) can depend on it.
+//!
+//! ## Layout
+//! - [`types`]: the seed contract's value types — [`Token`], [`Message`],
+//!   [`GenerateConfig`], [`LoadConfig`], [`ModelInfo`], [`GenerateMetrics`],
+//!   [`ClassifyResult`], [`BatchResult`], [`AttentionSnapshot`].
+//! - [`wire`]: envelopes — [`GenerateRequest`] in, [`StreamChunk`]s out,
+//!   [`Admission`] between coordinator and worker, [`WorkerStatus`] heartbeats,
+//!   [`FleetStatus`] and [`ModelsReply`] for the fleet view.
+//! - [`error`]: the closed set of [`ErrorCode`]s with their `retryable` flag.
+//! - [`subjects`]: every NATS subject, under a configurable prefix.
+//! - [`codec`]: MessagePack with named fields (`encode` / `decode`).
+//! - [`backend`]: the `Backend` / `TextModel` traits backends implement.
+//!
+//! A request's path: a client encodes a [`GenerateRequest`] to
+//! [`Subjects::generate`]; a coordinator routes it on [`WorkerStatus`] heartbeats and
+//! forwards it to [`Subjects::worker`]; the worker answers the coordinator with an
+//! [`Admission`] and streams [`StreamChunk`]s straight to the client's inbox.
+
+pub mod backend;
+pub mod codec;
+pub mod error;
+pub mod subjects;
+pub mod types;
+pub mod wire;
+
+pub use backend::{Backend, BackendError, CancelFlag, GenerateEvent, GenerateStream, Prompt, TextModel};
+pub use codec::{decode, encode, DecodeError};
+pub use error::{ErrorCode, WireError};
+pub use subjects::Subjects;
+pub use types::*;
+pub use wire::*;
+
+/// The protocol version this build speaks. Every envelope carries it as `v`; a peer
+/// receiving a higher major version answers `unsupported_version`.
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,103 @@
+//! NATS subjects, all under one prefix (default `sy`) so several tenants can share a
+//! NATS account: `{prefix}.v1.generate`, `{prefix}.v1.worker.{wid}.generate`, …
+
+/// Subject names for one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    root: String,
+}
+
+/// The queue group every coordinator's request subscriptions join.
+pub const COORDINATOR_QUEUE: &str = "sy-coordinators";
+
+impl Default for Subjects {
+    fn default() -> Self {
+        Self::new("sy")
+    }
+}
+
+impl Subjects {
+    /// Subjects under `prefix` (e.g. `"sy"` → `"sy.v1.…"`).
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            root: format!("{prefix}.v1"),
+        }
+    }
+
+    /// `{p}.v1.generate`: streaming generation from a raw prompt (coordinators).
+    pub fn generate(&self) -> String {
+        format!("{}.generate", self.root)
+    }
+    /// `{p}.v1.chat`: streaming generation from messages (coordinators).
+    pub fn chat(&self) -> String {
+        format!("{}.chat", self.root)
+    }
+    /// `{p}.v1.status`: the fleet view (coordinators).
+    pub fn status(&self) -> String {
+        format!("{}.status", self.root)
+    }
+    /// `{p}.v1.models`: models served by the fleet (coordinators).
+    pub fn models(&self) -> String {
+        format!("{}.models", self.root)
+    }
+    /// `{p}.v1.worker.{wid}.{verb}`: one worker's endpoint.
+    pub fn worker(&self, worker_id: &str, verb: &str) -> String {
+        format!("{}.worker.{worker_id}.{verb}", self.root)
+    }
+    /// `{p}.v1.heartbeat.{wid}`: a worker's periodic [`crate::WorkerStatus`].
+    pub fn heartbeat(&self, worker_id: &str) -> String {
+        format!("{}.heartbeat.{worker_id}", self.root)
+    }
+    /// `{p}.v1.heartbeat.*`: every worker's heartbeats.
+    pub fn heartbeat_all(&self) -> String {
+        format!("{}.heartbeat.*", self.root)
+    }
+    /// `{p}.v1.discover`: a coordinator asks every worker to heartbeat now.
+    pub fn discover(&self) -> String {
+        format!("{}.discover", self.root)
+    }
+    /// `{p}.v1.cancel.{request_id}`: stop that request at the next token boundary.
+    pub fn cancel(&self, request_id: &str) -> String {
+        format!("{}.cancel.{request_id}", self.root)
+    }
+    /// `{p}.v1.cancel.*`: what workers listen on.
+    pub fn cancel_all(&self) -> String {
+        format!("{}.cancel.*", self.root)
+    }
+}
+
+/// Header carrying the subject a worker streams chunks to when the NATS reply subject
+/// is used for the coordinator's admission answer.
+pub const HEADER_STREAM_TO: &str = "Sy-Stream-To";
+/// Header with the request id (also in the body), for tooling that reads headers only.
+pub const HEADER_REQUEST_ID: &str = "Sy-Request-Id";
+/// W3C trace context.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+
+/// Whether `id` can be used as one subject token (worker ids, request ids).
+pub fn is_valid_token(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_use_the_prefix() {
+        let s = Subjects::new("tenant7");
+        assert_eq!(s.generate(), "tenant7.v1.generate");
+        assert_eq!(s.worker("w1", "chat"), "tenant7.v1.worker.w1.chat");
+        assert_eq!(s.cancel("r9"), "tenant7.v1.cancel.r9");
+        assert_eq!(Subjects::default().heartbeat_all(), "sy.v1.heartbeat.*");
+    }
+
+    #[test]
+    fn tokens_reject_subject_syntax() {
+        assert!(is_valid_token("cpu-0_a"));
+        assert!(!is_valid_token("a.b"));
+        assert!(!is_valid_token("a*"));
+        assert!(!is_valid_token(""));
+        assert!(!is_valid_token("a b"));
+    }
+}

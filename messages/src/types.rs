@@ -1,0 +1,200 @@
+//! The seed contract's value types (seed `000`, go-inference), ported to Rust.
+//!
+//! Every struct here is MessagePack-encoded with named fields; fields added later
+//! carry `#[serde(default)]` so older peers' payloads still decode.
+
+use serde::{Deserialize, Serialize};
+
+/// The atomic unit of streamed output: a vocabulary id and its decoded text.
+///
+/// `text` is the UTF-8 text this token completes; a token that ends in the middle of
+/// a multi-byte character carries `""` and the next token carries the whole character.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    /// Vocabulary index.
+    pub id: u32,
+    /// Decoded text (may be empty, see above).
+    pub text: String,
+}
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `"system"`, `"user"` or `"assistant"` (templates may accept others).
+    pub role: String,
+    /// The turn's text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message with the given role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Generation settings. Defaults follow the seed's `DefaultGenerateConfig()`:
+/// 256 tokens, temperature 0 (greedy), every other knob off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GenerateConfig {
+    /// Most tokens to generate.
+    pub max_tokens: u32,
+    /// Sampling temperature; `0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` = off.
+    pub top_k: u32,
+    /// Nucleus sampling mass; `0` or `>= 1` = off.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` × the best one; `0` = off.
+    pub min_p: f32,
+    /// Penalty on tokens seen in the last `repeat_last_n` tokens; `0` or `1` = off.
+    pub repeat_penalty: f32,
+    /// Window for `repeat_penalty`.
+    pub repeat_last_n: u32,
+    /// Sampling seed; the same seed and settings give the same tokens.
+    pub seed: Option<u64>,
+    /// Token ids that end generation (in addition to the model's end-of-generation ids).
+    pub stop_tokens: Vec<u32>,
+    /// Strings that end generation; the matched text is not emitted.
+    pub stop: Vec<String>,
+    /// Return the logits with a classify result.
+    pub return_logits: bool,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        Self {
+            max_tokens: 256,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 0.0,
+            min_p: 0.0,
+            repeat_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: None,
+            stop_tokens: Vec::new(),
+            stop: Vec::new(),
+            return_logits: false,
+        }
+    }
+}
+
+/// How a backend should load a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoadConfig {
+    /// Pin a backend by name (`"cpu"`, `"llama_cpp"`, …); empty = the default.
+    pub backend: String,
+    /// Context window in tokens; `0` = the model's own (capped by the backend).
+    pub context_len: u32,
+    /// Layers to offload to a GPU; `-1` = all, `0` = CPU only.
+    pub gpu_layers: i32,
+    /// Concurrent inference slots; `0` = the backend's default.
+    pub parallel_slots: u32,
+    /// Optional LoRA adapter path.
+    pub adapter_path: Option<String>,
+    /// CPU threads for compute; `0` = all cores.
+    pub threads: u32,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            backend: String::new(),
+            context_len: 0,
+            gpu_layers: -1,
+            parallel_slots: 0,
+            adapter_path: None,
+            threads: 0,
+        }
+    }
+}
+
+/// Static facts about a loaded model.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModelInfo {
+    /// `general.architecture`, e.g. `"llama"`.
+    pub architecture: String,
+    /// Vocabulary size.
+    pub vocab_size: u32,
+    /// Transformer blocks.
+    pub num_layers: u32,
+    /// Embedding width.
+    pub hidden_size: u32,
+    /// Bits per weight of the dominant quantisation; `0` = unquantised.
+    pub quant_bits: u32,
+    /// Weights per quantisation group; `0` = unquantised.
+    pub quant_group: u32,
+    /// The context window this worker serves, in tokens.
+    pub context_len: u32,
+}
+
+/// Performance of one finished generation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GenerateMetrics {
+    /// Tokens in the (rendered) prompt.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub generated_tokens: u32,
+    /// Time spent in prefill, microseconds.
+    pub prefill_us: u64,
+    /// Time spent decoding after the first token, microseconds.
+    pub decode_us: u64,
+    /// Wall time from admission to the last token, microseconds.
+    pub total_us: u64,
+    /// Time the request waited for the engine, microseconds.
+    pub queue_us: u64,
+    /// Prompt tokens per second during prefill.
+    pub prefill_tokens_per_sec: f64,
+    /// Generated tokens per second during decode.
+    pub decode_tokens_per_sec: f64,
+    /// Peak resident memory of the process, bytes (0 if unknown).
+    pub peak_memory_bytes: u64,
+    /// Resident memory at the end, bytes (0 if unknown).
+    pub active_memory_bytes: u64,
+}
+
+/// Output of a prefill-only pass over one prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyResult {
+    /// The most likely next token.
+    pub token: Token,
+    /// The next-token logits, only when `return_logits` was set.
+    #[serde(default)]
+    pub logits: Vec<f32>,
+}
+
+/// One prompt's outcome in a batch: its tokens or its own error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchResult {
+    /// Tokens generated for this prompt.
+    #[serde(default)]
+    pub tokens: Vec<Token>,
+    /// This prompt's failure, if any; the other prompts are unaffected.
+    #[serde(default)]
+    pub error: Option<crate::WireError>,
+}
+
+/// Post-RoPE key vectors of every layer after one prefill (seed 000).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AttentionSnapshot {
+    /// Layers captured.
+    pub num_layers: u32,
+    /// KV heads (may be fewer than query heads under GQA).
+    pub num_heads: u32,
+    /// Prompt length in tokens.
+    pub seq_len: u32,
+    /// Width of one head.
+    pub head_dim: u32,
+    /// `[layer][head]` → `seq_len * head_dim` floats, position-major.
+    pub keys: Vec<Vec<Vec<f32>>>,
+    /// Model architecture.
+    pub architecture: String,
+}

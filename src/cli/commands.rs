@@ -1,0 +1,349 @@
+//! What each subcommand does.
+
+use super::{load_config, ChatArgs, Cli, Command, GenerateArgs, ModelsArgs, SamplingFlags, StatusArgs, UpArgs};
+use anyhow::{bail, Context};
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use switchyard::nats_server::{find_nats_server, NatsServer};
+use switchyard::{node, Client, ClientError, ClientOptions, Config, GenerateRequest, Message, StreamEvent};
+
+/// Exit code for a request the fleet answered with an error.
+const EXIT_REMOTE: u8 = 2;
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let mut config = load_config(&cli)?;
+    match cli.command {
+        Command::Up(args) => {
+            args.worker.apply(&mut config);
+            args.coordinator.apply(&mut config);
+            config.validate()?;
+            up(config, args).await
+        }
+        Command::Coordinator(args) => {
+            args.coordinator.apply(&mut config);
+            config.validate()?;
+            require_nats(&config)?;
+            let coordinator = node::start_coordinator(&config).await?;
+            eprintln!("coordinator up on {} (prefix {})", config.nats.url, config.nats.prefix);
+            node::shutdown_signal().await;
+            coordinator.shutdown().await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Worker(args) => {
+            args.worker.apply(&mut config);
+            config.validate()?;
+            require_nats(&config)?;
+            let (model, path, name) = node::load_model(&config).await?;
+            let worker = node::start_worker(&config, model, path, name.clone()).await?;
+            eprintln!("worker {} up on {}: serving {name}", worker.id(), config.nats.url);
+            node::shutdown_signal().await;
+            eprintln!("draining worker {} …", worker.id());
+            worker.shutdown(Duration::from_secs(30)).await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Generate(args) => {
+            config.validate()?;
+            generate(&config, args).await
+        }
+        Command::Chat(args) => {
+            config.validate()?;
+            chat(&config, args).await
+        }
+        Command::Status(args) => {
+            config.validate()?;
+            status(&config, args).await
+        }
+        Command::Models(args) => {
+            config.validate()?;
+            models(&config, args).await
+        }
+    }
+}
+
+fn require_nats(config: &Config) -> anyhow::Result<()> {
+    if config.nats.url.is_empty() {
+        bail!("no NATS server given: pass --nats URL, set nats.url in the config file, or SWITCHYARD_NATS_URL");
+    }
+    Ok(())
+}
+
+fn nats_url_for_client(config: &Config) -> String {
+    if config.nats.url.is_empty() {
+        "nats://127.0.0.1:4222".to_string()
+    } else {
+        config.nats.url.clone()
+    }
+}
+
+async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Client> {
+    let opts = ClientOptions {
+        prefix: config.nats.prefix.clone(),
+        stall_timeout: Duration::from_millis(stall_ms.unwrap_or(config.client.stall_timeout_ms)),
+        request_timeout: Duration::from_millis(config.client.request_timeout_ms),
+    };
+    let url = nats_url_for_client(config);
+    Client::connect_with(&url, opts)
+        .await
+        .with_context(|| format!("connecting to {url}"))
+}
+
+async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let _server = if config.nats.url.is_empty() {
+        let bin = find_nats_server(&config.nats.server_bin)?;
+        let server = NatsServer::start(&bin)?;
+        config.nats.url = server.url();
+        eprintln!("started nats-server (pid {}) at {}", server.pid(), server.url());
+        Some(server)
+    } else {
+        None
+    };
+    let coordinator = node::start_coordinator(&config).await?;
+    let (model, path, name) = node::load_model(&config).await?;
+    let worker = node::start_worker(&config, model, path, name.clone()).await?;
+    // Report ready once the coordinator has seen the worker.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while coordinator.status().await?.workers.is_empty() {
+        if Instant::now() > deadline {
+            bail!("the coordinator did not see the worker within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "ready: nats={} model={name} worker={} in {:.2} s",
+        config.nats.url,
+        worker.id(),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "try:   switchyard --nats {} chat \"What is the capital of France?\"",
+        config.nats.url
+    );
+    std::io::stdout().flush().ok();
+
+    if let Some(prompt) = &args.prompt {
+        let client = client(&config, None).await?;
+        let req = GenerateRequest::chat(
+            Client::new_request_id(),
+            name.clone(),
+            vec![Message::new("user", prompt.clone())],
+        );
+        let done = client.chat(req).await?.collect().await?;
+        println!("> {prompt}\n{}", done.text.trim());
+        println!(
+            "answered in {:.2} s from start ({} tokens, {:.1} tok/s decode)",
+            started.elapsed().as_secs_f64(),
+            done.metrics.generated_tokens,
+            done.metrics.decode_tokens_per_sec
+        );
+        std::io::stdout().flush().ok();
+    }
+    if !args.exit_after_prompt {
+        node::shutdown_signal().await;
+    }
+    eprintln!("shutting down …");
+    worker.shutdown(Duration::from_secs(10)).await;
+    coordinator.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn request(s: &SamplingFlags, prompt: Option<String>, messages: Option<Vec<Message>>) -> GenerateRequest {
+    let mut req = GenerateRequest::generate(Client::new_request_id(), s.model.clone(), "");
+    req.prompt = prompt;
+    req.messages = messages;
+    let c = &mut req.config;
+    c.max_tokens = s.max_tokens;
+    c.temperature = s.temperature;
+    c.top_k = s.top_k;
+    c.top_p = s.top_p;
+    c.min_p = s.min_p;
+    c.repeat_penalty = s.repeat_penalty;
+    c.seed = s.seed;
+    c.stop = s.stop.clone();
+    req.backend = s.backend.clone();
+    req.worker = s.worker.clone();
+    req
+}
+
+/// Streams a response to stdout (or collects it for --json); returns the text.
+async fn stream_out(mut stream: switchyard::ResponseStream, json: bool) -> Result<String, ClientError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    let mut out = std::io::stdout();
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            StreamEvent::Tokens(t) => {
+                for tok in &t {
+                    text.push_str(&tok.text);
+                    if !json {
+                        let _ = out.write_all(tok.text.as_bytes());
+                    }
+                }
+                let _ = out.flush();
+                tokens.extend(t);
+            }
+            StreamEvent::Done { finish_reason, metrics } => {
+                if json {
+                    let v = serde_json::json!({
+                        "text": text,
+                        "token_ids": tokens.iter().map(|t| t.id).collect::<Vec<_>>(),
+                        "finish_reason": finish_reason,
+                        "worker_id": stream.worker_id(),
+                        "metrics": metrics,
+                    });
+                    println!("{v}");
+                } else {
+                    println!();
+                }
+                return Ok(text);
+            }
+        }
+    }
+    Err(ClientError::Protocol("stream ended without a final chunk".into()))
+}
+
+fn report(e: ClientError) -> anyhow::Result<ExitCode> {
+    match e {
+        ClientError::Remote { error, received } => {
+            if !received.is_empty() {
+                println!();
+            }
+            eprintln!(
+                "error: {}: {} (retryable: {})",
+                error.code, error.message, error.retryable
+            );
+            Ok(ExitCode::from(EXIT_REMOTE))
+        }
+        other => Err(other.into()),
+    }
+}
+
+async fn generate(config: &Config, args: GenerateArgs) -> anyhow::Result<ExitCode> {
+    let client = client(config, args.sampling.stall_timeout_ms).await?;
+    let req = request(&args.sampling, Some(args.prompt), None);
+    let stream = client.generate(req).await?;
+    match stream_out(stream, args.sampling.json).await {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => report(e),
+    }
+}
+
+async fn chat(config: &Config, args: ChatArgs) -> anyhow::Result<ExitCode> {
+    let client = client(config, args.sampling.stall_timeout_ms).await?;
+    let mut history: Vec<Message> = args.system.iter().map(|s| Message::new("system", s.clone())).collect();
+    if let Some(message) = args.message {
+        history.push(Message::new("user", message));
+        let stream = client.chat(request(&args.sampling, None, Some(history))).await?;
+        return match stream_out(stream, args.sampling.json).await {
+            Ok(_) => Ok(ExitCode::SUCCESS),
+            Err(e) => report(e),
+        };
+    }
+    eprintln!("interactive chat; an empty line or Ctrl-D ends it");
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        history.push(Message::new("user", line.trim_end().to_string()));
+        let stream = client
+            .chat(request(&args.sampling, None, Some(history.clone())))
+            .await?;
+        match stream_out(stream, false).await {
+            Ok(answer) => history.push(Message::new("assistant", answer)),
+            Err(e) => {
+                history.pop();
+                report(e)?;
+            }
+        }
+    }
+}
+
+async fn status(config: &Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let client = client(config, None).await?;
+    let fleet = match client.status().await {
+        Ok(f) => f,
+        Err(e) => return report(e),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&fleet)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "coordinator {}: {} worker(s)",
+        fleet.coordinator_id,
+        fleet.workers.len()
+    );
+    println!(
+        "{:<28} {:<10} {:<9} {:<34} {:>9} {:>7} {:>9} {:>7}",
+        "WORKER", "DEVICE", "BACKEND", "MODEL", "IN-FLIGHT", "QUEUED", "COMPLETED", "AGE"
+    );
+    for w in &fleet.workers {
+        let s = &w.status;
+        let model = s.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(",");
+        let state = if s.draining {
+            " (draining)"
+        } else if !s.available {
+            " (unavailable)"
+        } else {
+            ""
+        };
+        println!(
+            "{:<28} {:<10} {:<9} {:<34} {:>5}/{:<3} {:>7} {:>9} {:>5}ms{state}",
+            s.worker_id, s.device, s.backend, model, s.in_flight, s.capacity, s.queued, s.completed, w.age_ms
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn models(config: &Config, args: ModelsArgs) -> anyhow::Result<ExitCode> {
+    if let Some(dir) = args.dir {
+        let found =
+            switchyard_workers::discover::discover(&dir).with_context(|| format!("scanning {}", dir.display()))?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&found)?);
+        } else {
+            println!(
+                "{:<12} {:<12} {:>5} {:>6} {:>10}  PATH",
+                "FORMAT", "TYPE", "BITS", "GROUP", "MB"
+            );
+            for m in &found {
+                println!(
+                    "{:<12} {:<12} {:>5} {:>6} {:>10.1}  {}",
+                    m.format,
+                    m.model_type,
+                    m.quant_bits,
+                    m.quant_group,
+                    m.size_bytes as f64 / 1e6,
+                    m.path.display()
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = client(config, None).await?;
+    let reply = match client.models().await {
+        Ok(r) => r,
+        Err(e) => return report(e),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    } else {
+        for m in &reply.models {
+            println!(
+                "{}  ({}, {} layers, ctx {})  backends: {}  workers: {}",
+                m.name,
+                m.info.architecture,
+                m.info.num_layers,
+                m.info.context_len,
+                m.backends.join(","),
+                m.workers.join(",")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

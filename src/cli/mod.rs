@@ -1,0 +1,278 @@
+//! Command-line definitions (clap) and dispatch. Every flag is documented here so
+//! `--help` explains itself.
+
+mod commands;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use switchyard::Config;
+
+pub use commands::run;
+
+/// switchyard: serve LLMs from a mixed fleet (CPU, CUDA, ROCm, Metal, llama.cpp) as
+/// one system over NATS.
+///
+/// Configuration is layered: built-in defaults, then the TOML file (--config or
+/// $SWITCHYARD_CONFIG), then SWITCHYARD_{SECTION}_{FIELD} environment variables
+/// (e.g. SWITCHYARD_WORKER_CAPACITY=2), then flags.
+#[derive(Parser, Debug)]
+#[command(name = "switchyard", version, about, long_about)]
+pub struct Cli {
+    /// TOML configuration file (sections: nats, coordinator, worker, client).
+    #[arg(long, global = true, env = "SWITCHYARD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// NATS server URL, e.g. nats://10.0.0.5:4222. `up` starts a local server when
+    /// this is not given.
+    #[arg(long, global = true)]
+    pub nats: Option<String>,
+    /// Subject prefix ({prefix}.v1.*), to run several fleets on one NATS account.
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info`, `switchyard=debug`.
+    #[arg(long, global = true, default_value = "warn", env = "RUST_LOG")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a single node: a local nats-server (unless --nats), a coordinator and a
+    /// CPU worker serving the demo model (or --model). Stays up until Ctrl-C.
+    Up(UpArgs),
+    /// Run a coordinator only (routes requests to workers found by heartbeat).
+    Coordinator(CoordinatorArgs),
+    /// Run a worker only, serving one model on one device.
+    Worker(WorkerArgs),
+    /// Generate from a raw prompt; tokens stream to stdout as they arrive.
+    Generate(GenerateArgs),
+    /// Chat with a model (rendered with the model's chat template). With no message,
+    /// starts an interactive session that keeps the conversation.
+    Chat(ChatArgs),
+    /// Show live workers: device, backend, model, load.
+    Status(StatusArgs),
+    /// List models: served by the fleet, or found on disk with --dir.
+    Models(ModelsArgs),
+}
+
+/// Worker settings shared by `up` and `worker`.
+#[derive(Args, Debug, Clone)]
+pub struct WorkerFlags {
+    /// GGUF model file to serve (default: the demo model installed by scripts/setup.sh).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Name requests use for the model (default: the file name without .gguf).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Worker id, one NATS subject token (default: {backend}-{host}-{pid}).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// Context window in tokens (default: the model's own, capped at 4096 on cpu).
+    #[arg(long)]
+    pub context_len: Option<u32>,
+    /// Requests computed at once.
+    #[arg(long)]
+    pub capacity: Option<u32>,
+    /// Requests that may wait beyond --capacity; more are refused with `overloaded`.
+    #[arg(long)]
+    pub queue_depth: Option<u32>,
+    /// Heartbeat period in milliseconds.
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+}
+
+/// Coordinator settings shared by `up` and `coordinator`.
+#[derive(Args, Debug, Clone)]
+pub struct CoordinatorFlags {
+    /// Drop a worker whose last heartbeat is older than this (milliseconds).
+    #[arg(long)]
+    pub worker_expiry_ms: Option<u64>,
+    /// How long to wait for a worker to admit a request before trying another (ms).
+    #[arg(long)]
+    pub admission_timeout_ms: Option<u64>,
+}
+
+/// `switchyard up`.
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    #[command(flatten)]
+    pub coordinator: CoordinatorFlags,
+    /// Once up, answer this prompt (chat) through NATS and print the answer and the
+    /// time from start to answer.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// With --prompt: exit after answering instead of staying up.
+    #[arg(long, requires = "prompt")]
+    pub exit_after_prompt: bool,
+}
+
+/// `switchyard coordinator`.
+#[derive(Args, Debug)]
+pub struct CoordinatorArgs {
+    #[command(flatten)]
+    pub coordinator: CoordinatorFlags,
+}
+
+/// `switchyard worker`.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+}
+
+/// Generation settings for `generate` and `chat`.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingFlags {
+    /// Model name (default: any model the fleet serves).
+    #[arg(long, default_value = "")]
+    pub model: String,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: u32,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// Nucleus sampling mass (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub top_p: f32,
+    /// Drop tokens below this fraction of the best token's probability (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last 64 (1 or 0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub repeat_penalty: f32,
+    /// Sampling seed, for reproducible sampled output.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this string is generated (not printed); repeatable.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Only use workers of this backend (cpu, llama_cpp, rocm, cuda, metal).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Only use this worker id.
+    #[arg(long)]
+    pub worker: Option<String>,
+    /// End with worker_lost when no chunk arrives for this long (ms).
+    #[arg(long)]
+    pub stall_timeout_ms: Option<u64>,
+    /// Print one JSON object with text, tokens, finish reason and metrics instead of
+    /// streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `switchyard generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// The prompt, used as is (no chat template).
+    pub prompt: String,
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
+}
+
+/// `switchyard chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// The user's message; without it, an interactive session reads lines from stdin.
+    pub message: Option<String>,
+    /// A system message to start the conversation with.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
+}
+
+/// `switchyard status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Print the coordinator's answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `switchyard models`.
+#[derive(Args, Debug)]
+pub struct ModelsArgs {
+    /// Scan this directory (or file) for GGUF files and HF model directories instead of
+    /// asking the fleet.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Sets up logging to stderr.
+pub fn init_logging(filter: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Loads the layered configuration and applies the global flags.
+pub fn load_config(cli: &Cli) -> anyhow::Result<Config> {
+    let mut config = Config::load(cli.config.as_deref(), std::env::vars())?;
+    if let Some(url) = &cli.nats {
+        config.nats.url = url.clone();
+    }
+    if let Some(p) = &cli.prefix {
+        config.nats.prefix = p.clone();
+    }
+    Ok(config)
+}
+
+impl WorkerFlags {
+    /// Applies the flags that were given.
+    pub fn apply(&self, c: &mut Config) {
+        let w = &mut c.worker;
+        if let Some(v) = &self.model {
+            w.model = v.display().to_string();
+        }
+        if let Some(v) = &self.model_name {
+            w.model_name = v.clone();
+        }
+        if let Some(v) = &self.worker_id {
+            w.id = v.clone();
+        }
+        if let Some(v) = self.threads {
+            w.threads = v;
+        }
+        if let Some(v) = self.context_len {
+            w.context_len = v;
+        }
+        if let Some(v) = self.capacity {
+            w.capacity = v;
+        }
+        if let Some(v) = self.queue_depth {
+            w.queue_depth = v;
+        }
+        if let Some(v) = self.heartbeat_ms {
+            w.heartbeat_ms = v;
+        }
+    }
+}
+
+impl CoordinatorFlags {
+    /// Applies the flags that were given.
+    pub fn apply(&self, c: &mut Config) {
+        if let Some(v) = self.worker_expiry_ms {
+            c.coordinator.worker_expiry_ms = v;
+        }
+        if let Some(v) = self.admission_timeout_ms {
+            c.coordinator.admission_timeout_ms = v;
+        }
+    }
+}

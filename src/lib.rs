@@ -1,0 +1,24 @@
+//! # switchyard — serve LLMs from a mixed fleet over NATS
+//!
+//! This crate is the CLI (`switchyard …`) and the client library.
+//!
+//! ## Layout
+//! - [`client`]: [`Client`] — send a request, read the streamed answer, detect a
+//!   dead worker (`worker_lost`), cancel.
+//! - [`node`]: assembling coordinators and workers from a [`Config`] (what
+//!   `switchyard up`, `coordinator` and `worker` run).
+//! - [`nats_server`]: a local `nats-server` on a free port (for `up` and tests).
+//!
+//! The path of a request: [`Client::generate`] publishes to `{p}.v1.generate` →
+//! a coordinator ([`switchyard_coordinator`]) routes it → a worker
+//! ([`switchyard_workers`]) streams chunks straight back to the client's inbox.
+
+pub mod client;
+pub mod nats_server;
+pub mod node;
+
+pub use client::{Client, ClientError, ClientOptions, Completion, ResponseStream, StreamEvent};
+pub use switchyard_config::Config;
+pub use switchyard_messages::{
+    ErrorCode, FinishReason, GenerateConfig, GenerateMetrics, GenerateRequest, Message, Token, WireError,
+};

@@ -1,0 +1,256 @@
+//! Shared test fixtures: a real nats-server, real `switchyard` processes, the real
+//! demo model. Every child process is killed when its guard drops.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use switchyard::nats_server::{find_nats_server, kill_with_parent, NatsServer};
+use switchyard::{Client, ClientOptions};
+
+/// Starts a fresh nats-server on a free port.
+pub fn nats() -> NatsServer {
+    let bin = find_nats_server("").expect("nats-server (run scripts/setup.sh)");
+    NatsServer::start(&bin).expect("start nats-server")
+}
+
+/// The demo model, which must be installed (scripts/setup.sh).
+pub fn demo_model() -> PathBuf {
+    let p = switchyard::node::demo_model_path();
+    assert!(
+        p.is_file(),
+        "demo model missing at {} — run scripts/setup.sh",
+        p.display()
+    );
+    p
+}
+
+/// The model name workers announce for the demo model.
+pub const DEMO_NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+/// A child process killed (SIGKILL) on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// Waits until a stdout/stderr line contains `needle`; panics after `limit`.
+    pub fn wait_for(&self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("{}: no line containing {needle:?} within {limit:?}", self.name),
+            }
+        }
+    }
+
+    /// Sends SIGKILL now.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits for the exit status (up to `limit`).
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `switchyard ARGS…` as a child, collecting its output lines.
+pub fn switchyard(name: &str, args: &[&str]) -> Proc {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    cmd.args(args)
+        .env("RUST_LOG", "switchyard=info,warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    kill_with_parent(&mut cmd);
+    let mut child = cmd.spawn().expect("spawn switchyard");
+    let (tx, rx) = mpsc::channel();
+    for stream in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        let name = name.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                eprintln!("[{name}] {line}");
+                let _ = tx.send(line);
+            }
+        });
+    }
+    Proc {
+        child,
+        name: name.to_string(),
+        lines: rx,
+    }
+}
+
+/// A worker process serving the demo model, with fast heartbeats.
+pub fn worker_proc(url: &str, id: &str) -> Proc {
+    let model = demo_model();
+    let p = switchyard(
+        id,
+        &[
+            "--nats",
+            url,
+            "worker",
+            "--worker-id",
+            id,
+            "--heartbeat-ms",
+            "200",
+            "--model",
+            model.to_str().unwrap(),
+        ],
+    );
+    p.wait_for("up on", Duration::from_secs(60));
+    p
+}
+
+/// A coordinator process with a short worker expiry.
+pub fn coordinator_proc(url: &str, name: &str) -> Proc {
+    let mut cmd_args = vec!["--nats", url, "coordinator", "--worker-expiry-ms", "1000"];
+    cmd_args.push("--admission-timeout-ms");
+    cmd_args.push("2000");
+    let p = switchyard(name, &cmd_args);
+    p.wait_for("coordinator up", Duration::from_secs(30));
+    p
+}
+
+/// A client with the given stall limit.
+pub async fn client(url: &str, stall: Duration) -> Client {
+    let opts = ClientOptions {
+        stall_timeout: stall,
+        ..ClientOptions::default()
+    };
+    Client::connect_with(url, opts).await.expect("client connects")
+}
+
+/// Waits until the fleet lists exactly the workers in `ids`.
+pub async fn wait_for_workers(client: &Client, ids: &[&str], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(s) = client.status().await {
+            let mut live: Vec<String> = s.workers.iter().map(|w| w.status.worker_id.clone()).collect();
+            live.sort();
+            let mut want: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+            want.sort();
+            if live == want {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fleet did not become {ids:?} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The Python interpreter with nats-py and msgpack (scripts/setup.sh makes it).
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("SWITCHYARD_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = switchyard::nats_server::cache_dir().join("venv/bin/python");
+    assert!(
+        p.is_file(),
+        "python venv missing at {} — run scripts/setup.sh",
+        p.display()
+    );
+    p
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A whole fleet in this process: nats-server, a coordinator and a CPU worker
+/// (actors, not child processes).
+pub struct Fleet {
+    pub url: String,
+    pub worker: switchyard_workers::WorkerHandle,
+    pub coordinator: switchyard_coordinator::CoordinatorHandle,
+    pub config: switchyard::Config,
+    pub nats: NatsServer,
+}
+
+/// Config for an in-process fleet on `url`, with fast heartbeats.
+pub fn fleet_config(url: &str) -> switchyard::Config {
+    let mut c = switchyard::Config::default();
+    c.nats.url = url.to_string();
+    c.worker.model = demo_model().display().to_string();
+    c.worker.id = "w1".into();
+    c.worker.heartbeat_ms = 200;
+    c.worker.keepalive_ms = 200;
+    c.coordinator.worker_expiry_ms = 1000;
+    c.client.stall_timeout_ms = 5000;
+    c
+}
+
+/// Starts a fleet; `tweak` adjusts the config first.
+pub async fn fleet(tweak: impl FnOnce(&mut switchyard::Config)) -> Fleet {
+    let nats = nats();
+    let mut config = fleet_config(&nats.url());
+    tweak(&mut config);
+    config.validate().expect("valid test config");
+    let coordinator = switchyard::node::start_coordinator(&config).await.expect("coordinator");
+    let (model, path, name) = switchyard::node::load_model(&config).await.expect("model loads");
+    let worker = switchyard::node::start_worker(&config, model, path, name)
+        .await
+        .expect("worker");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while coordinator.status().await.unwrap().workers.is_empty() {
+        assert!(Instant::now() < deadline, "coordinator never saw the worker");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Fleet {
+        url: nats.url(),
+        worker,
+        coordinator,
+        config,
+        nats,
+    }
+}
+
+impl Fleet {
+    /// A client of this fleet.
+    pub async fn client(&self) -> Client {
+        client(&self.url, Duration::from_millis(self.config.client.stall_timeout_ms)).await
+    }
+}
+
+/// A greedy generate request.
+pub fn greedy(prompt: &str, max_tokens: u32) -> switchyard::GenerateRequest {
+    let mut r = switchyard::GenerateRequest::generate(Client::new_request_id(), "", prompt);
+    r.config.max_tokens = max_tokens;
+    r
+}

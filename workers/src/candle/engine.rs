@@ -1,0 +1,248 @@
+//! The compute thread: owns the model weights and its KV cache, and runs one
+//! generation at a time from a channel of jobs. Nothing here runs on an async task.
+
+use super::sampler::Sampler;
+use super::stops::{StopCheck, StopFilter};
+use super::template::ChatTemplate;
+use super::tokenizer::{GgufTokenizer, StreamDecoder};
+use candle_core::{Device, Tensor};
+use candle_transformers::models::quantized_llama::ModelWeights;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use switchyard_messages::{
+    BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, Prompt, Token,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Where a job's events go.
+pub type EventTx = UnboundedSender<Result<GenerateEvent, BackendError>>;
+
+/// One generation request for the compute thread.
+pub struct Job {
+    pub prompt: Prompt,
+    pub config: GenerateConfig,
+    pub cancel: CancelFlag,
+    pub deadline_ms: Option<u64>,
+    pub enqueued: Instant,
+    pub events: EventTx,
+}
+
+/// Everything the compute thread owns.
+pub struct Engine {
+    pub weights: ModelWeights,
+    pub tokenizer: Arc<GgufTokenizer>,
+    pub template: ChatTemplate,
+    pub context_len: usize,
+    pub device: Device,
+    pub last_metrics: Arc<Mutex<GenerateMetrics>>,
+}
+
+/// Starts the compute thread with `threads` compute threads (0 = all cores); it
+/// lives until every job sender is dropped.
+pub fn spawn(engine: Engine, threads: usize) -> std::io::Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("sy-compute-{i}"))
+        .build()
+        .map_err(std::io::Error::other)?;
+    std::thread::Builder::new().name("sy-engine".into()).spawn(move || {
+        let mut engine = engine;
+        pool.install(move || {
+            while let Ok(job) = rx.recv() {
+                let events = job.events.clone();
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.run(job)));
+                let result = match outcome {
+                    Ok(r) => r,
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(BackendError::Compute(format!("engine panicked: {what}")))
+                    }
+                };
+                if let Err(e) = result {
+                    let _ = events.send(Err(e));
+                }
+            }
+        });
+    })?;
+    Ok(tx)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn compute_err(e: candle_core::Error) -> BackendError {
+    BackendError::Compute(e.to_string())
+}
+
+impl Engine {
+    /// Renders and tokenizes a prompt.
+    pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError> {
+        let text = match prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Chat(messages) => self
+                .template
+                .render(messages, true)
+                .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
+        };
+        if text.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        self.tokenizer.encode(&text).map_err(BackendError::Invalid)
+    }
+
+    /// Runs the forward pass over `tokens` starting at cache position `pos`,
+    /// returning the last position's logits.
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
+        let input = Tensor::new(tokens, &self.device)
+            .and_then(|t| t.unsqueeze(0))
+            .map_err(compute_err)?;
+        let logits = self.weights.forward(&input, pos).map_err(compute_err)?;
+        logits
+            .squeeze(0)
+            .and_then(|l| l.to_dtype(candle_core::DType::F32))
+            .and_then(|l| l.to_vec1::<f32>())
+            .map_err(compute_err)
+    }
+
+    fn run(&mut self, job: Job) -> Result<(), BackendError> {
+        let started = Instant::now();
+        let queue_us = started.duration_since(job.enqueued).as_micros() as u64;
+        let send = |ev: GenerateEvent| job.events.send(Ok(ev)).is_ok();
+        let cfg = &job.config;
+        let mut metrics = GenerateMetrics {
+            queue_us,
+            ..Default::default()
+        };
+        let last_metrics = self.last_metrics.clone();
+        let finish = |reason: FinishReason, mut m: GenerateMetrics, tail: Vec<Token>| {
+            for t in tail {
+                send(GenerateEvent::Token(t));
+            }
+            m.total_us = started.elapsed().as_micros() as u64 + m.queue_us;
+            let (peak, active) = process_memory();
+            m.peak_memory_bytes = peak;
+            m.active_memory_bytes = active;
+            *last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = m.clone();
+            send(GenerateEvent::Done {
+                finish_reason: reason,
+                metrics: m,
+            });
+        };
+        if job.cancel.is_cancelled() || job.events.is_closed() {
+            finish(FinishReason::Cancelled, metrics, Vec::new());
+            return Ok(());
+        }
+        let prompt = self.tokenize(&job.prompt)?;
+        if prompt.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        let max_tokens = cfg.max_tokens as usize;
+        if prompt.len() + max_tokens > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                context_len: self.context_len,
+            });
+        }
+        metrics.prompt_tokens = prompt.len() as u32;
+
+        let t0 = Instant::now();
+        let mut logits = self.forward(&prompt, 0)?;
+        metrics.prefill_us = t0.elapsed().as_micros() as u64;
+        let decode_start = Instant::now();
+
+        let mut sampler = Sampler::new(cfg);
+        let mut history = prompt.clone();
+        let mut decoder = StreamDecoder::default();
+        let mut stops = StopFilter::new(&cfg.stop);
+        let eog = self.tokenizer.eog_ids().to_vec();
+        let mut generated = 0usize;
+        let set_decode = |m: &mut GenerateMetrics, generated: usize| {
+            m.generated_tokens = generated as u32;
+            m.decode_us = decode_start.elapsed().as_micros() as u64;
+            m.prefill_tokens_per_sec = rate(m.prompt_tokens as u64, m.prefill_us);
+            // The first token comes from the prefill's logits; decode rate counts the rest.
+            m.decode_tokens_per_sec = rate(generated.saturating_sub(1) as u64, m.decode_us);
+        };
+        let reason = loop {
+            let next = sampler.sample(&mut logits, &history);
+            if eog.contains(&next) || cfg.stop_tokens.contains(&next) {
+                break FinishReason::Stop;
+            }
+            history.push(next);
+            generated += 1;
+            let text = decoder.push(self.tokenizer.token_bytes(next));
+            match stops.push(Token { id: next, text }) {
+                StopCheck::Continue(tokens) => {
+                    for t in tokens {
+                        if !send(GenerateEvent::Token(t)) {
+                            job.cancel.cancel();
+                        }
+                    }
+                }
+                StopCheck::Stopped(tokens) => {
+                    set_decode(&mut metrics, generated);
+                    finish(FinishReason::Stop, metrics, tokens);
+                    return Ok(());
+                }
+            }
+            if generated >= max_tokens {
+                break FinishReason::Length;
+            }
+            if job.cancel.is_cancelled() {
+                break FinishReason::Cancelled;
+            }
+            if job.deadline_ms.is_some_and(|d| now_ms() >= d) {
+                return Err(BackendError::DeadlineExceeded);
+            }
+            logits = self.forward(&[next], history.len() - 1)?;
+        };
+        set_decode(&mut metrics, generated);
+        let mut tail = stops.flush();
+        let rest = decoder.finish();
+        if !rest.is_empty() {
+            // An unfinished UTF-8 sequence at the very end: attach its replacement
+            // character to the last held token (if everything was already sent, the
+            // fragment is dropped rather than sent under a duplicate token id).
+            if let Some(t) = tail.last_mut() {
+                t.text.push_str(&rest);
+            }
+        }
+        finish(reason, metrics, tail);
+        Ok(())
+    }
+}
+
+fn rate(n: u64, us: u64) -> f64 {
+    if us == 0 {
+        0.0
+    } else {
+        n as f64 * 1e6 / us as f64
+    }
+}
+
+/// (peak, current) resident set size of this process in bytes, from /proc.
+pub fn process_memory() -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}

@@ -1,0 +1,217 @@
+//! The CPU backend: GGUF models on candle, one compute thread per loaded model.
+//!
+//! ## Layout
+//! - [`tokenizer`]: the GGUF vocabulary → `tokenizers` BPE, streaming decode.
+//! - [`template`]: the GGUF chat template via minijinja.
+//! - [`sampler`]: greedy / temperature / top-k / top-p / min-p / repeat penalty.
+//! - [`stops`]: stop strings that are never emitted.
+//! - [`engine`]: the compute thread that owns weights and KV cache.
+//!
+//! [`CpuBackend::load_model`] reads the GGUF once, builds the tokenizer and the
+//! template, and starts the engine; [`CandleModel::generate`] sends a job to the
+//! engine and returns its events as a stream.
+
+pub mod engine;
+pub mod sampler;
+pub mod stops;
+pub mod template;
+pub mod tokenizer;
+
+use candle_core::quantized::{gguf_file, GgmlDType};
+use candle_core::Device;
+use candle_transformers::models::quantized_llama::{ModelWeights, MAX_SEQ_LEN};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+use switchyard_messages::{
+    Backend, BackendError, CancelFlag, GenerateConfig, GenerateMetrics, GenerateStream, LoadConfig, ModelInfo, Prompt,
+    TextModel,
+};
+
+/// Architectures this backend runs.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+
+/// The candle CPU backend (registry name `"cpu"`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn available(&self) -> bool {
+        true
+    }
+
+    fn load_model(&self, path: &Path, config: &LoadConfig) -> Result<Arc<dyn TextModel>, BackendError> {
+        Ok(Arc::new(CandleModel::load(path, config)?))
+    }
+}
+
+/// A GGUF model loaded on the CPU.
+pub struct CandleModel {
+    jobs: Mutex<mpsc::Sender<engine::Job>>,
+    info: ModelInfo,
+    architecture: String,
+    tokenizer: Arc<tokenizer::GgufTokenizer>,
+    last_metrics: Arc<Mutex<GenerateMetrics>>,
+}
+
+impl CandleModel {
+    /// Loads the GGUF file at `path` and starts its compute thread.
+    pub fn load(path: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
+        let load_err = |reason: String| BackendError::Load {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut file = std::fs::File::open(path).map_err(|e| load_err(e.to_string()))?;
+        let content =
+            gguf_file::Content::read(&mut file).map_err(|e| load_err(format!("not a readable GGUF file: {e}")))?;
+        let architecture = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .ok_or_else(|| load_err("GGUF metadata has no general.architecture".into()))?;
+        if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
+            return Err(load_err(format!(
+                "architecture {architecture:?} is not supported by the cpu backend (supported: {})",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            )));
+        }
+        let tokenizer = Arc::new(tokenizer::GgufTokenizer::from_gguf(&content).map_err(|e| load_err(e.to_string()))?);
+        let md_u32 = |k: &str| content.metadata.get(k).and_then(|v| v.to_u32().ok());
+        let model_ctx = md_u32(&format!("{architecture}.context_length")).unwrap_or(MAX_SEQ_LEN as u32) as usize;
+        let mut context_len = model_ctx.min(MAX_SEQ_LEN);
+        if config.context_len > 0 {
+            context_len = context_len.min(config.context_len as usize);
+        }
+        let (quant_bits, quant_group) = dominant_quant(&content);
+        let info = ModelInfo {
+            architecture: architecture.clone(),
+            vocab_size: tokenizer.vocab_size() as u32,
+            num_layers: md_u32(&format!("{architecture}.block_count")).unwrap_or(0),
+            hidden_size: md_u32(&format!("{architecture}.embedding_length")).unwrap_or(0),
+            quant_bits,
+            quant_group,
+            context_len: context_len as u32,
+        };
+        let template_src = content
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_else(|| template::CHATML.to_string());
+        let token_text = |key: &str| {
+            md_u32(key)
+                .map(|id| String::from_utf8_lossy(tokenizer.token_bytes(id)).into_owned())
+                .unwrap_or_default()
+        };
+        let template = template::ChatTemplate::new(
+            &template_src,
+            &token_text("tokenizer.ggml.bos_token_id"),
+            &token_text("tokenizer.ggml.eos_token_id"),
+        )
+        .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
+        let device = Device::Cpu;
+        let weights = ModelWeights::from_gguf(content, &mut file, &device).map_err(|e| load_err(e.to_string()))?;
+        let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
+        let engine = engine::Engine {
+            weights,
+            tokenizer: tokenizer.clone(),
+            template,
+            context_len,
+            device,
+            last_metrics: last_metrics.clone(),
+        };
+        let jobs = engine::spawn(engine, config.threads as usize)
+            .map_err(|e| load_err(format!("starting the compute thread: {e}")))?;
+        Ok(Self {
+            jobs: Mutex::new(jobs),
+            info,
+            architecture,
+            tokenizer,
+            last_metrics,
+        })
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &tokenizer::GgufTokenizer {
+        &self.tokenizer
+    }
+
+    /// Sends a job and returns its event stream (used by [`TextModel::generate`]).
+    pub fn submit(
+        &self,
+        prompt: Prompt,
+        config: GenerateConfig,
+        cancel: CancelFlag,
+        deadline_ms: Option<u64>,
+    ) -> GenerateStream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = engine::Job {
+            prompt,
+            config,
+            cancel,
+            deadline_ms,
+            enqueued: Instant::now(),
+            events: tx.clone(),
+        };
+        let sent = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+        if sent.is_err() {
+            let _ = tx.send(Err(BackendError::Unavailable("the compute thread has stopped".into())));
+        }
+        drop(tx);
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        }))
+    }
+}
+
+impl TextModel for CandleModel {
+    fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
+        self.submit(prompt, config, cancel, None)
+    }
+
+    fn model_type(&self) -> &str {
+        &self.architecture
+    }
+
+    fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn metrics(&self) -> GenerateMetrics {
+        self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Bits and group size of the most common weight type among 2-D tensors.
+pub(crate) fn dominant_quant(content: &gguf_file::Content) -> (u32, u32) {
+    let mut counts: HashMap<String, (usize, GgmlDType)> = HashMap::new();
+    for info in content.tensor_infos.values() {
+        if info.shape.rank() == 2 {
+            let e = counts
+                .entry(format!("{:?}", info.ggml_dtype))
+                .or_insert((0, info.ggml_dtype));
+            e.0 += 1;
+        }
+    }
+    let Some((_, dtype)) = counts.into_values().max_by_key(|(n, _)| *n) else {
+        return (0, 0);
+    };
+    match dtype {
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 => (4, 32),
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 => (5, 32),
+        GgmlDType::Q8_0 | GgmlDType::Q8_1 => (8, 32),
+        GgmlDType::Q2K => (2, 256),
+        GgmlDType::Q3K => (3, 256),
+        GgmlDType::Q4K => (4, 256),
+        GgmlDType::Q5K => (5, 256),
+        GgmlDType::Q6K => (6, 256),
+        GgmlDType::Q8K => (8, 256),
+        _ => (0, 0),
+    }
+}

@@ -1,0 +1,163 @@
+//! The worker's NATS side: one request from arrival to its last chunk.
+//!
+//! A request forwarded by a coordinator carries `Sy-Stream-To` (the client's inbox);
+//! the worker answers the coordinator on the NATS reply subject with an
+//! [`Admission`], and streams chunks to the client. A request sent straight to the
+//! worker (no header) streams to its reply subject and gets no admission message;
+//! refusals then go to the stream as a terminal error chunk.
+
+use async_nats::service::Request;
+use futures::StreamExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_actors::{CancelRegistry, ChunkSink};
+use switchyard_messages::subjects::HEADER_STREAM_TO;
+use switchyard_messages::{
+    decode, encode, validate_request, Admission as AdmissionMsg, ErrorCode, GenerateEvent, GenerateRequest, Prompt,
+    TextModel, WireError, PROTOCOL_VERSION,
+};
+
+/// What every request handler shares.
+pub struct ServeContext {
+    pub client: async_nats::Client,
+    pub worker_id: String,
+    pub model_name: String,
+    pub model: Arc<dyn TextModel>,
+    pub admission: switchyard_actors::Admission,
+    pub cancels: CancelRegistry,
+    pub draining: AtomicBool,
+    pub keepalive: Duration,
+    /// Called when a request finishes (counts completions).
+    pub on_complete: Box<dyn Fn() + Send + Sync>,
+}
+
+/// Handles one request on the `generate` (`chat == false`) or `chat` endpoint.
+pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
+    let msg = &request.message;
+    let header_target = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(HEADER_STREAM_TO))
+        .map(|v| v.as_str().to_string());
+    let via_coordinator = header_target.is_some();
+    let Some(stream_to) = header_target.or_else(|| msg.reply.as_ref().map(|r| r.to_string())) else {
+        tracing::warn!(subject = %msg.subject, "request without a reply subject or Sy-Stream-To; dropped");
+        return;
+    };
+
+    let parsed = decode::<GenerateRequest>(&msg.payload)
+        .map_err(|e| WireError::new(ErrorCode::BadRequest, e.to_string()))
+        .and_then(|req| validate_request(&req, chat).map(|()| req));
+    let admitted = parsed.and_then(|req| {
+        if !req.model.is_empty() && req.model != ctx.model_name {
+            return Err(WireError::new(
+                ErrorCode::UnknownModel,
+                format!(
+                    "worker {} serves {:?}, not {:?}",
+                    ctx.worker_id, ctx.model_name, req.model
+                ),
+            ));
+        }
+        if ctx.draining.load(Ordering::Acquire) {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("worker {} is draining", ctx.worker_id),
+            ));
+        }
+        ctx.admission.try_admit().map(|permit| (req, permit))
+    });
+
+    let (req, permit) = match admitted {
+        Ok(ok) => ok,
+        Err(error) => {
+            tracing::debug!(worker = %ctx.worker_id, code = %error.code, "refused: {}", error.message);
+            if via_coordinator {
+                let answer = AdmissionMsg {
+                    v: PROTOCOL_VERSION,
+                    worker_id: ctx.worker_id.clone(),
+                    accepted: false,
+                    error: Some(error),
+                };
+                let _ = request.respond(Ok(encode(&answer).into())).await;
+            } else {
+                let request_id = decode::<serde_json::Value>(&msg.payload)
+                    .ok()
+                    .and_then(|v| v.get("request_id").and_then(|r| r.as_str()).map(str::to_string))
+                    .unwrap_or_default();
+                ChunkSink::new(ctx.client.clone(), stream_to, request_id, Some(ctx.worker_id.clone()))
+                    .error(error)
+                    .await;
+            }
+            return;
+        }
+    };
+
+    if via_coordinator {
+        let answer = AdmissionMsg {
+            v: PROTOCOL_VERSION,
+            worker_id: ctx.worker_id.clone(),
+            accepted: true,
+            error: None,
+        };
+        let _ = request.respond(Ok(encode(&answer).into())).await;
+    }
+    let sink = ChunkSink::new(
+        ctx.client.clone(),
+        stream_to,
+        req.request_id.clone(),
+        Some(ctx.worker_id.clone()),
+    );
+    sink.tokens(Vec::new()).await;
+    let cancel = ctx.cancels.insert(&req.request_id);
+    let prompt = if chat {
+        Prompt::Chat(req.messages.clone().unwrap_or_default())
+    } else {
+        Prompt::Text(req.prompt.clone().unwrap_or_default())
+    };
+    tracing::debug!(worker = %ctx.worker_id, request = %req.request_id, "admitted");
+    let mut events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
+    let mut keepalive = tokio::time::interval(ctx.keepalive);
+    keepalive.tick().await;
+    let mut sent_since_tick = false;
+    loop {
+        tokio::select! {
+            ev = events.next() => {
+                sent_since_tick = true;
+                match ev {
+                    Some(Ok(GenerateEvent::Token(t))) => {
+                        if !sink.tokens(vec![t]).await {
+                            cancel.cancel();
+                        }
+                    }
+                    Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
+                        sink.done(Vec::new(), finish_reason, metrics).await;
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        sink.error(e.to_wire()).await;
+                        break;
+                    }
+                    None => {
+                        sink.error(WireError::new(ErrorCode::Internal, "the backend ended the stream without a result")).await;
+                        break;
+                    }
+                }
+            }
+            _ = keepalive.tick() => {
+                if req.deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+                    cancel.cancel();
+                    sink.error(WireError::new(ErrorCode::DeadlineExceeded, "the request's deadline passed")).await;
+                    break;
+                }
+                if !sent_since_tick {
+                    sink.tokens(Vec::new()).await;
+                }
+                sent_since_tick = false;
+            }
+        }
+    }
+    ctx.cancels.remove(&req.request_id);
+    drop(permit);
+    (ctx.on_complete)();
+}
