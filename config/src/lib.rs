@@ -189,9 +189,10 @@ impl Config {
             })?;
             // Parse into the typed struct first so unknown keys and wrong types are
             // reported against the file, with the field's name.
+            // toml's Display shows the offending line, so the field is named.
             let from_file: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
                 path: path.to_path_buf(),
-                message: e.message().to_string(),
+                message: e.to_string().trim_end().to_string(),
             })?;
             let file_table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
                 path: path.to_path_buf(),

@@ -47,7 +47,12 @@ impl Proc {
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return line,
                 Ok(_) => {}
-                Err(_) => panic!("{}: no line containing {needle:?} within {limit:?}", self.name),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("{}: exited before printing {needle:?}", self.name)
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("{}: no line containing {needle:?} within {limit:?}", self.name)
+                }
             }
         }
     }
@@ -136,7 +141,7 @@ pub fn worker_proc(url: &str, id: &str) -> Proc {
 
 /// A coordinator process with a short worker expiry.
 pub fn coordinator_proc(url: &str, name: &str) -> Proc {
-    let mut cmd_args = vec!["--nats", url, "coordinator", "--worker-expiry-ms", "1000"];
+    let mut cmd_args = vec!["--nats", url, "coordinator", "--worker-expiry-ms", "1500"];
     cmd_args.push("--admission-timeout-ms");
     cmd_args.push("2000");
     let p = switchyard(name, &cmd_args);

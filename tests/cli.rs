@@ -1,0 +1,135 @@
+//! The `switchyard` command line, run as a user would.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn up_starts_a_node_and_answers_a_prompt() {
+    demo_model();
+    let p = switchyard(
+        "up",
+        &[
+            "up",
+            "--prompt",
+            "What is the capital of France?",
+            "--exit-after-prompt",
+        ],
+    );
+    p.wait_for("ready: nats=", Duration::from_secs(60));
+    p.wait_for("answered in", Duration::from_secs(120));
+}
+
+#[test]
+fn bad_configuration_names_the_field_and_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sy.toml");
+    std::fs::write(&file, "[worker]\ncapacity = \"lots\"\n").unwrap();
+    let (code, _, err) = run(&["--config", file.to_str().unwrap(), "status"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("capacity") && err.contains("sy.toml"), "{err}");
+
+    let (code, _, err) = run(&["status"], &[("SWITCHYARD_COORDINATOR_MAX_ATTEMPTS", "x")]);
+    assert_ne!(code, 0);
+    assert!(err.contains("SWITCHYARD_COORDINATOR_MAX_ATTEMPTS"), "{err}");
+
+    let (code, _, err) = run(&["up", "--capacity", "0"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("worker.capacity"), "{err}");
+
+    let (code, _, err) = run(&["worker"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--nats"), "a worker needs a NATS URL: {err}");
+}
+
+#[test]
+fn every_flag_is_documented_in_help() {
+    for cmd in ["up", "coordinator", "worker", "generate", "chat", "status", "models"] {
+        let (code, out, _) = run(&[cmd, "--help"], &[]);
+        assert_eq!(code, 0);
+        // Long help puts each flag's description on the lines below it; a flag
+        // followed directly by another flag (or nothing) has no description.
+        let lines: Vec<&str> = out.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            if !(t.starts_with("--") || (t.starts_with('-') && t.get(2..4) == Some(", "))) {
+                continue;
+            }
+            let next = lines.get(i + 1).map(|l| l.trim_start()).unwrap_or("");
+            let same_line = t.split("  ").filter(|part| !part.trim().is_empty()).count() >= 2;
+            let described = same_line || (!next.is_empty() && !next.starts_with('-'));
+            assert!(described, "{cmd}: undocumented flag {t:?}");
+        }
+    }
+}
+
+#[test]
+fn models_dir_discovers_the_demo_gguf() {
+    let model = demo_model();
+    let dir = model.parent().unwrap().to_str().unwrap().to_string();
+    let (code, out, err) = run(&["models", "--dir", &dir, "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let found: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = found
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"].as_str().unwrap().ends_with(".gguf"))
+        .unwrap();
+    assert_eq!(entry["model_type"], "llama");
+    assert_eq!(entry["quant_bits"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_status_and_models_commands_talk_to_a_fleet() {
+    let fleet = fleet(|_| {}).await;
+    let url = fleet.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        let g = run(
+            &[
+                "--nats",
+                &url,
+                "generate",
+                "The capital of France is",
+                "--max-tokens",
+                "6",
+                "--json",
+            ],
+            &[],
+        );
+        let s = run(&["--nats", &url, "status"], &[]);
+        let m = run(&["--nats", &url, "models"], &[]);
+        let e = run(&["--nats", &url, "generate", "hi", "--model", "nope"], &[]);
+        (g, s, m, e)
+    })
+    .await
+    .unwrap();
+    let (g, s, m, e) = out;
+    assert_eq!(g.0, 0, "{}", g.2);
+    let v: serde_json::Value = serde_json::from_str(g.1.trim()).unwrap();
+    assert!(v["text"].as_str().unwrap().contains("Paris"));
+    assert_eq!(v["finish_reason"], "length");
+    assert!(
+        s.1.contains("w1") && s.1.contains("cpu") && s.1.contains(DEMO_NAME),
+        "{}",
+        s.1
+    );
+    assert!(m.1.contains(DEMO_NAME), "{}", m.1);
+    assert_eq!(e.0, 2);
+    assert!(e.2.contains("unknown_model"), "{}", e.2);
+}

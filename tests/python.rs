@@ -1,0 +1,118 @@
+//! The wire format against an independent MessagePack implementation (Python's
+//! `msgpack`), and the documented Python example client against a real fleet.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use switchyard::FinishReason;
+use switchyard_messages::{decode, encode, ErrorCode, GenerateRequest, StreamChunk, Token, WireError};
+
+#[test]
+fn python_msgpack_and_rust_read_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let from_py = dir.path().join("py.msgpack");
+    let from_rust = dir.path().join("rust.msgpack");
+    let rust_chunk = StreamChunk {
+        v: 1,
+        request_id: "rs-1".into(),
+        seq: 2,
+        tokens: vec![Token {
+            id: 9,
+            text: "naïve 🚀".into(),
+        }],
+        done: true,
+        finish_reason: Some(FinishReason::Stop),
+        metrics: None,
+        error: Some(WireError::new(ErrorCode::Overloaded, "full").with_retry_after(50)),
+        worker_id: Some("w".into()),
+    };
+    std::fs::write(&from_rust, encode(&rust_chunk)).unwrap();
+    let out = Command::new(python())
+        .arg(repo().join("examples/python/write_fixture.py"))
+        .arg(&from_py)
+        .arg(&from_rust)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Python decoded Rust's bytes.
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["tokens"][0]["text"], "naïve 🚀");
+    assert_eq!(seen["error"]["code"], "overloaded");
+    assert_eq!(seen["error"]["retry_after_ms"], 50);
+    assert_eq!(seen["finish_reason"], "stop");
+
+    // Rust decodes Python's bytes: an array of two requests and a chunk.
+    let bytes = std::fs::read(&from_py).unwrap();
+    let items: Vec<serde_json::Value> = decode(&bytes).unwrap();
+    let gen: GenerateRequest = decode(&encode(&items[0])).unwrap();
+    let gen_direct: (GenerateRequest, GenerateRequest, StreamChunk) = decode(&bytes).unwrap();
+    assert_eq!(gen_direct.0, gen);
+    assert_eq!(gen.prompt.as_deref(), Some("Hello, naïve café 🚀"));
+    assert_eq!(gen.config.max_tokens, 7);
+    assert_eq!(gen.config.seed, Some(123));
+    assert_eq!(gen.config.stop, vec!["\n\n".to_string()]);
+    assert!((gen.config.top_p - 0.9).abs() < 1e-6, "float64 on the wire fits f32");
+    let chat = gen_direct.1;
+    assert_eq!(chat.messages.as_ref().unwrap()[1].content, "Hi");
+    assert_eq!(
+        chat.config,
+        switchyard::GenerateConfig::default(),
+        "omitted config takes the seed defaults"
+    );
+    let chunk = gen_direct.2;
+    assert_eq!(chunk.tokens[0].text, "é");
+    assert_eq!(chunk.finish_reason, Some(FinishReason::Length));
+    assert_eq!(chunk.metrics.unwrap().generated_tokens, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_example_client_gets_the_same_tokens_as_the_rust_client() {
+    let fleet = fleet(|_| {}).await;
+    let client = fleet.client().await;
+    let rust = client
+        .generate(greedy("The capital of France is", 12))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let url = fleet.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(repo().join("examples/python/client.py"))
+            .args([
+                "--nats",
+                &url,
+                "--prompt",
+                "The capital of France is",
+                "--max-tokens",
+                "12",
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let py: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u32> = rust.tokens.iter().map(|t| t.id).collect();
+    assert_eq!(py["token_ids"], serde_json::json!(ids));
+    assert_eq!(py["text"], rust.text);
+    assert_eq!(py["worker_id"], "w1");
+    // Errors reach Python clients as codes too.
+    let url = fleet.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(repo().join("examples/python/client.py"))
+            .args(["--nats", &url, "--prompt", "hi", "--model", "missing"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_model"));
+}
