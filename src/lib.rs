@@ -13,6 +13,7 @@
 //! a coordinator ([`switchyard_coordinator`]) routes it → a worker
 //! ([`switchyard_workers`]) streams chunks straight back to the client's inbox.
 
+pub mod bench;
 pub mod client;
 pub mod nats_server;
 pub mod node;

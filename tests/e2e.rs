@@ -184,7 +184,16 @@ async fn no_worker_is_an_immediate_error_not_a_timeout() {
         "answered before the stall limit"
     );
     coordinator.shutdown().await;
-    // And with no coordinator at all, NATS says no one is listening.
+    // And with no coordinator at all, NATS says no one is listening. (Wait until the
+    // server has processed the stopped coordinator's unsubscribes.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.status().await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the coordinator is still answering after shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let err = client
         .generate(greedy("hi", 4))
         .await

@@ -44,6 +44,7 @@ pub struct CoordinatorOptions {
 
 /// A running coordinator.
 pub struct CoordinatorHandle {
+    client: async_nats::Client,
     actor: ActorRef<CoordinatorMsg>,
     tasks: Vec<JoinHandle<()>>,
     service: Option<async_nats::service::Service>,
@@ -139,6 +140,7 @@ impl CoordinatorHandle {
         // Ask every worker to heartbeat now instead of waiting a period.
         let _ = client.publish(opts.subjects.discover(), bytes::Bytes::new()).await;
         Ok(Self {
+            client,
             actor,
             tasks,
             service: Some(service),
@@ -151,7 +153,9 @@ impl CoordinatorHandle {
             .map_err(|e| anyhow::anyhow!("coordinator status: {e}"))
     }
 
-    /// Stops serving.
+    /// Stops serving. When this returns, the NATS server has dropped this
+    /// coordinator's subscriptions, so requests go to other coordinators (or get
+    /// "no responders") rather than into the void.
     pub async fn shutdown(mut self) {
         if let Some(s) = self.service.take() {
             let _ = s.stop().await;
@@ -159,6 +163,8 @@ impl CoordinatorHandle {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        // Drain unsubscribes everything and flushes before closing.
+        let _ = self.client.drain().await;
         self.actor.stop(None);
     }
 }

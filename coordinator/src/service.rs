@@ -8,7 +8,8 @@ use ractor::ActorRef;
 use std::time::Duration;
 use switchyard_messages::subjects::{HEADER_REQUEST_ID, HEADER_STREAM_TO};
 use switchyard_messages::{
-    decode, encode, validate_request, Admission, ErrorCode, GenerateRequest, StreamChunk, Subjects, WireError,
+    check_deadline, decode, encode, validate_request, Admission, ErrorCode, GenerateRequest, StreamChunk, Subjects,
+    WireError,
 };
 
 /// What forwarding needs.
@@ -46,7 +47,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, chat: bool) 
         Ok(r) => r,
         Err(e) => return fail(header_id, WireError::new(ErrorCode::BadRequest, e.to_string())).await,
     };
-    if let Err(e) = validate_request(&req, chat) {
+    if let Err(e) = validate_request(&req, chat).and_then(|()| check_deadline(&req, switchyard_actors::now_ms())) {
         return fail(req.request_id.clone(), e).await;
     }
     let query = RouteQuery {

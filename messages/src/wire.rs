@@ -251,6 +251,17 @@ pub struct ErrorReply {
     pub error: WireError,
 }
 
+/// Fails with `deadline_exceeded` when `req.deadline_ms` is at or before `now_ms`.
+pub fn check_deadline(req: &GenerateRequest, now_ms: u64) -> Result<(), WireError> {
+    match req.deadline_ms {
+        Some(d) if now_ms >= d => Err(WireError::new(
+            ErrorCode::DeadlineExceeded,
+            format!("the request's deadline passed {} ms ago", now_ms - d),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Checks the envelope-level rules every receiver applies before acting.
 pub fn validate_request(req: &GenerateRequest, chat: bool) -> Result<(), WireError> {
     let bad = |m: String| Err(WireError::new(ErrorCode::BadRequest, m));

@@ -59,6 +59,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config.validate()?;
             models(&config, args).await
         }
+        Command::Bench(super::BenchCommand::Fabric(args)) => {
+            args.worker.apply(&mut config);
+            config.validate()?;
+            switchyard::bench::fabric(config, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -130,13 +136,27 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
             name.clone(),
             vec![Message::new("user", prompt.clone())],
         );
-        let done = client.chat(req).await?.collect().await?;
-        println!("> {prompt}\n{}", done.text.trim());
+        let mut stream = client.chat(req).await?;
+        let mut text = String::new();
+        let mut first_token = None;
+        let metrics = loop {
+            match stream.next().await {
+                Some(Ok(StreamEvent::Tokens(t))) => {
+                    first_token.get_or_insert_with(|| started.elapsed());
+                    text.extend(t.iter().map(|t| t.text.as_str()));
+                }
+                Some(Ok(StreamEvent::Done { metrics, .. })) => break metrics,
+                Some(Err(e)) => return Err(e.into()),
+                None => bail!("the answer stream ended without a final chunk"),
+            }
+        };
+        println!("> {prompt}\n{}", text.trim());
         println!(
-            "answered in {:.2} s from start ({} tokens, {:.1} tok/s decode)",
+            "first token {:.2} s and answer {:.2} s after start ({} tokens, {:.1} tok/s decode)",
+            first_token.unwrap_or_default().as_secs_f64(),
             started.elapsed().as_secs_f64(),
-            done.metrics.generated_tokens,
-            done.metrics.decode_tokens_per_sec
+            metrics.generated_tokens,
+            metrics.decode_tokens_per_sec
         );
         std::io::stdout().flush().ok();
     }

@@ -54,6 +54,31 @@ pub enum Command {
     Status(StatusArgs),
     /// List models: served by the fleet, or found on disk with --dir.
     Models(ModelsArgs),
+    /// Benchmarks that print ratios against a peer measured in the same run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// Benchmarks.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// The fabric's own cost: the same greedy request through the in-process backend
+    /// and through NATS + coordinator + worker, alternating. Starts its own
+    /// nats-server unless --nats is given.
+    Fabric(BenchFabricArgs),
+}
+
+/// `switchyard bench fabric`.
+#[derive(Args, Debug)]
+pub struct BenchFabricArgs {
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    /// Measured runs of each path (after one warm-up each).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Tokens generated per run (greedy; fewer if the model ends its answer).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: u32,
 }
 
 /// Worker settings shared by `up` and `worker`.

@@ -259,3 +259,91 @@ pub fn greedy(prompt: &str, max_tokens: u32) -> switchyard::GenerateRequest {
     r.config.max_tokens = max_tokens;
     r
 }
+
+/// The llama-server binary built by scripts/build-llama-server.sh, or `None` (with the
+/// reason printed) when the reference is explicitly disabled with
+/// `SWITCHYARD_SKIP_LLAMA=1`.
+pub fn llama_server_bin() -> Option<PathBuf> {
+    if std::env::var_os("SWITCHYARD_SKIP_LLAMA").is_some() {
+        eprintln!("SKIPPED: SWITCHYARD_SKIP_LLAMA is set, so the llama.cpp reference is not used");
+        return None;
+    }
+    if let Some(p) = std::env::var_os("SWITCHYARD_LLAMA_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/build-llama-server.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/build-llama-server.sh");
+    assert!(out.status.success(), "scripts/build-llama-server.sh failed");
+    Some(PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()))
+}
+
+/// A llama-server child on a free port, killed on drop.
+pub struct LlamaServer {
+    pub proc: Proc,
+    pub url: String,
+}
+
+impl LlamaServer {
+    /// Starts `bin` serving `model` with `threads` threads and `slots` parallel slots,
+    /// and waits for `/health` to answer 200.
+    pub async fn start(bin: &std::path::Path, model: &std::path::Path, threads: usize, slots: usize) -> Self {
+        let port = switchyard::nats_server::free_port().unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "-m",
+            model.to_str().unwrap(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args([
+            "-t",
+            &threads.to_string(),
+            "-c",
+            "4096",
+            "--parallel",
+            &slots.to_string(),
+            "--no-webui",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        kill_with_parent(&mut cmd);
+        let child = cmd.spawn().expect("spawn llama-server");
+        let (_tx, rx) = mpsc::channel();
+        let proc = Proc {
+            child,
+            name: "llama-server".into(),
+            lines: rx,
+        };
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = http.get(format!("{url}/health")).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "llama-server did not become healthy");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Self { proc, url }
+    }
+
+    /// POSTs JSON to `path` and returns the JSON answer.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> serde_json::Value {
+        let r = reqwest::Client::new()
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+}

@@ -13,6 +13,7 @@
 
 pub mod candle;
 pub mod discover;
+pub mod probe;
 pub mod service;
 pub mod worker;
 

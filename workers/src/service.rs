@@ -14,8 +14,8 @@ use std::time::Duration;
 use switchyard_actors::{CancelRegistry, ChunkSink};
 use switchyard_messages::subjects::HEADER_STREAM_TO;
 use switchyard_messages::{
-    decode, encode, validate_request, Admission as AdmissionMsg, ErrorCode, GenerateEvent, GenerateRequest, Prompt,
-    TextModel, WireError, PROTOCOL_VERSION,
+    check_deadline, decode, encode, validate_request, Admission as AdmissionMsg, ErrorCode, GenerateEvent,
+    GenerateRequest, Prompt, TextModel, WireError, PROTOCOL_VERSION,
 };
 
 /// What every request handler shares.
@@ -48,7 +48,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
 
     let parsed = decode::<GenerateRequest>(&msg.payload)
         .map_err(|e| WireError::new(ErrorCode::BadRequest, e.to_string()))
-        .and_then(|req| validate_request(&req, chat).map(|()| req));
+        .and_then(|req| validate_request(&req, chat).map(|()| req))
+        .and_then(|req| check_deadline(&req, switchyard_actors::now_ms()).map(|()| req));
     let admitted = parsed.and_then(|req| {
         if !req.model.is_empty() && req.model != ctx.model_name {
             return Err(WireError::new(

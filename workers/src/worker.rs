@@ -242,6 +242,9 @@ impl Actor for WorkerActor {
         if let Some(service) = state.service.take() {
             let _ = service.stop().await;
         }
+        // Unsubscribe everything and flush, so coordinators get "no responders" for
+        // this worker at once instead of waiting for its heartbeats to expire.
+        let _ = state.client.drain().await;
         Ok(())
     }
 }
@@ -288,7 +291,8 @@ impl WorkerHandle {
                 _ => break,
             }
         }
-        self.actor.stop(None);
+        // Wait for post_stop, which drains the NATS connection.
+        let _ = self.actor.stop_and_wait(None, Some(Duration::from_secs(10))).await;
     }
 }
 

@@ -31,7 +31,7 @@ pub struct Job {
 pub struct Engine {
     pub weights: ModelWeights,
     pub tokenizer: Arc<GgufTokenizer>,
-    pub template: ChatTemplate,
+    pub template: Arc<ChatTemplate>,
     pub context_len: usize,
     pub device: Device,
     pub last_metrics: Arc<Mutex<GenerateMetrics>>,

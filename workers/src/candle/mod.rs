@@ -56,6 +56,7 @@ pub struct CandleModel {
     info: ModelInfo,
     architecture: String,
     tokenizer: Arc<tokenizer::GgufTokenizer>,
+    template: Arc<template::ChatTemplate>,
     last_metrics: Arc<Mutex<GenerateMetrics>>,
 }
 
@@ -118,10 +119,11 @@ impl CandleModel {
         let device = Device::Cpu;
         let weights = ModelWeights::from_gguf(content, &mut file, &device).map_err(|e| load_err(e.to_string()))?;
         let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
+        let template = Arc::new(template);
         let engine = engine::Engine {
             weights,
             tokenizer: tokenizer.clone(),
-            template,
+            template: template.clone(),
             context_len,
             device,
             last_metrics: last_metrics.clone(),
@@ -133,6 +135,7 @@ impl CandleModel {
             info,
             architecture,
             tokenizer,
+            template,
             last_metrics,
         })
     }
@@ -140,6 +143,14 @@ impl CandleModel {
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &tokenizer::GgufTokenizer {
         &self.tokenizer
+    }
+
+    /// Renders a conversation with the model's chat template, ending with the
+    /// assistant's turn opener (what `chat` tokenizes).
+    pub fn render_chat(&self, messages: &[switchyard_messages::Message]) -> Result<String, BackendError> {
+        self.template
+            .render(messages, true)
+            .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))
     }
 
     /// Sends a job and returns its event stream (used by [`TextModel::generate`]).

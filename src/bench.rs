@@ -1,0 +1,267 @@
+//! Benchmarks that print ratios against a peer measured in the same run.
+//!
+//! `fabric`: the same greedy request through the in-process backend call and through
+//! NATS + coordinator + worker (real TCP loopback, real nats-server), alternating, so
+//! the difference is the fabric's own cost.
+
+use crate::client::{Client, ClientOptions, StreamEvent};
+use crate::nats_server::{find_nats_server, NatsServer};
+use crate::node;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use switchyard_config::Config;
+use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, GenerateRequest, Prompt, TextModel};
+
+/// A prompt of roughly 100 tokens that continues for a long time.
+pub const BENCH_PROMPT: &str = "The history of the city begins with a small settlement on the banks of a wide river. \
+Farmers grew wheat and barley in the fertile soil, and traders arrived by boat to exchange salt, cloth and tools. \
+Over the centuries the settlement grew into a market town, then into a walled city with a cathedral, a university \
+and a busy harbour. In the nineteenth century, railways and factories transformed the city again, and its \
+population doubled within a single generation. Today, visitors can still walk";
+
+/// One run's measurements, taken where the caller sees them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunTiming {
+    /// Time to first token.
+    pub ttft: Duration,
+    /// Time from the first to the last token.
+    pub decode: Duration,
+    /// Tokens generated.
+    pub tokens: u32,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Prefill time the worker measured.
+    pub prefill: Duration,
+}
+
+impl RunTiming {
+    /// Tokens/s after the first token, as the caller saw them arrive.
+    pub fn decode_tps(&self) -> f64 {
+        if self.decode.is_zero() {
+            0.0
+        } else {
+            self.tokens.saturating_sub(1) as f64 / self.decode.as_secs_f64()
+        }
+    }
+    /// Prefill tokens/s as the worker measured it.
+    pub fn prefill_tps(&self) -> f64 {
+        if self.prefill.is_zero() {
+            0.0
+        } else {
+            self.prompt_tokens as f64 / self.prefill.as_secs_f64()
+        }
+    }
+}
+
+/// Median of `xs` (sorted copy).
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Runs the fabric benchmark and prints the report.
+pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow::Result<()> {
+    let _server = if config.nats.url.is_empty() {
+        let s = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
+        config.nats.url = s.url();
+        Some(s)
+    } else {
+        None
+    };
+    let coordinator = node::start_coordinator(&config).await?;
+    let (model, path, name) = node::load_model(&config).await?;
+    let worker = node::start_worker(&config, model.clone(), path, name.clone()).await?;
+    let opts = ClientOptions {
+        prefix: config.nats.prefix.clone(),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect_with(&config.nats.url, opts).await?;
+    while client.status().await.map(|s| s.workers.is_empty()).unwrap_or(true) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gen_config = GenerateConfig {
+        max_tokens,
+        ..GenerateConfig::default()
+    };
+
+    let direct = |cfg: GenerateConfig| {
+        let model = model.clone();
+        async move {
+            let start = Instant::now();
+            let mut first = None;
+            let mut last = start;
+            let mut t = RunTiming::default();
+            let mut events = model.generate(Prompt::Text(BENCH_PROMPT.into()), cfg, CancelFlag::new());
+            while let Some(ev) = events.next().await {
+                match ev? {
+                    GenerateEvent::Token(_) => {
+                        let now = Instant::now();
+                        first.get_or_insert(now);
+                        last = now;
+                        t.tokens += 1;
+                    }
+                    GenerateEvent::Done { metrics, .. } => {
+                        t.prompt_tokens = metrics.prompt_tokens;
+                        t.prefill = Duration::from_micros(metrics.prefill_us);
+                    }
+                }
+            }
+            let first = first.unwrap_or(last);
+            t.ttft = first - start;
+            t.decode = last - first;
+            anyhow::Ok(t)
+        }
+    };
+    let fabric = |cfg: GenerateConfig| {
+        let client = client.clone();
+        let name = name.clone();
+        async move {
+            let mut req = GenerateRequest::generate(Client::new_request_id(), name, BENCH_PROMPT);
+            req.config = cfg;
+            let start = Instant::now();
+            let mut first = None;
+            let mut last = start;
+            let mut t = RunTiming::default();
+            let mut stream = client.generate(req).await?;
+            while let Some(ev) = stream.next().await {
+                match ev? {
+                    StreamEvent::Tokens(tokens) => {
+                        let now = Instant::now();
+                        first.get_or_insert(now);
+                        last = now;
+                        t.tokens += tokens.len() as u32;
+                    }
+                    StreamEvent::Done { metrics, .. } => {
+                        t.prompt_tokens = metrics.prompt_tokens;
+                        t.prefill = Duration::from_micros(metrics.prefill_us);
+                    }
+                }
+            }
+            let first = first.unwrap_or(last);
+            t.ttft = first - start;
+            t.decode = last - first;
+            anyhow::Ok(t)
+        }
+    };
+
+    eprintln!("warming up …");
+    direct(gen_config.clone()).await?;
+    fabric(gen_config.clone()).await?;
+    let mut d = Vec::new();
+    let mut f = Vec::new();
+    for i in 0..runs {
+        eprintln!("run {}/{runs}", i + 1);
+        // Alternate the order so drift on a shared machine hits both equally.
+        if i % 2 == 0 {
+            d.push(direct(gen_config.clone()).await?);
+            f.push(fabric(gen_config.clone()).await?);
+        } else {
+            f.push(fabric(gen_config.clone()).await?);
+            d.push(direct(gen_config.clone()).await?);
+        }
+    }
+    let col = |xs: &[RunTiming], g: fn(&RunTiming) -> f64| median(&xs.iter().map(g).collect::<Vec<_>>());
+    let (d_dec, f_dec) = (col(&d, RunTiming::decode_tps), col(&f, RunTiming::decode_tps));
+    let (d_pre, f_pre) = (col(&d, RunTiming::prefill_tps), col(&f, RunTiming::prefill_tps));
+    let (d_ttft, f_ttft) = (
+        col(&d, |t| t.ttft.as_secs_f64() * 1e3),
+        col(&f, |t| t.ttft.as_secs_f64() * 1e3),
+    );
+    let tokens = d[0].tokens;
+    let prompt_tokens = d[0].prompt_tokens;
+    let us_per_token = (1e6 / f_dec - 1e6 / d_dec).max(0.0);
+    println!("fabric benchmark: {name}, prompt {prompt_tokens} tokens, {tokens} generated, greedy, {runs} runs each (medians)");
+    println!("{:<28} {:>14} {:>14} {:>10}", "", "in-process", "via NATS", "ratio");
+    println!(
+        "{:<28} {:>14.1} {:>14.1} {:>10.3}",
+        "decode tok/s (client-seen)",
+        d_dec,
+        f_dec,
+        f_dec / d_dec
+    );
+    println!(
+        "{:<28} {:>14.1} {:>14.1} {:>10.3}",
+        "prefill tok/s (worker)",
+        d_pre,
+        f_pre,
+        f_pre / d_pre
+    );
+    println!(
+        "{:<28} {:>14.2} {:>14.2} {:>10.3}",
+        "time to first token ms",
+        d_ttft,
+        f_ttft,
+        f_ttft / d_ttft
+    );
+    println!(
+        "fabric overhead: {:.2}% of decode throughput, {:.0} µs/token, {:.2} ms on time to first token",
+        (1.0 - f_dec / d_dec) * 100.0,
+        us_per_token,
+        f_ttft - d_ttft
+    );
+    worker.shutdown(Duration::from_secs(5)).await;
+
+    // The fabric alone: a compute-free probe model behind a second worker.
+    let mut probe_cfg = config.clone();
+    probe_cfg.worker.id = "fabric-probe".into();
+    let probe: Arc<dyn TextModel> = Arc::new(switchyard_workers::probe::FabricProbe);
+    let probe_worker =
+        node::start_worker(&probe_cfg, probe.clone(), "fabric-probe".into(), "fabric-probe".into()).await?;
+    while client
+        .status()
+        .await
+        .map(|s| s.workers.iter().all(|w| w.status.worker_id != "fabric-probe"))
+        .unwrap_or(true)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let probe_tokens = 1000u32;
+    let probe_cfg_gen = GenerateConfig {
+        max_tokens: probe_tokens,
+        ..GenerateConfig::default()
+    };
+    let mut per_token = Vec::new();
+    let mut first_chunk = Vec::new();
+    for _ in 0..runs.max(3) {
+        let mut req = GenerateRequest::generate(Client::new_request_id(), "fabric-probe", "x");
+        req.config = probe_cfg_gen.clone();
+        let start = Instant::now();
+        let mut stream = client.generate(req).await?;
+        let mut first = None;
+        let mut n = 0u32;
+        while let Some(ev) = stream.next().await {
+            if let StreamEvent::Tokens(t) = ev? {
+                first.get_or_insert_with(Instant::now);
+                n += t.len() as u32;
+            }
+        }
+        let total = start.elapsed();
+        let first = first.map(|f| f - start).unwrap_or(total);
+        first_chunk.push(first.as_secs_f64() * 1e6);
+        per_token.push((total - first).as_secs_f64() * 1e6 / f64::from(n.max(2) - 1));
+    }
+    let mut in_process = Vec::new();
+    for _ in 0..runs.max(3) {
+        let start = Instant::now();
+        let mut events = probe.generate(Prompt::Text("x".into()), probe_cfg_gen.clone(), CancelFlag::new());
+        while events.next().await.is_some() {}
+        in_process.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(probe_tokens));
+    }
+    println!(
+        "fabric alone (fabric-probe, a compute-free fake model; {probe_tokens} tokens, medians): \
+         {:.1} µs/token via NATS + coordinator + worker vs {:.2} µs/token in-process; \
+         request to first token {:.0} µs",
+        median(&per_token),
+        median(&in_process),
+        median(&first_chunk)
+    );
+    probe_worker.shutdown(Duration::from_secs(5)).await;
+    coordinator.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,54 @@
+//! `FabricProbe`: a **fake** model that does no compute. It exists only so
+//! `switchyard bench fabric` can measure the fabric's own cost per token (NATS,
+//! coordinator, worker service, client) without model time drowning it out. It is
+//! never registered as a backend and never served by `up` or `worker`.
+
+use futures::stream;
+use switchyard_messages::{
+    CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, GenerateStream, ModelInfo, Prompt,
+    TextModel, Token,
+};
+
+/// Emits `max_tokens` tokens (`id` 0..n, text "x") as fast as the consumer reads them.
+#[derive(Debug, Default)]
+pub struct FabricProbe;
+
+impl TextModel for FabricProbe {
+    fn generate(&self, _prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
+        let n = config.max_tokens;
+        let tokens = (0..n).map(|i| {
+            Ok(GenerateEvent::Token(Token {
+                id: i,
+                text: "x".into(),
+            }))
+        });
+        let done = std::iter::once(Ok(GenerateEvent::Done {
+            finish_reason: if cancel.is_cancelled() {
+                FinishReason::Cancelled
+            } else {
+                FinishReason::Length
+            },
+            metrics: GenerateMetrics {
+                generated_tokens: n,
+                ..GenerateMetrics::default()
+            },
+        }));
+        Box::pin(stream::iter(tokens.chain(done).collect::<Vec<_>>()))
+    }
+
+    fn model_type(&self) -> &str {
+        "fabric-probe"
+    }
+
+    fn info(&self) -> ModelInfo {
+        ModelInfo {
+            architecture: "fabric-probe".into(),
+            context_len: u32::MAX,
+            ..ModelInfo::default()
+        }
+    }
+
+    fn metrics(&self) -> GenerateMetrics {
+        GenerateMetrics::default()
+    }
+}
