@@ -14,6 +14,7 @@
 //! ([`switchyard_workers`]) streams chunks straight back to the client's inbox.
 
 pub mod bench;
+pub mod bench_llama;
 pub mod client;
 pub mod nats_server;
 pub mod node;

@@ -59,6 +59,29 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config.validate()?;
             models(&config, args).await
         }
+        Command::Bench(super::BenchCommand::Llama(args)) => {
+            let model = args.model.clone().unwrap_or_else(node::demo_model_path);
+            let bin = match args
+                .llama_server
+                .clone()
+                .or_else(|| std::env::var_os("SWITCHYARD_LLAMA_SERVER").map(Into::into))
+            {
+                Some(b) => b,
+                None => {
+                    let out = std::process::Command::new("bash")
+                        .arg("scripts/build-llama-server.sh")
+                        .stderr(std::process::Stdio::inherit())
+                        .output()
+                        .context("running scripts/build-llama-server.sh (run from the repository root)")?;
+                    if !out.status.success() {
+                        bail!("scripts/build-llama-server.sh failed");
+                    }
+                    String::from_utf8_lossy(&out.stdout).trim().into()
+                }
+            };
+            switchyard::bench_llama::llama(&model, &bin, args.threads, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Fabric(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;

@@ -66,6 +66,31 @@ pub enum BenchCommand {
     /// and through NATS + coordinator + worker, alternating. Starts its own
     /// nats-server unless --nats is given.
     Fabric(BenchFabricArgs),
+    /// switchyard's CPU engine against llama.cpp's llama-server on the same GGUF, same
+    /// prompt (~100 tokens), same threads, alternating runs: prefill and decode tok/s,
+    /// ratios, peak RSS.
+    Llama(BenchLlamaArgs),
+}
+
+/// `switchyard bench llama`.
+#[derive(Args, Debug)]
+pub struct BenchLlamaArgs {
+    /// GGUF model (default: the demo model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, else what
+    /// scripts/build-llama-server.sh built).
+    #[arg(long)]
+    pub llama_server: Option<PathBuf>,
+    /// Threads for both engines.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Measured runs of each engine (after one warm-up each).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Tokens generated per run.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: u32,
 }
 
 /// `switchyard bench fabric`.

@@ -12,6 +12,7 @@
 //! model's compute thread ([`candle::engine`]) and streams back as numbered chunks.
 
 pub mod candle;
+pub mod cpu;
 pub mod discover;
 pub mod probe;
 pub mod service;

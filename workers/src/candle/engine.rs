@@ -27,13 +27,63 @@ pub struct Job {
     pub events: EventTx,
 }
 
+/// A model's forward pass: logits of the last of `tokens`, placed at cache
+/// positions `pos..`.
+pub trait Forward: Send {
+    /// Runs the tokens and returns the last position's logits.
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError>;
+    /// Which implementation this is (for logs and benchmarks).
+    fn kind(&self) -> &'static str;
+}
+
+/// candle-transformers' quantized Llama (the fallback for weight types our own
+/// engine does not support yet).
+pub struct CandleForward {
+    pub weights: ModelWeights,
+    pub device: Device,
+}
+
+impl Forward for CandleForward {
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
+        let input = Tensor::new(tokens, &self.device)
+            .and_then(|t| t.unsqueeze(0))
+            .map_err(compute_err)?;
+        let logits = self.weights.forward(&input, pos).map_err(compute_err)?;
+        logits
+            .squeeze(0)
+            .and_then(|l| l.to_dtype(candle_core::DType::F32))
+            .and_then(|l| l.to_vec1::<f32>())
+            .map_err(compute_err)
+    }
+
+    fn kind(&self) -> &'static str {
+        "candle"
+    }
+}
+
+impl Forward for crate::cpu::llama::LlamaModel {
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
+        if pos + tokens.len() > self.context_len() {
+            return Err(BackendError::Compute(format!(
+                "position {} beyond the KV cache of {}",
+                pos + tokens.len(),
+                self.context_len()
+            )));
+        }
+        Ok(crate::cpu::llama::LlamaModel::forward(self, tokens, pos))
+    }
+
+    fn kind(&self) -> &'static str {
+        "switchyard"
+    }
+}
+
 /// Everything the compute thread owns.
 pub struct Engine {
-    pub weights: ModelWeights,
+    pub model: Box<dyn Forward>,
     pub tokenizer: Arc<GgufTokenizer>,
     pub template: Arc<ChatTemplate>,
     pub context_len: usize,
-    pub device: Device,
     pub last_metrics: Arc<Mutex<GenerateMetrics>>,
 }
 
@@ -102,15 +152,7 @@ impl Engine {
     /// Runs the forward pass over `tokens` starting at cache position `pos`,
     /// returning the last position's logits.
     fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
-        let input = Tensor::new(tokens, &self.device)
-            .and_then(|t| t.unsqueeze(0))
-            .map_err(compute_err)?;
-        let logits = self.weights.forward(&input, pos).map_err(compute_err)?;
-        logits
-            .squeeze(0)
-            .and_then(|l| l.to_dtype(candle_core::DType::F32))
-            .and_then(|l| l.to_vec1::<f32>())
-            .map_err(compute_err)
+        self.model.forward(tokens, pos)
     }
 
     fn run(&mut self, job: Job) -> Result<(), BackendError> {

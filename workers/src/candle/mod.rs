@@ -116,16 +116,15 @@ impl CandleModel {
             &token_text("tokenizer.ggml.eos_token_id"),
         )
         .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
-        let device = Device::Cpu;
-        let weights = ModelWeights::from_gguf(content, &mut file, &device).map_err(|e| load_err(e.to_string()))?;
+        let model = Self::forward_impl(content, &mut file, context_len).map_err(load_err)?;
+        tracing::info!(engine = model.kind(), "cpu model loaded");
         let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
         let template = Arc::new(template);
         let engine = engine::Engine {
-            weights,
+            model,
             tokenizer: tokenizer.clone(),
             template: template.clone(),
             context_len,
-            device,
             last_metrics: last_metrics.clone(),
         };
         let jobs = engine::spawn(engine, config.threads as usize)
@@ -138,6 +137,28 @@ impl CandleModel {
             template,
             last_metrics,
         })
+    }
+
+    /// Our own engine when it supports every tensor type, else candle's. Set
+    /// `SWITCHYARD_CPU_ENGINE=candle` to force candle (for comparisons).
+    fn forward_impl(
+        content: gguf_file::Content,
+        file: &mut std::fs::File,
+        context_len: usize,
+    ) -> Result<Box<dyn engine::Forward>, String> {
+        let force_candle = std::env::var("SWITCHYARD_CPU_ENGINE").is_ok_and(|v| v == "candle");
+        if !force_candle {
+            match crate::cpu::llama::LlamaModel::load(&content, file, context_len) {
+                Ok(m) => return Ok(Box::new(m)),
+                Err(e @ crate::cpu::tensor::TensorError::Unsupported { .. }) => {
+                    tracing::warn!("{e}; falling back to candle");
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let device = Device::Cpu;
+        let weights = ModelWeights::from_gguf(content, file, &device).map_err(|e| e.to_string())?;
+        Ok(Box::new(engine::CandleForward { weights, device }))
     }
 
     /// The model's tokenizer.

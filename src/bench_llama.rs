@@ -1,0 +1,183 @@
+//! `switchyard bench llama`: switchyard's CPU engine against llama.cpp's llama-server
+//! on the same GGUF, same prompt, same thread count, alternating runs.
+
+use crate::bench::{median, BENCH_PROMPT};
+use crate::nats_server::{free_port, kill_with_parent};
+use anyhow::{bail, Context};
+use futures::StreamExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
+
+struct Sample {
+    prefill_tps: f64,
+    decode_tps: f64,
+    generated: u64,
+}
+
+/// Runs the comparison and prints the report.
+pub async fn llama(
+    model: &Path,
+    server_bin: &Path,
+    threads: usize,
+    runs: usize,
+    max_tokens: u32,
+) -> anyhow::Result<()> {
+    let port = free_port()?;
+    let mut cmd = Command::new(server_bin);
+    cmd.args([
+        "-m",
+        &model.display().to_string(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+    ])
+    .args([
+        "-t",
+        &threads.to_string(),
+        "-tb",
+        &threads.to_string(),
+        "-c",
+        "4096",
+        "--parallel",
+        "1",
+        "--no-webui",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    kill_with_parent(&mut cmd);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", server_bin.display()))?;
+    let pid = child.id();
+    let result = run(model, port, pid, threads, runs, max_tokens).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+async fn run(model: &Path, port: u16, pid: u32, threads: usize, runs: usize, max_tokens: u32) -> anyhow::Result<()> {
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(r) = http.get(format!("{url}/health")).send().await {
+            if r.status().is_success() {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("llama-server did not become healthy within 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("loading {} in switchyard's cpu engine …", model.display());
+    let load = LoadConfig {
+        threads: threads as u32,
+        ..LoadConfig::default()
+    };
+    let m = switchyard_workers::CpuBackend.load_model(model, &load)?;
+
+    let llama_once = || {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let body = serde_json::json!({
+                "prompt": BENCH_PROMPT, "n_predict": max_tokens, "temperature": 0.0,
+                "cache_prompt": false, "ignore_eos": true,
+            });
+            let v: serde_json::Value = http
+                .post(format!("{url}/completion"))
+                .json(&body)
+                .send()
+                .await?
+                .json()
+                .await?;
+            let t = &v["timings"];
+            anyhow::Ok(Sample {
+                prefill_tps: t["prompt_per_second"].as_f64().unwrap_or(0.0),
+                decode_tps: t["predicted_per_second"].as_f64().unwrap_or(0.0),
+                generated: t["predicted_n"].as_u64().unwrap_or(0),
+            })
+        }
+    };
+    let ours_once = || {
+        let m = m.clone();
+        async move {
+            let cfg = GenerateConfig {
+                max_tokens,
+                ..GenerateConfig::default()
+            };
+            let mut events = m.generate(Prompt::Text(BENCH_PROMPT.into()), cfg, CancelFlag::new());
+            let mut sample = Sample {
+                prefill_tps: 0.0,
+                decode_tps: 0.0,
+                generated: 0,
+            };
+            while let Some(ev) = events.next().await {
+                if let GenerateEvent::Done { metrics, .. } = ev? {
+                    sample = Sample {
+                        prefill_tps: metrics.prefill_tokens_per_sec,
+                        decode_tps: metrics.decode_tokens_per_sec,
+                        generated: metrics.generated_tokens as u64,
+                    };
+                }
+            }
+            anyhow::Ok(sample)
+        }
+    };
+    eprintln!("warming up both …");
+    llama_once().await?;
+    ours_once().await?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        eprintln!("run {}/{runs}", i + 1);
+        if i % 2 == 0 {
+            ours.push(ours_once().await?);
+            theirs.push(llama_once().await?);
+        } else {
+            theirs.push(llama_once().await?);
+            ours.push(ours_once().await?);
+        }
+    }
+    let med = |xs: &[Sample], f: fn(&Sample) -> f64| median(&xs.iter().map(f).collect::<Vec<_>>());
+    let (op, od) = (med(&ours, |s| s.prefill_tps), med(&ours, |s| s.decode_tps));
+    let (lp, ld) = (med(&theirs, |s| s.prefill_tps), med(&theirs, |s| s.decode_tps));
+    let our_rss = switchyard_workers::candle::engine::process_memory().0;
+    let their_rss = peak_rss(pid);
+    println!(
+        "switchyard cpu engine vs llama-server: {}, {threads} threads, ~{} prompt tokens, {max_tokens} greedy tokens \
+         (switchyard generated {}, llama.cpp {}), {runs} alternating runs, medians",
+        model.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
+        m.info().context_len.min(100),
+        ours[0].generated,
+        theirs[0].generated,
+    );
+    println!("{:<20} {:>12} {:>12} {:>8}", "", "switchyard", "llama.cpp", "ratio");
+    println!("{:<20} {:>12.1} {:>12.1} {:>8.3}", "prefill tok/s", op, lp, op / lp);
+    println!("{:<20} {:>12.1} {:>12.1} {:>8.3}", "decode tok/s", od, ld, od / ld);
+    println!(
+        "{:<20} {:>12.1} {:>12.1} {:>8.3}",
+        "peak RSS MB",
+        our_rss as f64 / 1e6,
+        their_rss as f64 / 1e6,
+        our_rss as f64 / their_rss.max(1) as f64
+    );
+    Ok(())
+}
+
+fn peak_rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}

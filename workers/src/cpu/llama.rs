@@ -1,0 +1,312 @@
+//! The Llama-architecture forward pass on our own kernels: RMSNorm, RoPE (ggml's
+//! "normal" pairing, θ computed by repeated multiplication as ggml does), grouped-query
+//! attention over an f16 KV cache, SwiGLU feed-forward. Activations entering a
+//! quantized matmul are quantized per block like ggml; K, V, Q and the attention
+//! weights are rounded to f16 where llama.cpp's non-flash-attention path rounds them.
+
+use super::quants::{f2h, h2f};
+use super::tensor::{load, QMatrix, TensorError};
+use candle_core::quantized::gguf_file;
+
+/// Model hyper-parameters from GGUF metadata.
+#[derive(Debug, Clone)]
+pub struct LlamaParams {
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub rope_dims: usize,
+    pub n_vocab: usize,
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    w_gate: QMatrix,
+    w_up: QMatrix,
+    w_down: QMatrix,
+}
+
+/// Weights plus the KV cache for one sequence.
+pub struct LlamaModel {
+    pub params: LlamaParams,
+    embd: QMatrix,
+    layers: Vec<Layer>,
+    out_norm: Vec<f32>,
+    output: QMatrix,
+    /// [layer][kv_head][pos][head_dim] as f16 bits.
+    k_cache: Vec<u16>,
+    v_cache: Vec<u16>,
+    ctx: usize,
+}
+
+fn md_u32(ct: &gguf_file::Content, key: &str) -> Option<usize> {
+    ct.metadata.get(key).and_then(|v| v.to_u32().ok()).map(|v| v as usize)
+}
+
+fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
+    ct.metadata.get(key).and_then(|v| v.to_f32().ok())
+}
+
+impl LlamaModel {
+    /// Loads weights from a GGUF file with `general.architecture = "llama"`, with a KV
+    /// cache for `ctx` positions.
+    pub fn load<R: std::io::Read + std::io::Seek>(
+        ct: &gguf_file::Content,
+        reader: &mut R,
+        ctx: usize,
+    ) -> Result<Self, TensorError> {
+        let a = "llama";
+        let need =
+            |k: &str| md_u32(ct, &format!("{a}.{k}")).ok_or_else(|| TensorError::Missing(format!("metadata {a}.{k}")));
+        let n_embd = need("embedding_length")?;
+        let n_head = need("attention.head_count")?;
+        let head_dim = n_embd / n_head;
+        let mut load_t = |name: &str| load(ct, reader, name);
+        let embd = load_t("token_embd.weight")?;
+        let output = match load_t("output.weight") {
+            Ok(m) => m,
+            Err(TensorError::Missing(_)) => load_t("token_embd.weight")?,
+            Err(e) => return Err(e),
+        };
+        let params = LlamaParams {
+            n_layer: need("block_count")?,
+            n_embd,
+            n_head,
+            n_head_kv: md_u32(ct, &format!("{a}.attention.head_count_kv")).unwrap_or(n_head),
+            head_dim,
+            n_ff: need("feed_forward_length")?,
+            rms_eps: md_f32(ct, &format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            rope_base: md_f32(ct, &format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
+            rope_dims: md_u32(ct, &format!("{a}.rope.dimension_count")).unwrap_or(head_dim),
+            n_vocab: embd.rows,
+        };
+        let mut layers = Vec::with_capacity(params.n_layer);
+        for i in 0..params.n_layer {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: load_t(&p("attn_norm"))?.to_f32(),
+                wq: load_t(&p("attn_q"))?,
+                wk: load_t(&p("attn_k"))?,
+                wv: load_t(&p("attn_v"))?,
+                wo: load_t(&p("attn_output"))?,
+                ffn_norm: load_t(&p("ffn_norm"))?.to_f32(),
+                w_gate: load_t(&p("ffn_gate"))?,
+                w_up: load_t(&p("ffn_up"))?,
+                w_down: load_t(&p("ffn_down"))?,
+            });
+        }
+        let out_norm = load_t("output_norm.weight")?.to_f32();
+        let kv = params.n_layer * params.n_head_kv * ctx * head_dim;
+        Ok(Self {
+            params,
+            embd,
+            layers,
+            out_norm,
+            output,
+            k_cache: vec![0; kv],
+            v_cache: vec![0; kv],
+            ctx,
+        })
+    }
+
+    /// Context positions the cache holds.
+    pub fn context_len(&self) -> usize {
+        self.ctx
+    }
+
+    /// Runs `tokens` at positions `pos..pos + n` (the cache beyond `pos` is
+    /// overwritten) and returns the logits of the last one.
+    pub fn forward(&mut self, tokens: &[u32], pos: usize) -> Vec<f32> {
+        let p = self.params.clone();
+        let n = tokens.len();
+        assert!(pos + n <= self.ctx, "forward beyond the KV cache");
+        let (d, hd) = (p.n_embd, p.head_dim);
+        let kv_d = p.n_head_kv * hd;
+        let mut x = vec![0.0f32; n * d];
+        for (t, &tok) in tokens.iter().enumerate() {
+            self.embd.row_f32(tok as usize, &mut x[t * d..(t + 1) * d]);
+        }
+        let mut xn = vec![0.0f32; n * d];
+        let mut q = vec![0.0f32; n * d];
+        let mut k = vec![0.0f32; n * kv_d];
+        let mut v = vec![0.0f32; n * kv_d];
+        let mut attn = vec![0.0f32; n * d];
+        let mut proj = vec![0.0f32; n * d];
+        let mut gate = vec![0.0f32; n * p.n_ff];
+        let mut up = vec![0.0f32; n * p.n_ff];
+        let rope = RopeTable::new(&p, pos, n);
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm, p.rms_eps, d, &mut xn);
+            let act = layer.wq.prepare(&xn, n);
+            layer.wq.matmul(&act, n, &mut q);
+            let act_k = if layer.wk.same_input_kind(&layer.wq) {
+                act
+            } else {
+                layer.wk.prepare(&xn, n)
+            };
+            layer.wk.matmul(&act_k, n, &mut k);
+            let act_v = if layer.wv.same_input_kind(&layer.wk) {
+                act_k
+            } else {
+                layer.wv.prepare(&xn, n)
+            };
+            layer.wv.matmul(&act_v, n, &mut v);
+            rope.apply(&mut q, p.n_head, hd);
+            rope.apply(&mut k, p.n_head_kv, hd);
+            let base = li * p.n_head_kv * self.ctx * hd;
+            for t in 0..n {
+                for h in 0..p.n_head_kv {
+                    let dst = base + (h * self.ctx + pos + t) * hd;
+                    for j in 0..hd {
+                        self.k_cache[dst + j] = f2h(k[t * kv_d + h * hd + j]);
+                        self.v_cache[dst + j] = f2h(v[t * kv_d + h * hd + j]);
+                    }
+                }
+            }
+            attention(
+                &p,
+                &q,
+                &self.k_cache[base..],
+                &self.v_cache[base..],
+                self.ctx,
+                pos,
+                &mut attn,
+            );
+            let act = layer.wo.prepare(&attn, n);
+            layer.wo.matmul(&act, n, &mut proj);
+            for (xi, pi) in x.iter_mut().zip(&proj) {
+                *xi += pi;
+            }
+            rms_norm(&x, &layer.ffn_norm, p.rms_eps, d, &mut xn);
+            let act = layer.w_gate.prepare(&xn, n);
+            layer.w_gate.matmul(&act, n, &mut gate);
+            let act_u = if layer.w_up.same_input_kind(&layer.w_gate) {
+                act
+            } else {
+                layer.w_up.prepare(&xn, n)
+            };
+            layer.w_up.matmul(&act_u, n, &mut up);
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            let act = layer.w_down.prepare(&gate, n);
+            layer.w_down.matmul(&act, n, &mut proj);
+            for (xi, pi) in x.iter_mut().zip(&proj) {
+                *xi += pi;
+            }
+        }
+        // Only the last position's logits are needed.
+        let last = &x[(n - 1) * d..n * d];
+        let mut normed = vec![0.0f32; d];
+        rms_norm(last, &self.out_norm, p.rms_eps, d, &mut normed);
+        let act = self.output.prepare(&normed, 1);
+        let mut logits = vec![0.0f32; self.output.rows];
+        self.output.matmul(&act, 1, &mut logits);
+        logits
+    }
+}
+
+/// ggml's RMSNorm: the sum of squares in f64, the scale in f32, then the weight.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, d: usize, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let sum: f64 = xr.iter().map(|v| (v * v) as f64).sum();
+        let mean = (sum / d as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, v), wi) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v * scale) * wi;
+        }
+    }
+}
+
+/// cos/sin per (position, pair), computed as ggml's rope cache does.
+struct RopeTable {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    pairs: usize,
+}
+
+impl RopeTable {
+    fn new(p: &LlamaParams, pos: usize, n: usize) -> Self {
+        let pairs = p.rope_dims / 2;
+        let theta_scale = p.rope_base.powf(-2.0 / p.rope_dims as f32);
+        let mut cos = Vec::with_capacity(n * pairs);
+        let mut sin = Vec::with_capacity(n * pairs);
+        for t in 0..n {
+            let mut theta = (pos + t) as f32;
+            for _ in 0..pairs {
+                cos.push(theta.cos());
+                sin.push(theta.sin());
+                theta *= theta_scale;
+            }
+        }
+        Self { cos, sin, pairs }
+    }
+
+    /// Rotates adjacent pairs (2i, 2i+1) of each head ("normal" RoPE).
+    fn apply(&self, x: &mut [f32], heads: usize, hd: usize) {
+        let n = self.cos.len() / self.pairs.max(1);
+        for t in 0..n {
+            for h in 0..heads {
+                let row = &mut x[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                for i in 0..self.pairs {
+                    let (c, s) = (self.cos[t * self.pairs + i], self.sin[t * self.pairs + i]);
+                    let (x0, x1) = (row[2 * i], row[2 * i + 1]);
+                    row[2 * i] = x0 * c - x1 * s;
+                    row[2 * i + 1] = x0 * s + x1 * c;
+                }
+            }
+        }
+    }
+}
+
+/// Causal grouped-query attention for `n` new positions starting at `pos`, reading
+/// K/V (f16) for positions `0..=pos+t`.
+fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: usize, out: &mut [f32]) {
+    use rayon::prelude::*;
+    let hd = p.head_dim;
+    let group = p.n_head / p.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let d = p.n_embd;
+    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+        let (t, h) = (idx / p.n_head, idx % p.n_head);
+        let kvh = h / group;
+        let qrow: Vec<f32> = q[t * d + h * hd..t * d + (h + 1) * hd]
+            .iter()
+            .map(|&x| h2f(f2h(x)))
+            .collect();
+        let len = pos + t + 1;
+        let mut scores = Vec::with_capacity(len);
+        let mut kf = vec![0.0f32; hd];
+        for j in 0..len {
+            let kr = &k[(kvh * ctx + j) * hd..(kvh * ctx + j + 1) * hd];
+            for (dst, &h) in kf.iter_mut().zip(kr) {
+                *dst = h2f(h);
+            }
+            scores.push(super::quants::dot_f32(&kf, &qrow) * scale);
+        }
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f64;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        o.iter_mut().for_each(|x| *x = 0.0);
+        for (j, s) in scores.iter().enumerate() {
+            let w = h2f(f2h(s * inv));
+            let vr = &v[(kvh * ctx + j) * hd..(kvh * ctx + j + 1) * hd];
+            for (acc, &h) in o.iter_mut().zip(vr) {
+                *acc += w * h2f(h);
+            }
+        }
+    });
+}

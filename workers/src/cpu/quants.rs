@@ -1,0 +1,369 @@
+//! Quantized blocks in ggml's layouts and the dot products between weight blocks and
+//! quantized activations, with ggml's arithmetic: activations are quantized per
+//! 32-value block (round-half-even, scale stored as f16), and the AVX2 dot products
+//! accumulate in the same 8 lanes in the same order, so results track llama.cpp's.
+
+use half::f16;
+
+/// Values per block for the 32-wide formats.
+pub const QK: usize = 32;
+
+/// ggml `block_q4_0`: 32 weights = f16 scale + 16 bytes of 4-bit values (offset 8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_0 {
+    pub d: u16,
+    pub qs: [u8; 16],
+}
+
+/// ggml `block_q4_1`: 32 weights = f16 scale + f16 min + 16 bytes of 4-bit values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_1 {
+    pub d: u16,
+    pub m: u16,
+    pub qs: [u8; 16],
+}
+
+/// ggml `block_q8_0`: 32 values = f16 scale + 32 signed bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_0 {
+    pub d: u16,
+    pub qs: [i8; 32],
+}
+
+/// ggml `block_q8_1`: like Q8_0 plus `s = d * sum(qs)` (f16), for Q4_1's minimum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_1 {
+    pub d: u16,
+    pub s: u16,
+    pub qs: [i8; 32],
+}
+
+#[inline]
+pub fn h2f(h: u16) -> f32 {
+    f16::from_bits(h).to_f32()
+}
+
+#[inline]
+pub fn f2h(x: f32) -> u16 {
+    f16::from_f32(x).to_bits()
+}
+
+/// Scale and rounded values of one 32-value block, as ggml's AVX2 quantizer does.
+#[inline]
+fn quantize_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        let r = (v * id).round_ties_even() as i32;
+        *q = r as i8;
+        sum += r;
+    }
+    (d, sum)
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q8_0 blocks.
+pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+    for (b, chunk) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        let (d, _) = quantize_block(chunk, &mut b.qs);
+        b.d = f2h(d);
+    }
+}
+
+/// Quantizes `x` into Q8_1 blocks.
+pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
+    for (b, chunk) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        let (d, sum) = quantize_block(chunk, &mut b.qs);
+        b.d = f2h(d);
+        b.s = f2h(d * sum as f32);
+    }
+}
+
+/// Dequantizes Q4_0 blocks.
+pub fn dequantize_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = h2f(b.d);
+        for j in 0..16 {
+            o[j] = ((b.qs[j] & 0x0f) as i32 - 8) as f32 * d;
+            o[j + 16] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+/// Dequantizes Q4_1 blocks.
+pub fn dequantize_q4_1(blocks: &[BlockQ4_1], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let (d, m) = (h2f(b.d), h2f(b.m));
+        for j in 0..16 {
+            o[j] = (b.qs[j] & 0x0f) as f32 * d + m;
+            o[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
+        }
+    }
+}
+
+/// Dequantizes Q8_0 blocks.
+pub fn dequantize_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = h2f(b.d);
+        for (dst, &q) in o.iter_mut().zip(&b.qs) {
+            *dst = q as f32 * d;
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    pub unsafe fn hsum_float_8(x: __m256) -> f32 {
+        let mut res = _mm256_extractf128_ps(x, 1);
+        res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+        res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+        res = _mm_add_ss(res, _mm_movehdup_ps(res));
+        _mm_cvtss_f32(res)
+    }
+
+    #[inline(always)]
+    unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> __m256i {
+        let tmp = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+        let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+        _mm256_and_si256(_mm256_set1_epi8(0x0f), bytes)
+    }
+
+    #[inline(always)]
+    unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
+        let dot = _mm256_maddubs_epi16(ax, sy);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
+    }
+
+    #[inline(always)]
+    unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+        let ax = _mm256_sign_epi8(x, x);
+        let sy = _mm256_sign_epi8(y, x);
+        mul_sum_us8_pairs_float(ax, sy)
+    }
+
+    pub fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+        // SAFETY: compiled only with AVX2+FMA enabled; loads are unaligned-safe.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0.0f32;
+            for (a, b) in x.iter().zip(y) {
+                let d0 = h2f(a.d);
+                let d1 = h2f(b.d);
+                summs += h2f(a.m) * h2f(b.s);
+                let d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1));
+                let qx = bytes_from_nibbles_32(&a.qs);
+                let qy = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let xy = mul_sum_us8_pairs_float(qx, qy);
+                acc = _mm256_fmadd_ps(d0d1, xy, acc);
+            }
+            hsum_float_8(acc) + summs
+        }
+    }
+
+    pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+        // SAFETY: as above.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for (a, b) in x.iter().zip(y) {
+                let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
+                let qx = _mm256_sub_epi8(bytes_from_nibbles_32(&a.qs), _mm256_set1_epi8(8));
+                let qy = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let q = mul_sum_i8_pairs_float(qx, qy);
+                acc = _mm256_fmadd_ps(d, q, acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+        // SAFETY: as above.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for (a, b) in x.iter().zip(y) {
+                let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
+                let qx = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let qy = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let q = mul_sum_i8_pairs_float(qx, qy);
+                acc = _mm256_fmadd_ps(d, q, acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    /// f32 dot product, 8 lanes with FMA, then the lane sum.
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: as above; the tail is handled in scalar code.
+        unsafe {
+            let n = a.len().min(b.len());
+            let mut acc = _mm256_setzero_ps();
+            let mut i = 0;
+            while i + 8 <= n {
+                acc = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    acc,
+                );
+                i += 8;
+            }
+            let mut s = hsum_float_8(acc);
+            while i < n {
+                s += a[i] * b[i];
+                i += 1;
+            }
+            s
+        }
+    }
+}
+
+mod scalar {
+    use super::*;
+
+    pub fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+        let mut sum = 0.0f32;
+        for (a, b) in x.iter().zip(y) {
+            let mut acc = 0i32;
+            for j in 0..16 {
+                acc += (a.qs[j] & 0x0f) as i32 * b.qs[j] as i32 + (a.qs[j] >> 4) as i32 * b.qs[j + 16] as i32;
+            }
+            sum += h2f(a.d) * h2f(b.d) * acc as f32 + h2f(a.m) * h2f(b.s);
+        }
+        sum
+    }
+
+    pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+        let mut sum = 0.0f32;
+        for (a, b) in x.iter().zip(y) {
+            let mut acc = 0i32;
+            for j in 0..16 {
+                acc +=
+                    ((a.qs[j] & 0x0f) as i32 - 8) * b.qs[j] as i32 + ((a.qs[j] >> 4) as i32 - 8) * b.qs[j + 16] as i32;
+            }
+            sum += h2f(a.d) * h2f(b.d) * acc as f32;
+        }
+        sum
+    }
+
+    pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+        let mut sum = 0.0f32;
+        for (a, b) in x.iter().zip(y) {
+            let acc: i32 = a.qs.iter().zip(&b.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
+            sum += h2f(a.d) * h2f(b.d) * acc as f32;
+        }
+        sum
+    }
+
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+pub use avx2::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q8_0_q8_0};
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+pub use scalar::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q8_0_q8_0};
+
+/// The portable versions, for tests against the SIMD ones.
+pub mod reference {
+    pub use super::scalar::*;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    fn q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
+        let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
+        quantize_q8_0(x, &mut b);
+        b
+    }
+
+    #[test]
+    fn quantize_rounds_half_to_even_and_round_trips() {
+        let x = data(64, 1);
+        let b = q8_0(&x);
+        let mut back = vec![0.0; 64];
+        dequantize_q8_0(&b, &mut back);
+        for (a, r) in x.iter().zip(&back) {
+            assert!((a - r).abs() <= h2f(b[0].d).max(h2f(b[1].d)) * 0.51, "{a} vs {r}");
+        }
+        let mut q = [0i8; 32];
+        let mut v = [0.0f32; 32];
+        v[0] = 127.0;
+        v[1] = 2.5;
+        v[2] = 3.5;
+        quantize_block(&v, &mut q);
+        assert_eq!((q[1], q[2]), (2, 4), "round half to even");
+    }
+
+    #[test]
+    fn simd_dots_match_the_reference() {
+        let x = data(256, 2);
+        let w = data(256, 3);
+        let xq = q8_0(&x);
+        let wq = q8_0(&w);
+        let a = dot_q8_0_q8_0(&wq, &xq);
+        let b = reference::dot_q8_0_q8_0(&wq, &xq);
+        assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+
+        let mut x1 = vec![
+            BlockQ8_1 {
+                d: 0,
+                s: 0,
+                qs: [0; 32]
+            };
+            8
+        ];
+        quantize_q8_1(&x, &mut x1);
+        let w1: Vec<BlockQ4_1> = (0..8)
+            .map(|i| BlockQ4_1 {
+                d: f2h(0.05 + i as f32 * 0.01),
+                m: f2h(-0.3),
+                qs: [(i * 37 % 256) as u8; 16],
+            })
+            .collect();
+        let a = dot_q4_1_q8_1(&w1, &x1);
+        let b = reference::dot_q4_1_q8_1(&w1, &x1);
+        assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+
+        let w0: Vec<BlockQ4_0> = (0..8)
+            .map(|i| BlockQ4_0 {
+                d: f2h(0.07),
+                qs: [(i * 91 % 256) as u8; 16],
+            })
+            .collect();
+        let a = dot_q4_0_q8_0(&w0, &xq);
+        let b = reference::dot_q4_0_q8_0(&w0, &xq);
+        assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+
+        let a = dot_f32(&x[..100], &w[..100]);
+        let b = reference::dot_f32(&x[..100], &w[..100]);
+        assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0));
+    }
+
+    #[test]
+    fn layouts_match_ggml() {
+        assert_eq!(std::mem::size_of::<BlockQ4_0>(), 18);
+        assert_eq!(std::mem::size_of::<BlockQ4_1>(), 20);
+        assert_eq!(std::mem::size_of::<BlockQ8_0>(), 34);
+        assert_eq!(std::mem::size_of::<BlockQ8_1>(), 36);
+    }
+}

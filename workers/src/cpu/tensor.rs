@@ -1,0 +1,227 @@
+//! Weight matrices kept in their GGUF block format, and the matrix multiply that
+//! quantizes activations the way ggml does for each weight type.
+
+use super::quants::*;
+use candle_core::quantized::{gguf_file, GgmlDType};
+use rayon::prelude::*;
+
+/// Weight storage by GGUF type.
+pub enum QData {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    Q4_0(Vec<BlockQ4_0>),
+    Q4_1(Vec<BlockQ4_1>),
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+/// A `rows × cols` weight matrix (row-major; each row is `cols` values).
+pub struct QMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: QData,
+}
+
+/// Activations prepared for one weight type.
+pub enum QAct {
+    F32(Vec<f32>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q8_1(Vec<BlockQ8_1>),
+}
+
+/// Why a tensor could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    #[error("tensor {0} is missing")]
+    Missing(String),
+    #[error("tensor {name} has type {dtype:?}, which the cpu engine does not support (supported: F32, F16, Q4_0, Q4_1, Q8_0)")]
+    Unsupported { name: String, dtype: GgmlDType },
+    #[error("reading tensor {name}: {source}")]
+    Io {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn cast_blocks<T: Copy>(bytes: &[u8]) -> Vec<T> {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let mut out = Vec::<T>::with_capacity(n);
+    // SAFETY: T is a #[repr(C)] plain-old-data block (integers and byte arrays) for
+    // which every bit pattern is valid; we copy n * size_of::<T>() bytes into
+    // freshly allocated, properly aligned storage and then set the length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            out.as_mut_ptr() as *mut u8,
+            n * std::mem::size_of::<T>(),
+        );
+        out.set_len(n);
+    }
+    out
+}
+
+/// Reads a tensor's raw bytes and keeps them in their block format.
+pub fn load<R: std::io::Read + std::io::Seek>(
+    ct: &gguf_file::Content,
+    reader: &mut R,
+    name: &str,
+) -> Result<QMatrix, TensorError> {
+    let info = ct
+        .tensor_infos
+        .get(name)
+        .ok_or_else(|| TensorError::Missing(name.to_string()))?;
+    let dims = info.shape.dims();
+    // GGUF stores the fastest-moving dimension first; candle reverses it, so the last
+    // candle dim is the row length.
+    let cols = *dims.last().unwrap_or(&1);
+    let rows = info.shape.elem_count() / cols.max(1);
+    let elems = rows * cols;
+    let bytes_len = match info.ggml_dtype {
+        GgmlDType::F32 => elems * 4,
+        GgmlDType::F16 => elems * 2,
+        GgmlDType::Q4_0 => elems / QK * 18,
+        GgmlDType::Q4_1 => elems / QK * 20,
+        GgmlDType::Q8_0 => elems / QK * 34,
+        dtype => {
+            return Err(TensorError::Unsupported {
+                name: name.to_string(),
+                dtype,
+            })
+        }
+    };
+    let mut bytes = vec![0u8; bytes_len];
+    let io = |source| TensorError::Io {
+        name: name.to_string(),
+        source,
+    };
+    reader
+        .seek(std::io::SeekFrom::Start(ct.tensor_data_offset + info.offset))
+        .map_err(io)?;
+    reader.read_exact(&mut bytes).map_err(io)?;
+    let data = match info.ggml_dtype {
+        GgmlDType::F32 => QData::F32(cast_blocks(&bytes)),
+        GgmlDType::F16 => QData::F16(cast_blocks(&bytes)),
+        GgmlDType::Q4_0 => QData::Q4_0(cast_blocks(&bytes)),
+        GgmlDType::Q4_1 => QData::Q4_1(cast_blocks(&bytes)),
+        _ => QData::Q8_0(cast_blocks(&bytes)),
+    };
+    Ok(QMatrix { rows, cols, data })
+}
+
+/// A raw pointer that may be shared across the rayon workers writing disjoint cells.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every parallel task writes a disjoint set of indices.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl QMatrix {
+    /// The whole matrix as f32 values (small tensors: norms).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for r in 0..self.rows {
+            self.row_f32(r, &mut out[r * self.cols..(r + 1) * self.cols]);
+        }
+        out
+    }
+
+    /// Row `r` as f32 values (embedding lookups).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        let nb = c / QK;
+        match &self.data {
+            QData::F32(v) => out.copy_from_slice(&v[r * c..(r + 1) * c]),
+            QData::F16(v) => {
+                for (o, h) in out.iter_mut().zip(&v[r * c..(r + 1) * c]) {
+                    *o = h2f(*h);
+                }
+            }
+            QData::Q4_0(v) => dequantize_q4_0(&v[r * nb..(r + 1) * nb], out),
+            QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
+            QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
+        }
+    }
+
+    /// Prepares `n` input rows of `cols` values for this matrix's kernel.
+    pub fn prepare(&self, x: &[f32], n: usize) -> QAct {
+        let x = &x[..n * self.cols];
+        match &self.data {
+            QData::F32(_) | QData::F16(_) => QAct::F32(x.to_vec()),
+            QData::Q4_1(_) => {
+                let mut b = vec![
+                    BlockQ8_1 {
+                        d: 0,
+                        s: 0,
+                        qs: [0; 32]
+                    };
+                    x.len() / QK
+                ];
+                quantize_q8_1(x, &mut b);
+                QAct::Q8_1(b)
+            }
+            QData::Q4_0(_) | QData::Q8_0(_) => {
+                let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
+                quantize_q8_0(x, &mut b);
+                QAct::Q8_0(b)
+            }
+        }
+    }
+
+    /// Whether two matrices take the same prepared input (so it is computed once).
+    pub fn same_input_kind(&self, other: &QMatrix) -> bool {
+        let kind = |m: &QMatrix| match m.data {
+            QData::F32(_) | QData::F16(_) => 0,
+            QData::Q4_1(_) => 1,
+            QData::Q4_0(_) | QData::Q8_0(_) => 2,
+        };
+        kind(self) == kind(other) && self.cols == other.cols
+    }
+
+    fn dot(&self, r: usize, act: &QAct, t: usize) -> f32 {
+        let c = self.cols;
+        let nb = c / QK;
+        match (&self.data, act) {
+            (QData::Q4_1(w), QAct::Q8_1(x)) => dot_q4_1_q8_1(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
+            (QData::Q4_0(w), QAct::Q8_0(x)) => dot_q4_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
+            (QData::Q8_0(w), QAct::Q8_0(x)) => dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
+            (QData::F32(w), QAct::F32(x)) => dot_f32(&w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
+            (QData::F16(w), QAct::F32(x)) => {
+                let xs = &x[t * c..(t + 1) * c];
+                w[r * c..(r + 1) * c].iter().zip(xs).map(|(h, v)| h2f(*h) * v).sum()
+            }
+            _ => unreachable!("prepare() matches the weight type"),
+        }
+    }
+
+    /// `out[t * rows + r] = row_r · input_t` for `n` prepared inputs, split over the
+    /// current rayon pool by row chunks (each chunk reuses its rows for every input).
+    pub fn matmul(&self, act: &QAct, n: usize, out: &mut [f32]) {
+        assert!(out.len() >= n * self.rows);
+        let rows = self.rows;
+        let chunk = 16usize;
+        let ptr = OutPtr(out.as_mut_ptr());
+        (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
+            let p = ptr;
+            let r0 = ci * chunk;
+            let r1 = (r0 + chunk).min(rows);
+            for t in 0..n {
+                for r in r0..r1 {
+                    let v = self.dot(r, act, t);
+                    // SAFETY: (t, r) cells are disjoint across chunks and in bounds.
+                    unsafe { *p.0.add(t * rows + r) = v };
+                }
+            }
+        });
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            QData::F32(v) => v.len() * 4,
+            QData::F16(v) => v.len() * 2,
+            QData::Q4_0(v) => v.len() * 18,
+            QData::Q4_1(v) => v.len() * 20,
+            QData::Q8_0(v) => v.len() * 34,
+        }
+    }
+}
