@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
 
 struct Sample {
+    prompt_tokens: u64,
     prefill_tps: f64,
     decode_tps: f64,
     generated: u64,
@@ -98,6 +99,7 @@ async fn run(model: &Path, port: u16, pid: u32, threads: usize, runs: usize, max
                 .await?;
             let t = &v["timings"];
             anyhow::Ok(Sample {
+                prompt_tokens: t["prompt_n"].as_u64().unwrap_or(0),
                 prefill_tps: t["prompt_per_second"].as_f64().unwrap_or(0.0),
                 decode_tps: t["predicted_per_second"].as_f64().unwrap_or(0.0),
                 generated: t["predicted_n"].as_u64().unwrap_or(0),
@@ -113,6 +115,7 @@ async fn run(model: &Path, port: u16, pid: u32, threads: usize, runs: usize, max
             };
             let mut events = m.generate(Prompt::Text(BENCH_PROMPT.into()), cfg, CancelFlag::new());
             let mut sample = Sample {
+                prompt_tokens: 0,
                 prefill_tps: 0.0,
                 decode_tps: 0.0,
                 generated: 0,
@@ -120,6 +123,7 @@ async fn run(model: &Path, port: u16, pid: u32, threads: usize, runs: usize, max
             while let Some(ev) = events.next().await {
                 if let GenerateEvent::Done { metrics, .. } = ev? {
                     sample = Sample {
+                        prompt_tokens: metrics.prompt_tokens as u64,
                         prefill_tps: metrics.prefill_tokens_per_sec,
                         decode_tps: metrics.decode_tokens_per_sec,
                         generated: metrics.generated_tokens as u64,
@@ -149,10 +153,11 @@ async fn run(model: &Path, port: u16, pid: u32, threads: usize, runs: usize, max
     let our_rss = switchyard_workers::candle::engine::process_memory().0;
     let their_rss = peak_rss(pid);
     println!(
-        "switchyard cpu engine vs llama-server: {}, {threads} threads, ~{} prompt tokens, {max_tokens} greedy tokens \
+        "switchyard cpu engine vs llama-server: {}, {threads} threads, {} prompt tokens (llama.cpp: {}), {max_tokens} greedy tokens \
          (switchyard generated {}, llama.cpp {}), {runs} alternating runs, medians",
         model.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
-        m.info().context_len.min(100),
+        ours[0].prompt_tokens,
+        theirs[0].prompt_tokens,
         ours[0].generated,
         theirs[0].generated,
     );
