@@ -196,7 +196,7 @@ impl LlamaModel {
             };
             layer.w_up.matmul(&act_u, n, &mut up);
             for (g, u) in gate.iter_mut().zip(&up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
+                *g = super::math::silu(*g) * u;
             }
             let act = layer.w_down.prepare(&gate, n);
             layer.w_down.matmul(&act, n, &mut proj);
@@ -268,14 +268,21 @@ impl RopeTable {
     }
 }
 
-/// Causal grouped-query attention for `n` new positions starting at `pos`, reading
-/// K/V (f16) for positions `0..=pos+t`.
+/// Causal grouped-query attention for the new positions starting at `pos`: Q
+/// rounded to f16 like llama.cpp's f16 K·Q matmul, K·Q with 8-lane FMA (tinyBLAS's
+/// order for a head size that is a multiple of 8), the scaled softmax with ggml's
+/// `expf`, the weights rounded to f16, then V accumulated row by row (vectorised).
 fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: usize, out: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
     let hd = p.head_dim;
     let group = p.n_head / p.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let d = p.n_embd;
+    let as_f16 = |bits: &[u16]| -> &[half::f16] {
+        // SAFETY: f16 is a transparent wrapper of u16 with the same size and alignment.
+        unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const half::f16, bits.len()) }
+    };
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / p.n_head, idx % p.n_head);
         let kvh = h / group;
@@ -285,27 +292,20 @@ fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: 
             .collect();
         let len = pos + t + 1;
         let mut scores = Vec::with_capacity(len);
-        let mut kf = vec![0.0f32; hd];
-        for j in 0..len {
-            let kr = &k[(kvh * ctx + j) * hd..(kvh * ctx + j + 1) * hd];
-            for (dst, &h) in kf.iter_mut().zip(kr) {
-                *dst = h2f(h);
-            }
-            scores.push(super::quants::dot_f32(&kf, &qrow) * scale);
+        let mut row = vec![0.0f32; hd];
+        let keys = as_f16(&k[kvh * ctx * hd..(kvh * ctx + len) * hd]);
+        for kr in keys.chunks_exact(hd) {
+            kr.convert_to_f32_slice(&mut row);
+            scores.push(super::quants::dot_f32(&row, &qrow) * scale);
         }
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f64;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s as f64;
-        }
-        let inv = (1.0 / sum) as f32;
+        super::math::softmax(&mut scores);
         o.iter_mut().for_each(|x| *x = 0.0);
-        for (j, s) in scores.iter().enumerate() {
-            let w = h2f(f2h(s * inv));
-            let vr = &v[(kvh * ctx + j) * hd..(kvh * ctx + j + 1) * hd];
-            for (acc, &h) in o.iter_mut().zip(vr) {
-                *acc += w * h2f(h);
+        let values = as_f16(&v[kvh * ctx * hd..(kvh * ctx + len) * hd]);
+        for (vr, &w) in values.chunks_exact(hd).zip(&scores) {
+            let w = h2f(f2h(w));
+            vr.convert_to_f32_slice(&mut row);
+            for (acc, x) in o.iter_mut().zip(&row) {
+                *acc = x.mul_add(w, *acc);
             }
         }
     });

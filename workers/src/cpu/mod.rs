@@ -4,10 +4,14 @@
 //!
 //! ## Layout
 //! - [`quants`]: block layouts, activation quantizers, AVX2 and portable dot products.
+//! - [`kquants`]: the same for the 256-value K-quant super-blocks (Q4_K, Q6_K, Q8_K).
 //! - [`tensor`]: [`tensor::QMatrix`] — a weight matrix in its block format, loaded
 //!   from GGUF, multiplied by prepared activations in parallel over row chunks.
+//! - [`math`]: ggml's `expf`, SiLU and softmax, bit for bit.
 //! - [`llama`]: the Llama-architecture forward pass with an f16 KV cache.
 
+pub mod kquants;
 pub mod llama;
+pub mod math;
 pub mod quants;
 pub mod tensor;

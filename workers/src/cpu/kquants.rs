@@ -1,0 +1,775 @@
+//! K-quant super-blocks (256 values) in ggml's layouts — Q4_K and Q6_K weights, Q8_K
+//! activations — and their dot products with ggml's arithmetic: activations are
+//! quantized as `quantize_row_q8_K_ref` does (the x86 CPU backend's `from_float` for
+//! Q8_K), and the AVX2 dot products mirror `ggml_vec_dot_q{4,6}_K_q8_K`'s AVX2 branches
+//! lane for lane, so results track llama.cpp's non-repacked path bit for bit.
+
+use super::quants::h2f;
+
+/// Values per super-block.
+pub const QK_K: usize = 256;
+
+/// Bytes of packed 6-bit scales and mins in a Q4_K block.
+pub const K_SCALE_SIZE: usize = 12;
+
+/// ggml `block_q4_K`: 256 weights in 8 sub-blocks of 32, `x = d * sc * q - dmin * m`
+/// with 6-bit `sc`/`m` packed in `scales` and 4-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4K {
+    pub d: u16,
+    pub dmin: u16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// ggml `block_q6_K`: 256 weights in 16 sub-blocks of 16, `x = d * scale * (q - 32)`
+/// with 6-bit `q` split into low nibbles (`ql`) and high 2-bit pairs (`qh`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: u16,
+}
+
+/// ggml `block_q8_K`: 256 activations = f32 scale + signed bytes + sums of 16-value groups.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    pub bsums: [i16; QK_K / 16],
+}
+
+impl BlockQ4K {
+    pub const ZERO: Self = Self {
+        d: 0,
+        dmin: 0,
+        scales: [0; K_SCALE_SIZE],
+        qs: [0; QK_K / 2],
+    };
+}
+
+impl BlockQ6K {
+    pub const ZERO: Self = Self {
+        ql: [0; QK_K / 2],
+        qh: [0; QK_K / 4],
+        scales: [0; QK_K / 16],
+        d: 0,
+    };
+}
+
+impl BlockQ8K {
+    pub const ZERO: Self = Self {
+        d: 0.0,
+        qs: [0; QK_K],
+        bsums: [0; QK_K / 16],
+    };
+}
+
+/// ggml's `nearest_int`: round half to even through the float mantissa.
+#[inline]
+fn nearest_int(fval: f32) -> i32 {
+    debug_assert!(fval.abs() <= 4194303.0);
+    let val = fval + 12582912.0;
+    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// Quantizes `x` (a multiple of 256 long) into Q8_K blocks, as `quantize_row_q8_K_ref`:
+/// `iscale = -127 / max` where `max` is the first value of largest magnitude (so `d`
+/// is negative when that value is positive), and `d = 1 / iscale`.
+pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
+    for (b, chunk) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let mut max = 0.0f32;
+        let mut amax = 0.0f32;
+        for &v in chunk {
+            let ax = v.abs();
+            if ax > amax {
+                amax = ax;
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            // ggml leaves `bsums` as they were; with `d = 0` they contribute nothing.
+            *b = BlockQ8K::ZERO;
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in b.qs.iter_mut().zip(chunk) {
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = q.iter().map(|&v| v as i32).sum::<i32>() as i16;
+        }
+        b.d = 1.0 / iscale;
+    }
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8).
+#[inline]
+fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The dot products' unpacking of Q4_K scales: words 0-1 hold the 8 scales as bytes,
+/// words 2-3 the 8 mins (ggml's `utmp` with `kmask1..3`).
+#[inline]
+fn q4k_scales_mins(s: &[u8; K_SCALE_SIZE]) -> [u32; 4] {
+    const KMASK1: u32 = 0x3f3f3f3f;
+    const KMASK2: u32 = 0x0f0f0f0f;
+    const KMASK3: u32 = 0x03030303;
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let mut utmp = [word(0), word(1), word(2), 0];
+    utmp[3] = ((utmp[2] >> 4) & KMASK2) | (((utmp[1] >> 6) & KMASK3) << 4);
+    let uaux = utmp[1] & KMASK1;
+    utmp[1] = (utmp[2] & KMASK2) | (((utmp[0] >> 6) & KMASK3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= KMASK1;
+    utmp
+}
+
+/// Dequantizes Q4_K blocks (ggml's `dequantize_row_q4_K`).
+pub fn dequantize_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = h2f(b.d);
+        let min = h2f(b.dmin);
+        for (j, (q, o)) in b.qs.chunks_exact(32).zip(o.chunks_exact_mut(64)).enumerate() {
+            let (sc, m) = scale_min_k4(2 * j, &b.scales);
+            let (d1, m1) = (d * sc as f32, min * m as f32);
+            let (sc, m) = scale_min_k4(2 * j + 1, &b.scales);
+            let (d2, m2) = (d * sc as f32, min * m as f32);
+            for l in 0..32 {
+                o[l] = d1 * (q[l] & 0xf) as f32 - m1;
+                o[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+            }
+        }
+    }
+}
+
+/// The 6-bit values (minus 32) of one 128-value half of a Q6_K block, in output order.
+#[inline]
+fn q6k_values(ql: &[u8], qh: &[u8], a: &mut [i8]) {
+    for l in 0..32 {
+        a[l] = ((ql[l] & 0xf) | ((qh[l] & 3) << 4)) as i8 - 32;
+        a[l + 32] = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+        a[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+        a[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+    }
+}
+
+/// Dequantizes Q6_K blocks (ggml's `dequantize_row_q6_K`).
+pub fn dequantize_q6_k(blocks: &[BlockQ6K], out: &mut [f32]) {
+    let mut a = [0i8; 128];
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = h2f(b.d);
+        for (n, o) in o.chunks_exact_mut(128).enumerate() {
+            q6k_values(&b.ql[64 * n..], &b.qh[32 * n..], &mut a);
+            let sc = &b.scales[8 * n..8 * n + 8];
+            for (i, (dst, &q)) in o.iter_mut().zip(&a).enumerate() {
+                // Sub-block of 16: `is + 0, 2, 4, 6` for the four 32-value quarters.
+                *dst = d * sc[i / 16] as f32 * q as f32;
+            }
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// ggml's `get_scale_shuffle_k4` table: row `i` repeats bytes `2i, 2i + 1`.
+    static SHUFFLE_K4: [u8; 256] = {
+        let mut t = [0u8; 256];
+        let mut i = 0;
+        while i < 256 {
+            t[i] = (2 * (i / 32) + i % 2) as u8;
+            i += 1;
+        }
+        t
+    };
+
+    /// ggml's `get_scale_shuffle` table: row `i` is 8 × `2i` then 8 × `2i + 1`.
+    static SHUFFLE: [u8; 128] = {
+        let mut t = [0u8; 128];
+        let mut i = 0;
+        while i < 128 {
+            t[i] = (2 * (i / 16) + (i % 16) / 8) as u8;
+            i += 1;
+        }
+        t
+    };
+
+    #[inline(always)]
+    unsafe fn get_scale_shuffle_k4(i: usize) -> __m256i {
+        debug_assert!(i < 8);
+        _mm256_loadu_si256(SHUFFLE_K4.as_ptr().add(32 * i) as *const __m256i)
+    }
+
+    #[inline(always)]
+    unsafe fn get_scale_shuffle(i: usize) -> __m128i {
+        debug_assert!(i < 8);
+        _mm_loadu_si128(SHUFFLE.as_ptr().add(16 * i) as *const __m128i)
+    }
+
+    #[inline(always)]
+    unsafe fn hsum_float_8(x: __m256) -> f32 {
+        let mut res = _mm256_extractf128_ps(x, 1);
+        res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+        res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+        res = _mm_add_ss(res, _mm_movehdup_ps(res));
+        _mm_cvtss_f32(res)
+    }
+
+    pub fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+        // SAFETY: compiled only with AVX2+FMA enabled; loads are unaligned-safe and stay
+        // inside the blocks' arrays (qs: 4 × 32 bytes, q8: 8 × 32, bsums: 32 bytes).
+        unsafe {
+            let m4 = _mm256_set1_epi8(0xf);
+            let mut acc = _mm256_setzero_ps();
+            let mut acc_m = _mm_setzero_ps();
+            for (a, b) in x.iter().zip(y) {
+                let d = b.d * h2f(a.d);
+                let dmin = -b.d * h2f(a.dmin);
+                let utmp = q4k_scales_mins(&a.scales);
+                let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+                    utmp[3] as i32,
+                    utmp[2] as i32,
+                    utmp[1] as i32,
+                    utmp[0] as i32,
+                ));
+
+                let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
+                let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+                let prod = _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
+                acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+
+                let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+                let scales = _mm256_set_m128i(sc128, sc128);
+
+                let q4 = a.qs.as_ptr();
+                let q8 = b.qs.as_ptr();
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..QK_K / 64 {
+                    let scale_l = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j));
+                    let scale_h = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1));
+
+                    let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
+                    let q4l = _mm256_and_si256(q4bits, m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+
+                    let q8l = _mm256_loadu_si256(q8.add(64 * j) as *const __m256i);
+                    let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+
+                    let q8h = _mm256_loadu_si256(q8.add(64 * j + 32) as *const __m256i);
+                    let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+            acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+            hsum_float_8(acc) + _mm_cvtss_f32(acc_m)
+        }
+    }
+
+    pub fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+        // SAFETY: as above (ql: 4 × 32 bytes, qh: 2 × 32, scales: 16, q8: 8 × 32).
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let m15 = _mm256_set1_epi8(15);
+            let mut acc = _mm256_setzero_ps();
+            for (a, b) in x.iter().zip(y) {
+                let d = b.d * h2f(a.d);
+
+                let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
+                let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
+                let scales_16 = _mm256_cvtepi8_epi16(scales);
+                // The -32 offset of every value, through the activations' group sums.
+                let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..QK_K / 128 {
+                    let q4 = a.ql.as_ptr().add(64 * j);
+                    let q8 = b.qs.as_ptr().add(128 * j);
+                    let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+                    let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+                    let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
+
+                    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                    let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                    let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+
+                    let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+                    let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+                    let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+                    let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+
+                    let q8_0 = _mm256_loadu_si256(q8 as *const __m256i);
+                    let q8_1 = _mm256_loadu_si256(q8.add(32) as *const __m256i);
+                    let q8_2 = _mm256_loadu_si256(q8.add(64) as *const __m256i);
+                    let q8_3 = _mm256_loadu_si256(q8.add(96) as *const __m256i);
+
+                    let p16_0 = _mm256_maddubs_epi16(q4_0, q8_0);
+                    let p16_1 = _mm256_maddubs_epi16(q4_1, q8_1);
+                    let p16_2 = _mm256_maddubs_epi16(q4_2, q8_2);
+                    let p16_3 = _mm256_maddubs_epi16(q4_3, q8_3);
+
+                    let is = 4 * j;
+                    let scale_0 = _mm_shuffle_epi8(scales, get_scale_shuffle(is));
+                    let scale_1 = _mm_shuffle_epi8(scales, get_scale_shuffle(is + 1));
+                    let scale_2 = _mm_shuffle_epi8(scales, get_scale_shuffle(is + 2));
+                    let scale_3 = _mm_shuffle_epi8(scales, get_scale_shuffle(is + 3));
+
+                    let p16_0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_0), p16_0);
+                    let p16_1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_1), p16_1);
+                    let p16_2 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_2), p16_2);
+                    let p16_3 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_3), p16_3);
+
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
+                }
+                sumi = _mm256_sub_epi32(sumi, q8sclsub);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+}
+
+mod scalar {
+    use super::*;
+
+    /// ggml's generic version: 8 integer lanes per block, 8 float lane sums, the mins
+    /// subtracted per block.
+    pub fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+        let mut aux8 = [0i8; QK_K];
+        let mut sums = [0.0f32; 8];
+        let mut sumf = 0.0f32;
+        for (a, b) in x.iter().zip(y) {
+            for (q4, a8) in a.qs.chunks_exact(32).zip(aux8.chunks_exact_mut(64)) {
+                for l in 0..32 {
+                    a8[l] = (q4[l] & 0xf) as i8;
+                    a8[l + 32] = (q4[l] >> 4) as i8;
+                }
+            }
+            let utmp = q4k_scales_mins(&a.scales);
+            let scales = [utmp[0].to_le_bytes(), utmp[1].to_le_bytes()].concat();
+            let mins = [utmp[2].to_le_bytes(), utmp[3].to_le_bytes()].concat();
+
+            let sumi: i32 = b
+                .bsums
+                .iter()
+                .enumerate()
+                .map(|(j, &s)| s as i32 * mins[j / 2] as i32)
+                .sum();
+            let mut aux32 = [0i32; 8];
+            for ((q8, a8), &scale) in b.qs.chunks_exact(32).zip(aux8.chunks_exact(32)).zip(&scales) {
+                for (q8, a8) in q8.chunks_exact(8).zip(a8.chunks_exact(8)) {
+                    for l in 0..8 {
+                        aux32[l] += scale as i32 * (q8[l] as i16 * a8[l] as i16) as i32;
+                    }
+                }
+            }
+            let d = h2f(a.d) * b.d;
+            for (s, &v) in sums.iter_mut().zip(&aux32) {
+                *s += d * v as f32;
+            }
+            let dmin = h2f(a.dmin) * b.d;
+            sumf -= dmin * sumi as f32;
+        }
+        for s in sums {
+            sumf += s;
+        }
+        sumf
+    }
+
+    /// ggml's generic version: 8 integer lanes per block, 8 float lane sums.
+    pub fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+        let mut aux8 = [0i8; QK_K];
+        let mut sums = [0.0f32; 8];
+        for (a, b) in x.iter().zip(y) {
+            for (n, a8) in aux8.chunks_exact_mut(128).enumerate() {
+                q6k_values(&a.ql[64 * n..], &a.qh[32 * n..], a8);
+            }
+            let mut aux32 = [0i32; 8];
+            for ((q8, a8), &scale) in b.qs.chunks_exact(16).zip(aux8.chunks_exact(16)).zip(&a.scales) {
+                for (q8, a8) in q8.chunks_exact(8).zip(a8.chunks_exact(8)) {
+                    for l in 0..8 {
+                        aux32[l] += scale as i32 * (q8[l] as i16 * a8[l] as i16) as i32;
+                    }
+                }
+            }
+            let d = h2f(a.d) * b.d;
+            for (s, &v) in sums.iter_mut().zip(&aux32) {
+                *s += d * v as f32;
+            }
+        }
+        let mut sumf = 0.0f32;
+        for s in sums {
+            sumf += s;
+        }
+        sumf
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+pub use avx2::{dot_q4_k_q8_k, dot_q6_k_q8_k};
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+pub use scalar::{dot_q4_k_q8_k, dot_q6_k_q8_k};
+
+/// The portable versions, for tests against the SIMD ones.
+pub mod reference {
+    pub use super::scalar::*;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::quants::f2h;
+    use super::*;
+
+    fn lcg(s: &mut u32) -> u32 {
+        *s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+        *s
+    }
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| ((lcg(&mut s) >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 4.0)
+            .collect()
+    }
+
+    fn bytes(n: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed;
+        (0..n).map(|_| (lcg(&mut s) >> 24) as u8).collect()
+    }
+
+    fn q8_k(x: &[f32]) -> Vec<BlockQ8K> {
+        let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
+        quantize_q8_k(x, &mut b);
+        b
+    }
+
+    /// Test-only Q4_K quantizer: per sub-block min/max, 6-bit scales and mins relative
+    /// to the block's largest, packed as ggml packs them.
+    fn q4_k(x: &[f32]) -> Vec<BlockQ4K> {
+        x.chunks_exact(QK_K)
+            .map(|x| {
+                let mut sc = [0.0f32; 8];
+                let mut mn = [0.0f32; 8];
+                for (j, sub) in x.chunks_exact(32).enumerate() {
+                    let lo = sub.iter().fold(0.0f32, |m, &v| m.min(v));
+                    let hi = sub.iter().fold(f32::MIN, |m, &v| m.max(v));
+                    sc[j] = (hi - lo) / 15.0;
+                    mn[j] = -lo;
+                }
+                let max_sc = sc.iter().fold(0.0f32, |m, &v| m.max(v));
+                let max_mn = mn.iter().fold(0.0f32, |m, &v| m.max(v));
+                let d = if max_sc > 0.0 { max_sc / 63.0 } else { 0.0 };
+                let dmin = if max_mn > 0.0 { max_mn / 63.0 } else { 0.0 };
+                let mut b = BlockQ4K::ZERO;
+                b.d = f2h(d);
+                b.dmin = f2h(dmin);
+                let (d, dmin) = (h2f(b.d), h2f(b.dmin));
+                for j in 0..8 {
+                    let ls = if d > 0.0 {
+                        (sc[j] / d).round().min(63.0) as u8
+                    } else {
+                        0
+                    };
+                    let lm = if dmin > 0.0 {
+                        (mn[j] / dmin).round().min(63.0) as u8
+                    } else {
+                        0
+                    };
+                    if j < 4 {
+                        b.scales[j] = ls;
+                        b.scales[j + 4] = lm;
+                    } else {
+                        b.scales[j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
+                        b.scales[j - 4] |= (ls >> 4) << 6;
+                        b.scales[j] |= (lm >> 4) << 6;
+                    }
+                }
+                for j in 0..4 {
+                    let (s0, m0) = scale_min_k4(2 * j, &b.scales);
+                    let (s1, m1) = scale_min_k4(2 * j + 1, &b.scales);
+                    let q = |v: f32, s: u8, m: u8| {
+                        let ds = d * s as f32;
+                        if ds == 0.0 {
+                            0
+                        } else {
+                            ((v + dmin * m as f32) / ds).round().clamp(0.0, 15.0) as u8
+                        }
+                    };
+                    for l in 0..32 {
+                        let lo = q(x[64 * j + l], s0, m0);
+                        let hi = q(x[64 * j + 32 + l], s1, m1);
+                        b.qs[32 * j + l] = lo | (hi << 4);
+                    }
+                }
+                b
+            })
+            .collect()
+    }
+
+    /// Test-only Q6_K quantizer: per-16 scales as i8 relative to the block's largest,
+    /// values packed as ggml packs them.
+    fn q6_k(x: &[f32]) -> Vec<BlockQ6K> {
+        x.chunks_exact(QK_K)
+            .map(|x| {
+                let mut sc = [0.0f32; 16];
+                for (j, sub) in x.chunks_exact(16).enumerate() {
+                    sc[j] = sub.iter().fold(0.0f32, |m, &v| m.max(v.abs())) / 31.0;
+                }
+                let max_sc = sc.iter().fold(0.0f32, |m, &v| m.max(v));
+                let mut b = BlockQ6K::ZERO;
+                b.d = f2h(max_sc / 127.0);
+                let d = h2f(b.d);
+                let mut l = [0u8; QK_K];
+                let groups = x.chunks_exact(16).zip(l.chunks_exact_mut(16));
+                for ((&sc, bs), (x, l)) in sc.iter().zip(b.scales.iter_mut()).zip(groups) {
+                    let s = if d > 0.0 { (sc / d).round().min(127.0) } else { 0.0 };
+                    *bs = s as i8;
+                    let ds = d * s;
+                    for (l, &v) in l.iter_mut().zip(x) {
+                        let q = if ds > 0.0 {
+                            (v / ds).round().clamp(-32.0, 31.0)
+                        } else {
+                            0.0
+                        };
+                        *l = (q as i32 + 32) as u8;
+                    }
+                }
+                for n in 0..2 {
+                    let (l, ql, qh) = (&l[128 * n..], &mut b.ql[64 * n..], &mut b.qh[32 * n..]);
+                    for i in 0..32 {
+                        ql[i] = (l[i] & 0xf) | ((l[i + 64] & 0xf) << 4);
+                        ql[i + 32] = (l[i + 32] & 0xf) | ((l[i + 96] & 0xf) << 4);
+                        qh[i] =
+                            (l[i] >> 4) | ((l[i + 32] >> 4) << 2) | ((l[i + 64] >> 4) << 4) | ((l[i + 96] >> 4) << 6);
+                    }
+                }
+                b
+            })
+            .collect()
+    }
+
+    /// Blocks straight from pseudo-random bytes (every scale and value pattern),
+    /// with sane super-block scales.
+    fn random_q4_k(n: usize, seed: u32) -> Vec<BlockQ4K> {
+        let r = bytes(n * 140, seed);
+        r.chunks_exact(140)
+            .enumerate()
+            .map(|(i, r)| {
+                let mut b = BlockQ4K::ZERO;
+                b.d = f2h(0.001 + 0.0005 * i as f32);
+                b.dmin = f2h(0.002 + 0.0003 * i as f32);
+                b.scales.copy_from_slice(&r[..12]);
+                b.qs.copy_from_slice(&r[12..]);
+                b
+            })
+            .collect()
+    }
+
+    fn random_q6_k(n: usize, seed: u32) -> Vec<BlockQ6K> {
+        let r = bytes(n * 208, seed);
+        r.chunks_exact(208)
+            .enumerate()
+            .map(|(i, r)| {
+                let mut b = BlockQ6K::ZERO;
+                b.d = f2h(0.0007 + 0.0002 * i as f32);
+                b.ql.copy_from_slice(&r[..128]);
+                b.qh.copy_from_slice(&r[128..192]);
+                for (s, &v) in b.scales.iter_mut().zip(&r[192..]) {
+                    *s = v as i8;
+                }
+                b
+            })
+            .collect()
+    }
+
+    fn close(a: f32, b: f32) -> bool {
+        (a - b).abs() <= 1e-3 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn layouts_match_ggml() {
+        assert_eq!(std::mem::size_of::<BlockQ4K>(), 144);
+        assert_eq!(std::mem::size_of::<BlockQ6K>(), 210);
+        assert_eq!(std::mem::size_of::<BlockQ8K>(), 292);
+        assert_eq!(std::mem::align_of::<BlockQ4K>(), 2);
+        assert_eq!(std::mem::align_of::<BlockQ6K>(), 2);
+        assert_eq!(std::mem::align_of::<BlockQ8K>(), 4);
+    }
+
+    #[test]
+    fn nearest_int_rounds_half_to_even() {
+        for (v, r) in [
+            (2.5, 2),
+            (3.5, 4),
+            (-2.5, -2),
+            (-3.5, -4),
+            (0.49, 0),
+            (-126.6, -127),
+            (127.0, 127),
+        ] {
+            assert_eq!(nearest_int(v), r, "{v}");
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
+    }
+
+    #[test]
+    fn quantize_q8_k_matches_ggml_ref() {
+        let mut x = data(512, 5);
+        x[37] = 3.0; // the largest magnitude, positive: d < 0 and qs[37] == -127
+        x[300] = -2.5; // second block: negative extreme
+        x[301] = 2.5; // same magnitude later: the first one wins
+        let b = q8_k(&x);
+        assert_eq!(b[0].qs[37], -127);
+        assert_eq!(b[0].d, 1.0 / (-127.0 / 3.0f32));
+        assert!(b[0].d < 0.0);
+        assert_eq!(b[1].qs[300 - 256], -127);
+        assert_eq!(b[1].qs[301 - 256], 127);
+        assert!(b[1].d > 0.0);
+        for (blk, xs) in b.iter().zip(x.chunks_exact(QK_K)) {
+            for (j, s) in blk.bsums.iter().enumerate() {
+                let sum: i32 = blk.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
+                assert_eq!(*s as i32, sum);
+            }
+            for (&q, &v) in blk.qs.iter().zip(xs) {
+                assert!((q as f32 * blk.d - v).abs() <= blk.d.abs() * 0.5 + 1e-6, "{q} {v}");
+            }
+        }
+        let z = q8_k(&[0.0; QK_K]);
+        assert_eq!(z[0].d, 0.0);
+        assert!(z[0].qs.iter().all(|&q| q == 0) && z[0].bsums.iter().all(|&s| s == 0));
+    }
+
+    #[test]
+    fn q4_k_scale_unpacking_agrees() {
+        for seed in 0..64 {
+            let r = bytes(12, seed);
+            let s: [u8; 12] = r.try_into().unwrap();
+            let utmp = q4k_scales_mins(&s);
+            let sc = [utmp[0].to_le_bytes(), utmp[1].to_le_bytes()].concat();
+            let mn = [utmp[2].to_le_bytes(), utmp[3].to_le_bytes()].concat();
+            for j in 0..8 {
+                assert_eq!(scale_min_k4(j, &s), (sc[j], mn[j]), "seed {seed} j {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn dequantize_round_trips_the_test_quantizers() {
+        let w = data(4 * QK_K, 7);
+        let mut back = vec![0.0f32; w.len()];
+        dequantize_q4_k(&q4_k(&w), &mut back);
+        let err4 = w.iter().zip(&back).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        // Range 4 over 15 steps: half a step plus the 6-bit scale/min rounding.
+        assert!(err4 < 0.35, "q4_k max error {err4}");
+        dequantize_q6_k(&q6_k(&w), &mut back);
+        let err6 = w.iter().zip(&back).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(err6 < 0.06, "q6_k max error {err6}");
+    }
+
+    #[test]
+    fn simd_dots_match_the_reference() {
+        for seed in 0..4 {
+            let n = 3 + seed as usize;
+            let x = data(n * QK_K, 100 + seed);
+            let mut y = q8_k(&x);
+            // An all-zero activation block too.
+            y[1] = q8_k(&[0.0; QK_K])[0];
+
+            for w in [q4_k(&data(n * QK_K, 200 + seed)), random_q4_k(n, 300 + seed)] {
+                let a = dot_q4_k_q8_k(&w, &y);
+                let b = reference::dot_q4_k_q8_k(&w, &y);
+                assert!(close(a, b), "q4_k seed {seed}: {a} vs {b}");
+            }
+            for w in [q6_k(&data(n * QK_K, 400 + seed)), random_q6_k(n, 500 + seed)] {
+                let a = dot_q6_k_q8_k(&w, &y);
+                let b = reference::dot_q6_k_q8_k(&w, &y);
+                assert!(close(a, b), "q6_k seed {seed}: {a} vs {b}");
+            }
+        }
+    }
+
+    fn fnv(bytes: impl IntoIterator<Item = u8>, mut h: u64) -> u64 {
+        for b in bytes {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h
+    }
+
+    /// Golden values from ggml's own C (`quantize_row_q8_K_ref`, `dequantize_row_q{4,6}_K`
+    /// built without FMA as ggml-base is, the AVX2 `ggml_vec_dot_q{4,6}_K_q8_K` with
+    /// `-march=native`, the generic ones with `-ffp-contract=off`) on the same inputs.
+    #[test]
+    fn matches_ggml_bit_for_bit() {
+        const SEED: u64 = 0xcbf29ce484222325;
+        let yq = q8_k(&data(4 * QK_K, 21));
+        let h = yq.iter().fold(SEED, |h, b| {
+            let h = fnv(b.d.to_le_bytes(), h);
+            let h = fnv(b.qs.iter().map(|&q| q as u8), h);
+            fnv(b.bsums.iter().flat_map(|s| s.to_le_bytes()), h)
+        });
+        assert_eq!(yq[0].d.to_bits(), 0xbc80e330);
+        assert_eq!(h, 0x5cb4e15708534c0d);
+
+        let w4 = random_q4_k(4, 22);
+        let w6 = random_q6_k(4, 23);
+        let mut deq = vec![0.0f32; 4 * QK_K];
+        dequantize_q4_k(&w4, &mut deq);
+        assert_eq!(fnv(deq.iter().flat_map(|v| v.to_le_bytes()), SEED), 0x5c2ddde2c836e5e8);
+        dequantize_q6_k(&w6, &mut deq);
+        assert_eq!(fnv(deq.iter().flat_map(|v| v.to_le_bytes()), SEED), 0xf8b869cf6b596b3c);
+
+        assert_eq!(reference::dot_q4_k_q8_k(&w4, &yq).to_bits(), 0xc0e17a5e);
+        assert_eq!(reference::dot_q6_k_q8_k(&w6, &yq).to_bits(), 0xc20c7ed8);
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        {
+            assert_eq!(dot_q4_k_q8_k(&w4, &yq).to_bits(), 0xc0e17a5c);
+            assert_eq!(dot_q6_k_q8_k(&w6, &yq).to_bits(), 0xc20c7edc);
+        }
+    }
+
+    /// dot(w, q8_k(y)) ≈ Σ dequant(w)·y, within the activations' rounding error.
+    #[test]
+    fn dots_agree_with_dequantized_weights() {
+        let n = 4;
+        let y = data(n * QK_K, 11);
+        let yq = q8_k(&y);
+        let ymax_d = yq.iter().fold(0.0f32, |m, b| m.max(b.d.abs()));
+        let check = |deq: &[f32], got: f32, what: &str| {
+            let want: f64 = deq.iter().zip(&y).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let l1: f64 = deq.iter().map(|&a| a.abs() as f64).sum();
+            let tol = l1 * ymax_d as f64 * 0.5 + 1e-3 * want.abs() + 1e-3;
+            assert!((got as f64 - want).abs() <= tol, "{what}: {got} vs {want} (tol {tol})");
+        };
+        let mut deq = vec![0.0f32; n * QK_K];
+        for w in [q4_k(&data(n * QK_K, 12)), random_q4_k(n, 13)] {
+            dequantize_q4_k(&w, &mut deq);
+            check(&deq, dot_q4_k_q8_k(&w, &yq), "q4_k simd");
+            check(&deq, reference::dot_q4_k_q8_k(&w, &yq), "q4_k scalar");
+        }
+        for w in [q6_k(&data(n * QK_K, 14)), random_q6_k(n, 15)] {
+            dequantize_q6_k(&w, &mut deq);
+            check(&deq, dot_q6_k_q8_k(&w, &yq), "q6_k simd");
+            check(&deq, reference::dot_q6_k_q8_k(&w, &yq), "q6_k scalar");
+        }
+    }
+}
