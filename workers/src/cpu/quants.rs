@@ -169,6 +169,34 @@ mod avx2 {
         }
     }
 
+    /// Four activation rows against one weight row: the nibbles are unpacked once
+    /// per block; each output uses exactly the single-row arithmetic.
+    pub fn dot_q4_1_q8_1_x4(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+        // SAFETY: as above.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = [0.0f32; 4];
+            for (i, a) in x.iter().enumerate() {
+                let d0 = h2f(a.d);
+                let m = h2f(a.m);
+                let qx = bytes_from_nibbles_32(&a.qs);
+                for r in 0..4 {
+                    let b = &y[r][i];
+                    summs[r] += m * h2f(b.s);
+                    let d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_set1_ps(h2f(b.d)));
+                    let qy = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    acc[r] = _mm256_fmadd_ps(d0d1, mul_sum_us8_pairs_float(qx, qy), acc[r]);
+                }
+            }
+            [
+                hsum_float_8(acc[0]) + summs[0],
+                hsum_float_8(acc[1]) + summs[1],
+                hsum_float_8(acc[2]) + summs[2],
+                hsum_float_8(acc[3]) + summs[3],
+            ]
+        }
+    }
+
     pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
         // SAFETY: as above.
         unsafe {
@@ -227,6 +255,10 @@ mod avx2 {
 mod scalar {
     use super::*;
 
+    pub fn dot_q4_1_q8_1_x4(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+        y.map(|row| dot_q4_1_q8_1(x, row))
+    }
+
     pub fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
         let mut sum = 0.0f32;
         for (a, b) in x.iter().zip(y) {
@@ -267,9 +299,9 @@ mod scalar {
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub use avx2::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q8_0_q8_0};
+pub use avx2::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q8_0_q8_0};
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-pub use scalar::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q8_0_q8_0};
+pub use scalar::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q8_0_q8_0};
 
 /// The portable versions, for tests against the SIMD ones.
 pub mod reference {
@@ -357,6 +389,35 @@ mod tests {
         let a = dot_f32(&x[..100], &w[..100]);
         let b = reference::dot_f32(&x[..100], &w[..100]);
         assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0));
+    }
+
+    #[test]
+    fn four_row_kernel_is_bit_identical_to_the_single_row_one() {
+        let w: Vec<BlockQ4_1> = (0..8)
+            .map(|i| BlockQ4_1 {
+                d: f2h(0.03 + i as f32 * 0.01),
+                m: f2h(-0.2),
+                qs: [(i * 53 % 256) as u8; 16],
+            })
+            .collect();
+        let acts: Vec<Vec<BlockQ8_1>> = (0..4)
+            .map(|r| {
+                let mut b = vec![
+                    BlockQ8_1 {
+                        d: 0,
+                        s: 0,
+                        qs: [0; 32]
+                    };
+                    8
+                ];
+                quantize_q8_1(&data(256, 10 + r), &mut b);
+                b
+            })
+            .collect();
+        let four = dot_q4_1_q8_1_x4(&w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+        for r in 0..4 {
+            assert_eq!(four[r].to_bits(), dot_q4_1_q8_1(&w, &acts[r]).to_bits());
+        }
     }
 
     #[test]

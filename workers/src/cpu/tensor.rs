@@ -204,7 +204,23 @@ impl QMatrix {
             let p = ptr;
             let r0 = ci * chunk;
             let r1 = (r0 + chunk).min(rows);
-            for t in 0..n {
+            let mut t = 0;
+            // Four tokens at a time where a four-row kernel exists (prefill).
+            if let (QData::Q4_1(w), QAct::Q8_1(x)) = (&self.data, act) {
+                let nb = self.cols / QK;
+                while t + 4 <= n {
+                    let ys = [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]);
+                    for r in r0..r1 {
+                        let v = dot_q4_1_q8_1_x4(&w[r * nb..(r + 1) * nb], ys);
+                        for (i, vi) in v.iter().enumerate() {
+                            // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
+                            unsafe { *p.0.add((t + i) * rows + r) = *vi };
+                        }
+                    }
+                    t += 4;
+                }
+            }
+            for t in t..n {
                 for r in r0..r1 {
                     let v = self.dot(r, act, t);
                     // SAFETY: (t, r) cells are disjoint across chunks and in bounds.
