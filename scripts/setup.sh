@@ -62,12 +62,12 @@ fi
 
 # --- Python client deps (protocol example + its test) ---------------------------------------
 VENV="$CACHE/venv"
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import nats, msgpack' 2>/dev/null; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import nats, msgpack, gguf' 2>/dev/null; then
   say "python venv: cached at $VENV"
 else
-  say "python venv: creating $VENV with nats-py and msgpack"
+  say "python venv: creating $VENV with nats-py, msgpack and gguf"
   "$PY" -m venv "$VENV" >&2 || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && "$PY" -m venv "$VENV" >&2; }
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nats-py>=2.6" "msgpack>=1.0" >&2
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nats-py>=2.6" "msgpack>=1.0" "gguf>=0.10" >&2
 fi
 
 cat <<OUT

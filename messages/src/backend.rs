@@ -38,6 +38,8 @@ pub enum Prompt {
     Text(String),
     /// A conversation, rendered with the model's chat template.
     Chat(Vec<Message>),
+    /// Token ids, used as they are (a client that tokenizes itself).
+    Tokens(Vec<u32>),
 }
 
 /// One step of a generation.

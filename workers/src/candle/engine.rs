@@ -142,6 +142,15 @@ impl Engine {
                 .template
                 .render(messages, true)
                 .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
+            Prompt::Tokens(ids) => {
+                let vocab = self.tokenizer.vocab_size() as u32;
+                if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+                    return Err(BackendError::Invalid(format!(
+                        "token id {bad} is outside the vocabulary of {vocab}"
+                    )));
+                }
+                return Ok(ids.clone());
+            }
         };
         if text.is_empty() {
             return Err(BackendError::EmptyPrompt);

@@ -30,7 +30,7 @@ use switchyard_messages::{
 };
 
 /// Architectures this backend runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = crate::cpu::llama::ARCHITECTURES;
 
 /// The candle CPU backend (registry name `"cpu"`).
 #[derive(Debug, Default, Clone, Copy)]

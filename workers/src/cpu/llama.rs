@@ -21,7 +21,14 @@ pub struct LlamaParams {
     pub rope_base: f32,
     pub rope_dims: usize,
     pub n_vocab: usize,
+    /// `general.architecture`: `llama`, `qwen2` or `qwen3`.
+    pub arch: String,
+    /// RoPE pairs (i, i + dims/2) ("NeoX", Qwen) instead of (2i, 2i+1) (Llama).
+    pub rope_neox: bool,
 }
+
+/// Architectures this forward pass implements.
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -33,6 +40,13 @@ struct Layer {
     w_gate: QMatrix,
     w_up: QMatrix,
     w_down: QMatrix,
+    /// Qwen2: biases of the Q, K, V projections.
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    /// Qwen3: RMSNorm weights applied per head to Q and K before RoPE.
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
 }
 
 /// Weights plus the KV cache for one sequence.
@@ -57,19 +71,35 @@ fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
 }
 
 impl LlamaModel {
-    /// Loads weights from a GGUF file with `general.architecture = "llama"`, with a KV
-    /// cache for `ctx` positions.
+    /// Loads weights from a GGUF file whose `general.architecture` is one of
+    /// [`ARCHITECTURES`], with a KV cache for `ctx` positions.
     pub fn load<R: std::io::Read + std::io::Seek>(
         ct: &gguf_file::Content,
         reader: &mut R,
         ctx: usize,
     ) -> Result<Self, TensorError> {
-        let a = "llama";
+        let arch = ct
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        if !ARCHITECTURES.contains(&arch.as_str()) {
+            return Err(TensorError::Missing(format!("support for architecture {arch:?}")));
+        }
+        let a = arch.as_str();
         let need =
             |k: &str| md_u32(ct, &format!("{a}.{k}")).ok_or_else(|| TensorError::Missing(format!("metadata {a}.{k}")));
         let n_embd = need("embedding_length")?;
         let n_head = need("attention.head_count")?;
         let head_dim = n_embd / n_head;
+        if let Some(k) = md_u32(ct, &format!("{a}.attention.key_length")) {
+            if k != head_dim {
+                return Err(TensorError::Missing(format!(
+                    "support for {a}.attention.key_length {k} != embedding_length / head_count {head_dim}"
+                )));
+            }
+        }
         let mut load_t = |name: &str| load(ct, reader, name);
         let embd = load_t("token_embd.weight")?;
         let output = match load_t("output.weight") {
@@ -88,6 +118,8 @@ impl LlamaModel {
             rope_base: md_f32(ct, &format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
             rope_dims: md_u32(ct, &format!("{a}.rope.dimension_count")).unwrap_or(head_dim),
             n_vocab: embd.rows,
+            rope_neox: a != "llama",
+            arch: arch.clone(),
         };
         let mut layers = Vec::with_capacity(params.n_layer);
         for i in 0..params.n_layer {
@@ -102,6 +134,11 @@ impl LlamaModel {
                 w_gate: load_t(&p("ffn_gate"))?,
                 w_up: load_t(&p("ffn_up"))?,
                 w_down: load_t(&p("ffn_down"))?,
+                bq: optional(load_t(&format!("blk.{i}.attn_q.bias")))?,
+                bk: optional(load_t(&format!("blk.{i}.attn_k.bias")))?,
+                bv: optional(load_t(&format!("blk.{i}.attn_v.bias")))?,
+                q_norm: optional(load_t(&p("attn_q_norm")))?,
+                k_norm: optional(load_t(&p("attn_k_norm")))?,
             });
         }
         let out_norm = load_t("output_norm.weight")?.to_f32();
@@ -160,6 +197,17 @@ impl LlamaModel {
                 layer.wv.prepare(&xn, n)
             };
             layer.wv.matmul(&act_v, n, &mut v);
+            add_bias(&mut q, layer.bq.as_deref());
+            add_bias(&mut k, layer.bk.as_deref());
+            add_bias(&mut v, layer.bv.as_deref());
+            if let Some(w) = &layer.q_norm {
+                let rows = q.clone();
+                rms_norm(&rows, w, p.rms_eps, hd, &mut q);
+            }
+            if let Some(w) = &layer.k_norm {
+                let rows = k.clone();
+                rms_norm(&rows, w, p.rms_eps, hd, &mut k);
+            }
             rope.apply(&mut q, p.n_head, hd);
             rope.apply(&mut k, p.n_head_kv, hd);
             let base = li * p.n_head_kv * self.ctx * hd;
@@ -215,6 +263,26 @@ impl LlamaModel {
     }
 }
 
+/// A tensor that may be absent (biases, Qwen3's norms), as f32 values.
+fn optional(t: Result<QMatrix, TensorError>) -> Result<Option<Vec<f32>>, TensorError> {
+    match t {
+        Ok(m) => Ok(Some(m.to_f32())),
+        Err(TensorError::Missing(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Adds a per-column bias to every row.
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            for (v, bi) in row.iter_mut().zip(b) {
+                *v += bi;
+            }
+        }
+    }
+}
+
 /// ggml's RMSNorm: the sum of squares in f64, the scale in f32, then the weight.
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, d: usize, out: &mut [f32]) {
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
@@ -232,6 +300,7 @@ struct RopeTable {
     cos: Vec<f32>,
     sin: Vec<f32>,
     pairs: usize,
+    neox: bool,
 }
 
 impl RopeTable {
@@ -248,10 +317,15 @@ impl RopeTable {
                 theta *= theta_scale;
             }
         }
-        Self { cos, sin, pairs }
+        Self {
+            cos,
+            sin,
+            pairs,
+            neox: p.rope_neox,
+        }
     }
 
-    /// Rotates adjacent pairs (2i, 2i+1) of each head ("normal" RoPE).
+    /// Rotates each head's pairs.
     fn apply(&self, x: &mut [f32], heads: usize, hd: usize) {
         let n = self.cos.len() / self.pairs.max(1);
         for t in 0..n {
@@ -259,9 +333,15 @@ impl RopeTable {
                 let row = &mut x[(t * heads + h) * hd..(t * heads + h + 1) * hd];
                 for i in 0..self.pairs {
                     let (c, s) = (self.cos[t * self.pairs + i], self.sin[t * self.pairs + i]);
-                    let (x0, x1) = (row[2 * i], row[2 * i + 1]);
-                    row[2 * i] = x0 * c - x1 * s;
-                    row[2 * i + 1] = x0 * s + x1 * c;
+                    // Llama pairs (2i, 2i+1); NeoX pairs (i, i + dims/2).
+                    let (a, b) = if self.neox {
+                        (i, i + self.pairs)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x0, x1) = (row[a], row[b]);
+                    row[a] = x0 * c - x1 * s;
+                    row[b] = x0 * s + x1 * c;
                 }
             }
         }

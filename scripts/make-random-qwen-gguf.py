@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Writes a small random-weight Qwen2 or Qwen3 GGUF for reference tests.
+
+No small Qwen GGUF ships on PyPI, so the test suite makes one: 2 layers, width 128,
+4 query / 2 KV heads, F32 weights from a fixed seed. The vocabulary (byte-level BPE
+tokens, merges, token types) is copied from another GGUF (the SmolLM2 demo model), and
+the pre-tokenizer is set to "qwen2", so llama.cpp and switchyard tokenize with Qwen's
+split regex.
+
+usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED]
+"""
+import sys
+
+import numpy as np
+from gguf import GGUFReader, GGUFWriter
+
+vocab_path, out_path, arch = sys.argv[1], sys.argv[2], sys.argv[3]
+seed = int(sys.argv[4]) if len(sys.argv) > 4 else 1234
+if arch not in ("qwen2", "qwen3"):
+    sys.exit(f"unsupported architecture {arch!r}: use qwen2 or qwen3")
+
+src = GGUFReader(vocab_path)
+tokens = src.fields["tokenizer.ggml.tokens"].contents()
+merges = src.fields["tokenizer.ggml.merges"].contents()
+types = src.fields["tokenizer.ggml.token_type"].contents()
+n_vocab, n_embd, n_layer, n_ff, n_head, n_head_kv = len(tokens), 128, 2, 256, 4, 2
+head_dim = n_embd // n_head
+
+rng = np.random.default_rng(seed)
+
+
+def mat(rows, cols, std):
+    return (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+
+
+def vec(n, mean=0.0, std=0.1):
+    return (mean + rng.standard_normal(n) * std).astype(np.float32)
+
+
+w = GGUFWriter(out_path, arch)
+w.add_name(f"random-{arch}")
+w.add_context_length(512)
+w.add_embedding_length(n_embd)
+w.add_block_count(n_layer)
+w.add_feed_forward_length(n_ff)
+w.add_head_count(n_head)
+w.add_head_count_kv(n_head_kv)
+w.add_layer_norm_rms_eps(1e-6)
+w.add_rope_freq_base(10000.0)
+if arch == "qwen3":
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+w.add_tokenizer_model("gpt2")
+w.add_tokenizer_pre("qwen2")
+w.add_token_list(tokens)
+w.add_token_merges(merges)
+w.add_token_types(types)
+w.add_bos_token_id(1)
+w.add_eos_token_id(2)
+w.add_add_bos_token(False)
+
+w.add_tensor("token_embd.weight", mat(n_vocab, n_embd, 1.0))
+w.add_tensor("output_norm.weight", vec(n_embd, 1.0))
+w.add_tensor("output.weight", mat(n_vocab, n_embd, 0.2))
+for i in range(n_layer):
+    b = f"blk.{i}"
+    w.add_tensor(f"{b}.attn_norm.weight", vec(n_embd, 1.0))
+    w.add_tensor(f"{b}.attn_q.weight", mat(n_head * head_dim, n_embd, 0.15))
+    w.add_tensor(f"{b}.attn_k.weight", mat(n_head_kv * head_dim, n_embd, 0.15))
+    w.add_tensor(f"{b}.attn_v.weight", mat(n_head_kv * head_dim, n_embd, 0.15))
+    w.add_tensor(f"{b}.attn_output.weight", mat(n_embd, n_head * head_dim, 0.1))
+    if arch == "qwen2":
+        w.add_tensor(f"{b}.attn_q.bias", vec(n_head * head_dim))
+        w.add_tensor(f"{b}.attn_k.bias", vec(n_head_kv * head_dim))
+        w.add_tensor(f"{b}.attn_v.bias", vec(n_head_kv * head_dim))
+    else:
+        w.add_tensor(f"{b}.attn_q_norm.weight", vec(head_dim, 1.0))
+        w.add_tensor(f"{b}.attn_k_norm.weight", vec(head_dim, 1.0))
+    w.add_tensor(f"{b}.ffn_norm.weight", vec(n_embd, 1.0))
+    w.add_tensor(f"{b}.ffn_gate.weight", mat(n_ff, n_embd, 0.1))
+    w.add_tensor(f"{b}.ffn_up.weight", mat(n_ff, n_embd, 0.1))
+    w.add_tensor(f"{b}.ffn_down.weight", mat(n_embd, n_ff, 0.1))
+
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+print(out_path)

@@ -1,0 +1,73 @@
+//! Qwen2 and Qwen3 against llama.cpp on random-weight GGUFs made by
+//! scripts/make-random-qwen-gguf.py (no small Qwen GGUF ships on PyPI): the same
+//! tokens from Qwen's pre-tokenizer, and the same argmax at every prompt position.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use serde_json::json;
+use std::process::Command;
+use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
+use switchyard_workers::CandleModel;
+
+const TEXT: &str = "The quick brown fox jumps over 12 lazy dogs; Zürich's café opened in 1998!\n\tOK?";
+
+async fn next_token(model: &CandleModel, prefix: &[u32]) -> Option<u32> {
+    let cfg = GenerateConfig {
+        max_tokens: 1,
+        ..GenerateConfig::default()
+    };
+    let mut events = model.submit(Prompt::Tokens(prefix.to_vec()), cfg, CancelFlag::new(), None);
+    let mut first = None;
+    while let Some(ev) = events.next().await {
+        if let GenerateEvent::Token(t) = ev.unwrap() {
+            first = Some(t.id);
+        }
+    }
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_qwen2_and_qwen3_match_llama_server() {
+    let Some(bin) = llama_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["qwen2", "qwen3"] {
+        let path = dir.path().join(format!("random-{arch}.gguf"));
+        let out = Command::new(python())
+            .arg(repo().join("scripts/make-random-qwen-gguf.py"))
+            .arg(demo_model())
+            .arg(&path)
+            .arg(arch)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let model = CandleModel::load(&path, &LoadConfig::default()).unwrap();
+        let server = LlamaServer::start(&bin, &path, 2, 1).await;
+
+        let theirs = server
+            .post("/tokenize", json!({"content": TEXT, "add_special": true}))
+            .await;
+        let theirs: Vec<u32> = serde_json::from_value(theirs["tokens"].clone()).unwrap();
+        let ids = model.tokenizer().encode(TEXT).unwrap();
+        assert_eq!(ids, theirs, "{arch}: Qwen pre-tokenizer");
+
+        for i in 1..=ids.len() {
+            let prefix = &ids[..i];
+            let answer = server
+                .post(
+                    "/completion",
+                    json!({"prompt": prefix, "n_predict": 1, "temperature": 0.0, "cache_prompt": false, "return_tokens": true}),
+                )
+                .await;
+            let theirs = answer["tokens"][0].as_u64().unwrap() as u32;
+            match next_token(&model, prefix).await {
+                Some(ours) => assert_eq!(ours, theirs, "{arch}: argmax after {i} tokens"),
+                None => assert!(
+                    model.tokenizer().eog_ids().contains(&theirs),
+                    "{arch}: we ended the generation after {i} tokens, llama.cpp chose {theirs}"
+                ),
+            }
+        }
+    }
+}
