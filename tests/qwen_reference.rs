@@ -71,3 +71,29 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
         }
     }
 }
+
+#[test]
+fn an_unsupported_architecture_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mamba.gguf");
+    let script = "import sys, numpy as np\nfrom gguf import GGUFWriter\nw = GGUFWriter(sys.argv[1], 'mamba')\n\
+                  w.add_block_count(1)\nw.add_tensor('token_embd.weight', np.zeros((4, 32), dtype=np.float32))\n\
+                  w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()\n";
+    let out = Command::new(python()).args(["-c", script]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = CandleModel::load(&path, &LoadConfig::default())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("\"mamba\"") && err.contains("llama, qwen2, qwen3"),
+        "{err}"
+    );
+    let garbage = dir.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"not a gguf file at all").unwrap();
+    let err = CandleModel::load(&garbage, &LoadConfig::default())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("GGUF"), "{err}");
+}
