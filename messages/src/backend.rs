@@ -3,10 +3,12 @@
 //! [`GenerateEvent::Done`] or an error, cancelled through a [`CancelFlag`] that the
 //! backend checks at every token boundary.
 
+use crate::{BatchResult, ClassifyResult};
 use crate::{
     ErrorCode, FinishReason, GenerateConfig, GenerateMetrics, LoadConfig, Message, ModelInfo, Token, WireError,
 };
 use futures_core::Stream;
+use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +57,12 @@ pub enum GenerateEvent {
         metrics: GenerateMetrics,
     },
 }
+
+/// What `classify` resolves to: one result or error per prompt, in order.
+pub type ClassifyFuture = Pin<Box<dyn Future<Output = Vec<Result<ClassifyResult, BackendError>>> + Send>>;
+
+/// What `batch_generate` resolves to: one result per prompt, each with its own error.
+pub type BatchFuture = Pin<Box<dyn Future<Output = Vec<BatchResult>> + Send>>;
 
 /// The stream a generation returns.
 pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateEvent, BackendError>> + Send>>;
@@ -133,6 +141,13 @@ pub trait TextModel: Send + Sync {
     /// Streams a generation for `prompt`; stops at the next token boundary once
     /// `cancel` is set.
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream;
+    /// Prefill-only pass over each prompt: the most likely next token, and the
+    /// next-token logits when `return_logits` is set. A failing prompt (empty, too
+    /// long) fails alone.
+    fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture;
+    /// Generates for every prompt with the same settings; each prompt gets its own
+    /// tokens or its own error.
+    fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture;
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;
     /// Static facts.

@@ -28,7 +28,9 @@ pub mod subjects;
 pub mod types;
 pub mod wire;
 
-pub use backend::{Backend, BackendError, CancelFlag, GenerateEvent, GenerateStream, Prompt, TextModel};
+pub use backend::{
+    Backend, BackendError, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream, Prompt, TextModel,
+};
 pub use codec::{decode, encode, DecodeError};
 pub use error::{ErrorCode, WireError};
 pub use subjects::Subjects;

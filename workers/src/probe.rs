@@ -5,8 +5,8 @@
 
 use futures::stream;
 use switchyard_messages::{
-    CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, GenerateStream, ModelInfo, Prompt,
-    TextModel, Token,
+    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, FinishReason, GenerateConfig, GenerateEvent,
+    GenerateMetrics, GenerateStream, ModelInfo, Prompt, TextModel, Token,
 };
 
 /// Emits `max_tokens` tokens (`id` 0..n, text "x") as fast as the consumer reads them.
@@ -34,6 +34,27 @@ impl TextModel for FabricProbe {
             },
         }));
         Box::pin(stream::iter(tokens.chain(done).collect::<Vec<_>>()))
+    }
+
+    fn classify(&self, prompts: Vec<Prompt>, _return_logits: bool) -> ClassifyFuture {
+        let n = prompts.len();
+        Box::pin(async move {
+            (0..n)
+                .map(|_| Err(BackendError::Unavailable("fabric-probe computes nothing".into())))
+                .collect()
+        })
+    }
+
+    fn batch_generate(&self, prompts: Vec<Prompt>, _config: GenerateConfig, _cancel: CancelFlag) -> BatchFuture {
+        let n = prompts.len();
+        Box::pin(async move {
+            (0..n)
+                .map(|_| BatchResult {
+                    tokens: Vec::new(),
+                    error: Some(BackendError::Unavailable("fabric-probe computes nothing".into()).to_wire()),
+                })
+                .collect()
+        })
     }
 
     fn model_type(&self) -> &str {

@@ -10,15 +10,28 @@ use candle_transformers::models::quantized_llama::ModelWeights;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use switchyard_messages::{
-    BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, Prompt, Token,
+    BackendError, CancelFlag, ClassifyResult, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, Prompt,
+    Token,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Where a job's events go.
 pub type EventTx = UnboundedSender<Result<GenerateEvent, BackendError>>;
 
+/// Work for the compute thread.
+pub enum Job {
+    /// A streamed generation.
+    Generate(GenerateJob),
+    /// Prefill-only passes; the answer comes back on `reply`.
+    Classify {
+        prompts: Vec<Prompt>,
+        return_logits: bool,
+        reply: tokio::sync::oneshot::Sender<Vec<Result<ClassifyResult, BackendError>>>,
+    },
+}
+
 /// One generation request for the compute thread.
-pub struct Job {
+pub struct GenerateJob {
     pub prompt: Prompt,
     pub config: GenerateConfig,
     pub cancel: CancelFlag,
@@ -100,6 +113,26 @@ pub fn spawn(engine: Engine, threads: usize) -> std::io::Result<mpsc::Sender<Job
         let mut engine = engine;
         pool.install(move || {
             while let Ok(job) = rx.recv() {
+                let job = match job {
+                    Job::Generate(g) => g,
+                    Job::Classify {
+                        prompts,
+                        return_logits,
+                        reply,
+                    } => {
+                        let results = prompts
+                            .iter()
+                            .map(|p| {
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    engine.classify_one(p, return_logits)
+                                }))
+                                .unwrap_or_else(|_| Err(BackendError::Compute("engine panicked".into())))
+                            })
+                            .collect();
+                        let _ = reply.send(results);
+                        continue;
+                    }
+                };
                 let events = job.events.clone();
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.run(job)));
                 let result = match outcome {
@@ -164,7 +197,29 @@ impl Engine {
         self.model.forward(tokens, pos)
     }
 
-    fn run(&mut self, job: Job) -> Result<(), BackendError> {
+    /// One prefill-only pass: the argmax token and, if asked, the logits.
+    fn classify_one(&mut self, prompt: &Prompt, return_logits: bool) -> Result<ClassifyResult, BackendError> {
+        let tokens = self.tokenize(prompt)?;
+        if tokens.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        if tokens.len() > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens: 0,
+                context_len: self.context_len,
+            });
+        }
+        let logits = self.forward(&tokens, 0)?;
+        let id = super::sampler::argmax(&logits);
+        let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
+        Ok(ClassifyResult {
+            token: Token { id, text },
+            logits: if return_logits { logits } else { Vec::new() },
+        })
+    }
+
+    fn run(&mut self, job: GenerateJob) -> Result<(), BackendError> {
         let started = Instant::now();
         let queue_us = started.duration_since(job.enqueued).as_micros() as u64;
         let send = |ev: GenerateEvent| job.events.send(Ok(ev)).is_ok();

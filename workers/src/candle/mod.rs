@@ -25,8 +25,8 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 use switchyard_messages::{
-    Backend, BackendError, CancelFlag, GenerateConfig, GenerateMetrics, GenerateStream, LoadConfig, ModelInfo, Prompt,
-    TextModel,
+    Backend, BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, GenerateConfig, GenerateMetrics,
+    GenerateStream, LoadConfig, ModelInfo, Prompt, TextModel,
 };
 
 /// Architectures this backend runs.
@@ -183,7 +183,7 @@ impl CandleModel {
         deadline_ms: Option<u64>,
     ) -> GenerateStream {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let job = engine::Job {
+        let job = engine::GenerateJob {
             prompt,
             config,
             cancel,
@@ -191,7 +191,11 @@ impl CandleModel {
             enqueued: Instant::now(),
             events: tx.clone(),
         };
-        let sent = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(engine::Job::Generate(job));
         if sent.is_err() {
             let _ = tx.send(Err(BackendError::Unavailable("the compute thread has stopped".into())));
         }
@@ -205,6 +209,55 @@ impl CandleModel {
 impl TextModel for CandleModel {
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
         self.submit(prompt, config, cancel, None)
+    }
+
+    fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let n = prompts.len();
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(engine::Job::Classify {
+                prompts,
+                return_logits,
+                reply,
+            });
+        Box::pin(async move {
+            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
+            if sent.is_err() {
+                return (0..n).map(|_| Err(stopped())).collect();
+            }
+            answer
+                .await
+                .unwrap_or_else(|_| (0..n).map(|_| Err(stopped())).collect())
+        })
+    }
+
+    fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
+        // One stream per prompt, queued on the engine in order; each collects alone.
+        let streams: Vec<GenerateStream> = prompts
+            .into_iter()
+            .map(|p| self.submit(p, config.clone(), cancel.clone(), None))
+            .collect();
+        Box::pin(async move {
+            let mut results = Vec::with_capacity(streams.len());
+            for mut stream in streams {
+                let mut result = BatchResult {
+                    tokens: Vec::new(),
+                    error: None,
+                };
+                while let Some(ev) = futures::StreamExt::next(&mut stream).await {
+                    match ev {
+                        Ok(switchyard_messages::GenerateEvent::Token(t)) => result.tokens.push(t),
+                        Ok(switchyard_messages::GenerateEvent::Done { .. }) => {}
+                        Err(e) => result.error = Some(e.to_wire()),
+                    }
+                }
+                results.push(result);
+            }
+            results
+        })
     }
 
     fn model_type(&self) -> &str {
