@@ -6,8 +6,8 @@ use futures::StreamExt;
 use std::time::Duration;
 use switchyard_messages::subjects::HEADER_REQUEST_ID;
 use switchyard_messages::{
-    decode, encode, ErrorCode, ErrorReply, FinishReason, FleetStatus, GenerateMetrics, GenerateRequest, ModelsReply,
-    StreamChunk, Subjects, Token, WireError,
+    decode, encode, BatchReply, BatchRequest, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply, FinishReason,
+    FleetStatus, GenerateMetrics, GenerateRequest, ModelsReply, StreamChunk, Subjects, Token, WireError,
 };
 
 /// What can go wrong for a client.
@@ -77,6 +77,8 @@ pub struct ClientOptions {
     pub stall_timeout: Duration,
     /// Timeout for status/models calls.
     pub request_timeout: Duration,
+    /// Timeout for one-reply compute calls (classify, batch).
+    pub compute_timeout: Duration,
 }
 
 impl Default for ClientOptions {
@@ -85,6 +87,7 @@ impl Default for ClientOptions {
             prefix: "sy".into(),
             stall_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
+            compute_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -171,6 +174,68 @@ impl Client {
             worker_id: String::new(),
             pending_done: None,
         })
+    }
+
+    /// Prefill-only passes over `req.prompts`: the most likely next token (and the
+    /// logits if asked) for each, or that prompt's own error.
+    pub async fn classify(&self, req: ClassifyRequest) -> Result<ClassifyReply, ClientError> {
+        self.unary(self.subjects.classify(), &req.request_id, &req).await
+    }
+
+    /// Generates for every prompt of `req` with the same settings; each result has its
+    /// own tokens or error.
+    pub async fn batch(&self, req: BatchRequest) -> Result<BatchReply, ClientError> {
+        self.unary(self.subjects.batch(), &req.request_id, &req).await
+    }
+
+    /// Sends a one-reply request and waits up to `compute_timeout` for the answer.
+    async fn unary<Q: serde::Serialize, A: serde::de::DeserializeOwned>(
+        &self,
+        subject: String,
+        request_id: &str,
+        req: &Q,
+    ) -> Result<A, ClientError> {
+        let inbox = self.nats.new_inbox();
+        let mut sub = self
+            .nats
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| ClientError::Nats(e.to_string()))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_REQUEST_ID, request_id);
+        self.nats
+            .publish_with_reply_and_headers(subject.clone(), inbox, headers, encode(req).into())
+            .await
+            .map_err(|e| ClientError::Nats(e.to_string()))?;
+        let remote = |error: WireError| ClientError::Remote {
+            error,
+            received: Vec::new(),
+        };
+        let msg = match tokio::time::timeout(self.opts.compute_timeout, sub.next()).await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return Err(ClientError::Nats("subscription closed".into())),
+            Err(_) => {
+                let _ = self
+                    .nats
+                    .publish(self.subjects.cancel(request_id), bytes::Bytes::new())
+                    .await;
+                let ms = self.opts.compute_timeout.as_millis();
+                return Err(remote(WireError::new(
+                    ErrorCode::WorkerLost,
+                    format!("no answer on {subject} within {ms} ms"),
+                )));
+            }
+        };
+        if msg.status == Some(StatusCode::NO_RESPONDERS) {
+            return Err(remote(WireError::new(
+                ErrorCode::NoWorker,
+                format!("nothing listens on {subject}"),
+            )));
+        }
+        if let Ok(err) = decode::<ErrorReply>(&msg.payload) {
+            return Err(remote(err.error));
+        }
+        decode(&msg.payload).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// The fleet view from one coordinator.

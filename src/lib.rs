@@ -22,5 +22,6 @@ pub mod node;
 pub use client::{Client, ClientError, ClientOptions, Completion, ResponseStream, StreamEvent};
 pub use switchyard_config::Config;
 pub use switchyard_messages::{
-    ErrorCode, FinishReason, GenerateConfig, GenerateMetrics, GenerateRequest, Message, Token, WireError,
+    BatchReply, BatchRequest, ClassifyReply, ClassifyRequest, ErrorCode, FinishReason, GenerateConfig, GenerateMetrics,
+    GenerateRequest, Message, Token, WireError,
 };

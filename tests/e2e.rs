@@ -343,3 +343,78 @@ async fn several_coordinators_share_one_queue_group() {
     }
     second.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classify_and_batch_over_nats_answer_per_prompt() {
+    let fleet = fleet(|_| {}).await;
+    let client = fleet.client().await;
+    let prompts = vec![
+        "The capital of France is".to_string(),
+        String::new(),
+        "def f(x):".to_string(),
+    ];
+    let reply = client
+        .classify(switchyard::ClassifyRequest {
+            v: 1,
+            request_id: Client::new_request_id(),
+            model: DEMO_NAME.into(),
+            prompts: prompts.clone(),
+            return_logits: false,
+            backend: None,
+            worker: None,
+            deadline_ms: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.worker_id, "w1");
+    assert_eq!(reply.results.len(), 3);
+    let first = reply.results[0].result.as_ref().unwrap();
+    assert!(first.token.text.contains("Paris"), "{first:?}");
+    assert!(first.logits.is_empty());
+    assert_eq!(reply.results[1].error.as_ref().unwrap().code, ErrorCode::BadRequest);
+    assert!(reply.results[2].result.is_some());
+
+    let config = switchyard::GenerateConfig {
+        max_tokens: 4,
+        ..Default::default()
+    };
+    let batch = client
+        .batch(switchyard::BatchRequest {
+            v: 1,
+            request_id: Client::new_request_id(),
+            model: String::new(),
+            prompts,
+            config,
+            backend: None,
+            worker: None,
+            deadline_ms: None,
+        })
+        .await
+        .unwrap();
+    let alone = client
+        .generate(greedy("The capital of France is", 4))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(batch.results[0].tokens, alone.tokens);
+    assert_eq!(batch.results[1].error.as_ref().unwrap().code, ErrorCode::BadRequest);
+    assert_eq!(batch.results[2].tokens.len(), 4);
+
+    // A failure of the whole request is an error reply with a code.
+    let err = client
+        .classify(switchyard::ClassifyRequest {
+            v: 1,
+            request_id: Client::new_request_id(),
+            model: "missing".into(),
+            prompts: vec!["x".into()],
+            return_logits: false,
+            backend: None,
+            worker: None,
+            deadline_ms: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::UnknownModel), "{err}");
+}

@@ -92,10 +92,14 @@ impl CoordinatorHandle {
             admission_timeout: opts.admission_timeout,
             max_attempts: opts.max_attempts,
         };
-        for (name, subject, chat) in [
-            ("generate", opts.subjects.generate(), false),
-            ("chat", opts.subjects.chat(), true),
+        use service::Verb;
+        for (subject, verb) in [
+            (opts.subjects.generate(), Verb::Generate),
+            (opts.subjects.chat(), Verb::Chat),
+            (opts.subjects.classify(), Verb::Classify),
+            (opts.subjects.batch(), Verb::Batch),
         ] {
+            let name = verb.name();
             let mut endpoint = service
                 .endpoint_builder()
                 .name(name)
@@ -105,7 +109,7 @@ impl CoordinatorHandle {
             let ctx = ctx.clone();
             tasks.push(tokio::spawn(async move {
                 while let Some(request) = endpoint.next().await {
-                    tokio::spawn(service::forward(ctx.clone(), request.message, chat));
+                    tokio::spawn(service::forward(ctx.clone(), request.message, verb));
                 }
             }));
         }

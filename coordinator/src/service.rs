@@ -8,8 +8,8 @@ use ractor::ActorRef;
 use std::time::Duration;
 use switchyard_messages::subjects::{HEADER_REQUEST_ID, HEADER_STREAM_TO};
 use switchyard_messages::{
-    check_deadline, decode, encode, validate_request, Admission, ErrorCode, GenerateRequest, StreamChunk, Subjects,
-    WireError,
+    decode, encode, validate_head, validate_request, Admission, BatchRequest, ClassifyRequest, ErrorCode, ErrorReply,
+    GenerateRequest, RequestHead, StreamChunk, Subjects, WireError, PROTOCOL_VERSION,
 };
 
 /// What forwarding needs.
@@ -22,8 +22,67 @@ pub struct ForwardContext {
     pub max_attempts: u32,
 }
 
+/// What a request asks for; decides validation and how a failure is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// Streaming generation from a prompt.
+    Generate,
+    /// Streaming generation from messages.
+    Chat,
+    /// Prefill-only, one reply.
+    Classify,
+    /// Batch generation, one reply.
+    Batch,
+}
+
+impl Verb {
+    /// The worker endpoint's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Generate => "generate",
+            Verb::Chat => "chat",
+            Verb::Classify => "classify",
+            Verb::Batch => "batch",
+        }
+    }
+
+    fn streams(self) -> bool {
+        matches!(self, Verb::Generate | Verb::Chat)
+    }
+}
+
+/// Decodes and checks a request for `verb`, returning the routing fields.
+fn admit(verb: Verb, payload: &[u8]) -> Result<RequestHead, (String, WireError)> {
+    let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
+    let head: RequestHead = decode(payload).map_err(|e| (String::new(), bad(e)))?;
+    let id = head.request_id.clone();
+    let checked = match verb {
+        Verb::Generate | Verb::Chat => decode::<GenerateRequest>(payload)
+            .map_err(bad)
+            .and_then(|r| validate_request(&r, verb == Verb::Chat)),
+        Verb::Classify => decode::<ClassifyRequest>(payload)
+            .map_err(bad)
+            .and_then(|r| validate_head(&head, r.prompts.len())),
+        Verb::Batch => decode::<BatchRequest>(payload)
+            .map_err(bad)
+            .and_then(|r| validate_head(&head, r.prompts.len())),
+    };
+    checked.map_err(|e| (id.clone(), e))?;
+    if let Some(d) = head.deadline_ms {
+        let now = switchyard_actors::now_ms();
+        if now >= d {
+            let e = WireError::new(
+                ErrorCode::DeadlineExceeded,
+                format!("the request's deadline passed {} ms ago", now - d),
+            );
+            return Err((id, e));
+        }
+    }
+    Ok(head)
+}
+
 /// Routes one client request to a worker, trying up to `max_attempts` candidates.
-pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, chat: bool) {
+pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) {
     let Some(inbox) = msg.reply.clone() else {
         tracing::warn!(subject = %msg.subject, "request without a reply subject; dropped");
         return;
@@ -39,17 +98,21 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, chat: bool) 
         let inbox = inbox.clone();
         async move {
             tracing::debug!(request = %request_id, code = %error.code, "request failed: {}", error.message);
-            let chunk = StreamChunk::failed(&request_id, 0, error);
-            let _ = client.publish(inbox, encode(&chunk).into()).await;
+            let body = if verb.streams() {
+                encode(&StreamChunk::failed(&request_id, 0, error))
+            } else {
+                encode(&ErrorReply {
+                    v: PROTOCOL_VERSION,
+                    error,
+                })
+            };
+            let _ = client.publish(inbox, body.into()).await;
         }
     };
-    let req = match decode::<GenerateRequest>(&msg.payload) {
-        Ok(r) => r,
-        Err(e) => return fail(header_id, WireError::new(ErrorCode::BadRequest, e.to_string())).await,
+    let req = match admit(verb, &msg.payload) {
+        Ok(head) => head,
+        Err((id, e)) => return fail(if id.is_empty() { header_id } else { id }, e).await,
     };
-    if let Err(e) = validate_request(&req, chat).and_then(|()| check_deadline(&req, switchyard_actors::now_ms())) {
-        return fail(req.request_id.clone(), e).await;
-    }
     let query = RouteQuery {
         model: req.model.clone(),
         backend: req.backend.clone(),
@@ -67,7 +130,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, chat: bool) 
         }
     };
 
-    let verb = if chat { "chat" } else { "generate" };
+    let verb_name = verb.name();
     let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker admitted the request");
     for worker_id in candidates.into_iter().take(ctx.max_attempts as usize) {
         let mut headers = msg.headers.clone().unwrap_or_default();
@@ -78,7 +141,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, chat: bool) 
             .timeout(Some(ctx.admission_timeout));
         match ctx
             .client
-            .send_request(ctx.subjects.worker(&worker_id, verb), request)
+            .send_request(ctx.subjects.worker(&worker_id, verb_name), request)
             .await
         {
             Ok(answer) => match decode::<Admission>(&answer.payload) {

@@ -32,6 +32,14 @@ impl Subjects {
     pub fn chat(&self) -> String {
         format!("{}.chat", self.root)
     }
+    /// `{p}.v1.classify`: prefill-only requests (coordinators).
+    pub fn classify(&self) -> String {
+        format!("{}.classify", self.root)
+    }
+    /// `{p}.v1.batch`: batch generation (coordinators).
+    pub fn batch(&self) -> String {
+        format!("{}.batch", self.root)
+    }
     /// `{p}.v1.status`: the fleet view (coordinators).
     pub fn status(&self) -> String {
         format!("{}.status", self.root)

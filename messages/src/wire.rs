@@ -311,3 +311,137 @@ pub fn validate_request(req: &GenerateRequest, chat: bool) -> Result<(), WireErr
     }
     Ok(())
 }
+
+/// A prefill-only request on `{p}.v1.classify` (or a worker's `classify` endpoint).
+/// Answered by one [`ClassifyReply`], or an [`ErrorReply`] when the whole request
+/// fails.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyRequest {
+    /// Protocol version.
+    pub v: u32,
+    /// Client-chosen id.
+    pub request_id: String,
+    /// Model name; `""` = any.
+    pub model: String,
+    /// Raw prompts (no chat template).
+    pub prompts: Vec<String>,
+    /// Return each prompt's next-token logits.
+    #[serde(default)]
+    pub return_logits: bool,
+    /// Only workers of this backend.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Only this worker.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// Absolute deadline, Unix milliseconds.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// One prompt's outcome in a [`ClassifyReply`]: a result or its own error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyItem {
+    /// The result, when this prompt succeeded.
+    #[serde(default)]
+    pub result: Option<crate::ClassifyResult>,
+    /// This prompt's error; the other prompts are unaffected.
+    #[serde(default)]
+    pub error: Option<WireError>,
+}
+
+/// Reply to a [`ClassifyRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyReply {
+    /// Protocol version.
+    pub v: u32,
+    /// The request answered.
+    pub request_id: String,
+    /// The worker that computed it.
+    pub worker_id: String,
+    /// One item per prompt, in order.
+    pub results: Vec<ClassifyItem>,
+}
+
+/// A batch generation request on `{p}.v1.batch`: every prompt with the same
+/// settings. Answered by one [`BatchReply`], or an [`ErrorReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchRequest {
+    /// Protocol version.
+    pub v: u32,
+    /// Client-chosen id.
+    pub request_id: String,
+    /// Model name; `""` = any.
+    pub model: String,
+    /// Raw prompts (no chat template).
+    pub prompts: Vec<String>,
+    /// Settings for every prompt.
+    #[serde(default)]
+    pub config: GenerateConfig,
+    /// Only workers of this backend.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Only this worker.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// Absolute deadline, Unix milliseconds.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// Reply to a [`BatchRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchReply {
+    /// Protocol version.
+    pub v: u32,
+    /// The request answered.
+    pub request_id: String,
+    /// The worker that computed it.
+    pub worker_id: String,
+    /// One result per prompt, in order, each with its own error.
+    pub results: Vec<crate::BatchResult>,
+}
+
+/// The fields every request carries that routing and admission need; decodes from
+/// any request envelope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestHead {
+    /// Protocol version.
+    pub v: u32,
+    /// Client-chosen id.
+    pub request_id: String,
+    /// Model name.
+    pub model: String,
+    /// Backend pin.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Worker pin.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// Deadline.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// Envelope checks for classify and batch requests (version, id, at least one prompt).
+pub fn validate_head(head: &RequestHead, prompts: usize) -> Result<(), WireError> {
+    if head.v > crate::PROTOCOL_VERSION {
+        return Err(WireError::new(
+            ErrorCode::UnsupportedVersion,
+            format!("protocol version {} is newer than {}", head.v, crate::PROTOCOL_VERSION),
+        ));
+    }
+    if !crate::subjects::is_valid_token(&head.request_id) {
+        return Err(WireError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "request_id {:?} must be 1-128 characters of letters, digits, '-' or '_'",
+                head.request_id
+            ),
+        ));
+    }
+    if prompts == 0 {
+        return Err(WireError::new(ErrorCode::BadRequest, "prompts is empty"));
+    }
+    Ok(())
+}

@@ -111,6 +111,7 @@ async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Client
         prefix: config.nats.prefix.clone(),
         stall_timeout: Duration::from_millis(stall_ms.unwrap_or(config.client.stall_timeout_ms)),
         request_timeout: Duration::from_millis(config.client.request_timeout_ms),
+        ..ClientOptions::default()
     };
     let url = nats_url_for_client(config);
     Client::connect_with(&url, opts)

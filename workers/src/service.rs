@@ -14,8 +14,9 @@ use std::time::Duration;
 use switchyard_actors::{CancelRegistry, ChunkSink};
 use switchyard_messages::subjects::HEADER_STREAM_TO;
 use switchyard_messages::{
-    check_deadline, decode, encode, validate_request, Admission as AdmissionMsg, ErrorCode, GenerateEvent,
-    GenerateRequest, Prompt, TextModel, WireError, PROTOCOL_VERSION,
+    check_deadline, decode, encode, validate_head, validate_request, Admission as AdmissionMsg, BatchReply,
+    BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply, GenerateEvent, GenerateRequest,
+    Prompt, RequestHead, TextModel, WireError, PROTOCOL_VERSION,
 };
 
 /// What every request handler shares.
@@ -159,6 +160,149 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         }
     }
     ctx.cancels.remove(&req.request_id);
+    drop(permit);
+    (ctx.on_complete)();
+}
+
+/// The one-reply verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unary {
+    /// Prefill-only: [`ClassifyRequest`] → [`ClassifyReply`].
+    Classify,
+    /// Batch generation: [`BatchRequest`] → [`BatchReply`].
+    Batch,
+}
+
+enum UnaryRequest {
+    Classify(ClassifyRequest),
+    Batch(BatchRequest),
+}
+
+/// Handles one request on the `classify` or `batch` endpoint: admitted like a
+/// generation (same admission, same answer to a coordinator), answered with one
+/// reply to the stream target, or an [`ErrorReply`] when refused on a direct call.
+pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary) {
+    let msg = &request.message;
+    let header_target = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(HEADER_STREAM_TO))
+        .map(|v| v.as_str().to_string());
+    let via_coordinator = header_target.is_some();
+    let Some(reply_to) = header_target.or_else(|| msg.reply.as_ref().map(|r| r.to_string())) else {
+        tracing::warn!(subject = %msg.subject, "request without a reply subject or Sy-Stream-To; dropped");
+        return;
+    };
+    let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
+    let parsed = decode::<RequestHead>(&msg.payload).map_err(bad).and_then(|head| {
+        let req = match verb {
+            Unary::Classify => UnaryRequest::Classify(decode(&msg.payload).map_err(bad)?),
+            Unary::Batch => UnaryRequest::Batch(decode(&msg.payload).map_err(bad)?),
+        };
+        let prompts = match &req {
+            UnaryRequest::Classify(r) => r.prompts.len(),
+            UnaryRequest::Batch(r) => r.prompts.len(),
+        };
+        validate_head(&head, prompts)?;
+        if head.deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+            return Err(WireError::new(
+                ErrorCode::DeadlineExceeded,
+                "the request's deadline passed",
+            ));
+        }
+        if !head.model.is_empty() && head.model != ctx.model_name {
+            return Err(WireError::new(
+                ErrorCode::UnknownModel,
+                format!(
+                    "worker {} serves {:?}, not {:?}",
+                    ctx.worker_id, ctx.model_name, head.model
+                ),
+            ));
+        }
+        if ctx.draining.load(Ordering::Acquire) {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("worker {} is draining", ctx.worker_id),
+            ));
+        }
+        ctx.admission.try_admit().map(|permit| (head, req, permit))
+    });
+    let (head, req, permit) = match parsed {
+        Ok(ok) => ok,
+        Err(error) => {
+            if via_coordinator {
+                let answer = AdmissionMsg {
+                    v: PROTOCOL_VERSION,
+                    worker_id: ctx.worker_id.clone(),
+                    accepted: false,
+                    error: Some(error),
+                };
+                let _ = request.respond(Ok(encode(&answer).into())).await;
+            } else {
+                let _ = ctx
+                    .client
+                    .publish(
+                        reply_to,
+                        encode(&ErrorReply {
+                            v: PROTOCOL_VERSION,
+                            error,
+                        })
+                        .into(),
+                    )
+                    .await;
+            }
+            return;
+        }
+    };
+    if via_coordinator {
+        let answer = AdmissionMsg {
+            v: PROTOCOL_VERSION,
+            worker_id: ctx.worker_id.clone(),
+            accepted: true,
+            error: None,
+        };
+        let _ = request.respond(Ok(encode(&answer).into())).await;
+    }
+    let body = match req {
+        UnaryRequest::Classify(r) => {
+            let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
+            let results = ctx
+                .model
+                .classify(prompts, r.return_logits)
+                .await
+                .into_iter()
+                .map(|res| match res {
+                    Ok(result) => ClassifyItem {
+                        result: Some(result),
+                        error: None,
+                    },
+                    Err(e) => ClassifyItem {
+                        result: None,
+                        error: Some(e.to_wire()),
+                    },
+                })
+                .collect();
+            encode(&ClassifyReply {
+                v: PROTOCOL_VERSION,
+                request_id: head.request_id.clone(),
+                worker_id: ctx.worker_id.clone(),
+                results,
+            })
+        }
+        UnaryRequest::Batch(r) => {
+            let cancel = ctx.cancels.insert(&head.request_id);
+            let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
+            let results = ctx.model.batch_generate(prompts, r.config, cancel).await;
+            ctx.cancels.remove(&head.request_id);
+            encode(&BatchReply {
+                v: PROTOCOL_VERSION,
+                request_id: head.request_id.clone(),
+                worker_id: ctx.worker_id.clone(),
+                results,
+            })
+        }
+    };
+    let _ = ctx.client.publish(reply_to, body.into()).await;
     drop(permit);
     (ctx.on_complete)();
 }

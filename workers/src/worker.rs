@@ -159,6 +159,20 @@ impl Actor for WorkerActor {
                 }
             }));
         }
+        for (verb, unary) in [("classify", service::Unary::Classify), ("batch", service::Unary::Batch)] {
+            let mut endpoint = service
+                .endpoint_builder()
+                .name(verb)
+                .add(opts.subjects.worker(&opts.worker_id, verb))
+                .await
+                .map_err(|e| format!("adding endpoint {verb}: {e}"))?;
+            let ctx = ctx.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(request) = endpoint.next().await {
+                    tokio::spawn(service::handle_unary(ctx.clone(), request, unary));
+                }
+            }));
+        }
         let mut cancels = client.subscribe(opts.subjects.cancel_all()).await?;
         let registry = ctx.cancels.clone();
         tasks.push(tokio::spawn(async move {
