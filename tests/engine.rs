@@ -75,3 +75,38 @@ async fn classify_and_batch_generate_report_per_prompt() {
     assert_eq!(ids(2), alone(&model, "def fibonacci(n):", 6).await);
     assert!(batch[0].error.is_none() && batch[2].error.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attention_inspector_returns_post_rope_keys_of_every_layer() {
+    let model = CandleModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    let prompt = "The capital of France is";
+    let n = model.tokenizer().encode(prompt).unwrap().len();
+    let snap = model.inspect_attention(Prompt::Text(prompt.into())).await.unwrap();
+    let info = model.info();
+    assert_eq!(snap.architecture, "llama");
+    assert_eq!(snap.num_layers, info.num_layers);
+    assert_eq!(
+        (snap.num_heads, snap.head_dim, snap.seq_len as usize),
+        (3, 64, n),
+        "SmolLM2: 3 KV heads of 64"
+    );
+    assert_eq!(snap.keys.len(), info.num_layers as usize);
+    for layer in &snap.keys {
+        assert_eq!(layer.len(), 3);
+        for head in layer {
+            assert_eq!(head.len(), n * 64);
+            assert!(head.iter().all(|v| v.is_finite()));
+            assert_ne!(head[..64], head[64..128], "positions differ");
+        }
+    }
+    // Causality: position 0's keys depend on token 0 only, in every layer.
+    let first = model.inspect_attention(Prompt::Text("The".into())).await.unwrap();
+    assert_eq!(first.seq_len, 1);
+    for (a, b) in first.keys.iter().zip(&snap.keys) {
+        for (ha, hb) in a.iter().zip(b) {
+            assert_eq!(ha[..], hb[..64]);
+        }
+    }
+    let err = model.inspect_attention(Prompt::Text(String::new())).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::BadRequest);
+}

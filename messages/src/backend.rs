@@ -64,6 +64,9 @@ pub type ClassifyFuture = Pin<Box<dyn Future<Output = Vec<Result<ClassifyResult,
 /// What `batch_generate` resolves to: one result per prompt, each with its own error.
 pub type BatchFuture = Pin<Box<dyn Future<Output = Vec<BatchResult>> + Send>>;
 
+/// What `inspect_attention` resolves to.
+pub type InspectFuture = Pin<Box<dyn Future<Output = Result<crate::AttentionSnapshot, BackendError>> + Send>>;
+
 /// The stream a generation returns.
 pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateEvent, BackendError>> + Send>>;
 
@@ -148,6 +151,18 @@ pub trait TextModel: Send + Sync {
     /// Generates for every prompt with the same settings; each prompt gets its own
     /// tokens or its own error.
     fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture;
+    /// Seed 000's AttentionInspector: prefills `prompt` and returns the post-RoPE key
+    /// vectors of every layer from the KV cache. Backends that cannot read their cache
+    /// keep this default, which says so.
+    fn inspect_attention(&self, prompt: Prompt) -> InspectFuture {
+        let _ = prompt;
+        let name = self.model_type().to_string();
+        Box::pin(async move {
+            Err(BackendError::Unavailable(format!(
+                "{name}: attention inspection is not supported"
+            )))
+        })
+    }
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;
     /// Static facts.

@@ -29,7 +29,8 @@ pub mod types;
 pub mod wire;
 
 pub use backend::{
-    Backend, BackendError, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream, Prompt, TextModel,
+    Backend, BackendError, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream, InspectFuture,
+    Prompt, TextModel,
 };
 pub use codec::{decode, encode, DecodeError};
 pub use error::{ErrorCode, WireError};

@@ -10,8 +10,8 @@ use candle_transformers::models::quantized_llama::ModelWeights;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use switchyard_messages::{
-    BackendError, CancelFlag, ClassifyResult, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, Prompt,
-    Token,
+    AttentionSnapshot, BackendError, CancelFlag, ClassifyResult, FinishReason, GenerateConfig, GenerateEvent,
+    GenerateMetrics, Prompt, Token,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -22,6 +22,12 @@ pub type EventTx = UnboundedSender<Result<GenerateEvent, BackendError>>;
 pub enum Job {
     /// A streamed generation.
     Generate(GenerateJob),
+    /// Prefill, then read the post-RoPE keys from the cache.
+    Inspect {
+        prompt: Prompt,
+        architecture: String,
+        reply: tokio::sync::oneshot::Sender<Result<AttentionSnapshot, BackendError>>,
+    },
     /// Prefill-only passes; the answer comes back on `reply`.
     Classify {
         prompts: Vec<Prompt>,
@@ -47,6 +53,11 @@ pub trait Forward: Send {
     fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError>;
     /// Which implementation this is (for logs and benchmarks).
     fn kind(&self) -> &'static str;
+    /// Post-RoPE keys of positions `0..len` with (kv heads, head size), when the
+    /// implementation can read its cache.
+    fn cached_keys(&self, _len: usize) -> Option<(Vec<Vec<Vec<f32>>>, usize, usize)> {
+        None
+    }
 }
 
 /// candle-transformers' quantized Llama (the fallback for weight types our own
@@ -89,6 +100,14 @@ impl Forward for crate::cpu::llama::LlamaModel {
     fn kind(&self) -> &'static str {
         "switchyard"
     }
+
+    fn cached_keys(&self, len: usize) -> Option<(Vec<Vec<Vec<f32>>>, usize, usize)> {
+        Some((
+            crate::cpu::llama::LlamaModel::cached_keys(self, len),
+            self.params.n_head_kv,
+            self.params.head_dim,
+        ))
+    }
 }
 
 /// Everything the compute thread owns.
@@ -115,6 +134,18 @@ pub fn spawn(engine: Engine, threads: usize) -> std::io::Result<mpsc::Sender<Job
             while let Ok(job) = rx.recv() {
                 let job = match job {
                     Job::Generate(g) => g,
+                    Job::Inspect {
+                        prompt,
+                        architecture,
+                        reply,
+                    } => {
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            engine.inspect(&prompt, architecture)
+                        }))
+                        .unwrap_or_else(|_| Err(BackendError::Compute("engine panicked".into())));
+                        let _ = reply.send(result);
+                        continue;
+                    }
                     Job::Classify {
                         prompts,
                         return_logits,
@@ -195,6 +226,30 @@ impl Engine {
     /// returning the last position's logits.
     fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
         self.model.forward(tokens, pos)
+    }
+
+    /// Prefills `prompt` and returns the post-RoPE keys of every layer.
+    fn inspect(&mut self, prompt: &Prompt, architecture: String) -> Result<AttentionSnapshot, BackendError> {
+        let tokens = self.tokenize(prompt)?;
+        if tokens.is_empty() || tokens.len() > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens: 0,
+                context_len: self.context_len,
+            });
+        }
+        self.forward(&tokens, 0)?;
+        let (keys, heads, head_dim) = self.model.cached_keys(tokens.len()).ok_or_else(|| {
+            BackendError::Unavailable(format!("the {} engine cannot read its KV cache", self.model.kind()))
+        })?;
+        Ok(AttentionSnapshot {
+            num_layers: keys.len() as u32,
+            num_heads: heads as u32,
+            seq_len: tokens.len() as u32,
+            head_dim: head_dim as u32,
+            keys,
+            architecture,
+        })
     }
 
     /// One prefill-only pass: the argmax token and, if asked, the logits.

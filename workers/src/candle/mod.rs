@@ -260,6 +260,26 @@ impl TextModel for CandleModel {
         })
     }
 
+    fn inspect_attention(&self, prompt: Prompt) -> switchyard_messages::InspectFuture {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(engine::Job::Inspect {
+                prompt,
+                architecture: self.architecture.clone(),
+                reply,
+            });
+        Box::pin(async move {
+            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
+            if sent.is_err() {
+                return Err(stopped());
+            }
+            answer.await.unwrap_or_else(|_| Err(stopped()))
+        })
+    }
+
     fn model_type(&self) -> &str {
         &self.architecture
     }

@@ -155,6 +155,22 @@ impl LlamaModel {
         })
     }
 
+    /// Post-RoPE keys of positions `0..len` from the KV cache, as
+    /// `[layer][kv_head]` → `len * head_dim` floats (seed 000's AttentionSnapshot).
+    pub fn cached_keys(&self, len: usize) -> Vec<Vec<Vec<f32>>> {
+        let (hd, ctx) = (self.params.head_dim, self.ctx);
+        (0..self.params.n_layer)
+            .map(|l| {
+                (0..self.params.n_head_kv)
+                    .map(|h| {
+                        let start = (l * self.params.n_head_kv + h) * ctx * hd;
+                        self.k_cache[start..start + len * hd].iter().map(|&b| h2f(b)).collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Context positions the cache holds.
     pub fn context_len(&self) -> usize {
         self.ctx
