@@ -46,6 +46,16 @@ pub struct GenerateJob {
     pub events: EventTx,
 }
 
+/// Post-RoPE keys read from a KV cache.
+pub struct CachedKeys {
+    /// `[layer][kv_head]` → `positions * head_dim` floats.
+    pub keys: Vec<Vec<Vec<f32>>>,
+    /// KV heads per layer.
+    pub heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
 /// A model's forward pass: logits of the last of `tokens`, placed at cache
 /// positions `pos..`.
 pub trait Forward: Send {
@@ -55,7 +65,7 @@ pub trait Forward: Send {
     fn kind(&self) -> &'static str;
     /// Post-RoPE keys of positions `0..len` with (kv heads, head size), when the
     /// implementation can read its cache.
-    fn cached_keys(&self, _len: usize) -> Option<(Vec<Vec<Vec<f32>>>, usize, usize)> {
+    fn cached_keys(&self, _len: usize) -> Option<CachedKeys> {
         None
     }
 }
@@ -101,12 +111,12 @@ impl Forward for crate::cpu::llama::LlamaModel {
         "switchyard"
     }
 
-    fn cached_keys(&self, len: usize) -> Option<(Vec<Vec<Vec<f32>>>, usize, usize)> {
-        Some((
-            crate::cpu::llama::LlamaModel::cached_keys(self, len),
-            self.params.n_head_kv,
-            self.params.head_dim,
-        ))
+    fn cached_keys(&self, len: usize) -> Option<CachedKeys> {
+        Some(CachedKeys {
+            keys: crate::cpu::llama::LlamaModel::cached_keys(self, len),
+            heads: self.params.n_head_kv,
+            head_dim: self.params.head_dim,
+        })
     }
 }
 
@@ -239,7 +249,7 @@ impl Engine {
             });
         }
         self.forward(&tokens, 0)?;
-        let (keys, heads, head_dim) = self.model.cached_keys(tokens.len()).ok_or_else(|| {
+        let CachedKeys { keys, heads, head_dim } = self.model.cached_keys(tokens.len()).ok_or_else(|| {
             BackendError::Unavailable(format!("the {} engine cannot read its KV cache", self.model.kind()))
         })?;
         Ok(AttentionSnapshot {
