@@ -7,15 +7,20 @@ tokens, merges, token types) is copied from another GGUF (the SmolLM2 demo model
 the pre-tokenizer is set to "qwen2", so llama.cpp and switchyard tokenize with Qwen's
 split regex.
 
-usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED]
+usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0]
+
+The last argument stores every 2-D weight in that type (norms and biases stay F32).
 """
 import sys
 
 import numpy as np
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 
 vocab_path, out_path, arch = sys.argv[1], sys.argv[2], sys.argv[3]
 seed = int(sys.argv[4]) if len(sys.argv) > 4 else 1234
+wtype = sys.argv[5] if len(sys.argv) > 5 else "f32"
+if wtype not in ("f32", "f16", "q8_0", "q4_0"):
+    sys.exit(f"unsupported weight type {wtype!r}: use f32, f16, q8_0 or q4_0")
 if arch not in ("qwen2", "qwen3"):
     sys.exit(f"unsupported architecture {arch!r}: use qwen2 or qwen3")
 
@@ -31,6 +36,17 @@ rng = np.random.default_rng(seed)
 
 def mat(rows, cols, std):
     return (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+
+
+def add_weight(name, data):
+    """Adds a 2-D weight in the chosen storage type."""
+    if wtype == "f32":
+        w.add_tensor(name, data)
+    elif wtype == "f16":
+        w.add_tensor(name, data.astype(np.float16))
+    else:
+        qtype = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[wtype]
+        w.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)
 
 
 def vec(n, mean=0.0, std=0.1):
@@ -59,16 +75,16 @@ w.add_bos_token_id(1)
 w.add_eos_token_id(2)
 w.add_add_bos_token(False)
 
-w.add_tensor("token_embd.weight", mat(n_vocab, n_embd, 1.0))
+add_weight("token_embd.weight", mat(n_vocab, n_embd, 1.0))
 w.add_tensor("output_norm.weight", vec(n_embd, 1.0))
-w.add_tensor("output.weight", mat(n_vocab, n_embd, 0.2))
+add_weight("output.weight", mat(n_vocab, n_embd, 0.2))
 for i in range(n_layer):
     b = f"blk.{i}"
     w.add_tensor(f"{b}.attn_norm.weight", vec(n_embd, 1.0))
-    w.add_tensor(f"{b}.attn_q.weight", mat(n_head * head_dim, n_embd, 0.15))
-    w.add_tensor(f"{b}.attn_k.weight", mat(n_head_kv * head_dim, n_embd, 0.15))
-    w.add_tensor(f"{b}.attn_v.weight", mat(n_head_kv * head_dim, n_embd, 0.15))
-    w.add_tensor(f"{b}.attn_output.weight", mat(n_embd, n_head * head_dim, 0.1))
+    add_weight(f"{b}.attn_q.weight", mat(n_head * head_dim, n_embd, 0.15))
+    add_weight(f"{b}.attn_k.weight", mat(n_head_kv * head_dim, n_embd, 0.15))
+    add_weight(f"{b}.attn_v.weight", mat(n_head_kv * head_dim, n_embd, 0.15))
+    add_weight(f"{b}.attn_output.weight", mat(n_embd, n_head * head_dim, 0.1))
     if arch == "qwen2":
         w.add_tensor(f"{b}.attn_q.bias", vec(n_head * head_dim))
         w.add_tensor(f"{b}.attn_k.bias", vec(n_head_kv * head_dim))
@@ -77,9 +93,9 @@ for i in range(n_layer):
         w.add_tensor(f"{b}.attn_q_norm.weight", vec(head_dim, 1.0))
         w.add_tensor(f"{b}.attn_k_norm.weight", vec(head_dim, 1.0))
     w.add_tensor(f"{b}.ffn_norm.weight", vec(n_embd, 1.0))
-    w.add_tensor(f"{b}.ffn_gate.weight", mat(n_ff, n_embd, 0.1))
-    w.add_tensor(f"{b}.ffn_up.weight", mat(n_ff, n_embd, 0.1))
-    w.add_tensor(f"{b}.ffn_down.weight", mat(n_embd, n_ff, 0.1))
+    add_weight(f"{b}.ffn_gate.weight", mat(n_ff, n_embd, 0.1))
+    add_weight(f"{b}.ffn_up.weight", mat(n_ff, n_embd, 0.1))
+    add_weight(f"{b}.ffn_down.weight", mat(n_embd, n_ff, 0.1))
 
 w.write_header_to_file()
 w.write_kv_data_to_file()

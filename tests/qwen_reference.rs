@@ -1,6 +1,7 @@
 //! Qwen2 and Qwen3 against llama.cpp on random-weight GGUFs made by
-//! scripts/make-random-qwen-gguf.py (no small Qwen GGUF ships on PyPI): the same
-//! tokens from Qwen's pre-tokenizer, and the same argmax at every prompt position.
+//! scripts/make-random-qwen-gguf.py (no small Qwen GGUF ships on PyPI), with weights
+//! stored as F32, F16, Q8_0 and Q4_0: the same tokens from Qwen's pre-tokenizer, and
+//! the same argmax at every prompt position.
 
 mod common;
 
@@ -32,16 +33,25 @@ async fn next_token(model: &CandleModel, prefix: &[u32]) -> Option<u32> {
 async fn random_qwen2_and_qwen3_match_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["qwen2", "qwen3"] {
-        let path = dir.path().join(format!("random-{arch}.gguf"));
+    // Each architecture, and each weight storage the engine has kernels for.
+    for (arch, wtype) in [
+        ("qwen2", "f32"),
+        ("qwen3", "f32"),
+        ("qwen2", "f16"),
+        ("qwen3", "q8_0"),
+        ("qwen2", "q4_0"),
+    ] {
+        let path = dir.path().join(format!("random-{arch}-{wtype}.gguf"));
         let out = Command::new(python())
             .arg(repo().join("scripts/make-random-qwen-gguf.py"))
             .arg(demo_model())
             .arg(&path)
             .arg(arch)
+            .args(["1234", wtype])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let arch = format!("{arch}/{wtype}");
         let model = CandleModel::load(&path, &LoadConfig::default()).unwrap();
         let server = LlamaServer::start(&bin, &path, 2, 1).await;
 
