@@ -54,6 +54,47 @@ impl RunTiming {
     }
 }
 
+/// Times one run as the caller sees tokens arrive.
+struct RunClock {
+    start: Instant,
+    first: Option<Instant>,
+    last: Instant,
+    timing: RunTiming,
+}
+
+impl RunClock {
+    fn start() -> Self {
+        let now = Instant::now();
+        Self {
+            start: now,
+            first: None,
+            last: now,
+            timing: RunTiming::default(),
+        }
+    }
+
+    /// `n` tokens arrived now.
+    fn tokens(&mut self, n: u32) {
+        let now = Instant::now();
+        self.first.get_or_insert(now);
+        self.last = now;
+        self.timing.tokens += n;
+    }
+
+    /// The final metrics arrived.
+    fn done(&mut self, metrics: &switchyard_messages::GenerateMetrics) {
+        self.timing.prompt_tokens = metrics.prompt_tokens;
+        self.timing.prefill = Duration::from_micros(metrics.prefill_us);
+    }
+
+    fn finish(mut self) -> RunTiming {
+        let first = self.first.unwrap_or(self.last);
+        self.timing.ttft = first - self.start;
+        self.timing.decode = self.last - first;
+        self.timing
+    }
+}
+
 /// Median of `xs` (sorted copy).
 pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
@@ -93,29 +134,15 @@ pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow:
     let direct = |cfg: GenerateConfig| {
         let model = model.clone();
         async move {
-            let start = Instant::now();
-            let mut first = None;
-            let mut last = start;
-            let mut t = RunTiming::default();
+            let mut clock = RunClock::start();
             let mut events = model.generate(Prompt::Text(BENCH_PROMPT.into()), cfg, CancelFlag::new());
             while let Some(ev) = events.next().await {
                 match ev? {
-                    GenerateEvent::Token(_) => {
-                        let now = Instant::now();
-                        first.get_or_insert(now);
-                        last = now;
-                        t.tokens += 1;
-                    }
-                    GenerateEvent::Done { metrics, .. } => {
-                        t.prompt_tokens = metrics.prompt_tokens;
-                        t.prefill = Duration::from_micros(metrics.prefill_us);
-                    }
+                    GenerateEvent::Token(_) => clock.tokens(1),
+                    GenerateEvent::Done { metrics, .. } => clock.done(&metrics),
                 }
             }
-            let first = first.unwrap_or(last);
-            t.ttft = first - start;
-            t.decode = last - first;
-            anyhow::Ok(t)
+            anyhow::Ok(clock.finish())
         }
     };
     let fabric = |cfg: GenerateConfig| {
@@ -124,32 +151,17 @@ pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow:
         async move {
             let mut req = GenerateRequest::generate(Client::new_request_id(), name, BENCH_PROMPT);
             req.config = cfg;
-            let start = Instant::now();
-            let mut first = None;
-            let mut last = start;
-            let mut t = RunTiming::default();
+            let mut clock = RunClock::start();
             let mut stream = client.generate(req).await?;
             while let Some(ev) = stream.next().await {
                 match ev? {
-                    StreamEvent::Tokens(tokens) => {
-                        let now = Instant::now();
-                        first.get_or_insert(now);
-                        last = now;
-                        t.tokens += tokens.len() as u32;
-                    }
-                    StreamEvent::Done { metrics, .. } => {
-                        t.prompt_tokens = metrics.prompt_tokens;
-                        t.prefill = Duration::from_micros(metrics.prefill_us);
-                    }
+                    StreamEvent::Tokens(tokens) => clock.tokens(tokens.len() as u32),
+                    StreamEvent::Done { metrics, .. } => clock.done(&metrics),
                 }
             }
-            let first = first.unwrap_or(last);
-            t.ttft = first - start;
-            t.decode = last - first;
-            anyhow::Ok(t)
+            anyhow::Ok(clock.finish())
         }
     };
-
     eprintln!("warming up …");
     direct(gen_config.clone()).await?;
     fabric(gen_config.clone()).await?;
