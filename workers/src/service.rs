@@ -33,17 +33,50 @@ pub struct ServeContext {
     pub on_complete: Box<dyn Fn() + Send + Sync>,
 }
 
-/// Handles one request on the `generate` (`chat == false`) or `chat` endpoint.
-pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
-    let msg = &request.message;
-    let header_target = msg
+/// Where a request's answer goes, and whether a coordinator waits for an
+/// [`AdmissionMsg`] on the NATS reply subject.
+struct Target {
+    to: String,
+    via_coordinator: bool,
+}
+
+/// `Sy-Stream-To` when a coordinator forwarded the request, else the reply subject;
+/// `None` (logged) when there is nowhere to answer.
+fn target(msg: &async_nats::Message) -> Option<Target> {
+    let header = msg
         .headers
         .as_ref()
         .and_then(|h| h.get(HEADER_STREAM_TO))
         .map(|v| v.as_str().to_string());
-    let via_coordinator = header_target.is_some();
-    let Some(stream_to) = header_target.or_else(|| msg.reply.as_ref().map(|r| r.to_string())) else {
-        tracing::warn!(subject = %msg.subject, "request without a reply subject or Sy-Stream-To; dropped");
+    let via_coordinator = header.is_some();
+    match header.or_else(|| msg.reply.as_ref().map(|r| r.to_string())) {
+        Some(to) => Some(Target { to, via_coordinator }),
+        None => {
+            tracing::warn!(subject = %msg.subject, "request without a reply subject or Sy-Stream-To; dropped");
+            None
+        }
+    }
+}
+
+/// Tells the forwarding coordinator whether the request was admitted.
+async fn answer_admission(ctx: &ServeContext, request: &Request, refusal: Option<WireError>) {
+    let answer = AdmissionMsg {
+        v: PROTOCOL_VERSION,
+        worker_id: ctx.worker_id.clone(),
+        accepted: refusal.is_none(),
+        error: refusal,
+    };
+    let _ = request.respond(Ok(encode(&answer).into())).await;
+}
+
+/// Handles one request on the `generate` (`chat == false`) or `chat` endpoint.
+pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
+    let msg = &request.message;
+    let Some(Target {
+        to: stream_to,
+        via_coordinator,
+    }) = target(msg)
+    else {
         return;
     };
 
@@ -75,13 +108,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         Err(error) => {
             tracing::debug!(worker = %ctx.worker_id, code = %error.code, "refused: {}", error.message);
             if via_coordinator {
-                let answer = AdmissionMsg {
-                    v: PROTOCOL_VERSION,
-                    worker_id: ctx.worker_id.clone(),
-                    accepted: false,
-                    error: Some(error),
-                };
-                let _ = request.respond(Ok(encode(&answer).into())).await;
+                answer_admission(&ctx, &request, Some(error)).await;
             } else {
                 let request_id = decode::<serde_json::Value>(&msg.payload)
                     .ok()
@@ -96,13 +123,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     };
 
     if via_coordinator {
-        let answer = AdmissionMsg {
-            v: PROTOCOL_VERSION,
-            worker_id: ctx.worker_id.clone(),
-            accepted: true,
-            error: None,
-        };
-        let _ = request.respond(Ok(encode(&answer).into())).await;
+        answer_admission(&ctx, &request, None).await;
     }
     let sink = ChunkSink::new(
         ctx.client.clone(),
@@ -183,14 +204,11 @@ enum UnaryRequest {
 /// reply to the stream target, or an [`ErrorReply`] when refused on a direct call.
 pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary) {
     let msg = &request.message;
-    let header_target = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(HEADER_STREAM_TO))
-        .map(|v| v.as_str().to_string());
-    let via_coordinator = header_target.is_some();
-    let Some(reply_to) = header_target.or_else(|| msg.reply.as_ref().map(|r| r.to_string())) else {
-        tracing::warn!(subject = %msg.subject, "request without a reply subject or Sy-Stream-To; dropped");
+    let Some(Target {
+        to: reply_to,
+        via_coordinator,
+    }) = target(msg)
+    else {
         return;
     };
     let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
@@ -231,13 +249,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
         Ok(ok) => ok,
         Err(error) => {
             if via_coordinator {
-                let answer = AdmissionMsg {
-                    v: PROTOCOL_VERSION,
-                    worker_id: ctx.worker_id.clone(),
-                    accepted: false,
-                    error: Some(error),
-                };
-                let _ = request.respond(Ok(encode(&answer).into())).await;
+                answer_admission(&ctx, &request, Some(error)).await;
             } else {
                 let _ = ctx
                     .client
@@ -255,13 +267,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
         }
     };
     if via_coordinator {
-        let answer = AdmissionMsg {
-            v: PROTOCOL_VERSION,
-            worker_id: ctx.worker_id.clone(),
-            accepted: true,
-            error: None,
-        };
-        let _ = request.respond(Ok(encode(&answer).into())).await;
+        answer_admission(&ctx, &request, None).await;
     }
     let body = match req {
         UnaryRequest::Classify(r) => {
