@@ -145,21 +145,19 @@ impl Actor for WorkerActor {
             .await
             .map_err(|e| format!("registering the NATS micro service: {e}"))?;
         let mut tasks = Vec::new();
-        for (verb, chat) in [("generate", false), ("chat", true)] {
-            let mut endpoint = service
-                .endpoint_builder()
-                .name(verb)
-                .add(opts.subjects.worker(&opts.worker_id, verb))
-                .await
-                .map_err(|e| format!("adding endpoint {verb}: {e}"))?;
-            let ctx = ctx.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Some(request) = endpoint.next().await {
-                    tokio::spawn(service::handle(ctx.clone(), request, chat));
-                }
-            }));
+        // One endpoint per verb; streaming verbs and one-reply verbs differ only in
+        // the handler.
+        #[derive(Clone, Copy)]
+        enum Handler {
+            Stream { chat: bool },
+            Unary(service::Unary),
         }
-        for (verb, unary) in [("classify", service::Unary::Classify), ("batch", service::Unary::Batch)] {
+        for (verb, handler) in [
+            ("generate", Handler::Stream { chat: false }),
+            ("chat", Handler::Stream { chat: true }),
+            ("classify", Handler::Unary(service::Unary::Classify)),
+            ("batch", Handler::Unary(service::Unary::Batch)),
+        ] {
             let mut endpoint = service
                 .endpoint_builder()
                 .name(verb)
@@ -169,7 +167,10 @@ impl Actor for WorkerActor {
             let ctx = ctx.clone();
             tasks.push(tokio::spawn(async move {
                 while let Some(request) = endpoint.next().await {
-                    tokio::spawn(service::handle_unary(ctx.clone(), request, unary));
+                    match handler {
+                        Handler::Stream { chat } => tokio::spawn(service::handle(ctx.clone(), request, chat)),
+                        Handler::Unary(verb) => tokio::spawn(service::handle_unary(ctx.clone(), request, verb)),
+                    };
                 }
             }));
         }
