@@ -2,12 +2,8 @@
 //! on the same GGUF, same prompt, same thread count, alternating runs.
 
 use crate::bench::{median, BENCH_PROMPT};
-use crate::nats_server::{free_port, kill_with_parent};
-use anyhow::{bail, Context};
 use futures::StreamExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
 
 struct Sample {
@@ -25,56 +21,9 @@ pub async fn llama(
     runs: usize,
     max_tokens: u32,
 ) -> anyhow::Result<()> {
-    let port = free_port()?;
-    let mut cmd = Command::new(server_bin);
-    cmd.args([
-        "-m",
-        &model.display().to_string(),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-    ])
-    .args([
-        "-t",
-        &threads.to_string(),
-        "-tb",
-        &threads.to_string(),
-        "-c",
-        "4096",
-        "--parallel",
-        "1",
-        "--no-webui",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    kill_with_parent(&mut cmd);
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", server_bin.display()))?;
-    let pid = child.id();
-    let result = run(model, port, pid, threads, runs, max_tokens).await;
-    let _ = child.kill();
-    let _ = child.wait();
-    result
-}
-
-async fn run(model: &Path, port: u16, pid: u32, threads: usize, runs: usize, max_tokens: u32) -> anyhow::Result<()> {
-    let url = format!("http://127.0.0.1:{port}");
+    let server = crate::llama_server::LlamaServer::start(server_bin, model, threads, 1).await?;
+    let (url, pid) = (server.url.clone(), server.pid());
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(r) = http.get(format!("{url}/health")).send().await {
-            if r.status().is_success() {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("llama-server did not become healthy within 120 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     eprintln!("loading {} in switchyard's cpu engine …", model.display());
     let load = LoadConfig {
         threads: threads as u32,

@@ -29,7 +29,7 @@ async fn smollm2_tokenizer_and_chat_template_match_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let path = demo_model();
     let model = CandleModel::load(&path, &LoadConfig::default()).unwrap();
-    let server = LlamaServer::start(&bin, &path, 2, 1).await;
+    let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
 
     // Tokenizer: identical ids, special tokens included.
     for text in CORPUS {
@@ -38,7 +38,8 @@ async fn smollm2_tokenizer_and_chat_template_match_llama_server() {
                 "/tokenize",
                 json!({"content": text, "add_special": true, "parse_special": true}),
             )
-            .await;
+            .await
+            .unwrap();
         let theirs: Vec<u32> = serde_json::from_value(theirs["tokens"].clone()).unwrap();
         let ours = model.tokenizer().encode(text).unwrap();
         assert_eq!(ours, theirs, "tokenization of {text:?}");
@@ -54,7 +55,8 @@ async fn smollm2_tokenizer_and_chat_template_match_llama_server() {
     ];
     let theirs = server
         .post("/apply-template", json!({"messages": messages_json(&messages)}))
-        .await;
+        .await
+        .unwrap();
     assert_eq!(
         model.render_chat(&messages).unwrap(),
         theirs["prompt"].as_str().unwrap()

@@ -53,11 +53,12 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let arch = format!("{arch}/{wtype}");
         let model = CandleModel::load(&path, &LoadConfig::default()).unwrap();
-        let server = LlamaServer::start(&bin, &path, 2, 1).await;
+        let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
 
         let theirs = server
             .post("/tokenize", json!({"content": TEXT, "add_special": true}))
-            .await;
+            .await
+            .unwrap();
         let theirs: Vec<u32> = serde_json::from_value(theirs["tokens"].clone()).unwrap();
         let ids = model.tokenizer().encode(TEXT).unwrap();
         assert_eq!(ids, theirs, "{arch}: Qwen pre-tokenizer");
@@ -69,7 +70,7 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
                     "/completion",
                     json!({"prompt": prefix, "n_predict": 1, "temperature": 0.0, "cache_prompt": false, "return_tokens": true}),
                 )
-                .await;
+                .await.unwrap();
             let theirs = answer["tokens"][0].as_u64().unwrap() as u32;
             match next_token(&model, prefix).await {
                 Some(ours) => assert_eq!(ours, theirs, "{arch}: argmax after {i} tokens"),

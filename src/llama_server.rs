@@ -1,0 +1,75 @@
+//! A `llama-server` child on a free loopback port — the llama.cpp peer that
+//! `switchyard bench llama` and the reference tests compare against. Killed on drop
+//! (and by the kernel if this process dies first).
+
+use crate::nats_server::{free_port, kill_with_parent};
+use anyhow::{bail, Context};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running llama-server.
+pub struct LlamaServer {
+    child: Child,
+    /// `http://127.0.0.1:{port}`.
+    pub url: String,
+    http: reqwest::Client,
+}
+
+impl LlamaServer {
+    /// Starts `bin` serving `model` with `threads` threads (prompt and generation)
+    /// and `slots` parallel slots, and waits until `/health` answers 200.
+    pub async fn start(bin: &Path, model: &Path, threads: usize, slots: usize) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let threads = threads.to_string();
+        let mut cmd = Command::new(bin);
+        cmd.arg("-m")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-t", &threads, "-tb", &threads, "-c", "4096"])
+            .args(["--parallel", &slots.to_string(), "--no-webui"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        kill_with_parent(&mut cmd);
+        let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
+        let server = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(r) = server.http.get(format!("{}/health", server.url)).send().await {
+                if r.status().is_success() {
+                    return Ok(server);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("llama-server did not become healthy within 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// POSTs JSON to `path` and returns the JSON answer.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let r = self.http.post(format!("{}{path}", self.url)).json(&body).send().await?;
+        if !r.status().is_success() {
+            bail!("llama-server {path}: {}", r.status());
+        }
+        Ok(r.json().await?)
+    }
+
+    /// The process id (for reading its memory use).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
