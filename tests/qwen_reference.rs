@@ -1,7 +1,8 @@
 //! Qwen2 and Qwen3 against llama.cpp on random-weight GGUFs made by
 //! scripts/make-random-qwen-gguf.py (no small Qwen GGUF ships on PyPI), with weights
-//! stored as F32, F16, Q8_0 and Q4_0: the same tokens from Qwen's pre-tokenizer, and
-//! the same argmax at every prompt position.
+//! stored as F32, F16, Q8_0, Q4_0, Q4_1 and Q5_0: the same tokens from Qwen's pre-tokenizer, and
+//! the same argmax at every prompt position (a near tie, top-2 within 0.15 nats for
+//! both engines, may go either way).
 
 mod common;
 
@@ -13,6 +14,19 @@ use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, LoadConfig,
 use switchyard_workers::CandleModel;
 
 const TEXT: &str = "The quick brown fox jumps over 12 lazy dogs; Zürich's café opened in 1998!\n\tOK?";
+
+/// Top-2 gap (nats) under which the engines may pick differently. On these random
+/// models the log-probability of llama's token differs from ours by 0.001–0.002 nats
+/// on average for F32/F16 weights and 0.025–0.03 (at most 0.11) for the quantized
+/// types, where an upstream difference in the last bits can flip an activation's
+/// 8-bit rounding.
+const NEAR_TIE: f32 = 0.15;
+
+async fn ours_logits(model: &CandleModel, prefix: &[u32]) -> Vec<f32> {
+    use switchyard_messages::TextModel;
+    let mut items = model.classify(vec![Prompt::Tokens(prefix.to_vec())], true).await;
+    items.remove(0).unwrap().logits
+}
 
 async fn next_token(model: &CandleModel, prefix: &[u32]) -> Option<u32> {
     let cfg = GenerateConfig {
@@ -40,6 +54,8 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
         ("qwen2", "f16"),
         ("qwen3", "q8_0"),
         ("qwen2", "q4_0"),
+        ("qwen3", "q4_1"),
+        ("qwen2", "q5_0"),
     ] {
         let path = dir.path().join(format!("random-{arch}-{wtype}.gguf"));
         let out = Command::new(python())
@@ -68,12 +84,26 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
             let answer = server
                 .post(
                     "/completion",
-                    json!({"prompt": prefix, "n_predict": 1, "temperature": 0.0, "cache_prompt": false, "return_tokens": true}),
+                    json!({"prompt": prefix, "n_predict": 1, "temperature": 0.0, "cache_prompt": false,
+                           "return_tokens": true, "n_probs": 2}),
                 )
-                .await.unwrap();
+                .await
+                .unwrap();
             let theirs = answer["tokens"][0].as_u64().unwrap() as u32;
             match next_token(&model, prefix).await {
-                Some(ours) => assert_eq!(ours, theirs, "{arch}: argmax after {i} tokens"),
+                Some(ours) if ours != theirs => {
+                    // Only a near tie may go either way (see tests/greedy_reference.rs).
+                    let top = &answer["completion_probabilities"][0]["top_logprobs"];
+                    let their_gap = top[0]["logprob"].as_f64().unwrap() - top[1]["logprob"].as_f64().unwrap();
+                    let logits = ours_logits(&model, prefix).await;
+                    let our_gap = logits[ours as usize] - logits[theirs as usize];
+                    eprintln!("{arch}: after {i} tokens llama picks {theirs} (gap {their_gap:.4}), we pick {ours} (by {our_gap:.4})");
+                    assert!(
+                        their_gap < NEAR_TIE as f64 && our_gap < NEAR_TIE,
+                        "{arch}: argmax after {i} tokens: ours {ours}, llama.cpp {theirs} — not a near tie"
+                    );
+                }
+                Some(_) => {}
                 None => assert!(
                     model.tokenizer().eog_ids().contains(&theirs),
                     "{arch}: we ended the generation after {i} tokens, llama.cpp chose {theirs}"
@@ -97,9 +127,25 @@ fn an_unsupported_architecture_is_refused_by_name() {
         .expect("refused")
         .to_string();
     assert!(
-        err.contains("\"mamba\"") && err.contains("llama, qwen2, qwen3"),
+        err.contains("\"mamba\"") && err.contains("llama, qwen2, qwen3, gemma3"),
         "{err}"
     );
+    // A weight type without a kernel is refused, naming the tensor and the type.
+    let q5_1 = dir.path().join("random-q5_1.gguf");
+    let out = Command::new(python())
+        .arg(repo().join("scripts/make-random-qwen-gguf.py"))
+        .arg(demo_model())
+        .arg(&q5_1)
+        .args(["qwen2", "1234", "q5_1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = CandleModel::load(&q5_1, &LoadConfig::default())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("token_embd.weight") && err.contains("Q5_1"), "{err}");
+
     let garbage = dir.path().join("garbage.gguf");
     std::fs::write(&garbage, b"not a gguf file at all").unwrap();
     let err = CandleModel::load(&garbage, &LoadConfig::default())

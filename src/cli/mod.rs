@@ -121,7 +121,7 @@ pub struct WorkerFlags {
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<u32>,
-    /// Context window in tokens (default: the model's own, capped at 4096 on cpu).
+    /// Context window in tokens (default: the model's own, capped at 8192 on cpu; the KV cache is allocated up front).
     #[arg(long)]
     pub context_len: Option<u32>,
     /// Requests computed at once.

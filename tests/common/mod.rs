@@ -28,6 +28,23 @@ pub fn demo_model() -> PathBuf {
     p
 }
 
+/// Gemma 3 270M Q4_K_M, installed by scripts/setup.sh; `None` (with a printed reason)
+/// when `SWITCHYARD_SKIP_GEMMA` is set.
+#[allow(dead_code)] // only the reference tests use it
+pub fn gemma_model() -> Option<PathBuf> {
+    if std::env::var_os("SWITCHYARD_SKIP_GEMMA").is_some() {
+        eprintln!("SKIPPED: SWITCHYARD_SKIP_GEMMA is set, so the Gemma 3 checks do not run");
+        return None;
+    }
+    let p = switchyard::node::demo_model_path().with_file_name("gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        p.is_file(),
+        "Gemma 3 model missing at {} — run scripts/setup.sh",
+        p.display()
+    );
+    Some(p)
+}
+
 /// The model name workers announce for the demo model.
 pub const DEMO_NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
 

@@ -13,6 +13,7 @@
 
 pub mod engine;
 pub mod sampler;
+pub mod spm;
 pub mod stops;
 pub mod template;
 pub mod tokenizer;
@@ -28,6 +29,9 @@ use switchyard_messages::{
     Backend, BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, GenerateConfig, GenerateMetrics,
     GenerateStream, LoadConfig, ModelInfo, Prompt, TextModel,
 };
+
+/// Context positions a model gets when `LoadConfig.context_len` is 0.
+pub const DEFAULT_CONTEXT: usize = 8192;
 
 /// Architectures this backend runs.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = crate::cpu::llama::ARCHITECTURES;
@@ -84,8 +88,18 @@ impl CandleModel {
         }
         let tokenizer = Arc::new(tokenizer::GgufTokenizer::from_gguf(&content).map_err(|e| load_err(e.to_string()))?);
         let md_u32 = |k: &str| content.metadata.get(k).and_then(|v| v.to_u32().ok());
-        let model_ctx = md_u32(&format!("{architecture}.context_length")).unwrap_or(MAX_SEQ_LEN as u32) as usize;
-        let mut context_len = model_ctx.min(MAX_SEQ_LEN);
+        let model_ctx = md_u32(&format!("{architecture}.context_length")).unwrap_or(DEFAULT_CONTEXT as u32) as usize;
+        // The KV cache is allocated up front, so an unconfigured load takes a bounded
+        // default; candle's Llama cannot go past its own MAX_SEQ_LEN.
+        let engine_max = if std::env::var("SWITCHYARD_CPU_ENGINE").is_ok_and(|v| v == "candle") {
+            MAX_SEQ_LEN
+        } else {
+            usize::MAX
+        };
+        let mut context_len = model_ctx.min(engine_max);
+        if config.context_len == 0 {
+            context_len = context_len.min(DEFAULT_CONTEXT);
+        }
         if config.context_len > 0 {
             context_len = context_len.min(config.context_len as usize);
         }
@@ -139,22 +153,23 @@ impl CandleModel {
         })
     }
 
-    /// Our own engine when it supports every tensor type, else candle's. Set
-    /// `SWITCHYARD_CPU_ENGINE=candle` to force candle (for comparisons).
+    /// switchyard's own engine. `SWITCHYARD_CPU_ENGINE=candle` swaps in
+    /// candle-transformers' quantized Llama instead (Llama files only; for comparisons).
+    /// A tensor type the engine lacks is refused with an error naming tensor and type.
     fn forward_impl(
         content: gguf_file::Content,
         file: &mut std::fs::File,
         context_len: usize,
     ) -> Result<Box<dyn engine::Forward>, String> {
         let force_candle = std::env::var("SWITCHYARD_CPU_ENGINE").is_ok_and(|v| v == "candle");
-        if !force_candle {
-            match crate::cpu::llama::LlamaModel::load(&content, file, context_len) {
-                Ok(m) => return Ok(Box::new(m)),
-                Err(e @ crate::cpu::tensor::TensorError::Unsupported { .. }) => {
-                    tracing::warn!("{e}; falling back to candle");
-                }
-                Err(e) => return Err(e.to_string()),
-            }
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok());
+        if !force_candle || arch.is_none_or(|a| a != "llama") {
+            return crate::cpu::llama::LlamaModel::load(&content, file, context_len)
+                .map(|m| Box::new(m) as Box<dyn engine::Forward>)
+                .map_err(|e| e.to_string());
         }
         let device = Device::Cpu;
         let weights = ModelWeights::from_gguf(content, file, &device).map_err(|e| e.to_string())?;

@@ -1,8 +1,14 @@
-//! The Llama-architecture forward pass on our own kernels: RMSNorm, RoPE (ggml's
-//! "normal" pairing, θ computed by repeated multiplication as ggml does), grouped-query
-//! attention over an f16 KV cache, SwiGLU feed-forward. Activations entering a
-//! quantized matmul are quantized per block like ggml; K, V, Q and the attention
-//! weights are rounded to f16 where llama.cpp's non-flash-attention path rounds them.
+//! The decoder-only transformer forward pass on our own kernels, for the Llama, Qwen
+//! 2/3 and Gemma 3 families: RMSNorm, RoPE (ggml's "normal" or NeoX pairing, θ
+//! computed by repeated multiplication as ggml does), grouped-query attention over an
+//! f16 KV cache, SwiGLU or GeGLU feed-forward. Activations entering a quantized matmul
+//! are quantized per block like ggml; K, V, Q and the attention weights are rounded to
+//! f16 where llama.cpp's non-flash-attention path rounds them.
+//!
+//! Gemma 3 adds: embeddings scaled by √n_embd, RMSNorm on Q and K per head, norms
+//! after attention and after the feed-forward block, GELU (tanh form, through ggml's
+//! f16 table), and sliding-window attention on five layers of every six with their own
+//! RoPE base (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`, pattern 6).
 
 use super::quants::{f2h, h2f};
 use super::tensor::{load, QMatrix, TensorError};
@@ -21,14 +27,47 @@ pub struct LlamaParams {
     pub rope_base: f32,
     pub rope_dims: usize,
     pub n_vocab: usize,
-    /// `general.architecture`: `llama`, `qwen2` or `qwen3`.
+    /// `general.architecture`: `llama`, `qwen2`, `qwen3` or `gemma3`.
     pub arch: String,
-    /// RoPE pairs (i, i + dims/2) ("NeoX", Qwen) instead of (2i, 2i+1) (Llama).
+    /// RoPE pairs (i, i + dims/2) ("NeoX", Qwen, Gemma) instead of (2i, 2i+1) (Llama).
     pub rope_neox: bool,
+    /// Multiplier of the token embeddings (Gemma: √n_embd).
+    pub embd_scale: Option<f32>,
+    /// Multiplier of Q·K (1/√head_dim unless the model says otherwise).
+    pub attn_scale: f32,
+    /// The feed-forward block's gate activation.
+    pub ffn_act: FfnAct,
+    /// Sliding-window attention: a query sees keys fewer than `window` positions back
+    /// on layers where `layer % pattern < pattern - 1`; 0 = every layer is global.
+    pub swa_window: usize,
+    pub swa_pattern: usize,
+    /// RoPE base of the sliding-window layers.
+    pub rope_base_swa: f32,
+}
+
+/// The gate activation of the feed-forward block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SwiGLU: `silu(gate) * up`.
+    Silu,
+    /// GeGLU: `gelu(gate) * up` (tanh approximation).
+    Gelu,
+}
+
+impl LlamaParams {
+    /// Whether layer `il` attends through the sliding window.
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.swa_window > 0 && self.swa_pattern > 0 && il % self.swa_pattern < self.swa_pattern - 1
+    }
+
+    /// Width of the concatenated attention heads (Q and attention output rows).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
 }
 
 /// Architectures this forward pass implements.
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -47,6 +86,9 @@ struct Layer {
     /// Qwen3: RMSNorm weights applied per head to Q and K before RoPE.
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
+    /// Gemma 3: RMSNorm weights of the attention output and the feed-forward output.
+    post_attn_norm: Option<Vec<f32>>,
+    post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// Weights plus the KV cache for one sequence.
@@ -92,14 +134,15 @@ impl LlamaModel {
             |k: &str| md_u32(ct, &format!("{a}.{k}")).ok_or_else(|| TensorError::Missing(format!("metadata {a}.{k}")));
         let n_embd = need("embedding_length")?;
         let n_head = need("attention.head_count")?;
-        let head_dim = n_embd / n_head;
-        if let Some(k) = md_u32(ct, &format!("{a}.attention.key_length")) {
-            if k != head_dim {
+        let head_dim = md_u32(ct, &format!("{a}.attention.key_length")).unwrap_or(n_embd / n_head);
+        if let Some(v) = md_u32(ct, &format!("{a}.attention.value_length")) {
+            if v != head_dim {
                 return Err(TensorError::Missing(format!(
-                    "support for {a}.attention.key_length {k} != embedding_length / head_count {head_dim}"
+                    "support for {a}.attention.value_length {v} != key_length {head_dim}"
                 )));
             }
         }
+        let gemma = a == "gemma3";
         let mut load_t = |name: &str| load(ct, reader, name);
         let embd = load_t("token_embd.weight")?;
         let output = match load_t("output.weight") {
@@ -120,7 +163,21 @@ impl LlamaModel {
             n_vocab: embd.rows,
             rope_neox: a != "llama",
             arch: arch.clone(),
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            ffn_act: if gemma { FfnAct::Gelu } else { FfnAct::Silu },
+            swa_window: if gemma {
+                md_u32(ct, &format!("{a}.attention.sliding_window")).unwrap_or(0)
+            } else {
+                0
+            },
+            swa_pattern: 6,
+            // llama.cpp's default when the file names none.
+            rope_base_swa: md_f32(ct, &format!("{a}.rope.swa_freq_base")).unwrap_or(10_000.0),
         };
+        if md_f32(ct, &format!("{a}.final_logit_softcapping")).is_some_and(|v| v != 0.0) {
+            return Err(TensorError::Missing(format!("support for {a}.final_logit_softcapping")));
+        }
         let mut layers = Vec::with_capacity(params.n_layer);
         for i in 0..params.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
@@ -139,7 +196,14 @@ impl LlamaModel {
                 bv: optional(load_t(&format!("blk.{i}.attn_v.bias")))?,
                 q_norm: optional(load_t(&p("attn_q_norm")))?,
                 k_norm: optional(load_t(&p("attn_k_norm")))?,
+                post_attn_norm: optional(load_t(&p("post_attention_norm")))?,
+                post_ffn_norm: optional(load_t(&p("post_ffw_norm")))?,
             });
+            if gemma && (layers[i].post_attn_norm.is_none() || layers[i].post_ffn_norm.is_none()) {
+                return Err(TensorError::Missing(format!(
+                    "blk.{i}.post_attention_norm / post_ffw_norm"
+                )));
+            }
         }
         let out_norm = load_t("output_norm.weight")?.to_f32();
         let kv = params.n_layer * params.n_head_kv * ctx * head_dim;
@@ -184,20 +248,31 @@ impl LlamaModel {
         assert!(pos + n <= self.ctx, "forward beyond the KV cache");
         let (d, hd) = (p.n_embd, p.head_dim);
         let kv_d = p.n_head_kv * hd;
+        let q_d = p.q_dim();
         let mut x = vec![0.0f32; n * d];
         for (t, &tok) in tokens.iter().enumerate() {
             self.embd.row_f32(tok as usize, &mut x[t * d..(t + 1) * d]);
         }
+        if let Some(s) = p.embd_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
         let mut xn = vec![0.0f32; n * d];
-        let mut q = vec![0.0f32; n * d];
+        let mut q = vec![0.0f32; n * q_d];
         let mut k = vec![0.0f32; n * kv_d];
         let mut v = vec![0.0f32; n * kv_d];
-        let mut attn = vec![0.0f32; n * d];
+        let mut attn = vec![0.0f32; n * q_d];
         let mut proj = vec![0.0f32; n * d];
+        let mut normed = vec![0.0f32; n * d];
         let mut gate = vec![0.0f32; n * p.n_ff];
         let mut up = vec![0.0f32; n * p.n_ff];
-        let rope = RopeTable::new(&p, pos, n);
+        let rope_global = RopeTable::new(&p, p.rope_base, pos, n);
+        let rope_local = (p.swa_window > 0).then(|| RopeTable::new(&p, p.rope_base_swa, pos, n));
         for (li, layer) in self.layers.iter().enumerate() {
+            let swa = p.is_swa(li);
+            let rope = match (&rope_local, swa) {
+                (Some(r), true) => r,
+                _ => &rope_global,
+            };
             rms_norm(&x, &layer.attn_norm, p.rms_eps, d, &mut xn);
             let act = layer.wq.prepare(&xn, n);
             layer.wq.matmul(&act, n, &mut q);
@@ -243,13 +318,18 @@ impl LlamaModel {
                 &self.v_cache[base..],
                 self.ctx,
                 pos,
+                if swa { p.swa_window } else { 0 },
                 &mut attn,
             );
             let act = layer.wo.prepare(&attn, n);
             layer.wo.matmul(&act, n, &mut proj);
-            for (xi, pi) in x.iter_mut().zip(&proj) {
-                *xi += pi;
-            }
+            add_residual(
+                &mut x,
+                &mut proj,
+                layer.post_attn_norm.as_deref(),
+                p.rms_eps,
+                &mut normed,
+            );
             rms_norm(&x, &layer.ffn_norm, p.rms_eps, d, &mut xn);
             let act = layer.w_gate.prepare(&xn, n);
             layer.w_gate.matmul(&act, n, &mut gate);
@@ -259,14 +339,27 @@ impl LlamaModel {
                 layer.w_up.prepare(&xn, n)
             };
             layer.w_up.matmul(&act_u, n, &mut up);
-            for (g, u) in gate.iter_mut().zip(&up) {
-                *g = super::math::silu(*g) * u;
+            match p.ffn_act {
+                FfnAct::Silu => {
+                    for (g, u) in gate.iter_mut().zip(&up) {
+                        *g = super::math::silu(*g) * u;
+                    }
+                }
+                FfnAct::Gelu => {
+                    for (g, u) in gate.iter_mut().zip(&up) {
+                        *g = super::math::gelu(*g) * u;
+                    }
+                }
             }
             let act = layer.w_down.prepare(&gate, n);
             layer.w_down.matmul(&act, n, &mut proj);
-            for (xi, pi) in x.iter_mut().zip(&proj) {
-                *xi += pi;
-            }
+            add_residual(
+                &mut x,
+                &mut proj,
+                layer.post_ffn_norm.as_deref(),
+                p.rms_eps,
+                &mut normed,
+            );
         }
         // Only the last position's logits are needed.
         let last = &x[(n - 1) * d..n * d];
@@ -299,6 +392,21 @@ fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     }
 }
 
+/// `x += out`, with `out` first RMS-normalised by `norm` when the model has one
+/// (Gemma 3's post-attention and post-feed-forward norms).
+fn add_residual(x: &mut [f32], out: &mut [f32], norm: Option<&[f32]>, eps: f32, scratch: &mut [f32]) {
+    let out: &[f32] = match norm {
+        Some(w) => {
+            rms_norm(out, w, eps, w.len(), scratch);
+            &scratch[..out.len()]
+        }
+        None => out,
+    };
+    for (xi, oi) in x.iter_mut().zip(out) {
+        *xi += oi;
+    }
+}
+
 /// ggml's RMSNorm: the sum of squares in f64, the scale in f32, then the weight.
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, d: usize, out: &mut [f32]) {
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
@@ -320,9 +428,9 @@ struct RopeTable {
 }
 
 impl RopeTable {
-    fn new(p: &LlamaParams, pos: usize, n: usize) -> Self {
+    fn new(p: &LlamaParams, base: f32, pos: usize, n: usize) -> Self {
         let pairs = p.rope_dims / 2;
-        let theta_scale = p.rope_base.powf(-2.0 / p.rope_dims as f32);
+        let theta_scale = base.powf(-2.0 / p.rope_dims as f32);
         let mut cos = Vec::with_capacity(n * pairs);
         let mut sin = Vec::with_capacity(n * pairs);
         for t in 0..n {
@@ -368,13 +476,15 @@ impl RopeTable {
 /// rounded to f16 like llama.cpp's f16 K·Q matmul, K·Q with 8-lane FMA (tinyBLAS's
 /// order for a head size that is a multiple of 8), the scaled softmax with ggml's
 /// `expf`, the weights rounded to f16, then V accumulated row by row (vectorised).
-fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: usize, out: &mut [f32]) {
+/// With `window > 0` a query at position `i` sees only keys at `j > i - window`.
+#[allow(clippy::too_many_arguments)]
+fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: usize, window: usize, out: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
     let hd = p.head_dim;
     let group = p.n_head / p.n_head_kv;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let d = p.n_embd;
+    let scale = p.attn_scale;
+    let d = p.q_dim();
     let as_f16 = |bits: &[u16]| -> &[half::f16] {
         // SAFETY: f16 is a transparent wrapper of u16 with the same size and alignment.
         unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const half::f16, bits.len()) }
@@ -387,16 +497,17 @@ fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: 
             .map(|&x| h2f(f2h(x)))
             .collect();
         let len = pos + t + 1;
-        let mut scores = Vec::with_capacity(len);
+        let first = if window > 0 { len.saturating_sub(window) } else { 0 };
+        let mut scores = Vec::with_capacity(len - first);
         let mut row = vec![0.0f32; hd];
-        let keys = as_f16(&k[kvh * ctx * hd..(kvh * ctx + len) * hd]);
+        let keys = as_f16(&k[(kvh * ctx + first) * hd..(kvh * ctx + len) * hd]);
         for kr in keys.chunks_exact(hd) {
             kr.convert_to_f32_slice(&mut row);
             scores.push(super::quants::dot_f32(&row, &qrow) * scale);
         }
         super::math::softmax(&mut scores);
         o.iter_mut().for_each(|x| *x = 0.0);
-        let values = as_f16(&v[kvh * ctx * hd..(kvh * ctx + len) * hd]);
+        let values = as_f16(&v[(kvh * ctx + first) * hd..(kvh * ctx + len) * hd]);
         for (vr, &w) in values.chunks_exact(hd).zip(&scores) {
             let w = h2f(f2h(w));
             vr.convert_to_f32_slice(&mut row);

@@ -36,6 +36,38 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + expf(0.0 - x))
 }
 
+/// ggml's GELU (tanh form) as its CPU backend computes it for f32 input: values at or
+/// below −10 give 0, at or above 10 pass through, and the rest are rounded to f16 and
+/// looked up in a table of f16 results (`GGML_GELU_FP16`).
+#[inline]
+pub fn gelu(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let table = GELU_F16.get_or_init(gelu_table);
+        half::f16::from_bits(table[half::f16::from_f32(x).to_bits() as usize]).to_f32()
+    }
+}
+
+static GELU_F16: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+
+/// `ggml_table_gelu_f16`: GELU of every f16 value, computed in f32 and rounded to f16.
+fn gelu_table() -> Vec<u16> {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    (0..=u16::MAX)
+        .map(|bits| {
+            let x = half::f16::from_bits(bits).to_f32();
+            // gcc contracts `1 + a*x*x` into one FMA when building for AVX2+FMA.
+            let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+            let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh());
+            half::f16::from_f32(y).to_bits()
+        })
+        .collect()
+}
+
 /// ggml's softmax over `x` in place (`ggml_vec_soft_max_f32` then the scaling):
 /// `exp(x - max)` in blocks of 8 with a per-block lane sum added in f64, the tail
 /// with the C library's `expf`, then multiplied by `1 / sum`.

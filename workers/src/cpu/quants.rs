@@ -25,6 +25,16 @@ pub struct BlockQ4_1 {
     pub qs: [u8; 16],
 }
 
+/// ggml `block_q5_0`: 32 weights = f16 scale + 32 high bits + 16 bytes of low nibbles,
+/// `x = d * ((nibble | high << 4) - 16)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0 {
+    pub d: u16,
+    pub qh: [u8; 4],
+    pub qs: [u8; 16],
+}
+
 /// ggml `block_q8_0`: 32 values = f16 scale + 32 signed bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -102,6 +112,30 @@ pub fn dequantize_q4_1(blocks: &[BlockQ4_1], out: &mut [f32]) {
         for j in 0..16 {
             o[j] = (b.qs[j] & 0x0f) as f32 * d + m;
             o[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
+        }
+    }
+}
+
+/// The 5-bit values of one Q5_0 block, offset by −16.
+#[inline]
+fn q5_0_values(b: &BlockQ5_0) -> [i32; 32] {
+    let qh = u32::from_le_bytes(b.qh);
+    let mut v = [0i32; 32];
+    for j in 0..16 {
+        let h0 = ((qh >> j) & 1) << 4;
+        let h1 = ((qh >> (j + 16)) & 1) << 4;
+        v[j] = ((b.qs[j] & 0x0f) as u32 | h0) as i32 - 16;
+        v[j + 16] = ((b.qs[j] >> 4) as u32 | h1) as i32 - 16;
+    }
+    v
+}
+
+/// Dequantizes Q5_0 blocks.
+pub fn dequantize_q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = h2f(b.d);
+        for (dst, q) in o.iter_mut().zip(q5_0_values(b)) {
+            *dst = q as f32 * d;
         }
     }
 }
@@ -212,6 +246,33 @@ mod avx2 {
         }
     }
 
+    /// ggml's `bytes_from_bits_32`: byte `i` is 0xFF where bit `i` of `x` is set.
+    #[inline(always)]
+    unsafe fn bytes_from_bits_32(x: &[u8; 4]) -> __m256i {
+        let x32 = i32::from_le_bytes(*x);
+        let shuf_mask = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf_mask);
+        let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+        _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
+    }
+
+    pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+        // SAFETY: as above.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for (a, b) in x.iter().zip(y) {
+                let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
+                let qx = bytes_from_nibbles_32(&a.qs);
+                let hi = _mm256_andnot_si256(bytes_from_bits_32(&a.qh), _mm256_set1_epi8(0xF0u8 as i8));
+                let qx = _mm256_or_si256(qx, hi);
+                let qy = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let q = mul_sum_i8_pairs_float(qx, qy);
+                acc = _mm256_fmadd_ps(d, q, acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
     pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         // SAFETY: as above.
         unsafe {
@@ -284,6 +345,15 @@ mod scalar {
         sum
     }
 
+    pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+        let mut sum = 0.0f32;
+        for (a, b) in x.iter().zip(y) {
+            let acc: i32 = q5_0_values(a).iter().zip(&b.qs).map(|(&p, &q)| p * q as i32).sum();
+            sum += h2f(a.d) * h2f(b.d) * acc as f32;
+        }
+        sum
+    }
+
     pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         let mut sum = 0.0f32;
         for (a, b) in x.iter().zip(y) {
@@ -299,9 +369,9 @@ mod scalar {
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub use avx2::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q8_0_q8_0};
+pub use avx2::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q5_0_q8_0, dot_q8_0_q8_0};
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-pub use scalar::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q8_0_q8_0};
+pub use scalar::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q5_0_q8_0, dot_q8_0_q8_0};
 
 /// The portable versions, for tests against the SIMD ones.
 pub mod reference {
@@ -386,6 +456,24 @@ mod tests {
         let b = reference::dot_q4_0_q8_0(&w0, &xq);
         assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
 
+        let w5: Vec<BlockQ5_0> = (0..8)
+            .map(|i| BlockQ5_0 {
+                d: f2h(0.04),
+                qh: [(i * 29) as u8, 0xA5, (i * 7) as u8, 0x3C],
+                qs: [(i * 71 % 256) as u8; 16],
+            })
+            .collect();
+        let a = dot_q5_0_q8_0(&w5, &xq);
+        let b = reference::dot_q5_0_q8_0(&w5, &xq);
+        assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+        // The dot product agrees with the dequantized weights.
+        let mut wf = vec![0.0; 256];
+        dequantize_q5_0(&w5, &mut wf);
+        let mut xf = vec![0.0; 256];
+        dequantize_q8_0(&xq, &mut xf);
+        let c = reference::dot_f32(&wf, &xf);
+        assert!((a - c).abs() <= 1e-3 * c.abs().max(1.0), "{a} vs {c}");
+
         let a = dot_f32(&x[..100], &w[..100]);
         let b = reference::dot_f32(&x[..100], &w[..100]);
         assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0));
@@ -424,6 +512,7 @@ mod tests {
     fn layouts_match_ggml() {
         assert_eq!(std::mem::size_of::<BlockQ4_0>(), 18);
         assert_eq!(std::mem::size_of::<BlockQ4_1>(), 20);
+        assert_eq!(std::mem::size_of::<BlockQ5_0>(), 22);
         assert_eq!(std::mem::size_of::<BlockQ8_0>(), 34);
         assert_eq!(std::mem::size_of::<BlockQ8_1>(), 36);
     }

@@ -1,6 +1,7 @@
 //! Weight matrices kept in their GGUF block format, and the matrix multiply that
 //! quantizes activations the way ggml does for each weight type.
 
+use super::kquants::*;
 use super::quants::*;
 use candle_core::quantized::{gguf_file, GgmlDType};
 use rayon::prelude::*;
@@ -11,7 +12,10 @@ pub enum QData {
     F16(Vec<u16>),
     Q4_0(Vec<BlockQ4_0>),
     Q4_1(Vec<BlockQ4_1>),
+    Q5_0(Vec<BlockQ5_0>),
     Q8_0(Vec<BlockQ8_0>),
+    Q4K(Vec<BlockQ4K>),
+    Q6K(Vec<BlockQ6K>),
 }
 
 /// A `rows × cols` weight matrix (row-major; each row is `cols` values).
@@ -26,6 +30,7 @@ pub enum QAct {
     F32(Vec<f32>),
     Q8_0(Vec<BlockQ8_0>),
     Q8_1(Vec<BlockQ8_1>),
+    Q8K(Vec<BlockQ8K>),
 }
 
 /// Why a tensor could not be loaded.
@@ -33,8 +38,14 @@ pub enum QAct {
 pub enum TensorError {
     #[error("tensor {0} is missing")]
     Missing(String),
-    #[error("tensor {name} has type {dtype:?}, which the cpu engine does not support (supported: F32, F16, Q4_0, Q4_1, Q8_0)")]
+    #[error("tensor {name} has type {dtype:?}, which the cpu engine does not support (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")]
     Unsupported { name: String, dtype: GgmlDType },
+    #[error("tensor {name} has rows of {cols} values, not a multiple of its {dtype:?} block size")]
+    BadShape {
+        name: String,
+        dtype: GgmlDType,
+        cols: usize,
+    },
     #[error("reading tensor {name}: {source}")]
     Io {
         name: String,
@@ -76,12 +87,16 @@ pub fn load<R: std::io::Read + std::io::Seek>(
     let cols = *dims.last().unwrap_or(&1);
     let rows = info.shape.elem_count() / cols.max(1);
     let elems = rows * cols;
-    let bytes_len = match info.ggml_dtype {
-        GgmlDType::F32 => elems * 4,
-        GgmlDType::F16 => elems * 2,
-        GgmlDType::Q4_0 => elems / QK * 18,
-        GgmlDType::Q4_1 => elems / QK * 20,
-        GgmlDType::Q8_0 => elems / QK * 34,
+    // (values per block, bytes per block)
+    let (block, block_bytes) = match info.ggml_dtype {
+        GgmlDType::F32 => (1, 4),
+        GgmlDType::F16 => (1, 2),
+        GgmlDType::Q4_0 => (QK, 18),
+        GgmlDType::Q4_1 => (QK, 20),
+        GgmlDType::Q5_0 => (QK, 22),
+        GgmlDType::Q8_0 => (QK, 34),
+        GgmlDType::Q4K => (QK_K, std::mem::size_of::<BlockQ4K>()),
+        GgmlDType::Q6K => (QK_K, std::mem::size_of::<BlockQ6K>()),
         dtype => {
             return Err(TensorError::Unsupported {
                 name: name.to_string(),
@@ -89,6 +104,14 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             })
         }
     };
+    if cols % block != 0 {
+        return Err(TensorError::BadShape {
+            name: name.to_string(),
+            dtype: info.ggml_dtype,
+            cols,
+        });
+    }
+    let bytes_len = elems / block * block_bytes;
     let mut bytes = vec![0u8; bytes_len];
     let io = |source| TensorError::Io {
         name: name.to_string(),
@@ -103,6 +126,9 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         GgmlDType::F16 => QData::F16(cast_blocks(&bytes)),
         GgmlDType::Q4_0 => QData::Q4_0(cast_blocks(&bytes)),
         GgmlDType::Q4_1 => QData::Q4_1(cast_blocks(&bytes)),
+        GgmlDType::Q5_0 => QData::Q5_0(cast_blocks(&bytes)),
+        GgmlDType::Q4K => QData::Q4K(cast_blocks(&bytes)),
+        GgmlDType::Q6K => QData::Q6K(cast_blocks(&bytes)),
         _ => QData::Q8_0(cast_blocks(&bytes)),
     };
     Ok(QMatrix { rows, cols, data })
@@ -129,6 +155,7 @@ impl QMatrix {
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
         let c = self.cols;
         let nb = c / QK;
+        let nk = c / QK_K;
         match &self.data {
             QData::F32(v) => out.copy_from_slice(&v[r * c..(r + 1) * c]),
             QData::F16(v) => {
@@ -138,7 +165,10 @@ impl QMatrix {
             }
             QData::Q4_0(v) => dequantize_q4_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
+            QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
+            QData::Q4K(v) => dequantize_q4_k(&v[r * nk..(r + 1) * nk], out),
+            QData::Q6K(v) => dequantize_q6_k(&v[r * nk..(r + 1) * nk], out),
         }
     }
 
@@ -159,10 +189,15 @@ impl QMatrix {
                 quantize_q8_1(x, &mut b);
                 QAct::Q8_1(b)
             }
-            QData::Q4_0(_) | QData::Q8_0(_) => {
+            QData::Q4_0(_) | QData::Q5_0(_) | QData::Q8_0(_) => {
                 let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
                 quantize_q8_0(x, &mut b);
                 QAct::Q8_0(b)
+            }
+            QData::Q4K(_) | QData::Q6K(_) => {
+                let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
+                quantize_q8_k(x, &mut b);
+                QAct::Q8K(b)
             }
         }
     }
@@ -172,7 +207,8 @@ impl QMatrix {
         let kind = |m: &QMatrix| match m.data {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) => 1,
-            QData::Q4_0(_) | QData::Q8_0(_) => 2,
+            QData::Q4_0(_) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
+            QData::Q4K(_) | QData::Q6K(_) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
     }
@@ -180,10 +216,14 @@ impl QMatrix {
     fn dot(&self, r: usize, act: &QAct, t: usize) -> f32 {
         let c = self.cols;
         let nb = c / QK;
+        let nk = c / QK_K;
         match (&self.data, act) {
             (QData::Q4_1(w), QAct::Q8_1(x)) => dot_q4_1_q8_1(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
             (QData::Q4_0(w), QAct::Q8_0(x)) => dot_q4_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
             (QData::Q8_0(w), QAct::Q8_0(x)) => dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
+            (QData::Q5_0(w), QAct::Q8_0(x)) => dot_q5_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
+            (QData::Q4K(w), QAct::Q8K(x)) => dot_q4_k_q8_k(&w[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
+            (QData::Q6K(w), QAct::Q8K(x)) => dot_q6_k_q8_k(&w[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
             (QData::F32(w), QAct::F32(x)) => dot_f32(&w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
             (QData::F16(w), QAct::F32(x)) => {
                 let xs = &x[t * c..(t + 1) * c];
@@ -237,7 +277,10 @@ impl QMatrix {
             QData::F16(v) => v.len() * 2,
             QData::Q4_0(v) => v.len() * 18,
             QData::Q4_1(v) => v.len() * 20,
+            QData::Q5_0(v) => v.len() * 22,
             QData::Q8_0(v) => v.len() * 34,
+            QData::Q4K(v) => v.len() * std::mem::size_of::<BlockQ4K>(),
+            QData::Q6K(v) => v.len() * std::mem::size_of::<BlockQ6K>(),
         }
     }
 }
