@@ -27,7 +27,13 @@ pub fn model_path(config: &Config) -> anyhow::Result<PathBuf> {
     } else {
         PathBuf::from(&config.worker.model)
     };
-    if !path.is_file() {
+    if path.is_dir() && !path.join("config.json").is_file() {
+        bail!(
+            "worker.model = {} is a directory without config.json (expected a GGUF file or a Hugging Face model directory)",
+            path.display()
+        );
+    }
+    if !path.is_file() && !path.is_dir() {
         if config.worker.model.is_empty() {
             bail!(
                 "the demo model is not at {}; run scripts/setup.sh to install it",
@@ -39,13 +45,18 @@ pub fn model_path(config: &Config) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The name requests use for the model: `worker.model_name`, else the file stem.
+/// The name requests use for the model: `worker.model_name`, else the file stem (a
+/// directory's whole name).
 pub fn model_name(config: &Config, path: &std::path::Path) -> String {
     if !config.worker.model_name.is_empty() {
         return config.worker.model_name.clone();
     }
-    path.file_stem()
-        .map(|s| s.to_string_lossy().to_string())
+    let name = if path.is_dir() {
+        path.file_name()
+    } else {
+        path.file_stem()
+    };
+    name.map(|s| s.to_string_lossy().to_string())
         .unwrap_or_else(|| "model".into())
 }
 
@@ -53,7 +64,13 @@ pub fn model_name(config: &Config, path: &std::path::Path) -> String {
 pub async fn load_model(config: &Config) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
     let path = model_path(config)?;
     let name = model_name(config, &path);
-    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let size = if path.is_dir() {
+        std::fs::read_dir(&path)
+            .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0)
+    } else {
+        std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
+    };
     eprintln!("loading {} ({:.1} MB) on cpu …", path.display(), size as f64 / 1e6);
     let started = Instant::now();
     let load = LoadConfig {

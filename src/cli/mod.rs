@@ -109,10 +109,10 @@ pub struct BenchFabricArgs {
 /// Worker settings shared by `up` and `worker`.
 #[derive(Args, Debug, Clone)]
 pub struct WorkerFlags {
-    /// GGUF model file to serve (default: the demo model installed by scripts/setup.sh).
+    /// GGUF model file, or Hugging Face model directory (config.json + tokenizer.json + *.safetensors), to serve (default: the demo model installed by scripts/setup.sh).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Name requests use for the model (default: the file name without .gguf).
+    /// Name requests use for the model (default: the file name without .gguf, or the directory name).
     #[arg(long)]
     pub model_name: Option<String>,
     /// Worker id, one NATS subject token (default: {backend}-{host}-{pid}).

@@ -65,8 +65,12 @@ pub struct CandleModel {
 }
 
 impl CandleModel {
-    /// Loads the GGUF file at `path` and starts its compute thread.
+    /// Loads the GGUF file at `path`, or the Hugging Face model directory at `path`
+    /// (config.json + tokenizer.json + *.safetensors), and starts its compute thread.
     pub fn load(path: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
+        if path.is_dir() {
+            return Self::load_hf(path, config);
+        }
         let load_err = |reason: String| BackendError::Load {
             path: path.display().to_string(),
             reason,
@@ -96,13 +100,7 @@ impl CandleModel {
         } else {
             usize::MAX
         };
-        let mut context_len = model_ctx.min(engine_max);
-        if config.context_len == 0 {
-            context_len = context_len.min(DEFAULT_CONTEXT);
-        }
-        if config.context_len > 0 {
-            context_len = context_len.min(config.context_len as usize);
-        }
+        let context_len = context_for(model_ctx.min(engine_max), config);
         let (quant_bits, quant_group) = dominant_quant(&content);
         let info = ModelInfo {
             architecture: architecture.clone(),
@@ -131,6 +129,63 @@ impl CandleModel {
         )
         .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
         let model = Self::forward_impl(content, &mut file, context_len).map_err(load_err)?;
+        Self::start(path, model, info, tokenizer, template, config)
+    }
+
+    /// Loads a Hugging Face model directory.
+    fn load_hf(dir: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
+        let load_err = |reason: String| BackendError::Load {
+            path: dir.display().to_string(),
+            reason,
+        };
+        let hf = crate::cpu::hf::HfConfig::read(dir).map_err(|e| load_err(e.to_string()))?;
+        let tokenizer =
+            Arc::new(tokenizer::GgufTokenizer::from_hf_dir(dir, &hf.eos_ids()).map_err(|e| load_err(e.to_string()))?);
+        let context_len = context_for(hf.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT), config);
+        let params = hf.params();
+        let model = crate::cpu::hf::load_model(dir, &hf, context_len).map_err(|e| load_err(e.to_string()))?;
+        let info = ModelInfo {
+            architecture: params.arch.clone(),
+            vocab_size: tokenizer.vocab_size() as u32,
+            num_layers: params.n_layer as u32,
+            hidden_size: params.n_embd as u32,
+            quant_bits: 16,
+            quant_group: 0,
+            context_len: context_len as u32,
+        };
+        // tokenizer_config.json carries the chat template and the BOS/EOS texts.
+        let tc: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let token_text = |key: &str| match &tc[key] {
+            serde_json::Value::String(s) => s.clone(),
+            v => v["content"].as_str().unwrap_or_default().to_string(),
+        };
+        let template_src = std::fs::read_to_string(dir.join("chat_template.jinja"))
+            .ok()
+            .or_else(|| tc["chat_template"].as_str().map(str::to_string))
+            .unwrap_or_else(|| template::CHATML.to_string());
+        let template = template::ChatTemplate::new(&template_src, &token_text("bos_token"), &token_text("eos_token"))
+            .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
+        Self::start(dir, Box::new(model), info, tokenizer, template, config)
+    }
+
+    /// Starts the compute thread around a loaded model.
+    fn start(
+        path: &Path,
+        model: Box<dyn engine::Forward>,
+        info: ModelInfo,
+        tokenizer: Arc<tokenizer::GgufTokenizer>,
+        template: template::ChatTemplate,
+        config: &LoadConfig,
+    ) -> Result<Self, BackendError> {
+        let load_err = |reason: String| BackendError::Load {
+            path: path.display().to_string(),
+            reason,
+        };
+        let architecture = info.architecture.clone();
+        let context_len = info.context_len as usize;
         tracing::info!(engine = model.kind(), "cpu model loaded");
         let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
         let template = Arc::new(template);
@@ -305,6 +360,16 @@ impl TextModel for CandleModel {
 
     fn metrics(&self) -> GenerateMetrics {
         self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// The context a model gets: the model's own ceiling, capped by the configured
+/// `context_len`, or by [`DEFAULT_CONTEXT`] when none is configured.
+fn context_for(model_ctx: usize, config: &LoadConfig) -> usize {
+    if config.context_len > 0 {
+        model_ctx.min(config.context_len as usize)
+    } else {
+        model_ctx.min(DEFAULT_CONTEXT)
     }
 }
 

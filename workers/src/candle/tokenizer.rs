@@ -518,6 +518,78 @@ impl GgufTokenizer {
         })
     }
 
+    /// Builds the tokenizer of a Hugging Face model directory from its
+    /// `tokenizer.json` (any model the `tokenizers` crate reads). BOS/EOS are added
+    /// exactly when the file's post-processor adds them; end-of-generation ids are
+    /// `extra_eog` (config.json's `eos_token_id`) plus the special tokens llama.cpp
+    /// recognises by their text (`<|im_end|>`, `<|eot_id|>`, …).
+    pub fn from_hf_dir(dir: &Path, extra_eog: &[u32]) -> Result<Self, TokenizerError> {
+        let path = dir.join("tokenizer.json");
+        let read_err = |reason: String| TokenizerError::Read {
+            path: path.display().to_string(),
+            reason,
+        };
+        let json = std::fs::read_to_string(&path).map_err(|e| read_err(e.to_string()))?;
+        let inner: Tokenizer = json.parse().map_err(|e: tokenizers::Error| read_err(e.to_string()))?;
+        let raw: serde_json::Value = serde_json::from_str(&json).map_err(|e| read_err(e.to_string()))?;
+        // Byte-level vocabularies spell bytes with GPT-2's table; the others (SentencePiece
+        // exports) use `▁` for spaces and `<0xXX>` byte tokens.
+        let byte_level = raw["decoder"].to_string().contains("ByteLevel");
+        let kind = if byte_level { Kind::Bpe } else { Kind::Spm };
+        let n = inner.get_vocab_size(true);
+        let added: HashMap<u32, bool> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| (id, t.special))
+            .collect();
+        let tokens: Vec<Cow<str>> = (0..n as u32)
+            .map(|id| Cow::Owned(inner.id_to_token(id).unwrap_or_default()))
+            .collect();
+        let attrs: Vec<u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(id, t)| match added.get(&(id as u32)) {
+                Some(true) => attr::CONTROL,
+                Some(false) => attr::USER_DEFINED,
+                None if !byte_level && t.len() == 6 && t.starts_with("<0x") && t.ends_with('>') => attr::BYTE,
+                None => attr::NORMAL,
+            })
+            .collect();
+        let is_control: Vec<bool> = attrs.iter().map(|a| a & attr::CONTROL != 0).collect();
+        let token_bytes = token_pieces(kind, &tokens, &attrs);
+
+        // What the post-processor adds around a text.
+        let probe = |special: bool| inner.encode_fast("a", special).map(|e| e.get_ids().to_vec());
+        let (with, without) = match (probe(true), probe(false)) {
+            (Ok(w), Ok(wo)) => (w, wo),
+            (Err(e), _) | (_, Err(e)) => return Err(TokenizerError::Build(e.to_string())),
+        };
+        let (add_bos, add_eos) = match with.windows(without.len().max(1)).position(|w| w == without.as_slice()) {
+            Some(at) => (
+                with[..at].first().copied(),
+                with.get(at + without.len()..).and_then(|t| t.first().copied()),
+            ),
+            None => (None, None),
+        };
+        let mut eog: Vec<u32> = extra_eog.iter().copied().filter(|&id| (id as usize) < n).collect();
+        for (id, t) in tokens.iter().enumerate() {
+            if is_control[id] && EOG_TEXTS.contains(&t.as_ref()) {
+                eog.push(id as u32);
+            }
+        }
+        eog.sort_unstable();
+        eog.dedup();
+        Ok(Self {
+            encoder: Encoder::Bpe(Box::new(inner)),
+            token_bytes,
+            is_control,
+            add_bos,
+            add_eos,
+            eog,
+            pre: "tokenizer.json".into(),
+        })
+    }
+
     /// Token ids for `text`, with BOS prepended (and EOS appended) when the model asks
     /// for it. Control and user-defined tokens written in the text (e.g.
     /// `<|im_start|>`, `<start_of_turn>`) are recognised, as llama.cpp does for prompts.

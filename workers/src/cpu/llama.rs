@@ -143,13 +143,6 @@ impl LlamaModel {
             }
         }
         let gemma = a == "gemma3";
-        let mut load_t = |name: &str| load(ct, reader, name);
-        let embd = load_t("token_embd.weight")?;
-        let output = match load_t("output.weight") {
-            Ok(m) => m,
-            Err(TensorError::Missing(_)) => load_t("token_embd.weight")?,
-            Err(e) => return Err(e),
-        };
         let params = LlamaParams {
             n_layer: need("block_count")?,
             n_embd,
@@ -160,7 +153,7 @@ impl LlamaModel {
             rms_eps: md_f32(ct, &format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_base: md_f32(ct, &format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
             rope_dims: md_u32(ct, &format!("{a}.rope.dimension_count")).unwrap_or(head_dim),
-            n_vocab: embd.rows,
+            n_vocab: 0, // from token_embd
             rope_neox: a != "llama",
             arch: arch.clone(),
             embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
@@ -178,6 +171,26 @@ impl LlamaModel {
         if md_f32(ct, &format!("{a}.final_logit_softcapping")).is_some_and(|v| v != 0.0) {
             return Err(TensorError::Missing(format!("support for {a}.final_logit_softcapping")));
         }
+        Self::from_tensors(params, &mut |name: &str| load(ct, reader, name), ctx)
+    }
+
+    /// Builds the model from `params` and tensors fetched by their GGUF names
+    /// (`token_embd.weight`, `blk.{i}.attn_q.weight`, …), with a KV cache for `ctx`
+    /// positions. `params.n_vocab` is taken from the embedding matrix.
+    pub fn from_tensors(
+        mut params: LlamaParams,
+        load_t: &mut dyn FnMut(&str) -> Result<QMatrix, TensorError>,
+        ctx: usize,
+    ) -> Result<Self, TensorError> {
+        let gemma = params.arch == "gemma3";
+        let head_dim = params.head_dim;
+        let embd = load_t("token_embd.weight")?;
+        let output = match load_t("output.weight") {
+            Ok(m) => m,
+            Err(TensorError::Missing(_)) => load_t("token_embd.weight")?,
+            Err(e) => return Err(e),
+        };
+        params.n_vocab = embd.rows;
         let mut layers = Vec::with_capacity(params.n_layer);
         for i in 0..params.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}.weight");

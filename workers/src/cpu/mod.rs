@@ -8,8 +8,10 @@
 //! - [`tensor`]: [`tensor::QMatrix`] — a weight matrix in its block format, loaded
 //!   from GGUF, multiplied by prepared activations in parallel over row chunks.
 //! - [`math`]: ggml's `expf`, SiLU and softmax, bit for bit.
-//! - [`llama`]: the Llama-architecture forward pass with an f16 KV cache.
+//! - [`llama`]: the forward pass (Llama, Qwen 2/3, Gemma 3) with an f16 KV cache.
+//! - [`hf`]: Hugging Face directories (config.json + safetensors) onto that forward pass.
 
+pub mod hf;
 pub mod kquants;
 pub mod llama;
 pub mod math;

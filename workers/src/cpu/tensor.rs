@@ -38,8 +38,8 @@ pub enum QAct {
 pub enum TensorError {
     #[error("tensor {0} is missing")]
     Missing(String),
-    #[error("tensor {name} has type {dtype:?}, which the cpu engine does not support (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")]
-    Unsupported { name: String, dtype: GgmlDType },
+    #[error("tensor {name} has type {dtype}, which the cpu engine does not support (supported: F32, F16, BF16 in safetensors, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")]
+    Unsupported { name: String, dtype: String },
     #[error("tensor {name} has rows of {cols} values, not a multiple of its {dtype:?} block size")]
     BadShape {
         name: String,
@@ -100,7 +100,7 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         dtype => {
             return Err(TensorError::Unsupported {
                 name: name.to_string(),
-                dtype,
+                dtype: format!("{dtype:?}"),
             })
         }
     };
