@@ -27,6 +27,7 @@ pub async fn llama(
     eprintln!("loading {} in switchyard's cpu engine …", model.display());
     let load = LoadConfig {
         threads: threads as u32,
+        context_len: crate::llama_server::CONTEXT,
         ..LoadConfig::default()
     };
     let m = switchyard_workers::CpuBackend.load_model(model, &load)?;

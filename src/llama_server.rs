@@ -8,6 +8,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The context (`-c`) llama-server gets; the benchmark gives switchyard the same.
+pub const CONTEXT: u32 = 4096;
+
 /// A running llama-server.
 pub struct LlamaServer {
     child: Child,
@@ -37,7 +40,7 @@ impl LlamaServer {
         cmd.arg("-m")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["-t", &threads, "-tb", &threads, "-c", "4096"])
+            .args(["-t", &threads, "-tb", &threads, "-c", &CONTEXT.to_string()])
             .args(["--parallel", &slots.to_string(), "--no-webui"])
             .args(extra)
             .stdin(Stdio::null())

@@ -273,6 +273,57 @@ mod avx2 {
         }
     }
 
+    /// Four Q8_0 activation rows against one weight row whose blocks `unpack` into
+    /// signed bytes and a scale: each block is unpacked once; each output uses exactly
+    /// the single-row arithmetic (so the results are bit-identical to it).
+    #[inline(always)]
+    unsafe fn dot_x4_q8_0<B>(x: &[B], y: [&[BlockQ8_0]; 4], unpack: impl Fn(&B) -> (__m256i, f32)) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, a) in x.iter().enumerate() {
+            let (qx, dx) = unpack(a);
+            let ax = _mm256_sign_epi8(qx, qx);
+            for (r, row) in y.iter().enumerate() {
+                let b = &row[i];
+                let d = _mm256_set1_ps(dx * h2f(b.d));
+                let qy = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let q = mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy, qx));
+                acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
+            }
+        }
+        acc.map(|a| hsum_float_8(a))
+    }
+
+    pub fn dot_q4_0_q8_0_x4(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+        // SAFETY: as above.
+        unsafe {
+            dot_x4_q8_0(x, y, |a| {
+                (
+                    _mm256_sub_epi8(bytes_from_nibbles_32(&a.qs), _mm256_set1_epi8(8)),
+                    h2f(a.d),
+                )
+            })
+        }
+    }
+
+    pub fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+        // SAFETY: as above.
+        unsafe {
+            dot_x4_q8_0(x, y, |a| {
+                let hi = _mm256_andnot_si256(bytes_from_bits_32(&a.qh), _mm256_set1_epi8(0xF0u8 as i8));
+                (_mm256_or_si256(bytes_from_nibbles_32(&a.qs), hi), h2f(a.d))
+            })
+        }
+    }
+
+    pub fn dot_q8_0_q8_0_x4(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+        // SAFETY: as above.
+        unsafe {
+            dot_x4_q8_0(x, y, |a| {
+                (_mm256_loadu_si256(a.qs.as_ptr() as *const __m256i), h2f(a.d))
+            })
+        }
+    }
+
     pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         // SAFETY: as above.
         unsafe {
@@ -354,6 +405,18 @@ mod scalar {
         sum
     }
 
+    pub fn dot_q4_0_q8_0_x4(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+        y.map(|row| dot_q4_0_q8_0(x, row))
+    }
+
+    pub fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+        y.map(|row| dot_q5_0_q8_0(x, row))
+    }
+
+    pub fn dot_q8_0_q8_0_x4(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+        y.map(|row| dot_q8_0_q8_0(x, row))
+    }
+
     pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         let mut sum = 0.0f32;
         for (a, b) in x.iter().zip(y) {
@@ -369,9 +432,15 @@ mod scalar {
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub use avx2::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q5_0_q8_0, dot_q8_0_q8_0};
+pub use avx2::{
+    dot_f32, dot_q4_0_q8_0, dot_q4_0_q8_0_x4, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q5_0_q8_0, dot_q5_0_q8_0_x4,
+    dot_q8_0_q8_0, dot_q8_0_q8_0_x4,
+};
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-pub use scalar::{dot_f32, dot_q4_0_q8_0, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q5_0_q8_0, dot_q8_0_q8_0};
+pub use scalar::{
+    dot_f32, dot_q4_0_q8_0, dot_q4_0_q8_0_x4, dot_q4_1_q8_1, dot_q4_1_q8_1_x4, dot_q5_0_q8_0, dot_q5_0_q8_0_x4,
+    dot_q8_0_q8_0, dot_q8_0_q8_0_x4,
+};
 
 /// The portable versions, for tests against the SIMD ones.
 pub mod reference {
@@ -505,6 +574,32 @@ mod tests {
         let four = dot_q4_1_q8_1_x4(&w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
         for r in 0..4 {
             assert_eq!(four[r].to_bits(), dot_q4_1_q8_1(&w, &acts[r]).to_bits());
+        }
+        let acts0: Vec<Vec<BlockQ8_0>> = (0..4).map(|r| q8_0(&data(256, 20 + r))).collect();
+        let ys = [&acts0[0][..], &acts0[1][..], &acts0[2][..], &acts0[3][..]];
+        let w0: Vec<BlockQ4_0> = (0..8)
+            .map(|i| BlockQ4_0 {
+                d: f2h(0.05),
+                qs: [(i * 91 % 256) as u8; 16],
+            })
+            .collect();
+        let w5: Vec<BlockQ5_0> = (0..8)
+            .map(|i| BlockQ5_0 {
+                d: f2h(0.04),
+                qh: [(i * 29) as u8, 0xA5, (i * 7) as u8, 0x3C],
+                qs: [(i * 71 % 256) as u8; 16],
+            })
+            .collect();
+        let w8 = q8_0(&data(256, 30));
+        let (f0, f5, f8) = (
+            dot_q4_0_q8_0_x4(&w0, ys),
+            dot_q5_0_q8_0_x4(&w5, ys),
+            dot_q8_0_q8_0_x4(&w8, ys),
+        );
+        for r in 0..4 {
+            assert_eq!(f0[r].to_bits(), dot_q4_0_q8_0(&w0, ys[r]).to_bits());
+            assert_eq!(f5[r].to_bits(), dot_q5_0_q8_0(&w5, ys[r]).to_bits());
+            assert_eq!(f8[r].to_bits(), dot_q8_0_q8_0(&w8, ys[r]).to_bits());
         }
     }
 

@@ -233,32 +233,73 @@ impl QMatrix {
         }
     }
 
+    fn has_dot4(&self) -> bool {
+        matches!(
+            self.data,
+            QData::Q4_0(_) | QData::Q4_1(_) | QData::Q5_0(_) | QData::Q8_0(_) | QData::Q4K(_) | QData::Q6K(_)
+        )
+    }
+
+    /// Row `r` against prepared inputs `t..t + 4` (only where [`Self::has_dot4`]).
+    #[inline]
+    fn dot4(&self, r: usize, act: &QAct, t: usize) -> [f32; 4] {
+        let nb = self.cols / QK;
+        let w = r * nb..(r + 1) * nb;
+        match (&self.data, act) {
+            (QData::Q4_1(w1), QAct::Q8_1(x)) => {
+                dot_q4_1_q8_1_x4(&w1[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
+            }
+            (QData::Q4_0(w0), QAct::Q8_0(x)) => {
+                dot_q4_0_q8_0_x4(&w0[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
+            }
+            (QData::Q5_0(w5), QAct::Q8_0(x)) => {
+                dot_q5_0_q8_0_x4(&w5[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
+            }
+            (QData::Q8_0(w8), QAct::Q8_0(x)) => {
+                dot_q8_0_q8_0_x4(&w8[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
+            }
+            (QData::Q4K(wk), QAct::Q8K(x)) => {
+                let nk = self.cols / QK_K;
+                dot_q4_k_q8_k_x4(
+                    &wk[r * nk..(r + 1) * nk],
+                    [0, 1, 2, 3].map(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
+                )
+            }
+            (QData::Q6K(wk), QAct::Q8K(x)) => {
+                let nk = self.cols / QK_K;
+                dot_q6_k_q8_k_x4(
+                    &wk[r * nk..(r + 1) * nk],
+                    [0, 1, 2, 3].map(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
+                )
+            }
+            _ => unreachable!("has_dot4() lists the kinds handled here"),
+        }
+    }
+
     /// `out[t * rows + r] = row_r · input_t` for `n` prepared inputs, split over the
     /// current rayon pool by row chunks (each chunk reuses its rows for every input).
     pub fn matmul(&self, act: &QAct, n: usize, out: &mut [f32]) {
         assert!(out.len() >= n * self.rows);
         let rows = self.rows;
-        let chunk = 16usize;
+        // A few chunks per thread: enough to balance, few enough to keep dispatch cheap.
+        // A few chunks per thread: enough to balance, few enough to keep dispatch cheap.
+        let chunk = (rows / (rayon::current_num_threads() * 4)).clamp(16, 256);
         let ptr = OutPtr(out.as_mut_ptr());
         (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
             let p = ptr;
             let r0 = ci * chunk;
             let r1 = (r0 + chunk).min(rows);
             let mut t = 0;
-            // Four tokens at a time where a four-row kernel exists (prefill).
-            if let (QData::Q4_1(w), QAct::Q8_1(x)) = (&self.data, act) {
-                let nb = self.cols / QK;
-                while t + 4 <= n {
-                    let ys = [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]);
-                    for r in r0..r1 {
-                        let v = dot_q4_1_q8_1_x4(&w[r * nb..(r + 1) * nb], ys);
-                        for (i, vi) in v.iter().enumerate() {
-                            // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
-                            unsafe { *p.0.add((t + i) * rows + r) = *vi };
-                        }
+            // Four tokens at a time where a four-row kernel exists (prefill): each weight
+            // block is unpacked once for the four.
+            while self.has_dot4() && t + 4 <= n {
+                for r in r0..r1 {
+                    for (i, vi) in self.dot4(r, act, t).iter().enumerate() {
+                        // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
+                        unsafe { *p.0.add((t + i) * rows + r) = *vi };
                     }
-                    t += 4;
                 }
+                t += 4;
             }
             for t in t..n {
                 for r in r0..r1 {

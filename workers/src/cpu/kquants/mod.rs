@@ -233,123 +233,157 @@ mod avx2 {
     pub fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
         // SAFETY: compiled only with AVX2+FMA enabled; loads are unaligned-safe and stay
         // inside the blocks' arrays (qs: 4 × 32 bytes, q8: 8 × 32, bsums: 32 bytes).
-        unsafe {
-            let m4 = _mm256_set1_epi8(0xf);
-            let mut acc = _mm256_setzero_ps();
-            let mut acc_m = _mm_setzero_ps();
-            for (a, b) in x.iter().zip(y) {
-                let d = b.d * h2f(a.d);
-                let dmin = -b.d * h2f(a.dmin);
-                let utmp = q4k_scales_mins(&a.scales);
-                let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
-                    utmp[3] as i32,
-                    utmp[2] as i32,
-                    utmp[1] as i32,
-                    utmp[0] as i32,
-                ));
+        unsafe { q4k_rows([y], x)[0] }
+    }
 
-                let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
-                let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
-                let prod = _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
-                acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-
-                let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
-                let scales = _mm256_set_m128i(sc128, sc128);
-
-                let q4 = a.qs.as_ptr();
-                let q8 = b.qs.as_ptr();
-                let mut sumi = _mm256_setzero_si256();
-                for j in 0..QK_K / 64 {
-                    let scale_l = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j));
-                    let scale_h = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1));
-
-                    let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
-                    let q4l = _mm256_and_si256(q4bits, m4);
-                    let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
-
-                    let q8l = _mm256_loadu_si256(q8.add(64 * j) as *const __m256i);
-                    let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
-
-                    let q8h = _mm256_loadu_si256(q8.add(64 * j + 32) as *const __m256i);
-                    let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
-
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
-                }
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-            }
-            acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-            acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-            hsum_float_8(acc) + _mm_cvtss_f32(acc_m)
-        }
+    /// Four activation rows against one weight row: weights unpacked once per block,
+    /// each row's arithmetic exactly the single-row kernel's.
+    pub fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        // SAFETY: as above.
+        unsafe { q4k_rows(y, x) }
     }
 
     pub fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
         // SAFETY: as above (ql: 4 × 32 bytes, qh: 2 × 32, scales: 16, q8: 8 × 32).
-        unsafe {
-            let m3 = _mm256_set1_epi8(3);
-            let m15 = _mm256_set1_epi8(15);
-            let mut acc = _mm256_setzero_ps();
-            for (a, b) in x.iter().zip(y) {
-                let d = b.d * h2f(a.d);
+        unsafe { q6k_rows([y], x)[0] }
+    }
 
+    /// Four activation rows against one weight row (see [`dot_q4_k_q8_k_x4`]).
+    pub fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        // SAFETY: as above.
+        unsafe { q6k_rows(y, x) }
+    }
+
+    /// `ggml_vec_dot_q4_K_q8_K`'s AVX2 branch for `N` activation rows at once.
+    #[inline(always)]
+    unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32; N] {
+        let m4 = _mm256_set1_epi8(0xf);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc_m = [_mm_setzero_ps(); N];
+        for (i, a) in x.iter().enumerate() {
+            let utmp = q4k_scales_mins(&a.scales);
+            let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+                utmp[3] as i32,
+                utmp[2] as i32,
+                utmp[1] as i32,
+                utmp[0] as i32,
+            ));
+            let mins = _mm256_extracti128_si256(mins_and_scales, 1);
+            let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+            let scales = _mm256_set_m128i(sc128, sc128);
+            let (ad, admin) = (h2f(a.d), h2f(a.dmin));
+
+            let q4 = a.qs.as_ptr();
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for j in 0..QK_K / 64 {
+                let scale_l = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j));
+                let scale_h = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1));
+                let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
+                let q4l = _mm256_and_si256(q4bits, m4);
+                let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+                for r in 0..N {
+                    let q8 = y[r][i].qs.as_ptr();
+                    let q8l = _mm256_loadu_si256(q8.add(64 * j) as *const __m256i);
+                    let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                    let q8h = _mm256_loadu_si256(q8.add(64 * j + 32) as *const __m256i);
+                    let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16l, p16h));
+                }
+            }
+            for r in 0..N {
+                let b = &y[r][i];
+                let d = b.d * ad;
+                let dmin = -b.d * admin;
                 let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
-                let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
-                let scales_16 = _mm256_cvtepi8_epi16(scales);
-                // The -32 offset of every value, through the activations' group sums.
-                let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+                let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+                let prod = _mm_madd_epi16(mins, q8s);
+                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            }
+        }
+        let mut out = [0.0f32; N];
+        for r in 0..N {
+            let mut m = acc_m[r];
+            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            out[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(m);
+        }
+        out
+    }
 
-                let mut sumi = _mm256_setzero_si256();
-                for j in 0..QK_K / 128 {
-                    let q4 = a.ql.as_ptr().add(64 * j);
-                    let q8 = b.qs.as_ptr().add(128 * j);
-                    let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
-                    let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
-                    let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
+    /// `ggml_vec_dot_q6_K_q8_K`'s AVX2 branch for `N` activation rows at once.
+    #[inline(always)]
+    unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32; N] {
+        let m3 = _mm256_set1_epi8(3);
+        let m15 = _mm256_set1_epi8(15);
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (i, a) in x.iter().enumerate() {
+            let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
+            let scales_16 = _mm256_cvtepi8_epi16(scales);
+            let ad = h2f(a.d);
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for j in 0..QK_K / 128 {
+                let q4 = a.ql.as_ptr().add(64 * j);
+                let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+                let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+                let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
 
-                    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-                    let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-                    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-                    let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+                let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
 
-                    let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-                    let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-                    let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-                    let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+                let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+                let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+                let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+                let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
 
+                let is = 4 * j;
+                let scale_0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is)));
+                let scale_1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 1)));
+                let scale_2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 2)));
+                let scale_3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 3)));
+
+                for r in 0..N {
+                    let q8 = y[r][i].qs.as_ptr().add(128 * j);
                     let q8_0 = _mm256_loadu_si256(q8 as *const __m256i);
                     let q8_1 = _mm256_loadu_si256(q8.add(32) as *const __m256i);
                     let q8_2 = _mm256_loadu_si256(q8.add(64) as *const __m256i);
                     let q8_3 = _mm256_loadu_si256(q8.add(96) as *const __m256i);
 
-                    let p16_0 = _mm256_maddubs_epi16(q4_0, q8_0);
-                    let p16_1 = _mm256_maddubs_epi16(q4_1, q8_1);
-                    let p16_2 = _mm256_maddubs_epi16(q4_2, q8_2);
-                    let p16_3 = _mm256_maddubs_epi16(q4_3, q8_3);
+                    let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q4_0, q8_0));
+                    let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q4_1, q8_1));
+                    let p16_2 = _mm256_madd_epi16(scale_2, _mm256_maddubs_epi16(q4_2, q8_2));
+                    let p16_3 = _mm256_madd_epi16(scale_3, _mm256_maddubs_epi16(q4_3, q8_3));
 
-                    let is = 4 * j;
-                    let scale_0 = _mm_shuffle_epi8(scales, get_scale_shuffle(is));
-                    let scale_1 = _mm_shuffle_epi8(scales, get_scale_shuffle(is + 1));
-                    let scale_2 = _mm_shuffle_epi8(scales, get_scale_shuffle(is + 2));
-                    let scale_3 = _mm_shuffle_epi8(scales, get_scale_shuffle(is + 3));
-
-                    let p16_0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_0), p16_0);
-                    let p16_1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_1), p16_1);
-                    let p16_2 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_2), p16_2);
-                    let p16_3 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_3), p16_3);
-
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_0, p16_1));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_2, p16_3));
                 }
-                sumi = _mm256_sub_epi32(sumi, q8sclsub);
-                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(sumi), acc);
             }
-            hsum_float_8(acc)
+            for r in 0..N {
+                let b = &y[r][i];
+                let d = b.d * ad;
+                let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
+                // The -32 offset of every value, through the activations' group sums.
+                let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+                let s = _mm256_sub_epi32(sumi[r], q8sclsub);
+                acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(s), acc[r]);
+            }
         }
+        acc.map(|a| hsum_float_8(a))
     }
 }
 
 mod scalar {
     use super::*;
+
+    pub fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        y.map(|row| dot_q4_k_q8_k(x, row))
+    }
+
+    pub fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        y.map(|row| dot_q6_k_q8_k(x, row))
+    }
 
     /// ggml's generic version: 8 integer lanes per block, 8 float lane sums, the mins
     /// subtracted per block.
@@ -425,9 +459,9 @@ mod scalar {
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub use avx2::{dot_q4_k_q8_k, dot_q6_k_q8_k};
+pub use avx2::{dot_q4_k_q8_k, dot_q4_k_q8_k_x4, dot_q6_k_q8_k, dot_q6_k_q8_k_x4};
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-pub use scalar::{dot_q4_k_q8_k, dot_q6_k_q8_k};
+pub use scalar::{dot_q4_k_q8_k, dot_q4_k_q8_k_x4, dot_q6_k_q8_k, dot_q6_k_q8_k_x4};
 
 /// The portable versions, for tests against the SIMD ones.
 pub mod reference {

@@ -333,3 +333,17 @@ fn dots_agree_with_dequantized_weights() {
         check(&deq, reference::dot_q6_k_q8_k(&w, &yq), "q6_k scalar");
     }
 }
+
+/// The four-row kernels give each row exactly the single-row kernel's bits.
+#[test]
+fn four_row_kernels_are_bit_identical_to_the_single_row_ones() {
+    let rows: Vec<Vec<BlockQ8K>> = (0..4).map(|r| q8_k(&data(4 * QK_K, 40 + r))).collect();
+    let ys = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
+    let w4 = random_q4_k(4, 44);
+    let w6 = random_q6_k(4, 45);
+    let (f4, f6) = (dot_q4_k_q8_k_x4(&w4, ys), dot_q6_k_q8_k_x4(&w6, ys));
+    for r in 0..4 {
+        assert_eq!(f4[r].to_bits(), dot_q4_k_q8_k(&w4, ys[r]).to_bits(), "q4_k row {r}");
+        assert_eq!(f6[r].to_bits(), dot_q6_k_q8_k(&w6, ys[r]).to_bits(), "q6_k row {r}");
+    }
+}
