@@ -97,7 +97,8 @@ pub struct LlamaModel {
     embd: QMatrix,
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
-    output: QMatrix,
+    /// The output projection; `None` when it is tied to the token embeddings.
+    output: Option<QMatrix>,
     /// [layer][kv_head][pos][head_dim] as f16 bits.
     k_cache: Vec<u16>,
     v_cache: Vec<u16>,
@@ -186,8 +187,8 @@ impl LlamaModel {
         let head_dim = params.head_dim;
         let embd = load_t("token_embd.weight")?;
         let output = match load_t("output.weight") {
-            Ok(m) => m,
-            Err(TensorError::Missing(_)) => load_t("token_embd.weight")?,
+            Ok(m) => Some(m),
+            Err(TensorError::Missing(_)) => None,
             Err(e) => return Err(e),
         };
         params.n_vocab = embd.rows;
@@ -378,9 +379,10 @@ impl LlamaModel {
         let last = &x[(n - 1) * d..n * d];
         let mut normed = vec![0.0f32; d];
         rms_norm(last, &self.out_norm, p.rms_eps, d, &mut normed);
-        let act = self.output.prepare(&normed, 1);
-        let mut logits = vec![0.0f32; self.output.rows];
-        self.output.matmul(&act, 1, &mut logits);
+        let output = self.output.as_ref().unwrap_or(&self.embd);
+        let act = output.prepare(&normed, 1);
+        let mut logits = vec![0.0f32; output.rows];
+        output.matmul(&act, 1, &mut logits);
         logits
     }
 }

@@ -54,21 +54,20 @@ pub enum TensorError {
     },
 }
 
-fn cast_blocks<T: Copy>(bytes: &[u8]) -> Vec<T> {
-    let n = bytes.len() / std::mem::size_of::<T>();
+/// Reads `len` bytes from `reader` straight into a vector of blocks (no second copy).
+fn read_blocks<T: Copy, R: std::io::Read>(reader: &mut R, len: usize) -> std::io::Result<Vec<T>> {
+    let n = len / std::mem::size_of::<T>();
     let mut out = Vec::<T>::with_capacity(n);
     // SAFETY: T is a #[repr(C)] plain-old-data block (integers and byte arrays) for
-    // which every bit pattern is valid; we copy n * size_of::<T>() bytes into
-    // freshly allocated, properly aligned storage and then set the length.
+    // which every bit pattern, including all zeros, is valid. The storage is zeroed
+    // before it is exposed as bytes, and the length is set only once it is initialised.
     unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            out.as_mut_ptr() as *mut u8,
-            n * std::mem::size_of::<T>(),
-        );
+        std::ptr::write_bytes(out.as_mut_ptr() as *mut u8, 0, n * std::mem::size_of::<T>());
         out.set_len(n);
+        let bytes = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, n * std::mem::size_of::<T>());
+        reader.read_exact(bytes)?;
     }
-    out
+    Ok(out)
 }
 
 /// Reads a tensor's raw bytes and keeps them in their block format.
@@ -112,7 +111,6 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         });
     }
     let bytes_len = elems / block * block_bytes;
-    let mut bytes = vec![0u8; bytes_len];
     let io = |source| TensorError::Io {
         name: name.to_string(),
         source,
@@ -120,16 +118,15 @@ pub fn load<R: std::io::Read + std::io::Seek>(
     reader
         .seek(std::io::SeekFrom::Start(ct.tensor_data_offset + info.offset))
         .map_err(io)?;
-    reader.read_exact(&mut bytes).map_err(io)?;
     let data = match info.ggml_dtype {
-        GgmlDType::F32 => QData::F32(cast_blocks(&bytes)),
-        GgmlDType::F16 => QData::F16(cast_blocks(&bytes)),
-        GgmlDType::Q4_0 => QData::Q4_0(cast_blocks(&bytes)),
-        GgmlDType::Q4_1 => QData::Q4_1(cast_blocks(&bytes)),
-        GgmlDType::Q5_0 => QData::Q5_0(cast_blocks(&bytes)),
-        GgmlDType::Q4K => QData::Q4K(cast_blocks(&bytes)),
-        GgmlDType::Q6K => QData::Q6K(cast_blocks(&bytes)),
-        _ => QData::Q8_0(cast_blocks(&bytes)),
+        GgmlDType::F32 => QData::F32(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::F16 => QData::F16(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q4_0 => QData::Q4_0(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q4K => QData::Q4K(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q6K => QData::Q6K(read_blocks(reader, bytes_len).map_err(io)?),
+        _ => QData::Q8_0(read_blocks(reader, bytes_len).map_err(io)?),
     };
     Ok(QMatrix { rows, cols, data })
 }
