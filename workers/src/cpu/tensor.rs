@@ -25,11 +25,13 @@ pub struct QMatrix {
     pub data: QData,
 }
 
-/// Activations prepared for one weight type.
+/// Activations prepared for one weight type. The 8-bit forms also carry their block
+/// scales (and Q8_1's sums) as f32: converting them once per matmul instead of once
+/// per weight row halves the work of a decode step's dot products.
 pub enum QAct {
     F32(Vec<f32>),
-    Q8_0(Vec<BlockQ8_0>),
-    Q8_1(Vec<BlockQ8_1>),
+    Q8_0(Vec<BlockQ8_0>, Vec<f32>),
+    Q8_1(Vec<BlockQ8_1>, Vec<f32>, Vec<f32>),
     Q8K(Vec<BlockQ8K>),
 }
 
@@ -184,12 +186,15 @@ impl QMatrix {
                     x.len() / QK
                 ];
                 quantize_q8_1(x, &mut b);
-                QAct::Q8_1(b)
+                let d = b.iter().map(|b| h2f(b.d)).collect();
+                let s = b.iter().map(|b| h2f(b.s)).collect();
+                QAct::Q8_1(b, d, s)
             }
             QData::Q4_0(_) | QData::Q5_0(_) | QData::Q8_0(_) => {
                 let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
                 quantize_q8_0(x, &mut b);
-                QAct::Q8_0(b)
+                let d = b.iter().map(|b| h2f(b.d)).collect();
+                QAct::Q8_0(b, d)
             }
             QData::Q4K(_) | QData::Q6K(_) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
@@ -215,10 +220,22 @@ impl QMatrix {
         let nb = c / QK;
         let nk = c / QK_K;
         match (&self.data, act) {
-            (QData::Q4_1(w), QAct::Q8_1(x)) => dot_q4_1_q8_1(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
-            (QData::Q4_0(w), QAct::Q8_0(x)) => dot_q4_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
-            (QData::Q8_0(w), QAct::Q8_0(x)) => dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
-            (QData::Q5_0(w), QAct::Q8_0(x)) => dot_q5_0_q8_0(&w[r * nb..(r + 1) * nb], &x[t * nb..(t + 1) * nb]),
+            (QData::Q4_1(w), QAct::Q8_1(x, xd, xs)) => {
+                let y = t * nb..(t + 1) * nb;
+                dot_q4_1_q8_1_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y.clone()], &xs[y])
+            }
+            (QData::Q4_0(w), QAct::Q8_0(x, xd)) => {
+                let y = t * nb..(t + 1) * nb;
+                dot_q4_0_q8_0_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y])
+            }
+            (QData::Q8_0(w), QAct::Q8_0(x, xd)) => {
+                let y = t * nb..(t + 1) * nb;
+                dot_q8_0_q8_0_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y])
+            }
+            (QData::Q5_0(w), QAct::Q8_0(x, xd)) => {
+                let y = t * nb..(t + 1) * nb;
+                dot_q5_0_q8_0_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y])
+            }
             (QData::Q4K(w), QAct::Q8K(x)) => dot_q4_k_q8_k(&w[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
             (QData::Q6K(w), QAct::Q8K(x)) => dot_q6_k_q8_k(&w[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
             (QData::F32(w), QAct::F32(x)) => dot_f32(&w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
@@ -242,18 +259,23 @@ impl QMatrix {
     fn dot4(&self, r: usize, act: &QAct, t: usize) -> [f32; 4] {
         let nb = self.cols / QK;
         let w = r * nb..(r + 1) * nb;
+        // The four inputs' block ranges.
+        let ys = [0, 1, 2, 3].map(|i| (t + i) * nb..(t + i + 1) * nb);
         match (&self.data, act) {
-            (QData::Q4_1(w1), QAct::Q8_1(x)) => {
-                dot_q4_1_q8_1_x4(&w1[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
+            (QData::Q4_1(w1), QAct::Q8_1(x, xd, xs)) => dot_q4_1_q8_1_x4(
+                &w1[w],
+                ys.clone().map(|y| &x[y]),
+                ys.clone().map(|y| &xd[y]),
+                ys.map(|y| &xs[y]),
+            ),
+            (QData::Q4_0(w0), QAct::Q8_0(x, xd)) => {
+                dot_q4_0_q8_0_x4(&w0[w], ys.clone().map(|y| &x[y]), ys.map(|y| &xd[y]))
             }
-            (QData::Q4_0(w0), QAct::Q8_0(x)) => {
-                dot_q4_0_q8_0_x4(&w0[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
+            (QData::Q5_0(w5), QAct::Q8_0(x, xd)) => {
+                dot_q5_0_q8_0_x4(&w5[w], ys.clone().map(|y| &x[y]), ys.map(|y| &xd[y]))
             }
-            (QData::Q5_0(w5), QAct::Q8_0(x)) => {
-                dot_q5_0_q8_0_x4(&w5[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
-            }
-            (QData::Q8_0(w8), QAct::Q8_0(x)) => {
-                dot_q8_0_q8_0_x4(&w8[w], [0, 1, 2, 3].map(|i| &x[(t + i) * nb..(t + i + 1) * nb]))
+            (QData::Q8_0(w8), QAct::Q8_0(x, xd)) => {
+                dot_q8_0_q8_0_x4(&w8[w], ys.clone().map(|y| &x[y]), ys.map(|y| &xd[y]))
             }
             (QData::Q4K(wk), QAct::Q8K(x)) => {
                 let nk = self.cols / QK_K;
