@@ -76,8 +76,8 @@ impl CandleModel {
             reason,
         };
         let mut file = std::fs::File::open(path).map_err(|e| load_err(e.to_string()))?;
-        let content =
-            gguf_file::Content::read(&mut file).map_err(|e| load_err(format!("not a readable GGUF file: {e}")))?;
+        let content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
+            .map_err(|e| load_err(format!("not a readable GGUF file: {e}")))?;
         let architecture = content
             .metadata
             .get("general.architecture")

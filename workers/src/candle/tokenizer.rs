@@ -435,8 +435,9 @@ impl GgufTokenizer {
             path: path.display().to_string(),
             reason,
         };
-        let mut file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
-        let content = gguf_file::Content::read(&mut file).map_err(|e| read_err(e.to_string()))?;
+        let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
+        let content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
+            .map_err(|e| read_err(e.to_string()))?;
         Self::from_gguf(&content)
     }
 
