@@ -14,6 +14,7 @@
 pub mod candle;
 pub mod cpu;
 pub mod discover;
+pub mod llama_cpp;
 pub mod probe;
 pub mod service;
 pub mod worker;

@@ -1,0 +1,122 @@
+//! The `llama_cpp` backend (a model behind a running llama.cpp server) against a real
+//! llama-server, and cross-backend conformance with the CPU engine on the same GGUF.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use std::time::Duration;
+use switchyard_messages::{
+    BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, LoadConfig, Message, Prompt, TextModel,
+};
+use switchyard_workers::llama_cpp::LlamaCppModel;
+use switchyard_workers::CandleModel;
+
+async fn collect(model: &dyn TextModel, prompt: Prompt, config: GenerateConfig) -> (Vec<u32>, String, FinishReason) {
+    let mut stream = model.generate(prompt, config, CancelFlag::new());
+    let (mut ids, mut text, mut finish) = (Vec::new(), String::new(), FinishReason::Error);
+    while let Some(ev) = stream.next().await {
+        match ev.unwrap() {
+            GenerateEvent::Token(t) => {
+                ids.push(t.id);
+                text.push_str(&t.text);
+            }
+            GenerateEvent::Done { finish_reason, .. } => finish = finish_reason,
+        }
+    }
+    (ids, text, finish)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
+    let Some(bin) = llama_server_bin() else { return };
+    let path = demo_model();
+    let server = LlamaServer::start_with(&bin, &path, 2, 2, &["-fa", "off"])
+        .await
+        .unwrap();
+    let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let local = CandleModel::load(&path, &LoadConfig::default()).unwrap();
+    assert_eq!(
+        remote.info().context_len,
+        switchyard::llama_server::CONTEXT / 2,
+        "n_ctx per slot from /props"
+    );
+
+    // Greedy conformance: the same 32 tokens from both backends (a prompt on which the
+    // engines agree exactly, see tests/greedy_reference.rs).
+    let greedy = GenerateConfig {
+        max_tokens: 32,
+        temperature: 0.0,
+        ..GenerateConfig::default()
+    };
+    let prompt = Prompt::Text("The capital of France is".into());
+    let (theirs, text, finish) = collect(&remote, prompt.clone(), greedy.clone()).await;
+    let (ours, our_text, _) = collect(&local, prompt, greedy.clone()).await;
+    assert_eq!(theirs.len(), 32);
+    assert_eq!(finish, FinishReason::Length);
+    assert_eq!(theirs, ours, "cpu engine and llama.cpp backend, greedy");
+    assert_eq!(text, our_text);
+    let m = remote.metrics();
+    assert_eq!(m.generated_tokens, 32);
+    assert!(m.prompt_tokens > 0 && m.decode_tokens_per_sec > 0.0, "{m:?}");
+
+    // Chat renders through the server's template: the same tokens as our renderer.
+    let chat = Prompt::Chat(vec![Message::new("user", "Name a colour.")]);
+    let short = GenerateConfig {
+        max_tokens: 8,
+        ..greedy.clone()
+    };
+    let (a, _, _) = collect(&remote, chat.clone(), short.clone()).await;
+    let (b, _, _) = collect(&local, chat, short.clone()).await;
+    assert_eq!(a, b, "chat through /apply-template");
+
+    // A stop string is not emitted; a stop token ends the stream before it.
+    let with_stop = GenerateConfig {
+        stop: vec![" Paris".into()],
+        ..greedy.clone()
+    };
+    let (_, text, finish) = collect(&remote, Prompt::Text("The capital of France is".into()), with_stop).await;
+    assert!(!text.contains("Paris"), "{text:?}");
+    assert_eq!(finish, FinishReason::Stop);
+    let stop_at = theirs[3];
+    let with_stop_token = GenerateConfig {
+        stop_tokens: vec![stop_at],
+        ..greedy.clone()
+    };
+    let (ids, _, finish) = collect(
+        &remote,
+        Prompt::Tokens(local.tokenizer().encode("The capital of France is").unwrap()),
+        with_stop_token,
+    )
+    .await;
+    assert_eq!(ids, theirs[..theirs.iter().position(|&t| t == stop_at).unwrap()]);
+    assert_eq!(finish, FinishReason::Stop);
+
+    // Classify and batch: concurrent requests over the server's two slots.
+    let prompts = vec![
+        Prompt::Text("The capital of France is".into()),
+        Prompt::Text("def fibonacci(n):".into()),
+        Prompt::Text(String::new()),
+    ];
+    let classified = remote.classify(prompts.clone(), false).await;
+    assert_eq!(classified[0].as_ref().unwrap().token.id, theirs[0]);
+    assert!(classified[1].is_ok());
+    assert!(matches!(classified[2], Err(BackendError::EmptyPrompt)));
+    let batch = remote.batch_generate(prompts, short, CancelFlag::new()).await;
+    assert_eq!(batch[0].tokens.iter().map(|t| t.id).collect::<Vec<_>>(), theirs[..8]);
+    assert_eq!(batch[1].tokens.len(), 8);
+    assert!(batch[2].error.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_clear_retryable_error() {
+    let port = switchyard::nats_server::free_port().unwrap();
+    let err = LlamaCppModel::connect(&format!("http://127.0.0.1:{port}"), Duration::from_millis(300))
+        .await
+        .err()
+        .expect("no server there");
+    assert!(matches!(err, BackendError::Unavailable(_)), "{err}");
+    assert!(err.to_string().contains("unreachable"), "{err}");
+}

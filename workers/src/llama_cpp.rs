@@ -1,0 +1,350 @@
+//! A model served by an llama.cpp server that already runs (go-ml's adapter): every
+//! call goes to the server's own HTTP API.
+//!
+//! - `generate`: streaming `/completion` (SSE) with `return_tokens`, so each event
+//!   carries token ids; every `GenerateConfig` field maps onto llama.cpp's sampling
+//!   parameters (`n_predict`, `temperature`, `top_k`, `top_p`, `min_p`,
+//!   `repeat_penalty`, `repeat_last_n`, `seed`, `stop`). Stop token ids, which the
+//!   server has no parameter for, are applied here: the stream ends before the token,
+//!   and dropping the response makes the server stop generating.
+//! - Chat prompts are rendered by the server's own template (`/apply-template`).
+//! - `classify`: one-token completions with `n_probs`, concurrently (the server
+//!   spreads them over its slots).
+//! - `info`: `/props` (context size); metrics from each completion's `timings`.
+//!
+//! Not wired into the worker yet (issue 4): this is the backend half, tested against
+//! a real llama-server in `tests/llama_cpp_backend.rs`.
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use switchyard_messages::{
+    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, ClassifyResult, FinishReason, GenerateConfig,
+    GenerateEvent, GenerateMetrics, GenerateStream, ModelInfo, Prompt, TextModel, Token,
+};
+
+/// A connection to one llama.cpp server.
+#[derive(Clone)]
+pub struct LlamaCppModel {
+    url: String,
+    http: reqwest::Client,
+    info: ModelInfo,
+    last_metrics: Arc<Mutex<GenerateMetrics>>,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable(format!("llama.cpp server {what}: {e}"))
+}
+
+impl LlamaCppModel {
+    /// Connects to the server at `url` (e.g. `http://127.0.0.1:8080`), waiting for
+    /// `/health` to report ready (it answers 503 while loading) for up to `wait`.
+    pub async fn connect(url: &str, wait: Duration) -> Result<Self, BackendError> {
+        let url = url.trim_end_matches('/').to_string();
+        let http = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match http.get(format!("{url}/health")).send().await {
+                Ok(r) if r.status().is_success() => break,
+                Ok(r) if tokio::time::Instant::now() >= deadline => {
+                    return Err(unavailable("is not ready", format!("/health answered {}", r.status())))
+                }
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(unavailable("is unreachable", e)),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let props: Value = http
+            .get(format!("{url}/props"))
+            .send()
+            .await
+            .map_err(|e| unavailable("/props", e))?
+            .json()
+            .await
+            .map_err(|e| unavailable("/props", e))?;
+        let settings = &props["default_generation_settings"];
+        let n_ctx = settings["n_ctx"]
+            .as_u64()
+            .or_else(|| props["n_ctx"].as_u64())
+            .unwrap_or(0);
+        let model_path = props["model_path"].as_str().unwrap_or_default();
+        let info = ModelInfo {
+            architecture: "llama_cpp".into(),
+            vocab_size: 0,
+            num_layers: 0,
+            hidden_size: 0,
+            quant_bits: 0,
+            quant_group: 0,
+            context_len: n_ctx as u32,
+        };
+        tracing::info!(%url, model = model_path, n_ctx, "llama.cpp server connected");
+        Ok(Self {
+            url,
+            http,
+            info,
+            last_metrics: Arc::new(Mutex::new(GenerateMetrics::default())),
+        })
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, BackendError> {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| unavailable(path, e))?;
+        let status = r.status();
+        let v: Value = r.json().await.map_err(|e| unavailable(path, e))?;
+        if !status.is_success() {
+            return Err(server_error(path, status, &v));
+        }
+        Ok(v)
+    }
+
+    /// The prompt as llama.cpp's `prompt` field: text, token ids, or a conversation
+    /// rendered by the server's template.
+    async fn prompt_value(&self, prompt: &Prompt) -> Result<Value, BackendError> {
+        Ok(match prompt {
+            Prompt::Text(t) if t.is_empty() => return Err(BackendError::EmptyPrompt),
+            Prompt::Tokens(t) if t.is_empty() => return Err(BackendError::EmptyPrompt),
+            Prompt::Text(t) => json!(t),
+            Prompt::Tokens(t) => json!(t),
+            Prompt::Chat(messages) => {
+                let messages: Vec<Value> = messages
+                    .iter()
+                    .map(|m| json!({"role": m.role, "content": m.content}))
+                    .collect();
+                let rendered = self.post("/apply-template", json!({ "messages": messages })).await?;
+                json!(rendered["prompt"].as_str().unwrap_or_default())
+            }
+        })
+    }
+}
+
+/// An error answer of the server, mapped onto our codes.
+fn server_error(path: &str, status: reqwest::StatusCode, body: &Value) -> BackendError {
+    let message = body["error"]["message"].as_str().unwrap_or("").to_string();
+    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        return unavailable(path, format!("{status} {message}"));
+    }
+    if message.contains("context") && message.contains("exceed") {
+        return BackendError::Invalid(format!("llama.cpp: {message}"));
+    }
+    if status.is_client_error() {
+        return BackendError::Invalid(format!("llama.cpp {path}: {status} {message}"));
+    }
+    BackendError::Compute(format!("llama.cpp {path}: {status} {message}"))
+}
+
+/// `GenerateConfig` as llama.cpp `/completion` parameters.
+fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value {
+    let mut body = json!({
+        "prompt": prompt,
+        "n_predict": c.max_tokens,
+        "temperature": c.temperature,
+        "top_k": c.top_k,
+        "top_p": if c.top_p > 0.0 && c.top_p < 1.0 { c.top_p } else { 1.0 },
+        "min_p": c.min_p,
+        "repeat_penalty": if c.repeat_penalty > 0.0 { c.repeat_penalty } else { 1.0 },
+        "repeat_last_n": c.repeat_last_n,
+        "stop": c.stop,
+        "stream": stream,
+        "return_tokens": true,
+        "cache_prompt": true,
+    });
+    if let Some(seed) = c.seed {
+        body["seed"] = json!(seed);
+    }
+    body
+}
+
+/// Metrics from a completion's `timings`.
+fn metrics_from(timings: &Value) -> GenerateMetrics {
+    let f = |k: &str| timings[k].as_f64().unwrap_or(0.0);
+    GenerateMetrics {
+        prompt_tokens: f("prompt_n") as u32,
+        generated_tokens: f("predicted_n") as u32,
+        prefill_us: (f("prompt_ms") * 1000.0) as u64,
+        decode_us: (f("predicted_ms") * 1000.0) as u64,
+        total_us: ((f("prompt_ms") + f("predicted_ms")) * 1000.0) as u64,
+        prefill_tokens_per_sec: f("prompt_per_second"),
+        decode_tokens_per_sec: f("predicted_per_second"),
+        ..GenerateMetrics::default()
+    }
+}
+
+impl TextModel for LlamaCppModel {
+    fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
+        let this = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<GenerateEvent, BackendError>>(64);
+        tokio::spawn(async move {
+            let result = this.stream_completion(prompt, &config, &cancel, &tx).await;
+            if let Err(e) = result {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        }))
+    }
+
+    fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture {
+        let this = self.clone();
+        Box::pin(async move {
+            let jobs = prompts.into_iter().map(|p| {
+                let this = this.clone();
+                async move {
+                    if return_logits {
+                        return Err(BackendError::Invalid(
+                            "llama.cpp servers do not return full logits; classify without return_logits".into(),
+                        ));
+                    }
+                    let prompt = this.prompt_value(&p).await?;
+                    let body = json!({"prompt": prompt, "n_predict": 1, "temperature": 0.0,
+                                      "return_tokens": true, "n_probs": 1, "cache_prompt": true});
+                    let v = this.post("/completion", body).await?;
+                    let id = v["tokens"][0]
+                        .as_u64()
+                        .ok_or_else(|| BackendError::Compute("llama.cpp returned no token".into()))?;
+                    Ok(ClassifyResult {
+                        token: Token {
+                            id: id as u32,
+                            text: v["content"].as_str().unwrap_or_default().to_string(),
+                        },
+                        logits: Vec::new(),
+                    })
+                }
+            });
+            futures::future::join_all(jobs).await
+        })
+    }
+
+    fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
+        let streams: Vec<GenerateStream> = prompts
+            .into_iter()
+            .map(|p| self.generate(p, config.clone(), cancel.clone()))
+            .collect();
+        Box::pin(async move {
+            let jobs = streams.into_iter().map(|mut s| async move {
+                let mut result = BatchResult {
+                    tokens: Vec::new(),
+                    error: None,
+                };
+                while let Some(ev) = s.next().await {
+                    match ev {
+                        Ok(GenerateEvent::Token(t)) => result.tokens.push(t),
+                        Ok(GenerateEvent::Done { .. }) => {}
+                        Err(e) => result.error = Some(e.to_wire()),
+                    }
+                }
+                result
+            });
+            futures::future::join_all(jobs).await
+        })
+    }
+
+    fn model_type(&self) -> &str {
+        "llama_cpp"
+    }
+
+    fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn metrics(&self) -> GenerateMetrics {
+        self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl LlamaCppModel {
+    /// Streams one completion into `tx`; returns an error for the caller to send.
+    async fn stream_completion(
+        &self,
+        prompt: Prompt,
+        config: &GenerateConfig,
+        cancel: &CancelFlag,
+        tx: &tokio::sync::mpsc::Sender<Result<GenerateEvent, BackendError>>,
+    ) -> Result<(), BackendError> {
+        let prompt = self.prompt_value(&prompt).await?;
+        let r = self
+            .http
+            .post(format!("{}/completion", self.url))
+            .json(&completion_body(prompt, config, true))
+            .send()
+            .await
+            .map_err(|e| unavailable("/completion", e))?;
+        let status = r.status();
+        if !status.is_success() {
+            let v: Value = r.json().await.unwrap_or_default();
+            return Err(server_error("/completion", status, &v));
+        }
+        let mut body = r.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut generated = 0u32;
+        loop {
+            if cancel.is_cancelled() {
+                // Dropping the response stops the server's generation.
+                let done = GenerateEvent::Done {
+                    finish_reason: FinishReason::Cancelled,
+                    metrics: GenerateMetrics::default(),
+                };
+                let _ = tx.send(Ok(done)).await;
+                return Ok(());
+            }
+            let Some(chunk) = body.next().await else {
+                return Err(unavailable("/completion", "the stream ended without a final event"));
+            };
+            buf.extend_from_slice(&chunk.map_err(|e| unavailable("/completion", e))?);
+            // Server-sent events: `data: {json}` lines separated by blank lines.
+            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+                let event: Vec<u8> = buf.drain(..end + 2).collect();
+                let line = String::from_utf8_lossy(&event);
+                let Some(data) = line.trim().strip_prefix("data:") else {
+                    continue;
+                };
+                let v: Value = serde_json::from_str(data.trim())
+                    .map_err(|e| BackendError::Compute(format!("llama.cpp sent a bad event: {e}")))?;
+                if let Some(err) = v.get("error") {
+                    return Err(BackendError::Compute(format!("llama.cpp: {err}")));
+                }
+                let text = v["content"].as_str().unwrap_or_default();
+                let ids: Vec<u32> = v["tokens"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
+                    .unwrap_or_default();
+                for (i, id) in ids.iter().enumerate() {
+                    if config.stop_tokens.contains(id) {
+                        let done = GenerateEvent::Done {
+                            finish_reason: FinishReason::Stop,
+                            metrics: GenerateMetrics {
+                                generated_tokens: generated,
+                                ..GenerateMetrics::default()
+                            },
+                        };
+                        let _ = tx.send(Ok(done)).await;
+                        return Ok(());
+                    }
+                    generated += 1;
+                    let token = Token {
+                        id: *id,
+                        text: if i == 0 { text.to_string() } else { String::new() },
+                    };
+                    if tx.send(Ok(GenerateEvent::Token(token))).await.is_err() {
+                        return Ok(()); // the caller went away
+                    }
+                }
+                if v["stop"].as_bool() == Some(true) {
+                    let metrics = metrics_from(&v["timings"]);
+                    *self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = metrics.clone();
+                    let finish_reason = match v["stop_type"].as_str() {
+                        Some("limit") => FinishReason::Length,
+                        _ => FinishReason::Stop,
+                    };
+                    let _ = tx.send(Ok(GenerateEvent::Done { finish_reason, metrics })).await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
