@@ -65,6 +65,18 @@ fn is_c_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')
 }
 
+/// `s` without its trailing C whitespace.
+fn trim_end_c_space(s: &[u8]) -> &[u8] {
+    let keep = s.iter().rposition(|&b| !is_c_space(b)).map_or(0, |i| i + 1);
+    &s[..keep]
+}
+
+/// `s` without its leading C whitespace.
+fn trim_start_c_space(s: &[u8]) -> &[u8] {
+    let skip = s.iter().position(|&b| !is_c_space(b)).unwrap_or(s.len());
+    &s[skip..]
+}
+
 /// The first occurrence of `needle` (non-empty) in `hay`.
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     let (&first, rest) = needle.split_first()?;
@@ -148,12 +160,7 @@ impl SpecialSplitter {
                 while let Some(at) = find(rest, needle) {
                     let mut left = &rest[..at];
                     if token.lstrip {
-                        while let Some((&b, init)) = left.split_last() {
-                            if !is_c_space(b) {
-                                break;
-                            }
-                            left = init;
-                        }
+                        left = trim_end_c_space(left);
                     }
                     if !left.is_empty() {
                         next.push(Piece::Text(left));
@@ -161,12 +168,7 @@ impl SpecialSplitter {
                     next.push(Piece::Token(token.id));
                     rest = &rest[at + needle.len()..];
                     if token.rstrip {
-                        while let Some((&b, tail)) = rest.split_first() {
-                            if !is_c_space(b) {
-                                break;
-                            }
-                            rest = tail;
-                        }
+                        rest = trim_start_c_space(rest);
                     }
                 }
                 if !rest.is_empty() {
@@ -179,14 +181,48 @@ impl SpecialSplitter {
     }
 }
 
+/// Byte strings indexed by id, back to back in one buffer (no allocation per string).
+#[derive(Debug, Default)]
+pub(crate) struct Packed {
+    bytes: Vec<u8>,
+    /// Where string `id` ends (it starts where `id - 1`'s ends).
+    ends: Vec<usize>,
+}
+
+impl Packed {
+    /// Appends the next string.
+    pub(crate) fn push(&mut self, s: &[u8]) {
+        self.bytes.extend_from_slice(s);
+        self.ends.push(self.bytes.len());
+    }
+
+    /// String `id` (empty for an unknown id).
+    pub(crate) fn get(&self, id: u32) -> &[u8] {
+        let id = id as usize;
+        let start = if id == 0 {
+            0
+        } else {
+            self.ends.get(id - 1).copied().unwrap_or(0)
+        };
+        let end = self.ends.get(id).copied().unwrap_or(start);
+        &self.bytes[start..end]
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+}
+
 /// Token texts → ids without a heap allocation per token: all texts in one buffer,
 /// and an open-addressing hash table (linear probing) of ids.
 #[derive(Debug, Default)]
 struct TokenTable {
-    /// Every token's text, back to back.
-    text: Vec<u8>,
-    /// Where token `id`'s text ends in `text` (it starts where `id - 1`'s ends).
-    ends: Vec<usize>,
+    /// Every token's text.
+    texts: Packed,
     /// `(id, high hash bits)` per slot; `EMPTY` where free. Length: a power of two.
     slots: Vec<(u32, u32)>,
 }
@@ -197,12 +233,11 @@ impl TokenTable {
     fn new<'a>(tokens: impl IntoIterator<Item = &'a [u8]>) -> Self {
         let mut table = Self::default();
         for t in tokens {
-            table.text.extend_from_slice(t);
-            table.ends.push(table.text.len());
+            table.texts.push(t);
         }
-        let capacity = (table.ends.len() * 2).next_power_of_two().max(16);
+        let capacity = (table.texts.len() * 2).next_power_of_two().max(16);
         table.slots = vec![(Self::EMPTY, 0); capacity];
-        for id in 0..table.ends.len() {
+        for id in 0..table.texts.len() {
             let text = table.get(id as u32);
             let (mut slot, tag) = table.home(text);
             loop {
@@ -224,14 +259,7 @@ impl TokenTable {
 
     /// The text of token `id` (empty for an unknown id).
     fn get(&self, id: u32) -> &[u8] {
-        let id = id as usize;
-        let start = if id == 0 {
-            0
-        } else {
-            self.ends.get(id - 1).copied().unwrap_or(0)
-        };
-        let end = self.ends.get(id).copied().unwrap_or(start);
-        &self.text[start..end]
+        self.texts.get(id)
     }
 
     /// FNV-1a, then a Fibonacci mix: the first slot to probe, and a tag to compare.
@@ -332,7 +360,7 @@ impl SpmModel {
     /// scores count as 0). `unk` is the unknown token, if any.
     pub fn new<'a>(tokens: impl IntoIterator<Item = &'a [u8]>, mut scores: Vec<f32>, unk: Option<u32>) -> Self {
         let tokens = TokenTable::new(tokens);
-        scores.resize(tokens.ends.len().max(scores.len()), 0.0);
+        scores.resize(tokens.texts.len().max(scores.len()), 0.0);
         let byte_tokens = (0..=255u8)
             .map(|b| {
                 tokens
@@ -360,12 +388,12 @@ impl SpmModel {
 
     /// Number of tokens.
     pub fn len(&self) -> usize {
-        self.tokens.ends.len()
+        self.tokens.texts.len()
     }
 
     /// Whether the vocabulary is empty.
     pub fn is_empty(&self) -> bool {
-        self.tokens.ends.is_empty()
+        self.tokens.texts.is_empty()
     }
 
     /// Appends the ids of `text` (spaces already escaped to `▁`) to `out`.

@@ -15,7 +15,7 @@
 //! emits text only at UTF-8 character boundaries, so a streamed token never carries
 //! half a character.
 
-use super::spm::{self, SpecialSplitter, SpecialToken, SpmModel, SpmTokenizer};
+use super::spm::{self, Packed, SpecialSplitter, SpecialToken, SpmModel, SpmTokenizer};
 use candle_core::quantized::gguf_file;
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
@@ -185,7 +185,7 @@ enum Encoder {
 pub struct GgufTokenizer {
     encoder: Encoder,
     /// Exact bytes of every token (control tokens: their text).
-    token_bytes: Pieces,
+    token_bytes: Packed,
     is_control: Vec<bool>,
     /// `tokenizer.ggml.bos_token_id`, when the model wants it prepended.
     add_bos: Option<u32>,
@@ -643,44 +643,16 @@ impl GgufTokenizer {
     }
 }
 
-/// Every token's bytes, back to back in one buffer.
-#[derive(Debug, Default)]
-struct Pieces {
-    bytes: Vec<u8>,
-    /// Where token `id`'s bytes end (they start where `id - 1`'s end).
-    ends: Vec<usize>,
-}
-
-impl Pieces {
-    /// The bytes of token `id` (empty for an unknown id).
-    fn get(&self, id: u32) -> &[u8] {
-        let id = id as usize;
-        let start = if id == 0 {
-            0
-        } else {
-            self.ends.get(id - 1).copied().unwrap_or(0)
-        };
-        let end = self.ends.get(id).copied().unwrap_or(start);
-        &self.bytes[start..end]
-    }
-
-    fn len(&self) -> usize {
-        self.ends.len()
-    }
-}
-
 /// The bytes each token prints as (llama.cpp `token_to_piece` with `special = true`):
 /// special tokens their text, byte tokens their byte, normal tokens their text decoded
 /// (SPM: `▁` → space; BPE: the GPT-2 byte table), anything else nothing.
-fn token_pieces(kind: Kind, tokens: &[Cow<str>], attrs: &[u32]) -> Pieces {
+fn token_pieces(kind: Kind, tokens: &[Cow<str>], attrs: &[u32]) -> Packed {
     let chars = byte_to_char();
     let char_to_byte: HashMap<char, u8> = chars.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-    let mut pieces = Pieces {
-        bytes: Vec::with_capacity(tokens.iter().map(|t| t.len()).sum()),
-        ends: Vec::with_capacity(tokens.len()),
-    };
+    let mut pieces = Packed::default();
+    let mut out = Vec::new();
     for (t, &a) in tokens.iter().zip(attrs) {
-        let out = &mut pieces.bytes;
+        out.clear();
         if a & attr::SPECIAL != 0 {
             out.extend_from_slice(t.as_bytes());
         } else if a & attr::NORMAL != 0 {
@@ -713,7 +685,7 @@ fn token_pieces(kind: Kind, tokens: &[Cow<str>], attrs: &[u32]) -> Pieces {
         } else if a & attr::BYTE != 0 {
             out.push(byte_token_value(t));
         }
-        pieces.ends.push(out.len());
+        pieces.push(&out);
     }
     pieces
 }
