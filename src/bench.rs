@@ -116,8 +116,9 @@ pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow:
         None
     };
     let coordinator = node::start_coordinator(&config).await?;
-    let (model, path, name) = node::load_model(&config).await?;
-    let worker = node::start_worker(&config, model.clone(), path, name.clone()).await?;
+    let loaded = node::load(&config).await?;
+    let (model, name) = (loaded.model.clone(), loaded.name.clone());
+    let worker = node::start_worker(&config, &loaded).await?;
     let opts = ClientOptions {
         prefix: config.nats.prefix.clone(),
         ..ClientOptions::default()
@@ -223,8 +224,15 @@ pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow:
     let mut probe_cfg = config.clone();
     probe_cfg.worker.id = "fabric-probe".into();
     let probe: Arc<dyn TextModel> = Arc::new(switchyard_workers::probe::FabricProbe);
-    let probe_worker =
-        node::start_worker(&probe_cfg, probe.clone(), "fabric-probe".into(), "fabric-probe".into()).await?;
+    let probe_loaded = node::Loaded {
+        model: probe.clone(),
+        path: "fabric-probe".into(),
+        name: "fabric-probe".into(),
+        device: "cpu".into(),
+        capacity: 1,
+        supervisor: None,
+    };
+    let probe_worker = node::start_worker(&probe_cfg, &probe_loaded).await?;
     while client
         .status()
         .await

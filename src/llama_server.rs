@@ -34,7 +34,18 @@ impl LlamaServer {
         slots: usize,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
-        let port = free_port()?;
+        Self::start_at(bin, model, free_port()?, threads, slots, extra).await
+    }
+
+    /// [`Self::start_with`] on a given port (to bring a server back where it was).
+    pub async fn start_at(
+        bin: &Path,
+        model: &Path,
+        port: u16,
+        threads: usize,
+        slots: usize,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let threads = threads.to_string();
         let mut cmd = Command::new(bin);
         cmd.arg("-m")
@@ -74,6 +85,11 @@ impl LlamaServer {
             bail!("llama-server {path}: {}", r.status());
         }
         Ok(r.json().await?)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.url.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0)
     }
 
     /// The process id (for reading its memory use).

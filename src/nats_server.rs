@@ -3,7 +3,7 @@
 //! if this process dies first.
 
 use anyhow::{bail, Context};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,11 +44,6 @@ pub fn find_nats_server(configured: &str) -> anyhow::Result<PathBuf> {
         .into_iter()
         .find(|p| p.is_file())
         .context("nats-server not found (looked at $SWITCHYARD_NATS_SERVER, ~/.cache/switchyard/bin, PATH); run scripts/setup.sh")
-}
-
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl NatsServer {
@@ -96,17 +91,4 @@ impl Drop for NatsServer {
     }
 }
 
-/// Asks the kernel to SIGKILL the child when this process dies, so no child
-/// outlives its parent even after `kill -9` of the parent.
-pub fn kill_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
+pub use switchyard_actors::process::{free_port, kill_with_parent};

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use switchyard_config::Config;
 use switchyard_coordinator::{CoordinatorHandle, CoordinatorOptions};
 use switchyard_messages::{Backend, LoadConfig, Subjects, TextModel};
+use switchyard_workers::llama_cpp::LlamaCppModel;
+use switchyard_workers::rocm::{RocmOptions, Supervisor};
 use switchyard_workers::{CpuBackend, WorkerHandle, WorkerOptions};
 
 /// File name of the demo model that `scripts/setup.sh` installs.
@@ -60,7 +62,169 @@ pub fn model_name(config: &Config, path: &std::path::Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-/// Loads the worker's model, printing progress to stderr.
+/// A loaded model, ready for a worker: what it serves and how it announces itself.
+pub struct Loaded {
+    /// The model.
+    pub model: Arc<dyn TextModel>,
+    /// Where it came from (a file, a directory, or the llama.cpp server's URL).
+    pub path: PathBuf,
+    /// The name requests use.
+    pub name: String,
+    /// The device the worker announces: `cpu`, `llama_cpp`, `rocm:N`.
+    pub device: String,
+    /// Requests computed at once: `worker.capacity`, else the backend's own.
+    pub capacity: u32,
+    /// The supervised llama-server of a `rocm` worker; stop it after the worker.
+    pub supervisor: Option<Supervisor>,
+}
+
+impl Loaded {
+    /// Stops what the model owns (a `rocm` worker's llama-server child). Call after
+    /// the worker has shut down.
+    pub fn stop(&mut self) {
+        if let Some(mut s) = self.supervisor.take() {
+            s.stop();
+        }
+    }
+}
+
+/// Finds `llama-server`: `configured` if non-empty, `$SWITCHYARD_LLAMA_SERVER`, the
+/// cache's build (`scripts/build-llama-server.sh`), then `PATH`.
+pub fn find_llama_server(configured: &str) -> anyhow::Result<PathBuf> {
+    if !configured.is_empty() {
+        return Ok(PathBuf::from(configured));
+    }
+    if let Some(p) = std::env::var_os("SWITCHYARD_LLAMA_SERVER") {
+        return Ok(PathBuf::from(p));
+    }
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(cache_dir().join("llama.cpp"))
+        .map(|d| d.flatten().map(|e| e.path().join("bin/llama-server")).collect())
+        .unwrap_or_default();
+    candidates.sort();
+    candidates.reverse();
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join("llama-server")));
+    }
+    candidates.into_iter().find(|p| p.is_file()).context(
+        "llama-server not found (looked at worker.llama_server_bin, $SWITCHYARD_LLAMA_SERVER, \
+         ~/.cache/switchyard/llama.cpp/*/bin, PATH); build one with scripts/build-llama-server.sh",
+    )
+}
+
+/// Loads the worker's model on `worker.backend`, printing progress to stderr.
+pub async fn load(config: &Config) -> anyhow::Result<Loaded> {
+    let w = &config.worker;
+    match w.backend.as_str() {
+        "llama_cpp" => {
+            eprintln!("connecting to the llama.cpp server at {} …", w.llama_url);
+            let model = LlamaCppModel::connect(&w.llama_url, Duration::from_secs(120))
+                .await
+                .with_context(|| format!("worker.llama_url = {}", w.llama_url))?;
+            Ok(served_by_llama_cpp(config, model, "llama_cpp".into(), None))
+        }
+        "rocm" => {
+            let path = model_path(config)?;
+            let bin = find_llama_server(&w.llama_server_bin)?;
+            let worker_id = worker_id(config);
+            let opts = RocmOptions {
+                bin,
+                model: path,
+                device: w.gpu_device,
+                gpu_layers: w.gpu_layers,
+                context_len: w.context_len,
+                parallel_slots: w.parallel_slots,
+                threads: w.threads,
+                extra_args: w.llama_server_args.split_whitespace().map(str::to_string).collect(),
+                allow_cpu: w.rocm_allow_cpu,
+                worker_id,
+                startup_timeout: Duration::from_secs(300),
+            };
+            eprintln!(
+                "starting llama-server on {} for {} …",
+                if w.rocm_allow_cpu {
+                    "the CPU (rocm_allow_cpu)".to_string()
+                } else {
+                    format!("ROCm GPU {}", w.gpu_device)
+                },
+                opts.model.display()
+            );
+            let started = Instant::now();
+            let (supervisor, model) = Supervisor::start(opts).await?;
+            eprintln!(
+                "llama-server up at {} (pid {}) in {:.2} s",
+                supervisor.url(),
+                supervisor.pid().unwrap_or(0),
+                started.elapsed().as_secs_f64()
+            );
+            let on_cpu = switchyard_workers::rocm::rocm_devices().is_err();
+            let device = format!("rocm:{}{}", w.gpu_device, if on_cpu { "(cpu)" } else { "" });
+            let mut loaded = served_by_llama_cpp(config, model, device, Some(supervisor));
+            loaded.path = model_path(config)?;
+            if w.model_name.is_empty() {
+                loaded.name = model_name(config, &loaded.path);
+            }
+            Ok(loaded)
+        }
+        _ => {
+            let (model, path, name) = load_model(config).await?;
+            Ok(Loaded {
+                model,
+                path,
+                name,
+                device: "cpu".into(),
+                capacity: config.worker.capacity.max(1),
+                supervisor: None,
+            })
+        }
+    }
+}
+
+/// A model behind a llama.cpp server: named after what the server reports, with the
+/// server's slot count as capacity unless `worker.capacity` says otherwise.
+fn served_by_llama_cpp(
+    config: &Config,
+    model: LlamaCppModel,
+    device: String,
+    supervisor: Option<Supervisor>,
+) -> Loaded {
+    let props = model.props().clone();
+    let path = PathBuf::from(&props.model_path);
+    let name = if !config.worker.model_name.is_empty() {
+        config.worker.model_name.clone()
+    } else {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| props.model_alias.clone())
+    };
+    let capacity = if config.worker.capacity > 0 {
+        if config.worker.capacity > props.total_slots {
+            eprintln!(
+                "note: worker.capacity {} exceeds the server's {} slots; the extra requests wait inside llama-server",
+                config.worker.capacity, props.total_slots
+            );
+        }
+        config.worker.capacity
+    } else {
+        props.total_slots
+    };
+    eprintln!(
+        "serving {name} from {} ({} slots, context {} per slot)",
+        model.url(),
+        props.total_slots,
+        props.n_ctx
+    );
+    Loaded {
+        model: Arc::new(model),
+        path,
+        name,
+        device,
+        capacity,
+        supervisor,
+    }
+}
+
+/// Loads the worker's model on the CPU engine, printing progress to stderr.
 pub async fn load_model(config: &Config) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
     let path = model_path(config)?;
     let name = model_name(config, &path);
@@ -96,32 +260,31 @@ pub async fn load_model(config: &Config) -> anyhow::Result<(Arc<dyn TextModel>, 
     Ok((model, path, name))
 }
 
-/// Starts a worker for an already loaded model.
-pub async fn start_worker(
-    config: &Config,
-    model: Arc<dyn TextModel>,
-    path: PathBuf,
-    name: String,
-) -> anyhow::Result<WorkerHandle> {
-    let nats = switchyard_actors::nats::connect(&config.nats.url, "switchyard-worker", Duration::from_secs(10)).await?;
-    let worker_id = if config.worker.id.is_empty() {
+/// The worker id: `worker.id`, else `{backend}-{host}-{pid}`.
+pub fn worker_id(config: &Config) -> String {
+    if config.worker.id.is_empty() {
         switchyard_workers::worker::default_worker_id(&config.worker.backend)
     } else {
         config.worker.id.clone()
-    };
+    }
+}
+
+/// Starts a worker for a loaded model.
+pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<WorkerHandle> {
+    let nats = switchyard_actors::nats::connect(&config.nats.url, "switchyard-worker", Duration::from_secs(10)).await?;
     let opts = WorkerOptions {
-        worker_id,
-        device: "cpu".into(),
+        worker_id: worker_id(config),
+        device: loaded.device.clone(),
         backend: config.worker.backend.clone(),
-        model_name: name,
-        model_path: path,
+        model_name: loaded.name.clone(),
+        model_path: loaded.path.clone(),
         subjects: Subjects::new(&config.nats.prefix),
         heartbeat: Duration::from_millis(config.worker.heartbeat_ms),
         keepalive: Duration::from_millis(config.worker.keepalive_ms),
-        capacity: config.worker.capacity,
+        capacity: loaded.capacity,
         queue_depth: config.worker.queue_depth,
     };
-    WorkerHandle::start(nats, model, opts).await
+    WorkerHandle::start(nats, loaded.model.clone(), opts).await
 }
 
 /// Starts a coordinator.

@@ -48,9 +48,13 @@ fn bad_configuration_names_the_field_and_source() {
     assert_ne!(code, 0);
     assert!(err.contains("SWITCHYARD_COORDINATOR_MAX_ATTEMPTS"), "{err}");
 
-    let (code, _, err) = run(&["up", "--capacity", "0"], &[]);
+    let (code, _, err) = run(&["up", "--heartbeat-ms", "10"], &[]);
     assert_ne!(code, 0);
-    assert!(err.contains("worker.capacity"), "{err}");
+    assert!(err.contains("worker.heartbeat_ms"), "{err}");
+
+    let (code, _, err) = run(&["up", "--backend", "llama_cpp"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("worker.llama_url"), "{err}");
 
     let (code, _, err) = run(&["worker"], &[]);
     assert_ne!(code, 0);
@@ -68,6 +72,8 @@ fn every_flag_is_documented_in_help() {
         "status",
         "models",
         "bench fabric",
+        "bench llama",
+        "bench llama-cpp",
     ] {
         let mut args: Vec<&str> = cmd.split(' ').collect();
         args.push("--help");

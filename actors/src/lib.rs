@@ -6,6 +6,7 @@
 //!   keep-alives while a request waits or computes.
 //! - [`admission`]: [`Admission`], a worker's bounded admission (capacity + queue);
 //!   a full queue is an immediate `overloaded`, never unbounded growth.
+//! - [`process`]: child processes that die with us, free loopback ports.
 //! - [`cancel`]: [`CancelRegistry`], request id → cancel flag, fed by
 //!   `{p}.v1.cancel.{request_id}`.
 //!
@@ -15,6 +16,7 @@ pub mod admission;
 pub mod cancel;
 pub mod chunks;
 pub mod nats;
+pub mod process;
 
 pub use admission::{Admission, AdmissionPermit};
 pub use cancel::CancelRegistry;

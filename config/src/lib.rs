@@ -53,6 +53,9 @@ pub enum ConfigError {
     },
 }
 
+/// The backends a worker can run.
+pub const WORKER_BACKENDS: &[&str] = &["cpu", "llama_cpp", "rocm"];
+
 /// The whole configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -122,13 +125,32 @@ pub struct WorkerConfig {
     pub model: String,
     /// Name requests use for the model; empty = the file name without `.gguf`.
     pub model_name: String,
-    /// Backend: `cpu` (candle).
+    /// Backend: `cpu` (switchyard's own engine), `llama_cpp` (a llama.cpp server
+    /// already running at `llama_url`) or `rocm` (a `llama-server` child this worker
+    /// starts and supervises, pinned to GPU `gpu_device`).
     pub backend: String,
+    /// `llama_cpp`: the server's base URL, e.g. `http://127.0.0.1:8080`.
+    pub llama_url: String,
+    /// `rocm`: the `llama-server` binary; empty = `$SWITCHYARD_LLAMA_SERVER`, else the
+    /// one `scripts/build-llama-server.sh` built in the cache.
+    pub llama_server_bin: String,
+    /// `rocm`: more `llama-server` arguments, split on whitespace (e.g. `"-fa on"`).
+    pub llama_server_args: String,
+    /// `rocm`: the GPU index as HIP numbers them (`HIP_VISIBLE_DEVICES`).
+    pub gpu_device: u32,
+    /// `rocm`: layers to offload (`-ngl`); -1 = all.
+    pub gpu_layers: i32,
+    /// `rocm`: llama-server slots (`--parallel`); 0 = llama-server's default.
+    pub parallel_slots: u32,
+    /// `rocm`: run the supervised llama-server without a ROCm GPU (on the CPU), for
+    /// tests and machines without one.
+    pub rocm_allow_cpu: bool,
     /// Compute threads; 0 = all cores.
     pub threads: u32,
     /// Context window in tokens; 0 = the model's own, capped by the backend.
     pub context_len: u32,
-    /// Requests computed at once.
+    /// Requests computed at once; 0 = the backend's own (1 on `cpu`, the server's
+    /// slot count on `llama_cpp` and `rocm`).
     pub capacity: u32,
     /// Requests that may wait beyond `capacity`; more are refused with `overloaded`.
     pub queue_depth: u32,
@@ -145,9 +167,16 @@ impl Default for WorkerConfig {
             model: String::new(),
             model_name: String::new(),
             backend: "cpu".into(),
+            llama_url: String::new(),
+            llama_server_bin: String::new(),
+            llama_server_args: String::new(),
+            gpu_device: 0,
+            gpu_layers: -1,
+            parallel_slots: 0,
+            rocm_allow_cpu: false,
             threads: 0,
             context_len: 0,
-            capacity: 1,
+            capacity: 0,
             queue_depth: 16,
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
@@ -226,15 +255,28 @@ impl Config {
                 "must be letters, digits, '-' or '_'",
             );
         }
-        if self.worker.backend != "cpu" {
+        if !WORKER_BACKENDS.contains(&self.worker.backend.as_str()) {
             return invalid(
                 "worker.backend",
                 self.worker.backend.clone(),
-                "this build's workers support: cpu",
+                "must be one of: cpu, llama_cpp, rocm",
             );
         }
-        if self.worker.capacity == 0 {
-            return invalid("worker.capacity", "0".into(), "must be at least 1");
+        if self.worker.backend == "llama_cpp"
+            && !(self.worker.llama_url.starts_with("http://") || self.worker.llama_url.starts_with("https://"))
+        {
+            return invalid(
+                "worker.llama_url",
+                format!("{:?}", self.worker.llama_url),
+                "backend llama_cpp needs the server's http:// or https:// URL",
+            );
+        }
+        if self.worker.gpu_layers < -1 {
+            return invalid(
+                "worker.gpu_layers",
+                self.worker.gpu_layers.to_string(),
+                "must be -1 (all) or a layer count",
+            );
         }
         if self.worker.heartbeat_ms < 50 {
             return invalid(

@@ -47,7 +47,16 @@ fn wrong_type_in_env_names_the_variable() {
 fn invalid_values_name_the_field() {
     let mut c = Config::default();
     c.worker.capacity = 0;
-    assert!(c.validate().unwrap_err().to_string().contains("worker.capacity"));
+    c.validate().expect("capacity 0 = the backend's own");
+    c.worker.backend = "cuda".into();
+    assert!(c.validate().unwrap_err().to_string().contains("worker.backend"));
+    c.worker.backend = "llama_cpp".into();
+    assert!(c.validate().unwrap_err().to_string().contains("worker.llama_url"));
+    c.worker.llama_url = "http://127.0.0.1:8080".into();
+    c.validate().expect("llama_cpp with a URL");
+    c.worker.backend = "rocm".into();
+    c.worker.gpu_layers = -2;
+    assert!(c.validate().unwrap_err().to_string().contains("worker.gpu_layers"));
     let mut c = Config::default();
     c.nats.prefix = "a.b".into();
     assert!(c.validate().unwrap_err().to_string().contains("nats.prefix"));

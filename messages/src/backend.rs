@@ -163,6 +163,13 @@ pub trait TextModel: Send + Sync {
             )))
         })
     }
+    /// Whether the model can take requests now. A model behind another process (a
+    /// llama.cpp server) says `false` while that process is down or restarting; the
+    /// worker then refuses new requests as `unavailable` and its heartbeat says so,
+    /// so coordinators route elsewhere.
+    fn healthy(&self) -> bool {
+        true
+    }
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;
     /// Static facts.

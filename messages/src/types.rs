@@ -140,6 +140,9 @@ pub struct ModelInfo {
 pub struct GenerateMetrics {
     /// Tokens in the (rendered) prompt.
     pub prompt_tokens: u32,
+    /// Prompt tokens reused from the backend's KV cache instead of computed again
+    /// (llama.cpp's `cache_n`); `0` where the backend does not reuse prefixes.
+    pub cached_tokens: u32,
     /// Tokens generated.
     pub generated_tokens: u32,
     /// Time spent in prefill, microseconds.

@@ -35,12 +35,26 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.worker.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
-            let (model, path, name) = node::load_model(&config).await?;
-            let worker = node::start_worker(&config, model, path, name.clone()).await?;
-            eprintln!("worker {} up on {}: serving {name}", worker.id(), config.nats.url);
+            let mut loaded = node::load(&config).await?;
+            let worker = match node::start_worker(&config, &loaded).await {
+                Ok(w) => w,
+                Err(e) => {
+                    loaded.stop();
+                    return Err(e);
+                }
+            };
+            eprintln!(
+                "worker {} up on {}: serving {} on {} (capacity {})",
+                worker.id(),
+                config.nats.url,
+                loaded.name,
+                loaded.device,
+                loaded.capacity
+            );
             node::shutdown_signal().await;
             eprintln!("draining worker {} …", worker.id());
             worker.shutdown(Duration::from_secs(30)).await;
+            loaded.stop();
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate(args) => {
@@ -61,25 +75,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(super::BenchCommand::Llama(args)) => {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);
-            let bin = match args
-                .llama_server
-                .clone()
-                .or_else(|| std::env::var_os("SWITCHYARD_LLAMA_SERVER").map(Into::into))
-            {
-                Some(b) => b,
-                None => {
-                    let out = std::process::Command::new("bash")
-                        .arg("scripts/build-llama-server.sh")
-                        .stderr(std::process::Stdio::inherit())
-                        .output()
-                        .context("running scripts/build-llama-server.sh (run from the repository root)")?;
-                    if !out.status.success() {
-                        bail!("scripts/build-llama-server.sh failed");
-                    }
-                    String::from_utf8_lossy(&out.stdout).trim().into()
-                }
-            };
+            let bin = switchyard::bench_llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
             switchyard::bench_llama::llama(&model, &bin, args.threads, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(super::BenchCommand::LlamaCpp(args)) => {
+            let model = args.model.clone().unwrap_or_else(node::demo_model_path);
+            let bin = switchyard::bench_llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
+            switchyard::bench_llama_cpp::llama_cpp(config, &bin, &model, args.threads, args.runs, args.max_tokens)
+                .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Fabric(args)) => {
@@ -131,8 +135,9 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         None
     };
     let coordinator = node::start_coordinator(&config).await?;
-    let (model, path, name) = node::load_model(&config).await?;
-    let worker = node::start_worker(&config, model, path, name.clone()).await?;
+    let mut loaded = node::load(&config).await?;
+    let name = loaded.name.clone();
+    let worker = node::start_worker(&config, &loaded).await?;
     // Report ready once the coordinator has seen the worker.
     let deadline = Instant::now() + Duration::from_secs(10);
     while coordinator.status().await?.workers.is_empty() {
@@ -189,6 +194,7 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("shutting down …");
     worker.shutdown(Duration::from_secs(10)).await;
+    loaded.stop();
     coordinator.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }

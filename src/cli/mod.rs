@@ -70,6 +70,12 @@ pub enum BenchCommand {
     /// prompt (~100 tokens), same threads, alternating runs: prefill and decode tok/s,
     /// ratios, peak RSS.
     Llama(BenchLlamaArgs),
+    /// The fabric's cost on the llama.cpp path: the same greedy request straight to a
+    /// llama-server and through NATS + coordinator + a llama_cpp worker in front of
+    /// that same server, alternating: time to first token and tok/s, ratios. Starts
+    /// its own nats-server unless --nats is given.
+    #[command(name = "llama-cpp")]
+    LlamaCpp(BenchLlamaArgs),
 }
 
 /// `switchyard bench llama`.
@@ -115,6 +121,30 @@ pub struct WorkerFlags {
     /// Name requests use for the model (default: the file name without .gguf, or the directory name).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Backend: cpu (switchyard's own engine), llama_cpp (a llama.cpp server already running at --llama-url) or rocm (a llama-server child this worker starts, supervises and pins to --gpu-device).
+    #[arg(long, value_parser = ["cpu", "llama_cpp", "rocm"])]
+    pub backend: Option<String>,
+    /// llama_cpp: the server's base URL, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub llama_url: Option<String>,
+    /// rocm: the llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, else the cache's build, else PATH).
+    #[arg(long)]
+    pub llama_server: Option<PathBuf>,
+    /// rocm: more llama-server arguments, split on whitespace (e.g. "-fa on").
+    #[arg(long, allow_hyphen_values = true)]
+    pub llama_server_args: Option<String>,
+    /// rocm: GPU index as HIP numbers them (sets HIP_VISIBLE_DEVICES for the child).
+    #[arg(long)]
+    pub gpu_device: Option<u32>,
+    /// rocm: layers to offload to the GPU (-ngl); -1 = all.
+    #[arg(long, allow_hyphen_values = true)]
+    pub gpu_layers: Option<i32>,
+    /// rocm: llama-server slots (--parallel); default: llama-server's own.
+    #[arg(long)]
+    pub parallel_slots: Option<u32>,
+    /// rocm: run the supervised llama-server on the CPU when no ROCm GPU is present (testing).
+    #[arg(long)]
+    pub rocm_allow_cpu: bool,
     /// Worker id, one NATS subject token (default: {backend}-{host}-{pid}).
     #[arg(long)]
     pub worker_id: Option<String>,
@@ -124,7 +154,7 @@ pub struct WorkerFlags {
     /// Context window in tokens (default: the model's own, capped at 8192 on cpu; the KV cache is allocated up front).
     #[arg(long)]
     pub context_len: Option<u32>,
-    /// Requests computed at once.
+    /// Requests computed at once (default: 1 on cpu, the server's slot count on llama_cpp and rocm).
     #[arg(long)]
     pub capacity: Option<u32>,
     /// Requests that may wait beyond --capacity; more are refused with `overloaded`.
@@ -293,6 +323,30 @@ impl WorkerFlags {
         }
         if let Some(v) = &self.model_name {
             w.model_name = v.clone();
+        }
+        if let Some(v) = &self.backend {
+            w.backend = v.clone();
+        }
+        if let Some(v) = &self.llama_url {
+            w.llama_url = v.clone();
+        }
+        if let Some(v) = &self.llama_server {
+            w.llama_server_bin = v.display().to_string();
+        }
+        if let Some(v) = &self.llama_server_args {
+            w.llama_server_args = v.clone();
+        }
+        if let Some(v) = self.gpu_device {
+            w.gpu_device = v;
+        }
+        if let Some(v) = self.gpu_layers {
+            w.gpu_layers = v;
+        }
+        if let Some(v) = self.parallel_slots {
+            w.parallel_slots = v;
+        }
+        if self.rocm_allow_cpu {
+            w.rocm_allow_cpu = true;
         }
         if let Some(v) = &self.worker_id {
             w.id = v.clone();

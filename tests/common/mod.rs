@@ -245,10 +245,8 @@ pub async fn fleet(tweak: impl FnOnce(&mut switchyard::Config)) -> Fleet {
     tweak(&mut config);
     config.validate().expect("valid test config");
     let coordinator = switchyard::node::start_coordinator(&config).await.expect("coordinator");
-    let (model, path, name) = switchyard::node::load_model(&config).await.expect("model loads");
-    let worker = switchyard::node::start_worker(&config, model, path, name)
-        .await
-        .expect("worker");
+    let loaded = switchyard::node::load(&config).await.expect("model loads");
+    let worker = switchyard::node::start_worker(&config, &loaded).await.expect("worker");
     let deadline = Instant::now() + Duration::from_secs(10);
     while coordinator.status().await.unwrap().workers.is_empty() {
         assert!(Instant::now() < deadline, "coordinator never saw the worker");

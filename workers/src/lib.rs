@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod discover;
 pub mod llama_cpp;
 pub mod probe;
+pub mod rocm;
 pub mod service;
 pub mod worker;
 

@@ -12,25 +12,71 @@
 //!   spreads them over its slots).
 //! - `info`: `/props` (context size); metrics from each completion's `timings`.
 //!
-//! Not wired into the worker yet (issue 4): this is the backend half, tested against
-//! a real llama-server in `tests/llama_cpp_backend.rs`.
+//! - Health: a background loop asks `/health` four times a second; a failed request
+//!   or a failed check marks the model unhealthy (the worker then refuses requests as
+//!   retryable `unavailable` and its heartbeat says `available: false`), and the first
+//!   good check with the same model behind it marks it healthy again.
+//!
+//! The `rocm` backend ([`crate::rocm`]) serves through this same type, pointed at the
+//! llama-server child it supervises.
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use switchyard_messages::{
     BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, ClassifyResult, FinishReason, GenerateConfig,
     GenerateEvent, GenerateMetrics, GenerateStream, ModelInfo, Prompt, TextModel, Token,
 };
 
+/// How often the health loop asks `/health`.
+const HEALTH_PERIOD: Duration = Duration::from_millis(250);
+
+/// What `/props` says about the server.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerProps {
+    /// The GGUF the server loaded.
+    pub model_path: String,
+    /// The server's name for the model (`--alias`, else the file name).
+    pub model_alias: String,
+    /// Context window of one slot.
+    pub n_ctx: u32,
+    /// Parallel slots (`--parallel`): requests the server computes at once.
+    pub total_slots: u32,
+    /// The chat template the server renders with (empty when it has none).
+    pub chat_template: String,
+}
+
 /// A connection to one llama.cpp server.
 #[derive(Clone)]
 pub struct LlamaCppModel {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     url: String,
     http: reqwest::Client,
     info: ModelInfo,
-    last_metrics: Arc<Mutex<GenerateMetrics>>,
+    props: ServerProps,
+    /// The last `/health` answer (or a failed request since): see [`TextModel::healthy`].
+    healthy: AtomicBool,
+    last_metrics: Mutex<GenerateMetrics>,
+}
+
+impl Shared {
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Marks the server down after a failed request (the health loop marks it up
+    /// again), and builds the retryable error the request ends with.
+    fn lost(&self, what: &str, e: impl std::fmt::Display) -> BackendError {
+        if self.healthy.swap(false, Ordering::AcqRel) {
+            tracing::warn!(url = %self.url(), "llama.cpp server unreachable ({what}: {e}); marked unavailable");
+        }
+        BackendError::Unavailable(format!("llama.cpp server at {} {what}: {e}", self.url()))
+    }
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> BackendError {
@@ -40,62 +86,87 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> BackendError {
 impl LlamaCppModel {
     /// Connects to the server at `url` (e.g. `http://127.0.0.1:8080`), waiting for
     /// `/health` to report ready (it answers 503 while loading) for up to `wait`.
+    /// A background loop keeps asking `/health` for as long as the model lives, so
+    /// [`TextModel::healthy`] follows the server going away and coming back.
     pub async fn connect(url: &str, wait: Duration) -> Result<Self, BackendError> {
         let url = url.trim_end_matches('/').to_string();
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| unavailable("client", e))?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             match http.get(format!("{url}/health")).send().await {
                 Ok(r) if r.status().is_success() => break,
                 Ok(r) if tokio::time::Instant::now() >= deadline => {
-                    return Err(unavailable("is not ready", format!("/health answered {}", r.status())))
+                    return Err(unavailable(
+                        &format!("at {url} is not ready"),
+                        format!("/health answered {} after {:.0?}", r.status(), wait),
+                    ))
                 }
-                Err(e) if tokio::time::Instant::now() >= deadline => return Err(unavailable("is unreachable", e)),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(unavailable(&format!("at {url} is unreachable"), e))
+                }
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
-        let props: Value = http
-            .get(format!("{url}/props"))
-            .send()
-            .await
-            .map_err(|e| unavailable("/props", e))?
-            .json()
-            .await
-            .map_err(|e| unavailable("/props", e))?;
-        let settings = &props["default_generation_settings"];
-        let n_ctx = settings["n_ctx"]
-            .as_u64()
-            .or_else(|| props["n_ctx"].as_u64())
-            .unwrap_or(0);
-        let model_path = props["model_path"].as_str().unwrap_or_default();
+        let props = fetch_props(&http, &url).await?;
+        // Vocabulary and width, where the server reports them (`/v1/models` meta).
+        let meta = match http.get(format!("{url}/v1/models")).send().await {
+            Ok(r) => r.json::<Value>().await.unwrap_or_default()["data"][0]["meta"].clone(),
+            Err(_) => Value::Null,
+        };
         let info = ModelInfo {
             architecture: "llama_cpp".into(),
-            vocab_size: 0,
+            vocab_size: meta["n_vocab"].as_u64().unwrap_or(0) as u32,
             num_layers: 0,
-            hidden_size: 0,
+            hidden_size: meta["n_embd"].as_u64().unwrap_or(0) as u32,
             quant_bits: 0,
             quant_group: 0,
-            context_len: n_ctx as u32,
+            context_len: props.n_ctx,
         };
-        tracing::info!(%url, model = model_path, n_ctx, "llama.cpp server connected");
-        Ok(Self {
+        tracing::info!(%url, model = %props.model_path, n_ctx = props.n_ctx, slots = props.total_slots, "llama.cpp server connected");
+        let shared = Arc::new(Shared {
             url,
             http,
             info,
-            last_metrics: Arc::new(Mutex::new(GenerateMetrics::default())),
-        })
+            props,
+            healthy: AtomicBool::new(true),
+            last_metrics: Mutex::new(GenerateMetrics::default()),
+        });
+        tokio::spawn(health_loop(Arc::downgrade(&shared)));
+        Ok(Self { shared })
+    }
+
+    /// The server's base URL.
+    pub fn url(&self) -> String {
+        self.shared.url()
+    }
+
+    /// What `/props` said when this connection was made.
+    pub fn props(&self) -> &ServerProps {
+        &self.shared.props
+    }
+
+    /// Marks the server down now (its supervisor saw it exit); the health loop marks
+    /// it up again once `/health` answers.
+    pub fn mark_down(&self, why: &str) {
+        if self.shared.healthy.swap(false, Ordering::AcqRel) {
+            tracing::warn!(url = %self.url(), "llama.cpp server down: {why}");
+        }
     }
 
     async fn post(&self, path: &str, body: Value) -> Result<Value, BackendError> {
         let r = self
+            .shared
             .http
-            .post(format!("{}{path}", self.url))
+            .post(format!("{}{path}", self.url()))
             .json(&body)
             .send()
             .await
-            .map_err(|e| unavailable(path, e))?;
+            .map_err(|e| self.shared.lost(path, e))?;
         let status = r.status();
-        let v: Value = r.json().await.map_err(|e| unavailable(path, e))?;
+        let v: Value = r.json().await.map_err(|e| self.shared.lost(path, e))?;
         if !status.is_success() {
             return Err(server_error(path, status, &v));
         }
@@ -163,7 +234,9 @@ fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value {
 fn metrics_from(timings: &Value) -> GenerateMetrics {
     let f = |k: &str| timings[k].as_f64().unwrap_or(0.0);
     GenerateMetrics {
-        prompt_tokens: f("prompt_n") as u32,
+        // `prompt_n` counts only the tokens computed; `cache_n` the ones reused.
+        prompt_tokens: (f("prompt_n") + f("cache_n")) as u32,
+        cached_tokens: f("cache_n") as u32,
         generated_tokens: f("predicted_n") as u32,
         prefill_us: (f("prompt_ms") * 1000.0) as u64,
         decode_us: (f("predicted_ms") * 1000.0) as u64,
@@ -248,12 +321,20 @@ impl TextModel for LlamaCppModel {
         "llama_cpp"
     }
 
+    fn healthy(&self) -> bool {
+        self.shared.healthy.load(Ordering::Acquire)
+    }
+
     fn info(&self) -> ModelInfo {
-        self.info.clone()
+        self.shared.info.clone()
     }
 
     fn metrics(&self) -> GenerateMetrics {
-        self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared
+            .last_metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -268,12 +349,13 @@ impl LlamaCppModel {
     ) -> Result<(), BackendError> {
         let prompt = self.prompt_value(&prompt).await?;
         let r = self
+            .shared
             .http
-            .post(format!("{}/completion", self.url))
+            .post(format!("{}/completion", self.url()))
             .json(&completion_body(prompt, config, true))
             .send()
             .await
-            .map_err(|e| unavailable("/completion", e))?;
+            .map_err(|e| self.shared.lost("/completion", e))?;
         let status = r.status();
         if !status.is_success() {
             let v: Value = r.json().await.unwrap_or_default();
@@ -293,9 +375,11 @@ impl LlamaCppModel {
                 return Ok(());
             }
             let Some(chunk) = body.next().await else {
-                return Err(unavailable("/completion", "the stream ended without a final event"));
+                return Err(self
+                    .shared
+                    .lost("went away mid-generation", "the stream ended without a final event"));
             };
-            buf.extend_from_slice(&chunk.map_err(|e| unavailable("/completion", e))?);
+            buf.extend_from_slice(&chunk.map_err(|e| self.shared.lost("went away mid-generation", e))?);
             // Server-sent events: `data: {json}` lines separated by blank lines.
             while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
                 let event: Vec<u8> = buf.drain(..end + 2).collect();
@@ -336,7 +420,7 @@ impl LlamaCppModel {
                 }
                 if v["stop"].as_bool() == Some(true) {
                     let metrics = metrics_from(&v["timings"]);
-                    *self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = metrics.clone();
+                    *self.shared.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = metrics.clone();
                     let finish_reason = match v["stop_type"].as_str() {
                         Some("limit") => FinishReason::Length,
                         _ => FinishReason::Stop,
@@ -345,6 +429,64 @@ impl LlamaCppModel {
                     return Ok(());
                 }
             }
+        }
+    }
+}
+
+async fn fetch_props(http: &reqwest::Client, url: &str) -> Result<ServerProps, BackendError> {
+    let props: Value = http
+        .get(format!("{url}/props"))
+        .send()
+        .await
+        .map_err(|e| unavailable("/props", e))?
+        .json()
+        .await
+        .map_err(|e| unavailable("/props", e))?;
+    let n_ctx = props["default_generation_settings"]["n_ctx"]
+        .as_u64()
+        .or_else(|| props["n_ctx"].as_u64())
+        .unwrap_or(0);
+    Ok(ServerProps {
+        model_path: props["model_path"].as_str().unwrap_or_default().to_string(),
+        model_alias: props["model_alias"].as_str().unwrap_or_default().to_string(),
+        n_ctx: n_ctx as u32,
+        total_slots: props["total_slots"].as_u64().unwrap_or(1).max(1) as u32,
+        chat_template: props["chat_template"].as_str().unwrap_or_default().to_string(),
+    })
+}
+
+/// Keeps [`Shared::healthy`] equal to "`/health` answers 200", for as long as the
+/// model lives; logs each change. When the server comes back it must still serve the
+/// same model, else the worker stays unavailable (and says why).
+async fn health_loop(shared: Weak<Shared>) {
+    let mut tick = tokio::time::interval(HEALTH_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(s) = shared.upgrade() else { return };
+        let url = s.url();
+        let up = matches!(
+            s.http.get(format!("{url}/health")).timeout(Duration::from_secs(2)).send().await,
+            Ok(r) if r.status().is_success()
+        );
+        let was = s.healthy.load(Ordering::Acquire);
+        if up && !was {
+            match fetch_props(&s.http, &url).await {
+                Ok(p) if p.model_path == s.props.model_path => {
+                    s.healthy.store(true, Ordering::Release);
+                    tracing::info!(%url, "llama.cpp server is back; available again");
+                }
+                Ok(p) => tracing::warn!(
+                    %url,
+                    "llama.cpp server came back serving {} instead of {}; staying unavailable",
+                    p.model_path,
+                    s.props.model_path
+                ),
+                Err(e) => tracing::debug!(%url, "llama.cpp server answers /health but not /props: {e}"),
+            }
+        } else if !up && was {
+            s.healthy.store(false, Ordering::Release);
+            tracing::warn!(%url, "llama.cpp server stopped answering /health; marked unavailable");
         }
     }
 }

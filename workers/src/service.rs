@@ -33,6 +33,27 @@ pub struct ServeContext {
     pub on_complete: Box<dyn Fn() + Send + Sync>,
 }
 
+impl ServeContext {
+    /// Refuses new work, as retryable `unavailable`, while the worker drains or its
+    /// model is unhealthy (e.g. its llama.cpp server is down or restarting), so a
+    /// coordinator tries the next worker.
+    fn check_open(&self) -> Result<(), WireError> {
+        if self.draining.load(Ordering::Acquire) {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("worker {} is draining", self.worker_id),
+            ));
+        }
+        if !self.model.healthy() {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("worker {}: its backend is down or restarting", self.worker_id),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Where a request's answer goes, and whether a coordinator waits for an
 /// [`AdmissionMsg`] on the NATS reply subject.
 struct Target {
@@ -94,12 +115,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
                 ),
             ));
         }
-        if ctx.draining.load(Ordering::Acquire) {
-            return Err(WireError::new(
-                ErrorCode::Unavailable,
-                format!("worker {} is draining", ctx.worker_id),
-            ));
-        }
+        ctx.check_open()?;
         ctx.admission.try_admit().map(|permit| (req, permit))
     });
 
@@ -237,12 +253,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
                 ),
             ));
         }
-        if ctx.draining.load(Ordering::Acquire) {
-            return Err(WireError::new(
-                ErrorCode::Unavailable,
-                format!("worker {} is draining", ctx.worker_id),
-            ));
-        }
+        ctx.check_open()?;
         ctx.admission.try_admit().map(|permit| (head, req, permit))
     });
     let (head, req, permit) = match parsed {

@@ -81,7 +81,7 @@ impl WorkerState {
             queue_capacity: self.ctx.admission.queue(),
             in_flight,
             queued,
-            available: true,
+            available: self.ctx.model.healthy(),
             draining: self.ctx.draining.load(Ordering::Acquire),
             host: self.host.clone(),
             pid: std::process::id(),
@@ -195,10 +195,22 @@ impl Actor for WorkerActor {
         tasks.push(tokio::spawn({
             let me = myself.clone();
             let period = opts.heartbeat;
+            let model = model.clone();
+            // A heartbeat every period, and one at once when the model's health
+            // changes, so coordinators stop (or resume) routing here without waiting.
             async move {
-                let mut tick = tokio::time::interval(period);
+                let poll = period.min(Duration::from_millis(100));
+                let mut tick = tokio::time::interval(poll);
+                let mut last_beat = tokio::time::Instant::now() - period;
+                let mut healthy = model.healthy();
                 loop {
                     tick.tick().await;
+                    let now_healthy = model.healthy();
+                    if now_healthy == healthy && last_beat.elapsed() + poll / 2 < period {
+                        continue;
+                    }
+                    healthy = now_healthy;
+                    last_beat = tokio::time::Instant::now();
                     if me.cast(WorkerMsg::Heartbeat).is_err() {
                         break;
                     }
