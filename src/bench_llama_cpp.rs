@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use switchyard_config::Config;
-use switchyard_messages::GenerateRequest;
+use switchyard_messages::{GenerateConfig, GenerateRequest};
+use switchyard_workers::llama_cpp::completion_body;
 
 /// One run as the caller saw it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -42,8 +43,12 @@ impl Run {
 
 /// Streams one completion straight from llama-server.
 async fn direct(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) -> anyhow::Result<Run> {
-    let body = json!({"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "stream": true,
-                      "return_tokens": true, "cache_prompt": true});
+    let config = GenerateConfig {
+        max_tokens,
+        ..GenerateConfig::default()
+    };
+    // Exactly the body the llama_cpp worker sends for this request.
+    let body = completion_body(json!(prompt), &config, true);
     let start = Instant::now();
     let r = http.post(format!("{url}/completion")).json(&body).send().await?;
     if !r.status().is_success() {
@@ -180,6 +185,7 @@ pub async fn llama_cpp(
     );
     worker.shutdown(Duration::from_secs(5)).await;
     coordinator.shutdown().await;
+    drop(loaded);
     drop(server);
     Ok(())
 }

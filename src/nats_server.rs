@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use switchyard_actors::process::{free_port, kill_with_parent};
+
 /// A running `nats-server` child process.
 pub struct NatsServer {
     child: Child,
@@ -90,5 +92,3 @@ impl Drop for NatsServer {
         let _ = self.child.wait();
     }
 }
-
-pub use switchyard_actors::process::{free_port, kill_with_parent};

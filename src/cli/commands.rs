@@ -329,7 +329,7 @@ async fn status(config: &Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
         fleet.workers.len()
     );
     println!(
-        "{:<28} {:<10} {:<9} {:<34} {:>9} {:>7} {:>9} {:>7}",
+        "{:<28} {:<12} {:<9} {:<34} {:>9} {:>7} {:>9} {:>7}",
         "WORKER", "DEVICE", "BACKEND", "MODEL", "IN-FLIGHT", "QUEUED", "COMPLETED", "AGE"
     );
     for w in &fleet.workers {
@@ -343,7 +343,7 @@ async fn status(config: &Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
             ""
         };
         println!(
-            "{:<28} {:<10} {:<9} {:<34} {:>5}/{:<3} {:>7} {:>9} {:>5}ms{state}",
+            "{:<28} {:<12} {:<9} {:<34} {:>5}/{:<3} {:>7} {:>9} {:>5}ms{state}",
             s.worker_id, s.device, s.backend, model, s.in_flight, s.capacity, s.queued, s.completed, w.age_ms
         );
     }
