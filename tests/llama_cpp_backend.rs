@@ -104,10 +104,39 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
     assert_eq!(classified[0].as_ref().unwrap().token.id, theirs[0]);
     assert!(classified[1].is_ok());
     assert!(matches!(classified[2], Err(BackendError::EmptyPrompt)));
-    let batch = remote.batch_generate(prompts, short, CancelFlag::new()).await;
+    let batch = remote.batch_generate(prompts, short.clone(), CancelFlag::new()).await;
     assert_eq!(batch[0].tokens.iter().map(|t| t.id).collect::<Vec<_>>(), theirs[..8]);
     assert_eq!(batch[1].tokens.len(), 8);
     assert!(batch[2].error.is_some());
+
+    // Prompt + max_tokens beyond a slot's context (2048 here) is `context_overflow`
+    // with the numbers, as on the CPU engine, not llama.cpp's behaviour at the edge.
+    let long = Prompt::Text("hello ".repeat(3000));
+    let mut stream = remote.generate(long.clone(), short.clone(), CancelFlag::new());
+    match stream.next().await {
+        Some(Err(BackendError::ContextOverflow {
+            prompt_tokens,
+            max_tokens,
+            context_len,
+        })) => {
+            assert_eq!((max_tokens, context_len), (8, 2048));
+            assert!(prompt_tokens >= 3000, "{prompt_tokens}");
+        }
+        other => panic!("expected context_overflow, got {other:?}"),
+    }
+    let huge = GenerateConfig {
+        max_tokens: 5000,
+        ..greedy.clone()
+    };
+    let mut stream = remote.generate(Prompt::Text("Hi".into()), huge, CancelFlag::new());
+    assert!(matches!(
+        stream.next().await,
+        Some(Err(BackendError::ContextOverflow { max_tokens: 5000, .. }))
+    ));
+    assert!(matches!(
+        remote.classify(vec![long], false).await[0],
+        Err(BackendError::ContextOverflow { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -175,9 +175,38 @@ impl LlamaCppModel {
         Ok(v)
     }
 
+    /// [`Self::render`], then checks that the prompt plus `max_tokens` fits a slot's
+    /// context, as the CPU engine does, so an overflow is `context_overflow` with the
+    /// numbers instead of whatever llama.cpp does at the end of its window. A text of
+    /// `b` bytes has at most `b + 2` tokens (BOS, EOS), so `/tokenize` is asked only when
+    /// that bound does not already prove the prompt fits.
+    async fn prompt_value(&self, prompt: &Prompt, max_tokens: u32) -> Result<Value, BackendError> {
+        let value = self.render(prompt).await?;
+        let n_ctx = self.shared.props.n_ctx as usize;
+        let max_tokens = max_tokens as usize;
+        let prompt_tokens = match &value {
+            Value::Array(ids) => ids.len(),
+            Value::String(text) if n_ctx == 0 || text.len() + 2 + max_tokens <= n_ctx => return Ok(value),
+            Value::String(text) => {
+                let body = json!({"content": text, "add_special": true, "parse_special": true});
+                let tokens = self.post("/tokenize", body).await?;
+                tokens["tokens"].as_array().map_or(0, Vec::len)
+            }
+            _ => return Ok(value),
+        };
+        if n_ctx > 0 && prompt_tokens + max_tokens > n_ctx {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens,
+                max_tokens,
+                context_len: n_ctx,
+            });
+        }
+        Ok(value)
+    }
+
     /// The prompt as llama.cpp's `prompt` field: text, token ids, or a conversation
     /// rendered by the server's template.
-    async fn prompt_value(&self, prompt: &Prompt) -> Result<Value, BackendError> {
+    async fn render(&self, prompt: &Prompt) -> Result<Value, BackendError> {
         Ok(match prompt {
             Prompt::Text(t) if t.is_empty() => return Err(BackendError::EmptyPrompt),
             Prompt::Tokens(t) if t.is_empty() => return Err(BackendError::EmptyPrompt),
@@ -279,7 +308,7 @@ impl TextModel for LlamaCppModel {
                             "llama.cpp servers do not return full logits; classify without return_logits".into(),
                         ));
                     }
-                    let prompt = this.prompt_value(&p).await?;
+                    let prompt = this.prompt_value(&p, 1).await?;
                     let body = json!({"prompt": prompt, "n_predict": 1, "temperature": 0.0,
                                       "return_tokens": true, "n_probs": 1, "cache_prompt": true});
                     let v = this.post("/completion", body).await?;
@@ -353,7 +382,7 @@ impl LlamaCppModel {
         cancel: &CancelFlag,
         tx: &tokio::sync::mpsc::Sender<Result<GenerateEvent, BackendError>>,
     ) -> Result<(), BackendError> {
-        let prompt = self.prompt_value(&prompt).await?;
+        let prompt = self.prompt_value(&prompt, config.max_tokens).await?;
         let r = self
             .shared
             .http
