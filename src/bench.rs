@@ -106,27 +106,75 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
-/// Runs the fabric benchmark and prints the report.
-pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow::Result<()> {
-    let _server = if config.nats.url.is_empty() {
-        let s = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
-        config.nats.url = s.url();
-        Some(s)
-    } else {
-        None
-    };
-    let coordinator = node::start_coordinator(&config).await?;
-    let loaded = node::load(&config).await?;
-    let (model, name) = (loaded.model.clone(), loaded.name.clone());
-    let worker = node::start_worker(&config, &loaded).await?;
-    let opts = ClientOptions {
-        prefix: config.nats.prefix.clone(),
-        ..ClientOptions::default()
-    };
-    let client = Client::connect_with(&config.nats.url, opts).await?;
-    while client.status().await.map(|s| s.workers.is_empty()).unwrap_or(true) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// A one-worker fleet in this process for benchmarks: its own nats-server unless
+/// `nats.url` is set, a coordinator, the configured worker, and a client that has
+/// seen the worker.
+pub struct LocalNode {
+    _nats: Option<NatsServer>,
+    /// The coordinator.
+    pub coordinator: switchyard_coordinator::CoordinatorHandle,
+    /// The loaded model.
+    pub loaded: node::Loaded,
+    /// The worker.
+    pub worker: switchyard_workers::WorkerHandle,
+    /// A client of the fleet.
+    pub client: Client,
+    /// The configuration, with `nats.url` filled in.
+    pub config: Config,
+}
+
+impl LocalNode {
+    /// Starts it and waits until the coordinator routes to the worker.
+    pub async fn start(mut config: Config) -> anyhow::Result<Self> {
+        let nats = if config.nats.url.is_empty() {
+            let s = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
+            config.nats.url = s.url();
+            Some(s)
+        } else {
+            None
+        };
+        let coordinator = node::start_coordinator(&config).await?;
+        let loaded = node::load(&config).await?;
+        let worker = node::start_worker(&config, &loaded).await?;
+        let opts = ClientOptions {
+            prefix: config.nats.prefix.clone(),
+            ..ClientOptions::default()
+        };
+        let client = Client::connect_with(&config.nats.url, opts).await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while client.status().await.map(|s| s.workers.is_empty()).unwrap_or(true) {
+            if Instant::now() > deadline {
+                anyhow::bail!("the coordinator did not see the worker within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self {
+            _nats: nats,
+            coordinator,
+            loaded,
+            worker,
+            client,
+            config,
+        })
     }
+
+    /// Shuts the worker, its model and the coordinator down.
+    pub async fn stop(mut self) {
+        self.worker.shutdown(Duration::from_secs(5)).await;
+        self.loaded.stop();
+        self.coordinator.shutdown().await;
+    }
+}
+
+/// Runs the fabric benchmark and prints the report.
+pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Result<()> {
+    let local = LocalNode::start(config).await?;
+    let (model, name, client, config) = (
+        local.loaded.model.clone(),
+        local.loaded.name.clone(),
+        local.client.clone(),
+        local.config.clone(),
+    );
     let gen_config = GenerateConfig {
         max_tokens,
         ..GenerateConfig::default()
@@ -218,8 +266,6 @@ pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow:
         us_per_token,
         f_ttft - d_ttft
     );
-    worker.shutdown(Duration::from_secs(5)).await;
-
     // The fabric alone: a compute-free probe model behind a second worker.
     let mut probe_cfg = config.clone();
     probe_cfg.worker.id = "fabric-probe".into();
@@ -282,6 +328,6 @@ pub async fn fabric(mut config: Config, runs: usize, max_tokens: u32) -> anyhow:
         median(&first_chunk)
     );
     probe_worker.shutdown(Duration::from_secs(5)).await;
-    coordinator.shutdown().await;
+    local.stop().await;
     Ok(())
 }

@@ -5,10 +5,9 @@
 //! Every run gets its own prompt prefix, so neither path reuses the other's cached
 //! prompt.
 
-use crate::bench::{median, BENCH_PROMPT};
-use crate::client::{Client, ClientOptions, StreamEvent};
+use crate::bench::{median, LocalNode, BENCH_PROMPT};
+use crate::client::{Client, StreamEvent};
 use crate::llama_server::LlamaServer;
-use crate::nats_server::{find_nats_server, NatsServer};
 use crate::node;
 use anyhow::{bail, Context};
 use futures::StreamExt;
@@ -105,13 +104,6 @@ pub async fn llama_cpp(
     runs: usize,
     max_tokens: u32,
 ) -> anyhow::Result<()> {
-    let _nats = if config.nats.url.is_empty() {
-        let s = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
-        config.nats.url = s.url();
-        Some(s)
-    } else {
-        None
-    };
     eprintln!(
         "starting llama-server ({threads} threads, 1 slot) on {} …",
         model.display()
@@ -121,22 +113,8 @@ pub async fn llama_cpp(
     config.worker.llama_url = server.url.clone();
     config.worker.id = "bench-llama-cpp".into();
     config.validate()?;
-    let coordinator = node::start_coordinator(&config).await?;
-    let loaded = node::load(&config).await?;
-    let name = loaded.name.clone();
-    let worker = node::start_worker(&config, &loaded).await?;
-    let opts = ClientOptions {
-        prefix: config.nats.prefix.clone(),
-        ..ClientOptions::default()
-    };
-    let client = Client::connect_with(&config.nats.url, opts).await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client.status().await.map(|s| s.workers.is_empty()).unwrap_or(true) {
-        if Instant::now() > deadline {
-            bail!("the coordinator did not see the worker within 10 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let local = LocalNode::start(config).await?;
+    let (name, client) = (local.loaded.name.clone(), local.client.clone());
     let http = reqwest::Client::new();
     let mut n = 0usize;
     let mut prompt = || {
@@ -183,9 +161,7 @@ pub async fn llama_cpp(
         f_ttft - d_ttft,
         (1e6 / f_dec - 1e6 / d_dec).max(0.0)
     );
-    worker.shutdown(Duration::from_secs(5)).await;
-    coordinator.shutdown().await;
-    drop(loaded);
+    local.stop().await;
     drop(server);
     Ok(())
 }

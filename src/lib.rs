@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod bench_llama;
 pub mod bench_llama_cpp;
+pub mod bench_prefix;
 pub mod client;
 pub mod llama_server;
 pub mod nats_server;

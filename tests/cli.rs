@@ -74,6 +74,7 @@ fn every_flag_is_documented_in_help() {
         "bench fabric",
         "bench llama",
         "bench llama-cpp",
+        "bench prefix",
     ] {
         let mut args: Vec<&str> = cmd.split(' ').collect();
         args.push("--help");

@@ -110,3 +110,64 @@ async fn attention_inspector_returns_post_rope_keys_of_every_layer() {
     let err = model.inspect_attention(Prompt::Text(String::new())).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::BadRequest);
 }
+
+/// Generates greedily and returns the ids and the metrics.
+async fn run(model: &CandleModel, prompt: &str, n: u32) -> (Vec<u32>, switchyard_messages::GenerateMetrics) {
+    let cfg = GenerateConfig {
+        max_tokens: n,
+        ..GenerateConfig::default()
+    };
+    let mut events = model.generate(Prompt::Text(prompt.into()), cfg, CancelFlag::new());
+    let (mut ids, mut metrics) = (Vec::new(), None);
+    while let Some(ev) = events.next().await {
+        match ev.unwrap() {
+            GenerateEvent::Token(t) => ids.push(t.id),
+            GenerateEvent::Done { metrics: m, .. } => metrics = Some(m),
+        }
+    }
+    (ids, metrics.expect("a final event"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resident_prefix_is_reused_and_gives_the_cold_answer() {
+    let warm = CandleModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    let tok = |s: &str| warm.tokenizer().encode(s).unwrap();
+    let story = "Once upon a time, in a small village by the sea, there lived an old fisherman who";
+    let question = "Question: What is 12 times 7?\nAnswer:";
+
+    // Cold, then the same prompt again: all but the last prompt token reused.
+    let (cold_ids, cold) = run(&warm, story, 24).await;
+    assert_eq!(cold.cached_tokens, 0);
+    let (again_ids, again) = run(&warm, story, 24).await;
+    assert_eq!(again.cached_tokens as usize, tok(story).len() - 1, "{again:?}");
+    assert_eq!(again.prompt_tokens, cold.prompt_tokens);
+    assert_eq!(again_ids, cold_ids, "a warm prefix must not change the answer");
+
+    // The story continued by its own answer: prompt and generated tokens are resident.
+    let continued = format!("{story}{}", warm.tokenizer().decode(&cold_ids));
+    let (_, m) = run(&warm, &continued, 4).await;
+    let common =
+        switchyard_workers::candle::engine::common_prefix(&[tok(story), cold_ids.clone()].concat(), &tok(&continued));
+    assert_eq!(m.cached_tokens as usize, common.min(tok(&continued).len() - 1), "{m:?}");
+    assert!(m.cached_tokens as usize > tok(story).len(), "{m:?}");
+
+    // A divergent tail: only the shared head is reused; the answer equals a cold
+    // engine's on the same prompt.
+    let fork = "Once upon a time, in a small village by the sea, there lived a young girl who";
+    let (fork_ids, m) = run(&warm, fork, 24).await;
+    let shared = switchyard_workers::candle::engine::common_prefix(&tok(story), &tok(fork));
+    assert!(shared > 10);
+    assert_eq!(m.cached_tokens as usize, shared, "{m:?}");
+    let cold_model = CandleModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    assert_eq!(alone(&cold_model, fork, 24).await, fork_ids, "warm fork vs cold");
+
+    // Nothing shared: nothing reused. Classify reuses too.
+    let (_, m) = run(&warm, question, 8).await;
+    assert_eq!(m.cached_tokens, 0);
+    let classified = warm.classify(vec![Prompt::Text(question.into())], false).await;
+    let direct = cold_model.classify(vec![Prompt::Text(question.into())], false).await;
+    assert_eq!(
+        classified[0].as_ref().unwrap().token.id,
+        direct[0].as_ref().unwrap().token.id
+    );
+}

@@ -86,6 +86,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(super::BenchCommand::Prefix(args)) => {
+            args.worker.apply(&mut config);
+            config.validate()?;
+            switchyard::bench_prefix::prefix(config, args.runs, args.paragraphs).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Fabric(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;

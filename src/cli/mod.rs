@@ -76,6 +76,23 @@ pub enum BenchCommand {
     /// its own nats-server unless --nats is given.
     #[command(name = "llama-cpp")]
     LlamaCpp(BenchLlamaArgs),
+    /// Time to first token with a warm prefix against a cold one: a new ~1,500-token
+    /// document per run and two questions about it, through NATS + coordinator +
+    /// worker. Starts its own nats-server unless --nats is given.
+    Prefix(BenchPrefixArgs),
+}
+
+/// `switchyard bench prefix`.
+#[derive(Args, Debug)]
+pub struct BenchPrefixArgs {
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    /// Measured runs (one cold and one warm request each).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Paragraphs of ~100 tokens in the shared document.
+    #[arg(long, default_value_t = 15)]
+    pub paragraphs: usize,
 }
 
 /// `switchyard bench llama`.

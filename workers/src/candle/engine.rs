@@ -68,6 +68,11 @@ pub trait Forward: Send {
     fn cached_keys(&self, _len: usize) -> Option<CachedKeys> {
         None
     }
+    /// Whether `forward(tokens, pos)` with `pos` below what the cache holds keeps
+    /// positions `0..pos` and overwrites the rest, so a resident prefix can be reused.
+    fn reuses_prefix(&self) -> bool {
+        false
+    }
 }
 
 /// candle-transformers' quantized Llama (the fallback for weight types our own
@@ -111,6 +116,10 @@ impl Forward for crate::cpu::llama::LlamaModel {
         "switchyard"
     }
 
+    fn reuses_prefix(&self) -> bool {
+        true
+    }
+
     fn cached_keys(&self, len: usize) -> Option<CachedKeys> {
         Some(CachedKeys {
             keys: crate::cpu::llama::LlamaModel::cached_keys(self, len),
@@ -127,6 +136,15 @@ pub struct Engine {
     pub template: Arc<ChatTemplate>,
     pub context_len: usize,
     pub last_metrics: Arc<Mutex<GenerateMetrics>>,
+    /// The tokens whose keys and values sit at cache positions `0..len`: what the
+    /// last job left behind. A job whose tokens start the same way reuses them and
+    /// computes only the divergent tail.
+    pub resident: Vec<u32>,
+}
+
+/// Length of the common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Starts the compute thread with `threads` compute threads (0 = all cores); it
@@ -233,9 +251,26 @@ impl Engine {
     }
 
     /// Runs the forward pass over `tokens` starting at cache position `pos`,
-    /// returning the last position's logits.
+    /// returning the last position's logits, and keeps [`Engine::resident`] true:
+    /// positions below `pos` are untouched even if the pass fails or panics.
     fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
-        self.model.forward(tokens, pos)
+        self.resident.truncate(pos);
+        let logits = self.model.forward(tokens, pos)?;
+        self.resident.extend_from_slice(tokens);
+        Ok(logits)
+    }
+
+    /// Prefills `tokens` (non-empty), reusing the longest resident prefix; at least
+    /// the last token is computed, for its logits. Returns the logits and how many
+    /// tokens were reused.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, usize), BackendError> {
+        let reused = if self.model.reuses_prefix() {
+            common_prefix(&self.resident, tokens).min(tokens.len() - 1)
+        } else {
+            0
+        };
+        let logits = self.forward(&tokens[reused..], reused)?;
+        Ok((logits, reused))
     }
 
     /// Prefills `prompt` and returns the post-RoPE keys of every layer.
@@ -248,7 +283,7 @@ impl Engine {
                 context_len: self.context_len,
             });
         }
-        self.forward(&tokens, 0)?;
+        self.prefill(&tokens)?;
         let CachedKeys { keys, heads, head_dim } = self.model.cached_keys(tokens.len()).ok_or_else(|| {
             BackendError::Unavailable(format!("the {} engine cannot read its KV cache", self.model.kind()))
         })?;
@@ -275,7 +310,7 @@ impl Engine {
                 context_len: self.context_len,
             });
         }
-        let logits = self.forward(&tokens, 0)?;
+        let (logits, _) = self.prefill(&tokens)?;
         let id = super::sampler::argmax(&logits);
         let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
         Ok(ClassifyResult {
@@ -327,7 +362,8 @@ impl Engine {
         metrics.prompt_tokens = prompt.len() as u32;
 
         let t0 = Instant::now();
-        let mut logits = self.forward(&prompt, 0)?;
+        let (mut logits, reused) = self.prefill(&prompt)?;
+        metrics.cached_tokens = reused as u32;
         metrics.prefill_us = t0.elapsed().as_micros() as u64;
         let decode_start = Instant::now();
 
@@ -340,7 +376,7 @@ impl Engine {
         let set_decode = |m: &mut GenerateMetrics, generated: usize| {
             m.generated_tokens = generated as u32;
             m.decode_us = decode_start.elapsed().as_micros() as u64;
-            m.prefill_tokens_per_sec = rate(m.prompt_tokens as u64, m.prefill_us);
+            m.prefill_tokens_per_sec = rate((m.prompt_tokens - m.cached_tokens) as u64, m.prefill_us);
             // The first token comes from the prefill's logits; decode rate counts the rest.
             m.decode_tokens_per_sec = rate(generated.saturating_sub(1) as u64, m.decode_us);
         };

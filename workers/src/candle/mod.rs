@@ -195,6 +195,7 @@ impl CandleModel {
             template: template.clone(),
             context_len,
             last_metrics: last_metrics.clone(),
+            resident: Vec::new(),
         };
         let jobs = engine::spawn(engine, config.threads as usize)
             .map_err(|e| load_err(format!("starting the compute thread: {e}")))?;
