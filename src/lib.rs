@@ -14,6 +14,7 @@
 //! ([`switchyard_workers`]) streams chunks straight back to the client's inbox.
 
 pub mod bench;
+pub mod bench_kv;
 pub mod bench_llama;
 pub mod bench_llama_cpp;
 pub mod bench_prefix;

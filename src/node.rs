@@ -297,15 +297,32 @@ pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHan
         worker_expiry: Duration::from_millis(config.coordinator.worker_expiry_ms),
         admission_timeout: Duration::from_millis(config.coordinator.admission_timeout_ms),
         max_attempts: config.coordinator.max_attempts,
+        kv_routing: config.coordinator.kv_routing,
     };
     CoordinatorHandle::start(nats, opts).await
 }
 
-/// Waits for Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+/// Catches Ctrl-C and SIGTERM from now on (call it before announcing readiness, so a
+/// signal that arrives at once still shuts down cleanly); the future resolves on the
+/// first of them. Must be called inside the tokio runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    async move {
+        tokio::select! {
+            _ = recv(term.as_mut()) => {}
+            _ = recv(int.as_mut()) => {}
+        }
+    }
+}
+
+/// The next delivery of `s`; never, without a handler.
+async fn recv(s: Option<&mut tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -75,6 +75,7 @@ fn every_flag_is_documented_in_help() {
         "bench llama",
         "bench llama-cpp",
         "bench prefix",
+        "bench kv-routing",
     ] {
         let mut args: Vec<&str> = cmd.split(' ').collect();
         args.push("--help");

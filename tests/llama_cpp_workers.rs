@@ -94,36 +94,6 @@ async fn wait_available(client: &Client, worker: &str, available: bool, limit: D
     }
 }
 
-/// Waits until every worker's heartbeat, sent after this call, shows no request in
-/// flight, so routing sees every worker free (the coordinator counts requests it
-/// routed since a worker's last heartbeat as load).
-async fn wait_idle(client: &Client) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let seqs: Vec<(String, u64)> = client
-        .status()
-        .await
-        .unwrap()
-        .workers
-        .iter()
-        .map(|w| (w.status.worker_id.clone(), w.status.seq))
-        .collect();
-    loop {
-        let s = client.status().await.unwrap();
-        let fresh = |w: &switchyard_messages::WorkerView| {
-            seqs.iter()
-                .any(|(id, seq)| *id == w.status.worker_id && w.status.seq > *seq)
-        };
-        if s.workers
-            .iter()
-            .all(|w| fresh(w) && w.status.in_flight + w.status.queued == 0)
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "requests did not end: {:?}", s.workers);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn request(prompt: &str, max_tokens: u32, backend: Option<&str>) -> GenerateRequest {
     let mut r = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
     r.config.max_tokens = max_tokens;
@@ -302,10 +272,10 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
 
     // Routing: unpinned goes to rocm (seed priority rocm > llama_cpp > cpu); with rocm
     // full the next spills to llama_cpp, then to cpu.
-    wait_idle(&client).await;
+    settle(&client).await;
     let (worker, _) = run(&client, request("Hello", 4, None), false).await;
     assert_eq!(worker, "w-rocm", "unpinned: the preferred backend");
-    wait_idle(&client).await;
+    settle(&client).await;
     let mut held = Vec::new();
     for want in ["w-rocm", "w-llama", "w-cpu"] {
         let mut stream = client.generate(request(COUNTING, 2000, None)).await.unwrap();
@@ -322,7 +292,7 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
     drop(held);
 
     // Pins: a backend, a worker.
-    wait_idle(&client).await;
+    settle(&client).await;
     let (worker, _) = run(&client, request("Hello", 4, Some("llama_cpp")), false).await;
     assert_eq!(worker, "w-llama");
     let mut req = request("Hello", 4, None);

@@ -103,6 +103,9 @@ pub struct CoordinatorConfig {
     pub admission_timeout_ms: u64,
     /// Workers tried per request before giving up.
     pub max_attempts: u32,
+    /// Prefer the worker holding the request's prefix warm (KV-aware routing); off =
+    /// route by backend and load only.
+    pub kv_routing: bool,
 }
 
 impl Default for CoordinatorConfig {
@@ -111,6 +114,7 @@ impl Default for CoordinatorConfig {
             worker_expiry_ms: 3_000,
             admission_timeout_ms: 2_000,
             max_attempts: 3,
+            kv_routing: true,
         }
     }
 }

@@ -4,20 +4,24 @@
 use crate::registry::{Registry, RouteQuery};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::time::{Duration, Instant};
-use switchyard_messages::{FleetStatus, ModelsReply, WireError, WorkerStatus, PROTOCOL_VERSION};
+use switchyard_messages::{FleetStatus, KvEvent, KvSnapshot, ModelsReply, WireError, WorkerStatus, PROTOCOL_VERSION};
 
 /// Messages the CoordinatorActor handles.
 pub enum CoordinatorMsg {
-    /// A worker's heartbeat arrived.
-    Heartbeat(WorkerStatus),
+    /// A worker's heartbeat arrived; answers whether the worker is new here.
+    Heartbeat(WorkerStatus, RpcReplyPort<bool>),
     /// Drop workers whose heartbeats stopped.
     Expire,
     /// Candidate workers for a request, best first.
     Route(RouteQuery, RpcReplyPort<Result<Vec<String>, WireError>>),
-    /// A request was admitted by this worker.
-    Routed(String),
+    /// A request with these prefix blocks was admitted by this worker.
+    Routed(String, Vec<u64>),
     /// This worker did not answer; forget it until it heartbeats again.
     Remove(String),
+    /// A worker's KV event; answers whether events were lost (fetch a snapshot).
+    Kv(KvEvent, RpcReplyPort<bool>),
+    /// A worker's KV snapshot.
+    KvSnapshot(KvSnapshot),
     /// The fleet view.
     Status(RpcReplyPort<FleetStatus>),
     /// Models served.
@@ -66,11 +70,13 @@ impl Actor for CoordinatorActor {
         state: &mut CoordinatorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            CoordinatorMsg::Heartbeat(status) => {
+            CoordinatorMsg::Heartbeat(status, reply) => {
                 let id = status.worker_id.clone();
-                if state.registry.heartbeat(status, Instant::now()) {
+                let joined = state.registry.heartbeat(status, Instant::now());
+                if joined {
                     tracing::info!(worker = %id, "worker joined");
                 }
+                let _ = reply.send(joined);
             }
             CoordinatorMsg::Expire => {
                 for id in state.registry.expire(Instant::now()) {
@@ -80,7 +86,11 @@ impl Actor for CoordinatorActor {
             CoordinatorMsg::Route(query, reply) => {
                 let _ = reply.send(state.registry.route(&query));
             }
-            CoordinatorMsg::Routed(id) => state.registry.routed(&id),
+            CoordinatorMsg::Routed(id, blocks) => state.registry.routed(&id, &blocks),
+            CoordinatorMsg::Kv(event, reply) => {
+                let _ = reply.send(state.registry.kv_event(&event));
+            }
+            CoordinatorMsg::KvSnapshot(snapshot) => state.registry.kv_snapshot(snapshot),
             CoordinatorMsg::Remove(id) => {
                 if state.registry.remove(&id) {
                     tracing::warn!(worker = %id, "worker removed: it did not answer a forward");

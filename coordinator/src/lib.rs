@@ -40,6 +40,8 @@ pub struct CoordinatorOptions {
     pub admission_timeout: Duration,
     /// Workers tried per request.
     pub max_attempts: u32,
+    /// KV-aware routing on.
+    pub kv_routing: bool,
 }
 
 /// A running coordinator.
@@ -65,16 +67,44 @@ impl CoordinatorHandle {
         .map_err(|e| anyhow::anyhow!("starting the coordinator actor: {e}"))?;
         let mut tasks = Vec::new();
 
+        // Heartbeats; a worker seen for the first time (or again after expiring) gets
+        // its KV snapshot fetched, so a coordinator that starts after its workers
+        // routes to warm prefixes at once.
         let mut heartbeats = client.subscribe(opts.subjects.heartbeat_all()).await?;
-        let a = actor.clone();
+        let (a, kv_client, subjects) = (actor.clone(), client.clone(), opts.subjects.clone());
         tasks.push(tokio::spawn(async move {
             while let Some(msg) = heartbeats.next().await {
-                match switchyard_messages::decode(&msg.payload) {
+                match switchyard_messages::decode::<switchyard_messages::WorkerStatus>(&msg.payload) {
                     Ok(status) => {
-                        let _ = a.cast(CoordinatorMsg::Heartbeat(status));
+                        let worker = status.worker_id.clone();
+                        if let Ok(true) = ractor::call_t!(a, CoordinatorMsg::Heartbeat, 5_000, status) {
+                            fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
+                        }
                     }
                     Err(e) => tracing::warn!(subject = %msg.subject, "bad heartbeat: {e}"),
                 }
+            }
+        }));
+
+        // KV events: applied in order; a gap (a lost event, or a coordinator that
+        // started after the worker) fetches the worker's snapshot.
+        let mut kv_events = client.subscribe(opts.subjects.kv_all()).await?;
+        let (a, kv_client, subjects) = (actor.clone(), client.clone(), opts.subjects.clone());
+        tasks.push(tokio::spawn(async move {
+            while let Some(msg) = kv_events.next().await {
+                let event: switchyard_messages::KvEvent = match switchyard_messages::decode(&msg.payload) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        tracing::warn!(subject = %msg.subject, "bad kv event: {e}");
+                        continue;
+                    }
+                };
+                let worker = event.worker_id.clone();
+                if !matches!(ractor::call_t!(a, CoordinatorMsg::Kv, 5_000, event), Ok(true)) {
+                    continue;
+                }
+                tracing::debug!(%worker, "kv events lost; fetching a snapshot");
+                fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
             }
         }));
 
@@ -91,6 +121,7 @@ impl CoordinatorHandle {
             subjects: opts.subjects.clone(),
             admission_timeout: opts.admission_timeout,
             max_attempts: opts.max_attempts,
+            kv_routing: opts.kv_routing,
         };
         use service::Verb;
         for (subject, verb) in [
@@ -171,6 +202,19 @@ impl CoordinatorHandle {
         let _ = self.client.drain().await;
         self.actor.stop(None);
     }
+}
+
+/// Asks a worker for its KV snapshot (in the background) and hands it to the actor.
+fn fetch_kv_snapshot(actor: ActorRef<CoordinatorMsg>, client: async_nats::Client, subject: String, worker: String) {
+    tokio::spawn(async move {
+        let reply = tokio::time::timeout(Duration::from_secs(5), client.request(subject, Vec::new().into())).await;
+        match reply.map(|r| r.map(|m| switchyard_messages::decode::<switchyard_messages::KvSnapshot>(&m.payload))) {
+            Ok(Ok(Ok(snapshot))) => {
+                let _ = actor.cast(CoordinatorMsg::KvSnapshot(snapshot));
+            }
+            _ => tracing::debug!(%worker, "no kv snapshot"),
+        }
+    });
 }
 
 /// A default coordinator id: `coord-{host}-{pid}`.

@@ -6,6 +6,7 @@ use crate::registry::RouteQuery;
 use async_nats::RequestErrorKind;
 use ractor::ActorRef;
 use std::time::Duration;
+use switchyard_messages::kv;
 use switchyard_messages::subjects::{HEADER_REQUEST_ID, HEADER_STREAM_TO};
 use switchyard_messages::{
     decode, encode, validate_head, validate_request, Admission, BatchRequest, ClassifyRequest, ErrorCode, ErrorReply,
@@ -20,6 +21,8 @@ pub struct ForwardContext {
     pub subjects: Subjects,
     pub admission_timeout: Duration,
     pub max_attempts: u32,
+    /// KV-aware routing on.
+    pub kv_routing: bool,
 }
 
 /// What a request asks for; decides validation and how a failure is answered.
@@ -51,15 +54,21 @@ impl Verb {
     }
 }
 
-/// Decodes and checks a request for `verb`, returning the routing fields.
-fn admit(verb: Verb, payload: &[u8]) -> Result<RequestHead, (String, WireError)> {
+/// Decodes and checks a request for `verb`, returning the routing fields and, for
+/// generate and chat, the prompt's prefix blocks (KV-aware routing).
+fn admit(verb: Verb, payload: &[u8]) -> Result<(RequestHead, Vec<u64>), (String, WireError)> {
     let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
     let head: RequestHead = decode(payload).map_err(|e| (String::new(), bad(e)))?;
     let id = head.request_id.clone();
+    let mut blocks = Vec::new();
     let checked = match verb {
         Verb::Generate | Verb::Chat => decode::<GenerateRequest>(payload)
             .map_err(bad)
-            .and_then(|r| validate_request(&r, verb == Verb::Chat)),
+            .and_then(|r| validate_request(&r, verb == Verb::Chat).map(|()| r))
+            .map(|r| {
+                let key = kv::routing_key(r.prompt.as_deref(), r.messages.as_deref());
+                blocks = kv::prefix_blocks(&key);
+            }),
         Verb::Classify => decode::<ClassifyRequest>(payload)
             .map_err(bad)
             .and_then(|r| validate_head(&head, r.prompts.len())),
@@ -78,7 +87,7 @@ fn admit(verb: Verb, payload: &[u8]) -> Result<RequestHead, (String, WireError)>
             return Err((id, e));
         }
     }
-    Ok(head)
+    Ok((head, blocks))
 }
 
 /// Routes one client request to a worker, trying up to `max_attempts` candidates.
@@ -109,15 +118,17 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
             let _ = client.publish(inbox, body.into()).await;
         }
     };
-    let req = match admit(verb, &msg.payload) {
-        Ok(head) => head,
+    let (req, blocks) = match admit(verb, &msg.payload) {
+        Ok(ok) => ok,
         Err((id, e)) => return fail(if id.is_empty() { header_id } else { id }, e).await,
     };
     let query = RouteQuery {
         model: req.model.clone(),
         backend: req.backend.clone(),
         worker: req.worker.clone(),
+        blocks: if ctx.kv_routing { blocks } else { Vec::new() },
     };
+    let query_blocks = query.blocks.clone();
     let candidates = match ractor::call_t!(ctx.actor, CoordinatorMsg::Route, 5_000, query) {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return fail(req.request_id, e).await,
@@ -146,7 +157,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
         {
             Ok(answer) => match decode::<Admission>(&answer.payload) {
                 Ok(a) if a.accepted => {
-                    let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id));
+                    let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id, query_blocks.clone()));
                     return;
                 }
                 Ok(a) => {

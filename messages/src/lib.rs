@@ -24,6 +24,7 @@
 pub mod backend;
 pub mod codec;
 pub mod error;
+pub mod kv;
 pub mod subjects;
 pub mod types;
 pub mod wire;
@@ -34,6 +35,7 @@ pub use backend::{
 };
 pub use codec::{decode, encode, DecodeError};
 pub use error::{ErrorCode, WireError};
+pub use kv::{KvEvent, KvSnapshot};
 pub use subjects::Subjects;
 pub use types::*;
 pub use wire::*;

@@ -68,6 +68,18 @@ impl Subjects {
     pub fn cancel(&self, request_id: &str) -> String {
         format!("{}.cancel.{request_id}", self.root)
     }
+    /// `{p}.v1.kv.{wid}`: a worker's [`crate::KvEvent`]s.
+    pub fn kv(&self, worker_id: &str) -> String {
+        format!("{}.kv.{worker_id}", self.root)
+    }
+    /// `{p}.v1.kv.*`: every worker's KV events.
+    pub fn kv_all(&self) -> String {
+        format!("{}.kv.*", self.root)
+    }
+    /// `{p}.v1.kv.{wid}.snapshot`: ask a worker for its [`crate::KvSnapshot`].
+    pub fn kv_snapshot(&self, worker_id: &str) -> String {
+        format!("{}.kv.{worker_id}.snapshot", self.root)
+    }
     /// `{p}.v1.cancel.*`: what workers listen on.
     pub fn cancel_all(&self) -> String {
         format!("{}.cancel.*", self.root)

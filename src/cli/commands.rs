@@ -25,9 +25,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.coordinator.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
+            let stop = node::shutdown_signal();
             let coordinator = node::start_coordinator(&config).await?;
             eprintln!("coordinator up on {} (prefix {})", config.nats.url, config.nats.prefix);
-            node::shutdown_signal().await;
+            stop.await;
             coordinator.shutdown().await;
             Ok(ExitCode::SUCCESS)
         }
@@ -35,6 +36,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.worker.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
+            let stop = node::shutdown_signal();
             let mut loaded = node::load(&config).await?;
             let worker = match node::start_worker(&config, &loaded).await {
                 Ok(w) => w,
@@ -51,7 +53,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 loaded.device,
                 loaded.capacity
             );
-            node::shutdown_signal().await;
+            stop.await;
             eprintln!("draining worker {} …", worker.id());
             worker.shutdown(Duration::from_secs(30)).await;
             loaded.stop();
@@ -84,6 +86,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let bin = switchyard::bench_llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
             switchyard::bench_llama_cpp::llama_cpp(config, &bin, &model, args.threads, args.runs, args.max_tokens)
                 .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(super::BenchCommand::KvRouting(args)) => {
+            args.worker.apply(&mut config);
+            config.validate()?;
+            let w = switchyard::bench_kv::Workload {
+                workers: args.workers,
+                prefixes: args.prefixes,
+                conversations: args.conversations,
+                turns: args.turns,
+                concurrency: args.concurrency,
+            };
+            switchyard::bench_kv::kv_routing(config, w).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Prefix(args)) => {
@@ -130,6 +145,7 @@ async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Client
 }
 
 async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
+    let stop = node::shutdown_signal();
     let started = Instant::now();
     let _server = if config.nats.url.is_empty() {
         let bin = find_nats_server(&config.nats.server_bin)?;
@@ -196,7 +212,7 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         std::io::stdout().flush().ok();
     }
     if !args.exit_after_prompt {
-        node::shutdown_signal().await;
+        stop.await;
     }
     eprintln!("shutting down …");
     worker.shutdown(Duration::from_secs(10)).await;

@@ -80,6 +80,34 @@ pub enum BenchCommand {
     /// document per run and two questions about it, through NATS + coordinator +
     /// worker. Starts its own nats-server unless --nats is given.
     Prefix(BenchPrefixArgs),
+    /// KV-aware routing against load-only routing on the same workload: many
+    /// conversations sharing a few documents across several CPU workers (in this
+    /// process, each with its own engine and NATS connection). Prints the prefix hit
+    /// rate, requests per worker and wall time. Starts its own nats-servers.
+    #[command(name = "kv-routing")]
+    KvRouting(BenchKvArgs),
+}
+
+/// `switchyard bench kv-routing`.
+#[derive(Args, Debug)]
+pub struct BenchKvArgs {
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    /// CPU workers.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Distinct documents (shared prefixes, ~330 tokens each).
+    #[arg(long, default_value_t = 3)]
+    pub prefixes: usize,
+    /// Conversations; conversation c asks about document c % prefixes.
+    #[arg(long, default_value_t = 12)]
+    pub conversations: usize,
+    /// Questions per conversation.
+    #[arg(long, default_value_t = 3)]
+    pub turns: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 3)]
+    pub concurrency: usize,
 }
 
 /// `switchyard bench prefix`.
@@ -191,6 +219,9 @@ pub struct CoordinatorFlags {
     /// How long to wait for a worker to admit a request before trying another (ms).
     #[arg(long)]
     pub admission_timeout_ms: Option<u64>,
+    /// Route by backend and load only, ignoring which worker holds a request's prefix warm.
+    #[arg(long)]
+    pub no_kv_routing: bool,
 }
 
 /// `switchyard up`.
@@ -394,6 +425,9 @@ impl CoordinatorFlags {
         }
         if let Some(v) = self.admission_timeout_ms {
             c.coordinator.admission_timeout_ms = v;
+        }
+        if self.no_kv_routing {
+            c.coordinator.kv_routing = false;
         }
     }
 }

@@ -297,3 +297,33 @@ pub fn llama_server_bin() -> Option<PathBuf> {
 
 #[allow(unused_imports)] // only the reference tests use it
 pub use switchyard::llama_server::LlamaServer;
+
+/// Waits until every worker's heartbeat, sent after this call, shows nothing in
+/// flight or queued: routing then sees every worker free (the coordinator counts
+/// requests routed since a worker's last heartbeat as load), and the workers' KV
+/// events have landed.
+pub async fn settle(client: &Client) {
+    let before: Vec<(String, u64)> = client
+        .status()
+        .await
+        .unwrap()
+        .workers
+        .iter()
+        .map(|w| (w.status.worker_id.clone(), w.status.seq))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = client.status().await.unwrap();
+        let fresh = s.workers.iter().all(|w| {
+            w.status.in_flight + w.status.queued == 0
+                && before
+                    .iter()
+                    .any(|(id, seq)| *id == w.status.worker_id && w.status.seq > *seq)
+        });
+        if fresh {
+            return;
+        }
+        assert!(Instant::now() < deadline, "workers did not settle: {:?}", s.workers);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -14,6 +14,7 @@
 pub mod candle;
 pub mod cpu;
 pub mod discover;
+pub mod kv;
 pub mod llama_cpp;
 pub mod probe;
 pub mod rocm;

@@ -29,11 +29,27 @@ pub struct ServeContext {
     pub cancels: CancelRegistry,
     pub draining: AtomicBool,
     pub keepalive: Duration,
-    /// Called when a request finishes (counts completions).
+    /// Called when a request finishes (counts completions, sends a heartbeat).
     pub on_complete: Box<dyn Fn() + Send + Sync>,
+    /// The prefixes this worker holds warm, announced on `kv_subject`.
+    pub kv: std::sync::Mutex<crate::kv::KvTracker>,
+    /// `{p}.v1.kv.{wid}`.
+    pub kv_subject: String,
 }
 
 impl ServeContext {
+    /// A request over `blocks` finished: announce what is warm now.
+    async fn record_kv(&self, blocks: Vec<u64>) {
+        let event = self.kv.lock().unwrap_or_else(|p| p.into_inner()).record(blocks);
+        if let Some(event) = event {
+            // Published under the lock's order; the sequence number lets a coordinator
+            // notice a lost or reordered event and ask for a snapshot.
+            if let Err(e) = switchyard_actors::nats::publish(&self.client, self.kv_subject.clone(), &event).await {
+                tracing::debug!("kv event not sent: {e}");
+            }
+        }
+    }
+
     /// Refuses new work, as retryable `unavailable`, while the worker drains or its
     /// model is unhealthy (e.g. its llama.cpp server is down or restarting), so a
     /// coordinator tries the next worker.
@@ -155,6 +171,10 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         Prompt::Text(req.prompt.clone().unwrap_or_default())
     };
     tracing::debug!(worker = %ctx.worker_id, request = %req.request_id, "admitted");
+    let blocks = switchyard_messages::kv::prefix_blocks(&switchyard_messages::kv::routing_key(
+        req.prompt.as_deref(),
+        req.messages.as_deref(),
+    ));
     let mut events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
     let mut keepalive = tokio::time::interval(ctx.keepalive);
     keepalive.tick().await;
@@ -197,6 +217,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         }
     }
     ctx.cancels.remove(&req.request_id);
+    ctx.record_kv(blocks).await;
     drop(permit);
     (ctx.on_complete)();
 }

@@ -114,6 +114,7 @@ impl Actor for WorkerActor {
         let WorkerArgs { client, model, opts } = args;
         let completed = Arc::new(AtomicU64::new(0));
         let counter = completed.clone();
+        let me = myself.clone();
         let ctx = Arc::new(ServeContext {
             client: client.clone(),
             worker_id: opts.worker_id.clone(),
@@ -123,9 +124,23 @@ impl Actor for WorkerActor {
             cancels: CancelRegistry::default(),
             draining: AtomicBool::new(false),
             keepalive: opts.keepalive,
+            // A heartbeat at once after each request, so coordinators see the freed
+            // capacity (and route the next turn of a conversation back here) without
+            // waiting for the next period.
             on_complete: Box::new(move || {
                 counter.fetch_add(1, Ordering::Relaxed);
+                let _ = me.cast(WorkerMsg::Heartbeat);
             }),
+            // The CPU engine keeps one resident sequence; a llama.cpp server one per slot.
+            kv: std::sync::Mutex::new(crate::kv::KvTracker::new(
+                &opts.worker_id,
+                if opts.backend == "cpu" {
+                    1
+                } else {
+                    opts.capacity as usize
+                },
+            )),
+            kv_subject: opts.subjects.kv(&opts.worker_id),
         });
 
         let metadata = HashMap::from([
@@ -182,6 +197,19 @@ impl Actor for WorkerActor {
                     if registry.cancel(id) {
                         tracing::debug!(request = id, "cancelled by client");
                     }
+                }
+            }
+        }));
+        let mut snapshots = client.subscribe(opts.subjects.kv_snapshot(&opts.worker_id)).await?;
+        let kv_ctx = ctx.clone();
+        let kv_client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(msg) = snapshots.next().await {
+                let snapshot = kv_ctx.kv.lock().unwrap_or_else(|p| p.into_inner()).snapshot();
+                if let Some(reply) = msg.reply {
+                    let _ = kv_client
+                        .publish(reply, switchyard_messages::encode(&snapshot).into())
+                        .await;
                 }
             }
         }));

@@ -4,11 +4,22 @@
 //! the expiry. Routing filters the live workers (serves the model, available, not
 //! draining, matches the request's pins) and orders them: backend preference
 //! (seed 000 `Default()`: metal > rocm > llama_cpp > cuda > cpu), then free capacity,
-//! then load, with saturated workers last so requests spill to the next backend.
+//! then a score: the warm prefix (KV-aware routing: how many leading prefix blocks of
+//! the request the worker announced holding) less [`WAIT_BLOCKS`] per request it would
+//! wait behind; then load, with saturated workers last so requests spill to the next
+//! backend. With no warm prefix anywhere this is "free capacity first, then least
+//! loaded". A prefix every worker holds (a common system prompt) scores the same
+//! everywhere, so load decides and it does not pull every request onto one worker; a
+//! popular prefix queues at its worker only while the wait is worth less than the
+//! reuse, then spills and becomes warm on a second worker.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
-use switchyard_messages::{ErrorCode, ModelEntry, WireError, WorkerStatus, WorkerView};
+use switchyard_messages::{ErrorCode, KvEvent, KvSnapshot, ModelEntry, WireError, WorkerStatus, WorkerView};
+
+/// What one request to wait behind costs, in warm prefix blocks (4 × 256 bytes, about
+/// 250 tokens of prefill).
+pub const WAIT_BLOCKS: i64 = 4;
 
 /// Backends in order of preference (seed 000 `Default()`).
 pub const BACKEND_PREFERENCE: &[&str] = &["metal", "rocm", "llama_cpp", "cuda", "cpu"];
@@ -29,6 +40,8 @@ pub struct RouteQuery {
     pub backend: Option<String>,
     /// Only this worker.
     pub worker: Option<String>,
+    /// The request's prefix blocks (`switchyard_messages::kv`), for KV-aware routing.
+    pub blocks: Vec<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +69,17 @@ impl Entry {
 pub struct Registry {
     workers: HashMap<String, Entry>,
     expiry: Duration,
+    /// Per worker: the prefix blocks it holds warm, from its KV events.
+    kv: HashMap<String, KvIndex>,
+}
+
+/// One worker's warm blocks as of its event `seq`, and the prefix of the last request
+/// routed there (warm once it has run, before the worker's event says so).
+#[derive(Debug, Default)]
+struct KvIndex {
+    seq: u64,
+    blocks: HashSet<u64>,
+    pending: Vec<u64>,
 }
 
 impl Registry {
@@ -64,6 +88,7 @@ impl Registry {
         Self {
             workers: HashMap::new(),
             expiry,
+            kv: HashMap::new(),
         }
     }
 
@@ -104,19 +129,66 @@ impl Registry {
             .collect();
         for id in &dead {
             self.workers.remove(id);
+            self.kv.remove(id);
         }
         dead
     }
 
     /// Forgets a worker at once (it did not answer a forward).
     pub fn remove(&mut self, worker_id: &str) -> bool {
+        self.kv.remove(worker_id);
         self.workers.remove(worker_id).is_some()
     }
 
-    /// Notes that a request was routed to `worker_id`.
-    pub fn routed(&mut self, worker_id: &str) {
+    /// Applies a worker's KV event. Returns true when events were lost (a gap in
+    /// `seq`): the caller should fetch a snapshot; the index keeps its old state until
+    /// then. `seq` 1 starts over (the worker restarted).
+    pub fn kv_event(&mut self, e: &KvEvent) -> bool {
+        let idx = self.kv.entry(e.worker_id.clone()).or_default();
+        if e.seq == 1 {
+            *idx = KvIndex::default();
+        } else if e.seq <= idx.seq {
+            return false; // a duplicate or a late one
+        } else if e.seq != idx.seq + 1 {
+            return true;
+        }
+        for b in &e.removed {
+            idx.blocks.remove(b);
+        }
+        idx.blocks.extend(&e.stored);
+        idx.seq = e.seq;
+        false
+    }
+
+    /// Replaces a worker's KV index with a snapshot (unless it is older).
+    pub fn kv_snapshot(&mut self, s: KvSnapshot) {
+        let idx = self.kv.entry(s.worker_id).or_default();
+        if s.seq >= idx.seq {
+            idx.seq = s.seq;
+            idx.blocks = s.blocks.into_iter().collect();
+        }
+    }
+
+    /// How many leading blocks of `blocks` the worker holds warm.
+    pub fn overlap(&self, worker_id: &str, blocks: &[u64]) -> usize {
+        self.kv.get(worker_id).map_or(0, |idx| {
+            let held = switchyard_messages::kv::leading_overlap(blocks, |b| idx.blocks.contains(&b));
+            let pending = blocks.iter().zip(&idx.pending).take_while(|(a, b)| a == b).count();
+            held.max(pending)
+        })
+    }
+
+    /// Notes that a request with prefix `blocks` was routed to `worker_id`. That
+    /// prefix counts as warm there at once (the worker will hold it once it has run
+    /// the request), so the next request with it follows instead of starting a second
+    /// cold copy elsewhere. Only the latest routed prefix counts this way: a worker
+    /// with one resident sequence keeps only the last one.
+    pub fn routed(&mut self, worker_id: &str, blocks: &[u64]) {
         if let Some(e) = self.workers.get_mut(worker_id) {
             e.routed_since += 1;
+        }
+        if !blocks.is_empty() {
+            self.kv.entry(worker_id.to_string()).or_default().pending = blocks.to_vec();
         }
     }
 
@@ -169,12 +241,19 @@ impl Registry {
         candidates.sort_by(|a, b| {
             let key = |e: &Entry| {
                 let saturated = e.load() >= e.limit();
-                let busy = e.load() >= e.status.capacity;
+                // Warm blocks, less WAIT_BLOCKS per request it would wait behind: a
+                // warm worker with a queue still wins when its head start is worth more
+                // than the wait, and spills otherwise.
+                let waits = (e.load() + 1).saturating_sub(e.status.capacity) as i64;
+                let score = self.overlap(&e.status.worker_id, &q.blocks) as i64 - WAIT_BLOCKS * waits;
                 (
                     saturated,
                     backend_rank(&e.status.backend),
-                    busy,
+                    std::cmp::Reverse(score),
                     e.load(),
+                    // Among equals, the worker holding least: a new prefix lands where
+                    // it evicts the least warm state.
+                    self.kv.get(&e.status.worker_id).map_or(0, |idx| idx.blocks.len()),
                     e.status.worker_id.clone(),
                 )
             };

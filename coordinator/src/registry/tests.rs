@@ -69,7 +69,7 @@ fn routed_requests_count_until_the_next_heartbeat() {
     r.heartbeat(worker("a", "cpu", "m1"), now);
     r.heartbeat(worker("b", "cpu", "m1"), now);
     assert_eq!(r.route(&q("m1")).unwrap()[0], "a");
-    r.routed("a");
+    r.routed("a", &[]);
     assert_eq!(r.route(&q("m1")).unwrap()[0], "b", "a is busy now");
     let mut hb = worker("a", "cpu", "m1");
     hb.seq = 2;
@@ -87,18 +87,21 @@ fn pins_are_honoured() {
         model: "m1".into(),
         backend: Some("cpu".into()),
         worker: None,
+        blocks: Vec::new(),
     };
     assert_eq!(r.route(&pinned).unwrap(), vec!["c"]);
     let pinned = RouteQuery {
         model: "m1".into(),
         backend: None,
         worker: Some("r".into()),
+        blocks: Vec::new(),
     };
     assert_eq!(r.route(&pinned).unwrap(), vec!["r"]);
     let none = RouteQuery {
         model: "m1".into(),
         backend: Some("metal".into()),
         worker: None,
+        blocks: Vec::new(),
     };
     assert_eq!(r.route(&none).unwrap_err().code, ErrorCode::NoWorker);
 }
@@ -162,4 +165,94 @@ fn models_group_workers_and_backends() {
     assert_eq!(models.len(), 2);
     assert_eq!(models[0].workers, vec!["a", "b"]);
     assert_eq!(models[0].backends.len(), 2);
+}
+
+fn kv(worker: &str, seq: u64, stored: &[u64], removed: &[u64]) -> KvEvent {
+    KvEvent {
+        v: PROTOCOL_VERSION,
+        worker_id: worker.into(),
+        seq,
+        stored: stored.to_vec(),
+        removed: removed.to_vec(),
+    }
+}
+
+#[test]
+fn kv_events_apply_in_order_and_a_gap_asks_for_a_snapshot() {
+    let mut r = Registry::new(Duration::from_secs(3));
+    assert!(!r.kv_event(&kv("a", 1, &[1, 2, 3], &[])));
+    assert!(!r.kv_event(&kv("a", 2, &[4], &[3])));
+    assert_eq!(r.overlap("a", &[1, 2, 3]), 2);
+    assert_eq!(r.overlap("a", &[1, 2, 4]), 3);
+    assert!(!r.kv_event(&kv("a", 2, &[9], &[])), "a duplicate is ignored");
+    assert_eq!(r.overlap("a", &[9]), 0);
+    assert!(r.kv_event(&kv("a", 5, &[9], &[])), "seq 3 and 4 were lost");
+    assert_eq!(r.overlap("a", &[9]), 0, "nothing applied past a gap");
+    r.kv_snapshot(KvSnapshot {
+        v: PROTOCOL_VERSION,
+        worker_id: "a".into(),
+        seq: 5,
+        blocks: vec![1, 9],
+    });
+    assert_eq!(r.overlap("a", &[1, 9]), 2);
+    assert!(!r.kv_event(&kv("a", 6, &[], &[1])));
+    assert_eq!(r.overlap("a", &[1, 9]), 0);
+    // A restarted worker starts over at 1.
+    assert!(!r.kv_event(&kv("a", 1, &[7], &[])));
+    assert_eq!((r.overlap("a", &[7]), r.overlap("a", &[9])), (1, 0));
+    // A coordinator that starts late sees a first event past 1: a gap.
+    assert!(r.kv_event(&kv("b", 8, &[1], &[])));
+}
+
+#[test]
+fn warm_prefixes_attract_requests_but_not_past_busy() {
+    let mut r = Registry::new(Duration::from_secs(3));
+    let now = Instant::now();
+    for id in ["a", "b", "c"] {
+        r.heartbeat(worker(id, "cpu", "m"), now);
+    }
+    r.kv_event(&kv("b", 1, &[10, 11], &[]));
+    r.kv_event(&kv("c", 1, &[10], &[]));
+    let warm = RouteQuery {
+        model: "m".into(),
+        blocks: vec![10, 11, 12],
+        ..Default::default()
+    };
+    assert_eq!(
+        r.route(&warm).unwrap(),
+        vec!["b", "c", "a"],
+        "longest warm prefix first"
+    );
+    // b is busy: an idle worker wins, the partly warm one first.
+    r.routed("b", &[]);
+    assert_eq!(r.route(&warm).unwrap(), vec!["c", "a", "b"]);
+    // A prefix everyone holds: load decides.
+    for id in ["a", "c"] {
+        r.kv_event(&kv(id, if id == "a" { 1 } else { 2 }, &[10, 11], &[]));
+    }
+    r.routed("c", &[]);
+    assert_eq!(r.route(&warm).unwrap()[0], "a");
+    // A routed request's prefix counts as warm at once.
+    r.routed("a", &[20, 21]);
+    let next = RouteQuery {
+        model: "m".into(),
+        blocks: vec![20, 21, 22],
+        ..Default::default()
+    };
+    assert_eq!(r.overlap("a", &next.blocks), 2);
+    // A new prefix goes where it evicts least.
+    let mut r2 = Registry::new(Duration::from_secs(3));
+    for id in ["a", "b"] {
+        r2.heartbeat(worker(id, "cpu", "m"), now);
+    }
+    r2.kv_event(&kv("a", 1, &[1, 2], &[]));
+    let cold = RouteQuery {
+        model: "m".into(),
+        blocks: vec![5, 6],
+        ..Default::default()
+    };
+    assert_eq!(r2.route(&cold).unwrap(), vec!["b", "a"]);
+    // Backend preference still comes first.
+    r.heartbeat(worker("g", "rocm", "m"), now);
+    assert_eq!(r.route(&warm).unwrap()[0], "g");
 }
