@@ -32,12 +32,17 @@ pub async fn llama(
     };
     let m = switchyard_workers::CpuBackend.load_model(model, &load)?;
 
-    let llama_once = || {
+    // Both engines reuse a cached prompt prefix; this compares cold prefill, so runs
+    // alternate two prompts that differ in their first token (llama.cpp also gets
+    // `cache_prompt: false`).
+    let prompt = |i: usize| format!("{}. {BENCH_PROMPT}", ["A", "B"][i % 2]);
+    let llama_once = |i: usize| {
         let http = http.clone();
         let url = url.clone();
+        let prompt = prompt(i);
         async move {
             let body = serde_json::json!({
-                "prompt": BENCH_PROMPT, "n_predict": max_tokens, "temperature": 0.0,
+                "prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
                 "cache_prompt": false, "ignore_eos": true,
             });
             let v: serde_json::Value = http
@@ -56,14 +61,15 @@ pub async fn llama(
             })
         }
     };
-    let ours_once = || {
+    let ours_once = |i: usize| {
         let m = m.clone();
+        let prompt = prompt(i);
         async move {
             let cfg = GenerateConfig {
                 max_tokens,
                 ..GenerateConfig::default()
             };
-            let mut events = m.generate(Prompt::Text(BENCH_PROMPT.into()), cfg, CancelFlag::new());
+            let mut events = m.generate(Prompt::Text(prompt), cfg, CancelFlag::new());
             let mut sample = Sample {
                 prompt_tokens: 0,
                 prefill_tps: 0.0,
@@ -84,17 +90,17 @@ pub async fn llama(
         }
     };
     eprintln!("warming up both …");
-    llama_once().await?;
-    ours_once().await?;
+    llama_once(1).await?;
+    ours_once(1).await?;
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for i in 0..runs {
         eprintln!("run {}/{runs}", i + 1);
         if i % 2 == 0 {
-            ours.push(ours_once().await?);
-            theirs.push(llama_once().await?);
+            ours.push(ours_once(i).await?);
+            theirs.push(llama_once(i).await?);
         } else {
-            theirs.push(llama_once().await?);
-            ours.push(ours_once().await?);
+            theirs.push(llama_once(i).await?);
+            ours.push(ours_once(i).await?);
         }
     }
     let med = |xs: &[Sample], f: fn(&Sample) -> f64| median(&xs.iter().map(f).collect::<Vec<_>>());
