@@ -238,26 +238,24 @@ impl Registry {
                 format!("every worker serving {:?} is unavailable or draining", q.model),
             ));
         }
-        candidates.sort_by(|a, b| {
-            let key = |e: &Entry| {
-                let saturated = e.load() >= e.limit();
-                // Warm blocks, less WAIT_BLOCKS per request it would wait behind: a
-                // warm worker with a queue still wins when its head start is worth more
-                // than the wait, and spills otherwise.
-                let waits = (e.load() + 1).saturating_sub(e.status.capacity) as i64;
-                let score = self.overlap(&e.status.worker_id, &q.blocks) as i64 - WAIT_BLOCKS * waits;
-                (
-                    saturated,
-                    backend_rank(&e.status.backend),
-                    std::cmp::Reverse(score),
-                    e.load(),
-                    // Among equals, the worker holding least: a new prefix lands where
-                    // it evicts the least warm state.
-                    self.kv.get(&e.status.worker_id).map_or(0, |idx| idx.blocks.len()),
-                    e.status.worker_id.clone(),
-                )
-            };
-            key(a).cmp(&key(b))
+        // Each key costs a prefix lookup per block: compute it once per candidate.
+        candidates.sort_by_cached_key(|e| {
+            let saturated = e.load() >= e.limit();
+            // Warm blocks, less WAIT_BLOCKS per request it would wait behind: a
+            // warm worker with a queue still wins when its head start is worth more
+            // than the wait, and spills otherwise.
+            let waits = (e.load() + 1).saturating_sub(e.status.capacity) as i64;
+            let score = self.overlap(&e.status.worker_id, &q.blocks) as i64 - WAIT_BLOCKS * waits;
+            (
+                saturated,
+                backend_rank(&e.status.backend),
+                std::cmp::Reverse(score),
+                e.load(),
+                // Among equals, the worker holding least: a new prefix lands where
+                // it evicts the least warm state.
+                self.kv.get(&e.status.worker_id).map_or(0, |idx| idx.blocks.len()),
+                e.status.worker_id.clone(),
+            )
         });
         Ok(candidates.iter().map(|e| e.status.worker_id.clone()).collect())
     }

@@ -504,47 +504,19 @@ fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: 
         // SAFETY: f16 is a transparent wrapper of u16 with the same size and alignment.
         unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const half::f16, bits.len()) }
     };
-    let n = out.len() / d;
-    if n >= 4 {
-        // Prefill: every key and value row is read by every query of its group, so
-        // convert the layer's cache to f32 once instead of once per query and head
-        // (the same f32 values, so the same results; 1,500-token prompts spent most
-        // of their time here).
-        let kv_len = (pos + n) * hd;
-        let mut kf = vec![0.0f32; p.n_head_kv * kv_len];
-        let mut vf = vec![0.0f32; p.n_head_kv * kv_len];
-        kf.par_chunks_mut(kv_len)
-            .zip(vf.par_chunks_mut(kv_len))
-            .enumerate()
-            .for_each(|(kvh, (kd, vd))| {
-                as_f16(&k[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(kd);
-                as_f16(&v[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(vd);
-            });
-        out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-            let (t, h) = (idx / p.n_head, idx % p.n_head);
-            let kvh = h / group;
-            let qrow: Vec<f32> = q[t * d + h * hd..t * d + (h + 1) * hd]
-                .iter()
-                .map(|&x| h2f(f2h(x)))
-                .collect();
-            let len = pos + t + 1;
-            let first = if window > 0 { len.saturating_sub(window) } else { 0 };
-            let base = kvh * kv_len;
-            let mut scores: Vec<f32> = kf[base + first * hd..base + len * hd]
-                .chunks_exact(hd)
-                .map(|kr| super::quants::dot_f32(kr, &qrow) * scale)
-                .collect();
-            super::math::softmax(&mut scores);
-            o.iter_mut().for_each(|x| *x = 0.0);
-            for (vr, &w) in vf[base + first * hd..base + len * hd].chunks_exact(hd).zip(&scores) {
-                let w = h2f(f2h(w));
-                for (acc, x) in o.iter_mut().zip(vr) {
-                    *acc = x.mul_add(w, *acc);
-                }
-            }
+    // Every key and value row is read by every query of its group: convert the
+    // layer's cache to f32 once, not once per query and head (the same f32 values, so
+    // the same results; long prompts spent most of their time converting).
+    let kv_len = (pos + out.len() / d) * hd;
+    let mut kf = vec![0.0f32; p.n_head_kv * kv_len];
+    let mut vf = vec![0.0f32; p.n_head_kv * kv_len];
+    kf.par_chunks_mut(kv_len)
+        .zip(vf.par_chunks_mut(kv_len))
+        .enumerate()
+        .for_each(|(kvh, (kd, vd))| {
+            as_f16(&k[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(kd);
+            as_f16(&v[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(vd);
         });
-        return;
-    }
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / p.n_head, idx % p.n_head);
         let kvh = h / group;
@@ -554,20 +526,16 @@ fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: 
             .collect();
         let len = pos + t + 1;
         let first = if window > 0 { len.saturating_sub(window) } else { 0 };
-        let mut scores = Vec::with_capacity(len - first);
-        let mut row = vec![0.0f32; hd];
-        let keys = as_f16(&k[(kvh * ctx + first) * hd..(kvh * ctx + len) * hd]);
-        for kr in keys.chunks_exact(hd) {
-            kr.convert_to_f32_slice(&mut row);
-            scores.push(super::quants::dot_f32(&row, &qrow) * scale);
-        }
+        let rows = kvh * kv_len + first * hd..kvh * kv_len + len * hd;
+        let mut scores: Vec<f32> = kf[rows.clone()]
+            .chunks_exact(hd)
+            .map(|kr| super::quants::dot_f32(kr, &qrow) * scale)
+            .collect();
         super::math::softmax(&mut scores);
         o.iter_mut().for_each(|x| *x = 0.0);
-        let values = as_f16(&v[(kvh * ctx + first) * hd..(kvh * ctx + len) * hd]);
-        for (vr, &w) in values.chunks_exact(hd).zip(&scores) {
+        for (vr, &w) in vf[rows].chunks_exact(hd).zip(&scores) {
             let w = h2f(f2h(w));
-            vr.convert_to_f32_slice(&mut row);
-            for (acc, x) in o.iter_mut().zip(&row) {
+            for (acc, x) in o.iter_mut().zip(vr) {
                 *acc = x.mul_add(w, *acc);
             }
         }
