@@ -20,10 +20,10 @@ use switchyard_workers::llama_cpp::completion_body;
 
 /// One run as the caller saw it.
 #[derive(Debug, Clone, Copy, Default)]
-struct Run {
-    ttft: Duration,
-    total: Duration,
-    tokens: u32,
+pub struct Run {
+    pub ttft: Duration,
+    pub total: Duration,
+    pub tokens: u32,
 }
 
 impl Run {
@@ -41,7 +41,7 @@ impl Run {
 }
 
 /// Streams one completion straight from llama-server.
-async fn direct(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) -> anyhow::Result<Run> {
+pub async fn direct(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) -> anyhow::Result<Run> {
     let config = GenerateConfig {
         max_tokens,
         ..GenerateConfig::default()
@@ -77,7 +77,7 @@ async fn direct(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32
 }
 
 /// Streams one completion through switchyard.
-async fn fabric(client: &Client, name: &str, prompt: &str, max_tokens: u32) -> anyhow::Result<Run> {
+pub async fn fabric(client: &Client, name: &str, prompt: &str, max_tokens: u32) -> anyhow::Result<Run> {
     let mut req = GenerateRequest::generate(Client::new_request_id(), name, prompt);
     req.config.max_tokens = max_tokens;
     let start = Instant::now();

@@ -106,9 +106,9 @@ impl Default for ClientOptions {
 /// ```
 #[derive(Clone)]
 pub struct Client {
-    nats: async_nats::Client,
-    subjects: Subjects,
-    opts: ClientOptions,
+    pub(crate) nats: async_nats::Client,
+    pub(crate) subjects: Subjects,
+    pub(crate) opts: ClientOptions,
 }
 
 impl Client {
@@ -151,6 +151,16 @@ impl Client {
 
     /// Sends `req` to `subject` (a coordinator subject or a worker's endpoint).
     pub async fn start(&self, subject: String, req: GenerateRequest) -> Result<ResponseStream, ClientError> {
+        self.start_encoded(subject, &req.request_id, encode(&req)).await
+    }
+
+    /// Sends an encoded streaming request and returns its chunks.
+    pub(crate) async fn start_encoded(
+        &self,
+        subject: String,
+        request_id: &str,
+        payload: Vec<u8>,
+    ) -> Result<ResponseStream, ClientError> {
         let inbox = self.nats.new_inbox();
         let sub = self
             .nats
@@ -158,15 +168,15 @@ impl Client {
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))?;
         let mut headers = HeaderMap::new();
-        headers.insert(HEADER_REQUEST_ID, req.request_id.as_str());
+        headers.insert(HEADER_REQUEST_ID, request_id);
         self.nats
-            .publish_with_reply_and_headers(subject, inbox, headers, encode(&req).into())
+            .publish_with_reply_and_headers(subject, inbox, headers, payload.into())
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))?;
         Ok(ResponseStream {
             sub,
             nats: self.nats.clone(),
-            cancel_subject: self.subjects.cancel(&req.request_id),
+            cancel_subject: self.subjects.cancel(request_id),
             stall: self.opts.stall_timeout,
             next_seq: 0,
             finished: false,
@@ -195,36 +205,24 @@ impl Client {
         request_id: &str,
         req: &Q,
     ) -> Result<A, ClientError> {
-        let inbox = self.nats.new_inbox();
-        let mut sub = self
-            .nats
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| ClientError::Nats(e.to_string()))?;
         let mut headers = HeaderMap::new();
         headers.insert(HEADER_REQUEST_ID, request_id);
-        self.nats
-            .publish_with_reply_and_headers(subject.clone(), inbox, headers, encode(req).into())
-            .await
-            .map_err(|e| ClientError::Nats(e.to_string()))?;
         let remote = |error: WireError| ClientError::Remote {
             error,
             received: Vec::new(),
         };
-        let msg = match tokio::time::timeout(self.opts.compute_timeout, sub.next()).await {
-            Ok(Some(msg)) => msg,
-            Ok(None) => return Err(ClientError::Nats("subscription closed".into())),
-            Err(_) => {
-                let _ = self
-                    .nats
-                    .publish(self.subjects.cancel(request_id), bytes::Bytes::new())
-                    .await;
-                let ms = self.opts.compute_timeout.as_millis();
-                return Err(remote(WireError::new(
-                    ErrorCode::WorkerLost,
-                    format!("no answer on {subject} within {ms} ms"),
-                )));
+        let answer = self.ask(subject.clone(), Some(headers), encode(req)).await;
+        let msg = match answer {
+            Err(e) => {
+                if matches!(&e, ClientError::Remote { error, .. } if error.code == ErrorCode::WorkerLost) {
+                    let _ = self
+                        .nats
+                        .publish(self.subjects.cancel(request_id), bytes::Bytes::new())
+                        .await;
+                }
+                return Err(e);
             }
+            Ok(msg) => msg,
         };
         if msg.status == Some(StatusCode::NO_RESPONDERS) {
             return Err(remote(WireError::new(
@@ -236,6 +234,37 @@ impl Client {
             return Err(remote(err.error));
         }
         decode(&msg.payload).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// Publishes `payload` to `subject` with a fresh inbox as the reply subject and
+    /// waits up to `compute_timeout` for the first answer (a timeout is `worker_lost`).
+    pub(crate) async fn ask(
+        &self,
+        subject: String,
+        headers: Option<HeaderMap>,
+        payload: Vec<u8>,
+    ) -> Result<async_nats::Message, ClientError> {
+        let inbox = self.nats.new_inbox();
+        let mut sub = self
+            .nats
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| ClientError::Nats(e.to_string()))?;
+        self.nats
+            .publish_with_reply_and_headers(subject.clone(), inbox, headers.unwrap_or_default(), payload.into())
+            .await
+            .map_err(|e| ClientError::Nats(e.to_string()))?;
+        match tokio::time::timeout(self.opts.compute_timeout, sub.next()).await {
+            Ok(Some(msg)) => Ok(msg),
+            Ok(None) => Err(ClientError::Nats("subscription closed".into())),
+            Err(_) => {
+                let ms = self.opts.compute_timeout.as_millis();
+                Err(ClientError::Remote {
+                    error: WireError::new(ErrorCode::WorkerLost, format!("no answer on {subject} within {ms} ms")),
+                    received: Vec::new(),
+                })
+            }
+        }
     }
 
     /// The fleet view from one coordinator.

@@ -14,6 +14,7 @@
 //! ([`switchyard_workers`]) streams chunks straight back to the client's inbox.
 
 pub mod bench;
+pub mod bench_batch;
 pub mod bench_kv;
 pub mod bench_llama;
 pub mod bench_llama_cpp;
@@ -22,6 +23,7 @@ pub mod client;
 pub mod llama_server;
 pub mod nats_server;
 pub mod node;
+pub mod session;
 
 pub use client::{Client, ClientError, ClientOptions, Completion, ResponseStream, StreamEvent};
 pub use switchyard_config::Config;

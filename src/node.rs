@@ -167,12 +167,17 @@ pub async fn load(config: &Config) -> anyhow::Result<Loaded> {
         }
         _ => {
             let (model, path, name) = load_model(config).await?;
+            let capacity = if config.worker.capacity > 0 {
+                config.worker.capacity
+            } else {
+                model.parallel_slots().max(1)
+            };
             Ok(Loaded {
                 model,
                 path,
                 name,
                 device: "cpu".into(),
-                capacity: config.worker.capacity.max(1),
+                capacity,
                 supervisor: None,
             })
         }
@@ -241,6 +246,7 @@ pub async fn load_model(config: &Config) -> anyhow::Result<(Arc<dyn TextModel>, 
         backend: config.worker.backend.clone(),
         context_len: config.worker.context_len,
         threads: config.worker.threads,
+        parallel_slots: config.worker.parallel_slots,
         ..LoadConfig::default()
     };
     let p = path.clone();
@@ -283,6 +289,7 @@ pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<Wo
         keepalive: Duration::from_millis(config.worker.keepalive_ms),
         capacity: loaded.capacity,
         queue_depth: config.worker.queue_depth,
+        session_idle: Duration::from_secs(config.worker.session_idle_secs),
     };
     WorkerHandle::start(nats, loaded.model.clone(), opts).await
 }

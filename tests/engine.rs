@@ -6,7 +6,10 @@ mod common;
 
 use common::*;
 use futures::StreamExt;
-use switchyard_messages::{CancelFlag, ErrorCode, GenerateConfig, GenerateEvent, LoadConfig, Prompt, TextModel};
+use std::sync::atomic::Ordering;
+use switchyard_messages::{
+    CancelFlag, ErrorCode, GenerateConfig, GenerateEvent, GenerateMetrics, LoadConfig, Prompt, TextModel,
+};
 use switchyard_workers::CandleModel;
 
 async fn alone(model: &CandleModel, prompt: &str, n: u32) -> Vec<u32> {
@@ -170,4 +173,113 @@ async fn a_resident_prefix_is_reused_and_gives_the_cold_answer() {
         classified[0].as_ref().unwrap().token.id,
         direct[0].as_ref().unwrap().token.id
     );
+}
+
+/// Everything a generation produced: token ids, finish reason, metrics.
+async fn collect(mut events: switchyard_messages::GenerateStream) -> (Vec<u32>, String, GenerateMetrics) {
+    let (mut ids, mut reason, mut metrics) = (Vec::new(), String::new(), None);
+    while let Some(ev) = events.next().await {
+        match ev.unwrap() {
+            GenerateEvent::Token(t) => ids.push(t.id),
+            GenerateEvent::Done {
+                finish_reason,
+                metrics: m,
+            } => {
+                reason = format!("{finish_reason:?}");
+                metrics = Some(m);
+            }
+        }
+    }
+    (ids, reason, metrics.expect("a final event"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuous_batching_gives_each_request_its_solo_tokens() {
+    let slots = LoadConfig {
+        parallel_slots: 4,
+        ..LoadConfig::default()
+    };
+    let story = "Once upon a time, in a small village by the sea, there lived an old fisherman who";
+    let fork = "Once upon a time, in a small village by the sea, there lived a young girl who";
+    let greedy = GenerateConfig {
+        max_tokens: 40,
+        ..GenerateConfig::default()
+    };
+    // Different sampling, limits and stops per request.
+    let jobs: Vec<(&str, GenerateConfig)> = vec![
+        (story, greedy.clone()),
+        (
+            fork,
+            GenerateConfig {
+                temperature: 0.8,
+                top_k: 40,
+                seed: Some(7),
+                max_tokens: 32,
+                ..GenerateConfig::default()
+            },
+        ),
+        (
+            "def fibonacci(n):",
+            GenerateConfig {
+                temperature: 1.0,
+                top_p: 0.9,
+                repeat_penalty: 1.3,
+                seed: Some(1),
+                max_tokens: 24,
+                ..GenerateConfig::default()
+            },
+        ),
+        (
+            "The capital of France is",
+            GenerateConfig {
+                max_tokens: 12,
+                stop: vec![".".into()],
+                ..GenerateConfig::default()
+            },
+        ),
+    ];
+    let solo_model = CandleModel::load(&demo_model(), &slots).unwrap();
+    let mut solo = Vec::new();
+    for (prompt, cfg) in &jobs {
+        let events = solo_model.generate(Prompt::Text(prompt.to_string()), cfg.clone(), CancelFlag::new());
+        solo.push(collect(events).await);
+    }
+    assert_eq!(
+        solo_model.batch_stats().peak.load(Ordering::Relaxed),
+        1,
+        "one at a time"
+    );
+
+    // All at once on a fresh model: one decode batch, the same tokens for each.
+    let model = CandleModel::load(&demo_model(), &slots).unwrap();
+    let streams: Vec<_> = jobs
+        .iter()
+        .map(|(prompt, cfg)| model.generate(Prompt::Text(prompt.to_string()), cfg.clone(), CancelFlag::new()))
+        .collect();
+    let together = futures::future::join_all(streams.into_iter().map(collect)).await;
+    for (i, ((ids, reason, _), (solo_ids, solo_reason, _))) in together.iter().zip(&solo).enumerate() {
+        assert!(!ids.is_empty(), "request {i}");
+        assert_eq!((ids, reason), (solo_ids, solo_reason), "request {i}: batched vs alone");
+    }
+    let stats = model.batch_stats();
+    assert!(stats.peak.load(Ordering::Relaxed) >= 3, "{stats:?}");
+    // The fork arrived while the story was running: the shared head was copied from
+    // the story's slot instead of being prefilled again.
+    let tok = |s: &str| model.tokenizer().encode(s).unwrap();
+    let shared = switchyard_workers::candle::engine::common_prefix(&tok(story), &tok(fork));
+    assert_eq!(together[1].2.cached_tokens as usize, shared, "{:?}", together[1].2);
+
+    // More requests than slots: the rest wait for a free slot, then run.
+    let streams: Vec<_> = (0..6)
+        .map(|i| {
+            let cfg = GenerateConfig {
+                max_tokens: 8,
+                ..GenerateConfig::default()
+            };
+            model.generate(Prompt::Text(format!("Count to {i}:")), cfg, CancelFlag::new())
+        })
+        .collect();
+    for (ids, reason, _) in futures::future::join_all(streams.into_iter().map(collect)).await {
+        assert!(!ids.is_empty() && ids.len() <= 8, "{ids:?} {reason}");
+    }
 }

@@ -78,7 +78,8 @@ async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: &[&str]) {
     let server = LlamaServer::start_with(bin, path, 2, 1, &["-fa", "off"]).await.unwrap();
     let mut file = std::fs::File::open(path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
-    let mut model = LlamaModel::load(&content, &mut file, 512).unwrap();
+    let model = LlamaModel::load(&content, &mut file, 512).unwrap();
+    let mut cache = model.new_cache();
 
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     let (mut exact, mut diffs, mut worst) = (0, Vec::new(), 0.0f32);
@@ -120,7 +121,7 @@ async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: &[&str]) {
         assert!(!steps.is_empty(), "llama-server generated nothing for {prompt:?}");
 
         // Teacher forcing: our distribution at each step, on llama's context.
-        let mut logits = model.forward(&tokens, 0);
+        let mut logits = model.forward(&mut cache, &tokens, 0);
         let mut first_difference = None;
         for (i, step) in steps.iter().enumerate() {
             let lse = log_sum_exp(&logits);
@@ -139,7 +140,7 @@ async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: &[&str]) {
                     step.gap
                 );
             }
-            logits = model.forward(&[step.token], tokens.len() + i);
+            logits = model.forward(&mut cache, &[step.token], tokens.len() + i);
         }
         match first_difference {
             None => exact += 1,

@@ -152,7 +152,8 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
     let external = LlamaServer::start_with(&bin, &demo_model(), 1, 1, &["-fa", "off"])
         .await
         .unwrap();
-    let cpu = start(&config(&url, "w-cpu", |_| {})).await;
+    // One slot each, so one long stream fills a worker (the spill checks below).
+    let cpu = start(&config(&url, "w-cpu", |c| c.worker.parallel_slots = 1)).await;
     let llama = start(&config(&url, "w-llama", |c| {
         c.worker.backend = "llama_cpp".into();
         c.worker.llama_url = external.url.clone();

@@ -153,8 +153,8 @@ pub struct WorkerConfig {
     pub threads: u32,
     /// Context window in tokens; 0 = the model's own, capped by the backend.
     pub context_len: u32,
-    /// Requests computed at once; 0 = the backend's own (1 on `cpu`, the server's
-    /// slot count on `llama_cpp` and `rocm`).
+    /// Requests computed at once; 0 = the backend's own (the KV slots on `cpu`, the
+    /// server's slot count on `llama_cpp` and `rocm`).
     pub capacity: u32,
     /// Requests that may wait beyond `capacity`; more are refused with `overloaded`.
     pub queue_depth: u32,
@@ -162,6 +162,9 @@ pub struct WorkerConfig {
     pub heartbeat_ms: u64,
     /// Keep-alive chunk period while a request is queued or computing, milliseconds.
     pub keepalive_ms: u64,
+    /// A session with no calls for this many seconds is closed and its KV slot given
+    /// back.
+    pub session_idle_secs: u64,
 }
 
 impl Default for WorkerConfig {
@@ -182,6 +185,7 @@ impl Default for WorkerConfig {
             context_len: 0,
             capacity: 0,
             queue_depth: 16,
+            session_idle_secs: 600,
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
         }

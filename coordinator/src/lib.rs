@@ -144,6 +144,18 @@ impl CoordinatorHandle {
                 }
             }));
         }
+        let mut endpoint = service
+            .endpoint_builder()
+            .name("session_open")
+            .add(opts.subjects.session_open())
+            .await
+            .map_err(|e| anyhow::anyhow!("endpoint session_open: {e}"))?;
+        let session_ctx = ctx.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(request) = endpoint.next().await {
+                tokio::spawn(service::open_session(session_ctx.clone(), request));
+            }
+        }));
         for (name, subject) in [("status", opts.subjects.status()), ("models", opts.subjects.models())] {
             let mut endpoint = service
                 .endpoint_builder()

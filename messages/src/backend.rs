@@ -70,6 +70,48 @@ pub type InspectFuture = Pin<Box<dyn Future<Output = Result<crate::AttentionSnap
 /// The stream a generation returns.
 pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateEvent, BackendError>> + Send>>;
 
+/// A boxed future of a backend call.
+pub type BackendFuture<T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>;
+
+/// What making a session's resident tokens equal a target cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResidentUpdate {
+    /// Leading tokens that were already resident and kept.
+    pub reused: u32,
+    /// Tokens computed (prefilled).
+    pub computed: u32,
+    /// Resident tokens thrown away (beyond the kept prefix).
+    pub dropped: u32,
+}
+
+/// Sizes a backend knows about its model, for session `describe`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelMemory {
+    /// The model's own context ceiling (0 = unknown).
+    pub model_max_context: u32,
+    /// Bytes one cached position takes in one sequence (0 = unknown).
+    pub kv_bytes_per_token: u64,
+    /// Bytes of weights (0 = unknown).
+    pub weights_bytes: u64,
+}
+
+/// A persistent KV sequence on a loaded model, in tokens (seed 002's session, minus
+/// the manifests, fences and hashes the worker keeps on top). Calls on one session
+/// are made one at a time.
+pub trait ModelSession: Send + Sync {
+    /// Tokenizes session text: with the model's BOS when `bos`, never with EOS.
+    fn tokenize(&self, text: String, bos: bool) -> BackendFuture<Vec<u32>>;
+    /// Makes the resident tokens equal `target`: keeps the longest resident prefix
+    /// (nothing when `invalidate`) and computes the rest.
+    fn set_resident(&self, target: Vec<u32>, invalidate: bool) -> BackendFuture<ResidentUpdate>;
+    /// Generates from the resident tokens; what it generates becomes resident.
+    fn decode(&self, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream;
+    /// The tokens resident now.
+    fn resident(&self) -> BackendFuture<Vec<u32>>;
+    /// Gives the session's KV sequence back; later calls fail.
+    fn close(&self);
+}
+
 /// What a backend can fail with. Mapped to the wire by [`BackendError::code`].
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -109,6 +151,9 @@ pub enum BackendError {
     /// A compute failure.
     #[error("compute failed: {0}")]
     Compute(String),
+    /// Full right now (no free KV slot for a session); another worker may have one.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
 }
 
 impl BackendError {
@@ -119,6 +164,7 @@ impl BackendError {
             BackendError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
             BackendError::Load { .. } | BackendError::Compute(_) => ErrorCode::BackendError,
             BackendError::Unavailable(_) => ErrorCode::Unavailable,
+            BackendError::Overloaded(_) => ErrorCode::Overloaded,
             BackendError::DeadlineExceeded => ErrorCode::DeadlineExceeded,
         }
     }
@@ -169,6 +215,21 @@ pub trait TextModel: Send + Sync {
     /// so coordinators route elsewhere.
     fn healthy(&self) -> bool {
         true
+    }
+    /// Opens a persistent session holding its own KV sequence. Backends without
+    /// sessions keep this default, which says so.
+    fn open_session(&self) -> BackendFuture<std::sync::Arc<dyn ModelSession>> {
+        let name = self.model_type().to_string();
+        Box::pin(async move { Err(BackendError::Unavailable(format!("{name}: sessions are not supported"))) })
+    }
+    /// Sizes for session `describe`.
+    fn memory(&self) -> ModelMemory {
+        ModelMemory::default()
+    }
+    /// Sequences the model computes at once (KV slots; a llama.cpp server's
+    /// `--parallel`): what a worker admits concurrently unless configured otherwise.
+    fn parallel_slots(&self) -> u32 {
+        1
     }
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;

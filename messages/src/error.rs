@@ -36,11 +36,19 @@ pub enum ErrorCode {
     BackendError,
     /// A bug or an unexpected condition in switchyard itself.
     Internal,
+    /// A session call from an owner the session is not bound to.
+    NotOwner,
+    /// The session's owner was superseded by a newer open from another owner.
+    StaleFence,
+    /// The session was closed (or expired, or its worker stopped).
+    SessionClosed,
+    /// The model type is not one this worker's backend serves.
+    BackendMismatch,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::BadRequest,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownModel,
@@ -53,6 +61,10 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::BackendError,
         ErrorCode::Internal,
+        ErrorCode::NotOwner,
+        ErrorCode::StaleFence,
+        ErrorCode::SessionClosed,
+        ErrorCode::BackendMismatch,
     ];
 
     /// Whether the same request may succeed if sent again (possibly to another worker).
@@ -66,7 +78,11 @@ impl ErrorCode {
             | ErrorCode::Cancelled
             | ErrorCode::DeadlineExceeded
             | ErrorCode::BackendError
-            | ErrorCode::Internal => false,
+            | ErrorCode::Internal
+            | ErrorCode::NotOwner
+            | ErrorCode::StaleFence
+            | ErrorCode::SessionClosed
+            | ErrorCode::BackendMismatch => false,
         }
     }
 
@@ -85,6 +101,10 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::BackendError => "backend_error",
             ErrorCode::Internal => "internal",
+            ErrorCode::NotOwner => "not_owner",
+            ErrorCode::StaleFence => "stale_fence",
+            ErrorCode::SessionClosed => "session_closed",
+            ErrorCode::BackendMismatch => "backend_mismatch",
         }
     }
 }

@@ -33,15 +33,28 @@ pub fn routing_key(prompt: Option<&str>, messages: Option<&[Message]>) -> Vec<u8
     key
 }
 
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Continues an FNV-1a hash `h` over `bytes`.
+fn fnv1a_from(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h = (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+/// The 64-bit FNV-1a hash of `bytes` (a cache key, not a cryptographic digest).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    fnv1a_from(FNV_OFFSET, bytes)
+}
+
 /// Chained FNV-1a hashes of every complete block of `key`.
 pub fn prefix_blocks(key: &[u8]) -> Vec<u64> {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = FNV_OFFSET;
     key.chunks_exact(BLOCK_BYTES)
         .map(|block| {
-            for b in block {
-                h = (h ^ u64::from(*b)).wrapping_mul(PRIME);
-            }
+            h = fnv1a_from(h, block);
             h
         })
         .collect()

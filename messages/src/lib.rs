@@ -15,6 +15,8 @@
 //! - [`subjects`]: every NATS subject, under a configurable prefix.
 //! - [`codec`]: MessagePack with named fields (`encode` / `decode`).
 //! - [`backend`]: the `Backend` / `TextModel` traits backends implement.
+//! - [`kv`]: prefix blocks for KV-aware routing.
+//! - [`session`]: seed 002's persistent sessions (open, ensure_prefix, …).
 //!
 //! A request's path: a client encodes a [`GenerateRequest`] to
 //! [`Subjects::generate`]; a coordinator routes it on [`WorkerStatus`] heartbeats and
@@ -25,13 +27,14 @@ pub mod backend;
 pub mod codec;
 pub mod error;
 pub mod kv;
+pub mod session;
 pub mod subjects;
 pub mod types;
 pub mod wire;
 
 pub use backend::{
-    Backend, BackendError, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream, InspectFuture,
-    Prompt, TextModel,
+    Backend, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream,
+    InspectFuture, ModelMemory, ModelSession, Prompt, ResidentUpdate, TextModel,
 };
 pub use codec::{decode, encode, DecodeError};
 pub use error::{ErrorCode, WireError};

@@ -76,6 +76,18 @@ impl Subjects {
     pub fn kv_all(&self) -> String {
         format!("{}.kv.*", self.root)
     }
+    /// `{p}.v1.session.open`: open a session (coordinators, queue group).
+    pub fn session_open(&self) -> String {
+        format!("{}.session.open", self.root)
+    }
+    /// `{p}.v1.session.{sid}.{verb}`: a session's calls, answered by its worker.
+    pub fn session(&self, session_id: &str, verb: &str) -> String {
+        format!("{}.session.{session_id}.{verb}", self.root)
+    }
+    /// `{p}.v1.session.{sid}.*`: everything for one session.
+    pub fn session_all(&self, session_id: &str) -> String {
+        format!("{}.session.{session_id}.*", self.root)
+    }
     /// `{p}.v1.kv.{wid}.snapshot`: ask a worker for its [`crate::KvSnapshot`].
     pub fn kv_snapshot(&self, worker_id: &str) -> String {
         format!("{}.kv.{worker_id}.snapshot", self.root)

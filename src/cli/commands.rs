@@ -107,6 +107,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             switchyard::bench_prefix::prefix(config, args.runs, args.paragraphs).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(super::BenchCommand::Batch(args)) => {
+            args.worker.apply(&mut config);
+            config.validate()?;
+            let bin = switchyard::bench_llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
+            switchyard::bench_batch::batch(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Fabric(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;

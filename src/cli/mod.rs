@@ -86,6 +86,32 @@ pub enum BenchCommand {
     /// rate, requests per worker and wall time. Starts its own nats-servers.
     #[command(name = "kv-routing")]
     KvRouting(BenchKvArgs),
+    /// Continuous batching: aggregate tok/s with 1, 4 and 8 concurrent streams on one
+    /// CPU worker (through NATS) against llama-server with --parallel 8 on the same
+    /// GGUF and threads, alternating rounds: ratios and time to first token. Starts
+    /// its own nats-server unless --nats is given.
+    Batch(BenchBatchArgs),
+}
+
+/// `switchyard bench batch`.
+#[derive(Args, Debug)]
+pub struct BenchBatchArgs {
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    /// llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, else what
+    /// scripts/build-llama-server.sh built).
+    #[arg(long)]
+    pub llama_server: Option<PathBuf>,
+    /// Concurrent stream counts to measure, comma-separated; the largest is both
+    /// sides' slot count.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 8])]
+    pub streams: Vec<usize>,
+    /// Rounds per stream count and side.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Tokens generated per stream.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
 }
 
 /// `switchyard bench kv-routing`.
@@ -184,7 +210,8 @@ pub struct WorkerFlags {
     /// rocm: layers to offload to the GPU (-ngl); -1 = all.
     #[arg(long, allow_hyphen_values = true)]
     pub gpu_layers: Option<i32>,
-    /// rocm: llama-server slots (--parallel); default: llama-server's own.
+    /// Sequences computed together: the cpu engine's KV slots (default 4), or the rocm
+    /// llama-server's --parallel (default: llama-server's own).
     #[arg(long)]
     pub parallel_slots: Option<u32>,
     /// rocm: run the supervised llama-server on the CPU when no ROCm GPU is present (testing).
@@ -199,7 +226,7 @@ pub struct WorkerFlags {
     /// Context window in tokens (default: the model's own, capped at 8192 on cpu; the KV cache is allocated up front).
     #[arg(long)]
     pub context_len: Option<u32>,
-    /// Requests computed at once (default: 1 on cpu, the server's slot count on llama_cpp and rocm).
+    /// Requests computed at once (default: the KV slots on cpu, the server's slot count on llama_cpp and rocm).
     #[arg(long)]
     pub capacity: Option<u32>,
     /// Requests that may wait beyond --capacity; more are refused with `overloaded`.
@@ -208,6 +235,9 @@ pub struct WorkerFlags {
     /// Heartbeat period in milliseconds.
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
+    /// Close a session after this many seconds without calls (default 600).
+    #[arg(long)]
+    pub session_idle_secs: Option<u64>,
 }
 
 /// Coordinator settings shared by `up` and `coordinator`.
@@ -407,6 +437,9 @@ impl WorkerFlags {
         }
         if let Some(v) = self.capacity {
             w.capacity = v;
+        }
+        if let Some(v) = self.session_idle_secs {
+            w.session_idle_secs = v;
         }
         if let Some(v) = self.queue_depth {
             w.queue_depth = v;

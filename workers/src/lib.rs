@@ -16,9 +16,11 @@ pub mod cpu;
 pub mod discover;
 pub mod kv;
 pub mod llama_cpp;
+pub mod llama_cpp_session;
 pub mod probe;
 pub mod rocm;
 pub mod service;
+pub mod session;
 pub mod worker;
 
 pub use candle::{CandleModel, CpuBackend};

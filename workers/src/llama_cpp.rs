@@ -61,6 +61,8 @@ struct Shared {
     /// The last `/health` answer (or a failed request since): see [`TextModel::healthy`].
     healthy: AtomicBool,
     last_metrics: Mutex<GenerateMetrics>,
+    /// Slots held by sessions (`id_slot`), one flag per server slot.
+    pinned: Mutex<Vec<bool>>,
 }
 
 impl Shared {
@@ -132,6 +134,7 @@ impl LlamaCppModel {
             url,
             http,
             info,
+            pinned: Mutex::new(vec![false; props.total_slots as usize]),
             props,
             healthy: AtomicBool::new(true),
             last_metrics: Mutex::new(GenerateMetrics::default()),
@@ -143,6 +146,31 @@ impl LlamaCppModel {
     /// The server's base URL.
     pub fn url(&self) -> String {
         self.shared.url()
+    }
+
+    /// Pins a server slot for a session: the lowest free one, as long as one slot
+    /// stays unpinned for ordinary requests.
+    pub(crate) fn pin_slot(&self) -> Option<u32> {
+        let mut pinned = self.shared.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        if pinned.iter().filter(|p| !**p).count() < 2 {
+            return None;
+        }
+        let slot = pinned.iter().position(|p| !*p)?;
+        pinned[slot] = true;
+        Some(slot as u32)
+    }
+
+    /// Gives a session's slot back.
+    pub(crate) fn unpin_slot(&self, slot: u32) {
+        if let Some(p) = self
+            .shared
+            .pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(slot as usize)
+        {
+            *p = false;
+        }
     }
 
     /// What `/props` said when this connection was made.
@@ -158,7 +186,7 @@ impl LlamaCppModel {
         }
     }
 
-    async fn post(&self, path: &str, body: Value) -> Result<Value, BackendError> {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Result<Value, BackendError> {
         let r = self
             .shared
             .http
@@ -287,7 +315,7 @@ impl TextModel for LlamaCppModel {
         let this = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<GenerateEvent, BackendError>>(64);
         tokio::spawn(async move {
-            let result = this.stream_completion(prompt, &config, &cancel, &tx).await;
+            let result = this.stream_completion(prompt, &config, &cancel, &tx, None).await;
             if let Err(e) = result {
                 let _ = tx.send(Err(e)).await;
             }
@@ -352,6 +380,31 @@ impl TextModel for LlamaCppModel {
         })
     }
 
+    fn open_session(&self) -> switchyard_messages::BackendFuture<Arc<dyn switchyard_messages::ModelSession>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let slots = this.props().total_slots;
+            let slot = this.pin_slot().ok_or_else(|| {
+                BackendError::Overloaded(format!(
+                    "every llama.cpp slot but one is held by a session ({slots} slots; one stays for requests)"
+                ))
+            })?;
+            Ok(Arc::new(crate::llama_cpp_session::LlamaCppSession::new(this, slot))
+                as Arc<dyn switchyard_messages::ModelSession>)
+        })
+    }
+
+    fn memory(&self) -> switchyard_messages::ModelMemory {
+        switchyard_messages::ModelMemory {
+            model_max_context: self.shared.props.n_ctx,
+            ..Default::default()
+        }
+    }
+
+    fn parallel_slots(&self) -> u32 {
+        self.shared.props.total_slots
+    }
+
     fn model_type(&self) -> &str {
         "llama_cpp"
     }
@@ -374,20 +427,26 @@ impl TextModel for LlamaCppModel {
 }
 
 impl LlamaCppModel {
-    /// Streams one completion into `tx`; returns an error for the caller to send.
-    async fn stream_completion(
+    /// Streams one completion into `tx` (on server slot `slot` when given); returns
+    /// an error for the caller to send.
+    pub(crate) async fn stream_completion(
         &self,
         prompt: Prompt,
         config: &GenerateConfig,
         cancel: &CancelFlag,
         tx: &tokio::sync::mpsc::Sender<Result<GenerateEvent, BackendError>>,
+        slot: Option<u32>,
     ) -> Result<(), BackendError> {
         let prompt = self.prompt_value(&prompt, config.max_tokens).await?;
+        let mut body = completion_body(prompt, config, true);
+        if let Some(slot) = slot {
+            body["id_slot"] = json!(slot);
+        }
         let r = self
             .shared
             .http
             .post(format!("{}/completion", self.url()))
-            .json(&completion_body(prompt, config, true))
+            .json(&body)
             .send()
             .await
             .map_err(|e| self.shared.lost("/completion", e))?;

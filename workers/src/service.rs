@@ -53,7 +53,7 @@ impl ServeContext {
     /// Refuses new work, as retryable `unavailable`, while the worker drains or its
     /// model is unhealthy (e.g. its llama.cpp server is down or restarting), so a
     /// coordinator tries the next worker.
-    fn check_open(&self) -> Result<(), WireError> {
+    pub fn check_open(&self) -> Result<(), WireError> {
         if self.draining.load(Ordering::Acquire) {
             return Err(WireError::new(
                 ErrorCode::Unavailable,
@@ -175,7 +175,24 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         req.prompt.as_deref(),
         req.messages.as_deref(),
     ));
-    let mut events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
+    let events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
+    pump(&ctx, &sink, events, &cancel, req.deadline_ms).await;
+    ctx.cancels.remove(&req.request_id);
+    ctx.record_kv(blocks).await;
+    drop(permit);
+    (ctx.on_complete)();
+}
+
+/// Streams a backend's events to `sink` until the end: keep-alives while the
+/// backend is quiet, cancel when the client is gone, `deadline_exceeded` when
+/// `deadline_ms` passes.
+pub async fn pump(
+    ctx: &ServeContext,
+    sink: &ChunkSink,
+    mut events: switchyard_messages::GenerateStream,
+    cancel: &switchyard_messages::CancelFlag,
+    deadline_ms: Option<u64>,
+) {
     let mut keepalive = tokio::time::interval(ctx.keepalive);
     keepalive.tick().await;
     let mut sent_since_tick = false;
@@ -204,7 +221,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
                 }
             }
             _ = keepalive.tick() => {
-                if req.deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+                if deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
                     cancel.cancel();
                     sink.error(WireError::new(ErrorCode::DeadlineExceeded, "the request's deadline passed")).await;
                     break;
@@ -216,10 +233,6 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             }
         }
     }
-    ctx.cancels.remove(&req.request_id);
-    ctx.record_kv(blocks).await;
-    drop(permit);
-    (ctx.on_complete)();
 }
 
 /// The one-reply verbs.

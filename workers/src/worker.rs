@@ -38,6 +38,8 @@ pub struct WorkerOptions {
     pub capacity: u32,
     /// Requests that may wait.
     pub queue_depth: u32,
+    /// A session with no calls for this long is closed.
+    pub session_idle: Duration,
 }
 
 /// Messages the WorkerActor handles.
@@ -131,15 +133,8 @@ impl Actor for WorkerActor {
                 counter.fetch_add(1, Ordering::Relaxed);
                 let _ = me.cast(WorkerMsg::Heartbeat);
             }),
-            // The CPU engine keeps one resident sequence; a llama.cpp server one per slot.
-            kv: std::sync::Mutex::new(crate::kv::KvTracker::new(
-                &opts.worker_id,
-                if opts.backend == "cpu" {
-                    1
-                } else {
-                    opts.capacity as usize
-                },
-            )),
+            // One resident sequence per slot, on the CPU engine as on a llama.cpp server.
+            kv: std::sync::Mutex::new(crate::kv::KvTracker::new(&opts.worker_id, opts.capacity as usize)),
             kv_subject: opts.subjects.kv(&opts.worker_id),
         });
 
@@ -166,12 +161,15 @@ impl Actor for WorkerActor {
         enum Handler {
             Stream { chat: bool },
             Unary(service::Unary),
+            SessionOpen,
         }
+        let sessions = crate::session::SessionHost::new(ctx.clone(), opts.subjects.clone(), opts.session_idle);
         for (verb, handler) in [
             ("generate", Handler::Stream { chat: false }),
             ("chat", Handler::Stream { chat: true }),
             ("classify", Handler::Unary(service::Unary::Classify)),
             ("batch", Handler::Unary(service::Unary::Batch)),
+            ("session_open", Handler::SessionOpen),
         ] {
             let mut endpoint = service
                 .endpoint_builder()
@@ -180,11 +178,19 @@ impl Actor for WorkerActor {
                 .await
                 .map_err(|e| format!("adding endpoint {verb}: {e}"))?;
             let ctx = ctx.clone();
+            let sessions = sessions.clone();
             tasks.push(tokio::spawn(async move {
                 while let Some(request) = endpoint.next().await {
                     match handler {
                         Handler::Stream { chat } => tokio::spawn(service::handle(ctx.clone(), request, chat)),
                         Handler::Unary(verb) => tokio::spawn(service::handle_unary(ctx.clone(), request, verb)),
+                        Handler::SessionOpen => {
+                            let sessions = sessions.clone();
+                            tokio::spawn(async move {
+                                let answer = sessions.handle_open(&request.message.payload).await;
+                                let _ = request.respond(Ok(answer.into())).await;
+                            })
+                        }
                     };
                 }
             }));

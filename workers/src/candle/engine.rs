@@ -1,17 +1,17 @@
-//! The compute thread: owns the model weights and its KV cache, and runs one
-//! generation at a time from a channel of jobs. Nothing here runs on an async task.
+//! The compute thread: owns the model weights and one KV cache per slot, and runs
+//! jobs from a channel (generations continuously batched by [`super::batcher`]).
+//! Nothing here runs on an async task.
 
-use super::sampler::Sampler;
-use super::stops::{StopCheck, StopFilter};
 use super::template::ChatTemplate;
-use super::tokenizer::{GgufTokenizer, StreamDecoder};
+use super::tokenizer::GgufTokenizer;
+use crate::cpu::llama::{KvCache, LlamaModel, Step};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use switchyard_messages::{
-    AttentionSnapshot, BackendError, CancelFlag, ClassifyResult, FinishReason, GenerateConfig, GenerateEvent,
-    GenerateMetrics, Prompt, Token,
+    AttentionSnapshot, BackendError, CancelFlag, ClassifyResult, GenerateConfig, GenerateEvent, GenerateMetrics,
+    Prompt, ResidentUpdate, Token,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -34,6 +34,32 @@ pub enum Job {
         return_logits: bool,
         reply: tokio::sync::oneshot::Sender<Vec<Result<ClassifyResult, BackendError>>>,
     },
+    /// A session's call on its pinned slot (answered at once, between steps).
+    Session(SessionOp),
+}
+
+/// What a session asks of the engine. Its decode is a [`GenerateJob`] with
+/// `session_slot` set.
+pub enum SessionOp {
+    /// Pin a slot for a new session: `None` when only one unpinned slot is left (it
+    /// stays for ordinary requests).
+    Open {
+        reply: tokio::sync::oneshot::Sender<Option<usize>>,
+    },
+    /// Make the slot's resident tokens equal `target`.
+    Set {
+        slot: usize,
+        target: Vec<u32>,
+        invalidate: bool,
+        reply: tokio::sync::oneshot::Sender<Result<ResidentUpdate, BackendError>>,
+    },
+    /// The slot's resident tokens.
+    Resident {
+        slot: usize,
+        reply: tokio::sync::oneshot::Sender<Vec<u32>>,
+    },
+    /// Unpin the slot; what it holds stays reusable by later requests.
+    Close { slot: usize },
 }
 
 /// One generation request for the compute thread.
@@ -44,6 +70,9 @@ pub struct GenerateJob {
     pub deadline_ms: Option<u64>,
     pub enqueued: Instant,
     pub events: EventTx,
+    /// A session's decode: generate from this pinned slot's resident tokens instead
+    /// of `prompt`.
+    pub session_slot: Option<usize>,
 }
 
 /// Post-RoPE keys read from a KV cache.
@@ -56,43 +85,70 @@ pub struct CachedKeys {
     pub head_dim: usize,
 }
 
-/// A model's forward pass: logits of the last of `tokens`, placed at cache
-/// positions `pos..`.
+/// One sequence's part of a forward step: `tokens` at positions `pos..` of
+/// sequence `seq`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    pub seq: usize,
+    pub tokens: &'a [u32],
+    pub pos: usize,
+}
+
+/// A model's forward pass over one or more independent KV sequences.
 pub trait Forward: Send {
-    /// Runs the tokens and returns the last position's logits.
-    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError>;
+    /// Independent KV sequences (slots) this implementation holds.
+    fn sequences(&self) -> usize {
+        1
+    }
+    /// Runs every step (distinct sequences) as one pass and returns each step's
+    /// last-token logits, in order.
+    fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError>;
     /// Which implementation this is (for logs and benchmarks).
     fn kind(&self) -> &'static str;
-    /// Post-RoPE keys of positions `0..len` with (kv heads, head size), when the
-    /// implementation can read its cache.
-    fn cached_keys(&self, _len: usize) -> Option<CachedKeys> {
+    /// Post-RoPE keys of positions `0..len` of sequence `seq` with (kv heads, head
+    /// size), when the implementation can read its cache.
+    fn cached_keys(&self, _seq: usize, _len: usize) -> Option<CachedKeys> {
         None
     }
-    /// Whether `forward(tokens, pos)` with `pos` below what the cache holds keeps
-    /// positions `0..pos` and overwrites the rest, so a resident prefix can be reused.
+    /// Whether a step at `pos` below what the sequence holds keeps positions
+    /// `0..pos` and overwrites the rest, so a resident prefix can be reused.
     fn reuses_prefix(&self) -> bool {
         false
+    }
+    /// Copies positions `0..len` of sequence `from` into sequence `to`; false when
+    /// the implementation cannot.
+    fn copy_prefix(&mut self, _from: usize, _to: usize, _len: usize) -> bool {
+        false
+    }
+    /// Bytes one cached position takes in one sequence (0 when unknown).
+    fn kv_bytes_per_token(&self) -> usize {
+        0
     }
 }
 
 /// candle-transformers' quantized Llama (the fallback for weight types our own
-/// engine does not support yet).
+/// engine does not support yet): one sequence.
 pub struct CandleForward {
     pub weights: ModelWeights,
     pub device: Device,
 }
 
 impl Forward for CandleForward {
-    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
-        let input = Tensor::new(tokens, &self.device)
-            .and_then(|t| t.unsqueeze(0))
-            .map_err(compute_err)?;
-        let logits = self.weights.forward(&input, pos).map_err(compute_err)?;
-        logits
-            .squeeze(0)
-            .and_then(|l| l.to_dtype(candle_core::DType::F32))
-            .and_then(|l| l.to_vec1::<f32>())
-            .map_err(compute_err)
+    fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        steps
+            .iter()
+            .map(|s| {
+                let input = Tensor::new(s.tokens, &self.device)
+                    .and_then(|t| t.unsqueeze(0))
+                    .map_err(compute_err)?;
+                let logits = self.weights.forward(&input, s.pos).map_err(compute_err)?;
+                logits
+                    .squeeze(0)
+                    .and_then(|l| l.to_dtype(candle_core::DType::F32))
+                    .and_then(|l| l.to_vec1::<f32>())
+                    .map_err(compute_err)
+            })
+            .collect()
     }
 
     fn kind(&self) -> &'static str {
@@ -100,16 +156,47 @@ impl Forward for CandleForward {
     }
 }
 
-impl Forward for crate::cpu::llama::LlamaModel {
-    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
-        if pos + tokens.len() > self.context_len() {
-            return Err(BackendError::Compute(format!(
-                "position {} beyond the KV cache of {}",
-                pos + tokens.len(),
-                self.context_len()
-            )));
+/// switchyard's own forward pass with one KV cache per slot.
+pub struct CpuForward {
+    pub model: LlamaModel,
+    pub caches: Vec<KvCache>,
+}
+
+impl CpuForward {
+    /// `model` with `slots` (at least 1) independent sequences.
+    pub fn new(model: LlamaModel, slots: usize) -> Self {
+        let caches = (0..slots.max(1)).map(|_| model.new_cache()).collect();
+        Self { model, caches }
+    }
+}
+
+impl Forward for CpuForward {
+    fn sequences(&self) -> usize {
+        self.caches.len()
+    }
+
+    fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let ctx = self.model.context_len();
+        let mut caches: Vec<Option<&mut KvCache>> = self.caches.iter_mut().map(Some).collect();
+        let mut batch = Vec::with_capacity(steps.len());
+        for s in steps {
+            if s.pos + s.tokens.len() > ctx {
+                return Err(BackendError::Compute(format!(
+                    "position {} beyond the KV cache of {ctx}",
+                    s.pos + s.tokens.len()
+                )));
+            }
+            let cache = caches
+                .get_mut(s.seq)
+                .and_then(Option::take)
+                .ok_or_else(|| BackendError::Compute(format!("sequence {} missing or named twice", s.seq)))?;
+            batch.push(Step {
+                cache,
+                tokens: s.tokens,
+                pos: s.pos,
+            });
         }
-        Ok(crate::cpu::llama::LlamaModel::forward(self, tokens, pos))
+        Ok(self.model.forward_batch(&mut batch))
     }
 
     fn kind(&self) -> &'static str {
@@ -120,13 +207,57 @@ impl Forward for crate::cpu::llama::LlamaModel {
         true
     }
 
-    fn cached_keys(&self, len: usize) -> Option<CachedKeys> {
+    fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> bool {
+        if from == to || from >= self.caches.len() || to >= self.caches.len() {
+            return false;
+        }
+        let (src, dst) = if from < to {
+            let (a, b) = self.caches.split_at_mut(to);
+            (&a[from], &mut b[0])
+        } else {
+            let (a, b) = self.caches.split_at_mut(from);
+            (&b[0], &mut a[to])
+        };
+        dst.copy_prefix(src, len, &self.model.params);
+        true
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        KvCache::bytes_per_token(&self.model.params)
+    }
+
+    fn cached_keys(&self, seq: usize, len: usize) -> Option<CachedKeys> {
         Some(CachedKeys {
-            keys: crate::cpu::llama::LlamaModel::cached_keys(self, len),
-            heads: self.params.n_head_kv,
-            head_dim: self.params.head_dim,
+            keys: self.caches.get(seq)?.keys(len, &self.model.params),
+            heads: self.model.params.n_head_kv,
+            head_dim: self.model.params.head_dim,
         })
     }
+}
+
+/// Counters of the batcher's decode steps.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    /// Decode steps run.
+    pub steps: std::sync::atomic::AtomicU64,
+    /// Sequences advanced, summed over steps (`rows / steps` = mean batch).
+    pub rows: std::sync::atomic::AtomicU64,
+    /// The largest batch one step ran.
+    pub peak: std::sync::atomic::AtomicU64,
+}
+
+/// What one KV slot holds.
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// The tokens whose keys and values sit at positions `0..len`. A job whose
+    /// tokens start the same way reuses them and computes only the divergent tail.
+    pub resident: Vec<u32>,
+    /// In use by a running job.
+    pub busy: bool,
+    /// Held by a session: never claimed by other jobs (but its prefix may be copied).
+    pub pinned: bool,
+    /// When it was last released (a logical clock), for least-recently-used reuse.
+    pub last_used: u64,
 }
 
 /// Everything the compute thread owns.
@@ -136,10 +267,11 @@ pub struct Engine {
     pub template: Arc<ChatTemplate>,
     pub context_len: usize,
     pub last_metrics: Arc<Mutex<GenerateMetrics>>,
-    /// The tokens whose keys and values sit at cache positions `0..len`: what the
-    /// last job left behind. A job whose tokens start the same way reuses them and
-    /// computes only the divergent tail.
-    pub resident: Vec<u32>,
+    /// One per sequence the model holds.
+    pub slots: Vec<Slot>,
+    /// Shared with the model's owner, for observation.
+    pub stats: Arc<BatchStats>,
+    clock: u64,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -148,7 +280,8 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// Starts the compute thread with `threads` compute threads (0 = all cores); it
-/// lives until every job sender is dropped.
+/// lives until every job sender is dropped. Generations run through
+/// [`super::batcher`]: continuously batched, one slot each.
 pub fn spawn(engine: Engine, threads: usize) -> std::io::Result<mpsc::Sender<Job>> {
     let (tx, rx) = mpsc::channel::<Job>();
     let pool = rayon::ThreadPoolBuilder::new()
@@ -156,65 +289,28 @@ pub fn spawn(engine: Engine, threads: usize) -> std::io::Result<mpsc::Sender<Job
         .thread_name(|i| format!("sy-compute-{i}"))
         .build()
         .map_err(std::io::Error::other)?;
-    std::thread::Builder::new().name("sy-engine".into()).spawn(move || {
-        let mut engine = engine;
-        pool.install(move || {
-            while let Ok(job) = rx.recv() {
-                let job = match job {
-                    Job::Generate(g) => g,
-                    Job::Inspect {
-                        prompt,
-                        architecture,
-                        reply,
-                    } => {
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            engine.inspect(&prompt, architecture)
-                        }))
-                        .unwrap_or_else(|_| Err(BackendError::Compute("engine panicked".into())));
-                        let _ = reply.send(result);
-                        continue;
-                    }
-                    Job::Classify {
-                        prompts,
-                        return_logits,
-                        reply,
-                    } => {
-                        let results = prompts
-                            .iter()
-                            .map(|p| {
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    engine.classify_one(p, return_logits)
-                                }))
-                                .unwrap_or_else(|_| Err(BackendError::Compute("engine panicked".into())))
-                            })
-                            .collect();
-                        let _ = reply.send(results);
-                        continue;
-                    }
-                };
-                let events = job.events.clone();
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.run(job)));
-                let result = match outcome {
-                    Ok(r) => r,
-                    Err(panic) => {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        Err(BackendError::Compute(format!("engine panicked: {what}")))
-                    }
-                };
-                if let Err(e) = result {
-                    let _ = events.send(Err(e));
-                }
-            }
-        });
-    })?;
+    std::thread::Builder::new()
+        .name("sy-engine".into())
+        .spawn(move || pool.install(move || super::batcher::Batcher::new(engine, rx).run()))?;
     Ok(tx)
 }
 
-fn now_ms() -> u64 {
+/// The message of a caught panic.
+pub fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs `f`, turning a panic into a compute error.
+pub fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(BackendError::Compute(format!("engine panicked: {}", panic_message(p)))))
+}
+
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -250,43 +346,171 @@ impl Engine {
         self.tokenizer.encode(&text).map_err(BackendError::Invalid)
     }
 
-    /// Runs the forward pass over `tokens` starting at cache position `pos`,
-    /// returning the last position's logits, and keeps [`Engine::resident`] true:
-    /// positions below `pos` are untouched even if the pass fails or panics.
-    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, BackendError> {
-        self.resident.truncate(pos);
-        let logits = self.model.forward(tokens, pos)?;
-        self.resident.extend_from_slice(tokens);
-        Ok(logits)
+    /// An engine around `model`, one slot per sequence it holds.
+    pub fn new(
+        model: Box<dyn Forward>,
+        tokenizer: Arc<GgufTokenizer>,
+        template: Arc<ChatTemplate>,
+        context_len: usize,
+        last_metrics: Arc<Mutex<GenerateMetrics>>,
+    ) -> Self {
+        let slots = (0..model.sequences()).map(|_| Slot::default()).collect();
+        Self {
+            model,
+            tokenizer,
+            template,
+            context_len,
+            last_metrics,
+            slots,
+            stats: Arc::default(),
+            clock: 0,
+        }
     }
 
-    /// Prefills `tokens` (non-empty), reusing the longest resident prefix; at least
-    /// the last token is computed, for its logits. Returns the logits and how many
-    /// tokens were reused.
-    fn prefill(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, usize), BackendError> {
-        let reused = if self.model.reuses_prefix() {
-            common_prefix(&self.resident, tokens).min(tokens.len() - 1)
-        } else {
-            0
-        };
-        let logits = self.forward(&tokens[reused..], reused)?;
-        Ok((logits, reused))
+    /// Slots neither running a job nor held by a session.
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| !s.busy && !s.pinned).count()
     }
 
-    /// Prefills `prompt` and returns the post-RoPE keys of every layer.
-    fn inspect(&mut self, prompt: &Prompt, architecture: String) -> Result<AttentionSnapshot, BackendError> {
-        let tokens = self.tokenize(prompt)?;
-        if tokens.is_empty() || tokens.len() > self.context_len {
+    /// Pins a free slot for a session, the least recently used; `None` when that
+    /// would leave no unpinned slot for ordinary requests.
+    pub fn pin(&mut self) -> Option<usize> {
+        let unpinned = self.slots.iter().filter(|s| !s.pinned).count();
+        if unpinned < 2 {
+            return None;
+        }
+        let slot = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
+            .min_by_key(|&i| self.slots[i].last_used)?;
+        self.slots[slot].pinned = true;
+        Some(slot)
+    }
+
+    /// Makes pinned `slot`'s resident tokens equal `target`, keeping the longest
+    /// resident prefix unless `invalidate`, and computing the rest.
+    pub fn set_resident(
+        &mut self,
+        slot: usize,
+        target: &[u32],
+        invalidate: bool,
+    ) -> Result<ResidentUpdate, BackendError> {
+        let s = self
+            .slots
+            .get(slot)
+            .filter(|s| s.pinned)
+            .ok_or_else(|| BackendError::Invalid(format!("slot {slot} is not a session's")))?;
+        if s.busy {
+            return Err(BackendError::Invalid("the session is decoding".into()));
+        }
+        if target.len() > self.context_len {
             return Err(BackendError::ContextOverflow {
-                prompt_tokens: tokens.len(),
+                prompt_tokens: target.len(),
                 max_tokens: 0,
                 context_len: self.context_len,
             });
         }
-        self.prefill(&tokens)?;
-        let CachedKeys { keys, heads, head_dim } = self.model.cached_keys(tokens.len()).ok_or_else(|| {
-            BackendError::Unavailable(format!("the {} engine cannot read its KV cache", self.model.kind()))
-        })?;
+        let had = s.resident.len();
+        let keep = if invalidate || !self.model.reuses_prefix() {
+            0
+        } else {
+            common_prefix(&s.resident, target)
+        };
+        if keep < target.len() {
+            self.forward(&[SeqStep {
+                seq: slot,
+                tokens: &target[keep..],
+                pos: keep,
+            }])?;
+        } else {
+            self.slots[slot].resident.truncate(keep);
+        }
+        Ok(ResidentUpdate {
+            reused: keep as u32,
+            computed: (target.len() - keep) as u32,
+            dropped: (had - keep) as u32,
+        })
+    }
+
+    /// Takes a free slot for a job over `tokens` (non-empty) and returns it with how
+    /// many leading tokens are already resident there (at most `len - 1`: the last
+    /// token is always computed, for its logits). The free slot holding the longest
+    /// prefix of `tokens` wins, the least recently used among equals; when another
+    /// slot (even a busy one) holds a longer prefix, its keys and values are copied
+    /// over, so a shared system prompt is computed once per worker, not once per slot.
+    pub fn claim(&mut self, tokens: &[u32]) -> Option<(usize, usize)> {
+        let reuse = self.model.reuses_prefix();
+        let lcp = |s: &Slot| if reuse { common_prefix(&s.resident, tokens) } else { 0 };
+        let slot = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
+            .max_by_key(|&i| (lcp(&self.slots[i]), std::cmp::Reverse(self.slots[i].last_used)))?;
+        let mut have = lcp(&self.slots[slot]);
+        if let Some(best) = (0..self.slots.len()).max_by_key(|&i| lcp(&self.slots[i])) {
+            let longer = lcp(&self.slots[best]).min(tokens.len() - 1);
+            if longer > have && self.model.copy_prefix(best, slot, longer) {
+                self.slots[slot].resident = tokens[..longer].to_vec();
+                have = longer;
+            }
+        }
+        self.slots[slot].busy = true;
+        Some((slot, have.min(tokens.len() - 1)))
+    }
+
+    /// Gives a slot back; what it holds stays resident for later jobs.
+    pub fn release(&mut self, slot: usize) {
+        self.clock += 1;
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.busy = false;
+            s.last_used = self.clock;
+        }
+    }
+
+    /// One forward pass over `steps`, keeping each slot's `resident` true: positions
+    /// below a step's `pos` are untouched even if the pass fails or panics.
+    pub fn forward(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        for s in steps {
+            self.slots[s.seq].resident.truncate(s.pos);
+        }
+        let logits = guarded(|| self.model.forward_batch(steps))?;
+        for s in steps {
+            self.slots[s.seq].resident.extend_from_slice(s.tokens);
+        }
+        Ok(logits)
+    }
+
+    /// Checks that a prompt of `tokens` plus `max_tokens` fits the context.
+    pub fn check_fits(&self, tokens: &[u32], max_tokens: usize) -> Result<(), BackendError> {
+        if tokens.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        if tokens.len() + max_tokens > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens,
+                context_len: self.context_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Prefills `prompt` in a free slot and returns the post-RoPE keys of every layer.
+    pub fn inspect(&mut self, prompt: &Prompt, architecture: String) -> Result<AttentionSnapshot, BackendError> {
+        let tokens = self.tokenize(prompt)?;
+        self.check_fits(&tokens, 0)?;
+        let (slot, reused) = self
+            .claim(&tokens)
+            .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
+        let result = self.forward(&[SeqStep {
+            seq: slot,
+            tokens: &tokens[reused..],
+            pos: reused,
+        }]);
+        let keys = result.and_then(|_| {
+            self.model.cached_keys(slot, tokens.len()).ok_or_else(|| {
+                BackendError::Unavailable(format!("the {} engine cannot read its KV cache", self.model.kind()))
+            })
+        });
+        self.release(slot);
+        let CachedKeys { keys, heads, head_dim } = keys?;
         Ok(AttentionSnapshot {
             num_layers: keys.len() as u32,
             num_heads: heads as u32,
@@ -297,139 +521,70 @@ impl Engine {
         })
     }
 
-    /// One prefill-only pass: the argmax token and, if asked, the logits.
-    fn classify_one(&mut self, prompt: &Prompt, return_logits: bool) -> Result<ClassifyResult, BackendError> {
-        let tokens = self.tokenize(prompt)?;
-        if tokens.is_empty() {
-            return Err(BackendError::EmptyPrompt);
-        }
-        if tokens.len() > self.context_len {
-            return Err(BackendError::ContextOverflow {
-                prompt_tokens: tokens.len(),
-                max_tokens: 0,
-                context_len: self.context_len,
-            });
-        }
-        let (logits, _) = self.prefill(&tokens)?;
-        let id = super::sampler::argmax(&logits);
-        let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
-        Ok(ClassifyResult {
-            token: Token { id, text },
-            logits: if return_logits { logits } else { Vec::new() },
-        })
-    }
-
-    fn run(&mut self, job: GenerateJob) -> Result<(), BackendError> {
-        let started = Instant::now();
-        let queue_us = started.duration_since(job.enqueued).as_micros() as u64;
-        let send = |ev: GenerateEvent| job.events.send(Ok(ev)).is_ok();
-        let cfg = &job.config;
-        let mut metrics = GenerateMetrics {
-            queue_us,
-            ..Default::default()
-        };
-        let last_metrics = self.last_metrics.clone();
-        let finish = |reason: FinishReason, mut m: GenerateMetrics, tail: Vec<Token>| {
-            for t in tail {
-                send(GenerateEvent::Token(t));
+    /// Prefill-only passes: the argmax token and, if asked, the logits of each
+    /// prompt. Prompts run together as one ragged batch per group of free slots
+    /// (every prompt's rows in the same matmuls, no padding); a failing prompt fails
+    /// alone.
+    pub fn classify(&mut self, prompts: &[Prompt], return_logits: bool) -> Vec<Result<ClassifyResult, BackendError>> {
+        let mut results: Vec<Option<Result<ClassifyResult, BackendError>>> = Vec::new();
+        let mut ready = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            match self.tokenize(p).and_then(|t| self.check_fits(&t, 0).map(|_| t)) {
+                Ok(t) => {
+                    results.push(None);
+                    ready.push((i, t));
+                }
+                Err(e) => results.push(Some(Err(e))),
             }
-            m.total_us = started.elapsed().as_micros() as u64 + m.queue_us;
-            let (peak, active) = process_memory();
-            m.peak_memory_bytes = peak;
-            m.active_memory_bytes = active;
-            *last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = m.clone();
-            send(GenerateEvent::Done {
-                finish_reason: reason,
-                metrics: m,
-            });
-        };
-        if job.cancel.is_cancelled() || job.events.is_closed() {
-            finish(FinishReason::Cancelled, metrics, Vec::new());
-            return Ok(());
         }
-        let prompt = self.tokenize(&job.prompt)?;
-        if prompt.is_empty() {
-            return Err(BackendError::EmptyPrompt);
-        }
-        let max_tokens = cfg.max_tokens as usize;
-        if prompt.len() + max_tokens > self.context_len {
-            return Err(BackendError::ContextOverflow {
-                prompt_tokens: prompt.len(),
-                max_tokens,
-                context_len: self.context_len,
-            });
-        }
-        metrics.prompt_tokens = prompt.len() as u32;
-
-        let t0 = Instant::now();
-        let (mut logits, reused) = self.prefill(&prompt)?;
-        metrics.cached_tokens = reused as u32;
-        metrics.prefill_us = t0.elapsed().as_micros() as u64;
-        let decode_start = Instant::now();
-
-        let mut sampler = Sampler::new(cfg);
-        let mut history = prompt.clone();
-        let mut decoder = StreamDecoder::default();
-        let mut stops = StopFilter::new(&cfg.stop);
-        let eog = self.tokenizer.eog_ids().to_vec();
-        let mut generated = 0usize;
-        let set_decode = |m: &mut GenerateMetrics, generated: usize| {
-            m.generated_tokens = generated as u32;
-            m.decode_us = decode_start.elapsed().as_micros() as u64;
-            m.prefill_tokens_per_sec = rate((m.prompt_tokens - m.cached_tokens) as u64, m.prefill_us);
-            // The first token comes from the prefill's logits; decode rate counts the rest.
-            m.decode_tokens_per_sec = rate(generated.saturating_sub(1) as u64, m.decode_us);
-        };
-        let reason = loop {
-            let next = sampler.sample(&mut logits, &history);
-            if eog.contains(&next) || cfg.stop_tokens.contains(&next) {
-                break FinishReason::Stop;
+        let group = self.free_slots().max(1);
+        for chunk in ready.chunks(group) {
+            let mut claimed = Vec::new();
+            for (i, tokens) in chunk {
+                match self.claim(tokens) {
+                    Some((slot, reused)) => claimed.push((*i, tokens, slot, reused)),
+                    None => results[*i] = Some(Err(BackendError::Unavailable("no free KV slot".into()))),
+                }
             }
-            history.push(next);
-            generated += 1;
-            let text = decoder.push(self.tokenizer.token_bytes(next));
-            match stops.push(Token { id: next, text }) {
-                StopCheck::Continue(tokens) => {
-                    for t in tokens {
-                        if !send(GenerateEvent::Token(t)) {
-                            job.cancel.cancel();
-                        }
+            let steps: Vec<SeqStep<'_>> = claimed
+                .iter()
+                .map(|(_, t, slot, reused)| SeqStep {
+                    seq: *slot,
+                    tokens: &t[*reused..],
+                    pos: *reused,
+                })
+                .collect();
+            let outcome = self.forward(&steps);
+            for (i, _, slot, _) in &claimed {
+                self.release(*slot);
+                results[*i] = Some(Err(BackendError::Compute("no logits".into())));
+            }
+            match outcome {
+                Ok(all) => {
+                    for ((i, ..), logits) in claimed.iter().zip(all) {
+                        let id = super::sampler::argmax(&logits);
+                        let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
+                        results[*i] = Some(Ok(ClassifyResult {
+                            token: Token { id, text },
+                            logits: if return_logits { logits } else { Vec::new() },
+                        }));
                     }
                 }
-                StopCheck::Stopped(tokens) => {
-                    set_decode(&mut metrics, generated);
-                    finish(FinishReason::Stop, metrics, tokens);
-                    return Ok(());
+                Err(e) => {
+                    for (i, ..) in &claimed {
+                        results[*i] = Some(Err(e.clone()));
+                    }
                 }
             }
-            if generated >= max_tokens {
-                break FinishReason::Length;
-            }
-            if job.cancel.is_cancelled() {
-                break FinishReason::Cancelled;
-            }
-            if job.deadline_ms.is_some_and(|d| now_ms() >= d) {
-                return Err(BackendError::DeadlineExceeded);
-            }
-            logits = self.forward(&[next], history.len() - 1)?;
-        };
-        set_decode(&mut metrics, generated);
-        let mut tail = stops.flush();
-        let rest = decoder.finish();
-        if !rest.is_empty() {
-            // An unfinished UTF-8 sequence at the very end: attach its replacement
-            // character to the last held token (if everything was already sent, the
-            // fragment is dropped rather than sent under a duplicate token id).
-            if let Some(t) = tail.last_mut() {
-                t.text.push_str(&rest);
-            }
         }
-        finish(reason, metrics, tail);
-        Ok(())
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(BackendError::Compute("not run".into()))))
+            .collect()
     }
 }
 
-fn rate(n: u64, us: u64) -> f64 {
+pub fn rate(n: u64, us: u64) -> f64 {
     if us == 0 {
         0.0
     } else {

@@ -5,14 +5,17 @@
 //! - [`template`]: the GGUF chat template via minijinja.
 //! - [`sampler`]: greedy / temperature / top-k / top-p / min-p / repeat penalty.
 //! - [`stops`]: stop strings that are never emitted.
-//! - [`engine`]: the compute thread that owns weights and KV cache.
+//! - [`engine`]: the compute thread that owns weights and one KV cache per slot.
+//! - [`batcher`]: continuous batching of generations on that thread.
 //!
 //! [`CpuBackend::load_model`] reads the GGUF once, builds the tokenizer and the
 //! template, and starts the engine; [`CandleModel::generate`] sends a job to the
 //! engine and returns its events as a stream.
 
+pub mod batcher;
 pub mod engine;
 pub mod sampler;
+pub mod session;
 pub mod spm;
 pub mod stops;
 pub mod template;
@@ -32,6 +35,11 @@ use switchyard_messages::{
 
 /// Context positions a model gets when `LoadConfig.context_len` is 0.
 pub const DEFAULT_CONTEXT: usize = 8192;
+
+/// KV slots (sequences decoded together) when `LoadConfig.parallel_slots` is 0.
+/// Each slot's cache is reserved for the whole context but committed only as
+/// positions are written.
+pub const DEFAULT_SLOTS: usize = 4;
 
 /// Architectures this backend runs.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = crate::cpu::llama::ARCHITECTURES;
@@ -62,6 +70,9 @@ pub struct CandleModel {
     tokenizer: Arc<tokenizer::GgufTokenizer>,
     template: Arc<template::ChatTemplate>,
     last_metrics: Arc<Mutex<GenerateMetrics>>,
+    slots: usize,
+    stats: Arc<engine::BatchStats>,
+    memory: switchyard_messages::ModelMemory,
 }
 
 impl CandleModel {
@@ -128,8 +139,11 @@ impl CandleModel {
             &token_text("tokenizer.ggml.eos_token_id"),
         )
         .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
-        let model = Self::forward_impl(content, &mut file, context_len).map_err(load_err)?;
-        Self::start(path, model, info, tokenizer, template, config)
+        let slots = slots_for(config);
+        let weights = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let model = Self::forward_impl(content, &mut file, context_len, slots).map_err(load_err)?;
+        let limits = (model_ctx as u32, weights);
+        Self::start(path, model, info, tokenizer, template, config, limits)
     }
 
     /// Loads a Hugging Face model directory.
@@ -168,10 +182,22 @@ impl CandleModel {
             .unwrap_or_else(|| template::CHATML.to_string());
         let template = template::ChatTemplate::new(&template_src, &token_text("bos_token"), &token_text("eos_token"))
             .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
-        Self::start(dir, Box::new(model), info, tokenizer, template, config)
+        let model = engine::CpuForward::new(model, slots_for(config));
+        let weights = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let limits = (hf.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT) as u32, weights);
+        Self::start(dir, Box::new(model), info, tokenizer, template, config, limits)
     }
 
-    /// Starts the compute thread around a loaded model.
+    /// Starts the compute thread around a loaded model; `limits` is the model's own
+    /// context ceiling and its weights' size in bytes.
     fn start(
         path: &Path,
         model: Box<dyn engine::Forward>,
@@ -179,6 +205,7 @@ impl CandleModel {
         tokenizer: Arc<tokenizer::GgufTokenizer>,
         template: template::ChatTemplate,
         config: &LoadConfig,
+        limits: (u32, u64),
     ) -> Result<Self, BackendError> {
         let load_err = |reason: String| BackendError::Load {
             path: path.display().to_string(),
@@ -186,17 +213,23 @@ impl CandleModel {
         };
         let architecture = info.architecture.clone();
         let context_len = info.context_len as usize;
-        tracing::info!(engine = model.kind(), "cpu model loaded");
+        let slots = model.sequences();
+        let memory = switchyard_messages::ModelMemory {
+            model_max_context: limits.0,
+            kv_bytes_per_token: model.kv_bytes_per_token() as u64,
+            weights_bytes: limits.1,
+        };
+        tracing::info!(engine = model.kind(), slots, "cpu model loaded");
         let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
         let template = Arc::new(template);
-        let engine = engine::Engine {
+        let engine = engine::Engine::new(
             model,
-            tokenizer: tokenizer.clone(),
-            template: template.clone(),
+            tokenizer.clone(),
+            template.clone(),
             context_len,
-            last_metrics: last_metrics.clone(),
-            resident: Vec::new(),
-        };
+            last_metrics.clone(),
+        );
+        let stats = engine.stats.clone();
         let jobs = engine::spawn(engine, config.threads as usize)
             .map_err(|e| load_err(format!("starting the compute thread: {e}")))?;
         Ok(Self {
@@ -206,16 +239,26 @@ impl CandleModel {
             tokenizer,
             template,
             last_metrics,
+            slots,
+            stats,
+            memory,
         })
     }
 
-    /// switchyard's own engine. `SWITCHYARD_CPU_ENGINE=candle` swaps in
-    /// candle-transformers' quantized Llama instead (Llama files only; for comparisons).
-    /// A tensor type the engine lacks is refused with an error naming tensor and type.
+    /// The batcher's decode-step counters.
+    pub fn batch_stats(&self) -> &engine::BatchStats {
+        &self.stats
+    }
+
+    /// switchyard's own engine with `slots` KV sequences. `SWITCHYARD_CPU_ENGINE=candle`
+    /// swaps in candle-transformers' quantized Llama instead (Llama files only, one
+    /// sequence; for comparisons). A tensor type the engine lacks is refused with an
+    /// error naming tensor and type.
     fn forward_impl(
         content: gguf_file::Content,
         file: &mut std::fs::File,
         context_len: usize,
+        slots: usize,
     ) -> Result<Box<dyn engine::Forward>, String> {
         let force_candle = std::env::var("SWITCHYARD_CPU_ENGINE").is_ok_and(|v| v == "candle");
         let arch = content
@@ -224,7 +267,7 @@ impl CandleModel {
             .and_then(|v| v.to_string().ok());
         if !force_candle || arch.is_none_or(|a| a != "llama") {
             return crate::cpu::llama::LlamaModel::load(&content, file, context_len)
-                .map(|m| Box::new(m) as Box<dyn engine::Forward>)
+                .map(|m| Box::new(engine::CpuForward::new(m, slots)) as Box<dyn engine::Forward>)
                 .map_err(|e| e.to_string());
         }
         let device = Device::Cpu;
@@ -261,6 +304,7 @@ impl CandleModel {
             deadline_ms,
             enqueued: Instant::now(),
             events: tx.clone(),
+            session_slot: None,
         };
         let sent = self
             .jobs
@@ -306,7 +350,8 @@ impl TextModel for CandleModel {
     }
 
     fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
-        // One stream per prompt, queued on the engine in order; each collects alone.
+        // One stream per prompt, queued on the engine in order: they decode together
+        // as far as slots allow, and each collects alone.
         let streams: Vec<GenerateStream> = prompts
             .into_iter()
             .map(|p| self.submit(p, config.clone(), cancel.clone(), None))
@@ -361,6 +406,46 @@ impl TextModel for CandleModel {
 
     fn metrics(&self) -> GenerateMetrics {
         self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn parallel_slots(&self) -> u32 {
+        self.slots as u32
+    }
+
+    fn open_session(&self) -> switchyard_messages::BackendFuture<Arc<dyn switchyard_messages::ModelSession>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let sent = jobs.send(engine::Job::Session(engine::SessionOp::Open { reply }));
+        let tokenizer = self.tokenizer.clone();
+        let slots = self.slots;
+        Box::pin(async move {
+            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
+            sent.map_err(|_| stopped())?;
+            let slot = answer.await.map_err(|_| stopped())?.ok_or_else(|| {
+                BackendError::Overloaded(format!(
+                    "every KV slot but one is held by a session ({slots} slots; one stays for requests)"
+                ))
+            })?;
+            Ok(Arc::new(session::CpuSession {
+                jobs: std::sync::Mutex::new(jobs),
+                slot,
+                tokenizer,
+                closed: std::sync::atomic::AtomicBool::new(false),
+            }) as Arc<dyn switchyard_messages::ModelSession>)
+        })
+    }
+
+    fn memory(&self) -> switchyard_messages::ModelMemory {
+        self.memory
+    }
+}
+
+/// KV slots for a load: `parallel_slots`, or [`DEFAULT_SLOTS`].
+fn slots_for(config: &LoadConfig) -> usize {
+    if config.parallel_slots > 0 {
+        config.parallel_slots as usize
+    } else {
+        DEFAULT_SLOTS
     }
 }
 

@@ -608,6 +608,19 @@ impl GgufTokenizer {
         Ok(ids)
     }
 
+    /// Token ids for one segment of a session's context: the model's BOS first when
+    /// `bos` (and the model wants one), never EOS.
+    pub fn encode_segment(&self, text: &str, bos: bool) -> Result<Vec<u32>, String> {
+        let mut ids = self.encode(text)?;
+        if self.add_eos.is_some() && ids.last().copied() == self.add_eos {
+            ids.pop();
+        }
+        if !bos && self.add_bos.is_some() && ids.first().copied() == self.add_bos {
+            ids.remove(0);
+        }
+        Ok(ids)
+    }
+
     /// The exact bytes of token `id` (empty for an unknown id).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
         self.token_bytes.get(id)

@@ -91,7 +91,7 @@ struct Layer {
     post_ffn_norm: Option<Vec<f32>>,
 }
 
-/// Weights plus the KV cache for one sequence.
+/// The weights; each sequence's keys and values live in its own [`KvCache`].
 pub struct LlamaModel {
     pub params: LlamaParams,
     embd: QMatrix,
@@ -99,10 +99,74 @@ pub struct LlamaModel {
     out_norm: Vec<f32>,
     /// The output projection; `None` when it is tied to the token embeddings.
     output: Option<QMatrix>,
-    /// [layer][kv_head][pos][head_dim] as f16 bits.
-    k_cache: Vec<u16>,
-    v_cache: Vec<u16>,
+    /// Positions each sequence's cache holds.
     ctx: usize,
+}
+
+/// One sequence's keys and values: `[layer][kv_head][pos][head_dim]` as f16 bits.
+/// Allocated zeroed, so the operating system commits its pages only as positions
+/// are written.
+pub struct KvCache {
+    k: Vec<u16>,
+    v: Vec<u16>,
+    ctx: usize,
+}
+
+impl KvCache {
+    /// A cache for `ctx` positions of a model with `p`'s shape.
+    pub fn new(p: &LlamaParams, ctx: usize) -> Self {
+        let n = p.n_layer * p.n_head_kv * ctx * p.head_dim;
+        Self {
+            k: vec![0; n],
+            v: vec![0; n],
+            ctx,
+        }
+    }
+
+    /// Positions the cache holds.
+    pub fn context_len(&self) -> usize {
+        self.ctx
+    }
+
+    /// Bytes one position takes (keys and values of every layer and KV head).
+    pub fn bytes_per_token(p: &LlamaParams) -> usize {
+        2 * 2 * p.n_layer * p.n_head_kv * p.head_dim
+    }
+
+    /// Copies positions `0..len` of `from` (same model, same size) into this cache:
+    /// a prefix another sequence already computed costs a memory copy, not a prefill.
+    pub fn copy_prefix(&mut self, from: &KvCache, len: usize, p: &LlamaParams) {
+        let hd = p.head_dim;
+        for lh in 0..p.n_layer * p.n_head_kv {
+            let r = lh * self.ctx * hd..lh * self.ctx * hd + len * hd;
+            self.k[r.clone()].copy_from_slice(&from.k[r.clone()]);
+            self.v[r.clone()].copy_from_slice(&from.v[r]);
+        }
+    }
+
+    /// Post-RoPE keys of positions `0..len`, as `[layer][kv_head]` → `len * head_dim`
+    /// floats (seed 000's AttentionSnapshot).
+    pub fn keys(&self, len: usize, p: &LlamaParams) -> Vec<Vec<Vec<f32>>> {
+        let (hd, ctx) = (p.head_dim, self.ctx);
+        (0..p.n_layer)
+            .map(|l| {
+                (0..p.n_head_kv)
+                    .map(|h| {
+                        let start = (l * p.n_head_kv + h) * ctx * hd;
+                        self.k[start..start + len * hd].iter().map(|&b| h2f(b)).collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// One sequence's part of a batched forward pass: `tokens` go at positions
+/// `pos..pos + tokens.len()` of `cache` (anything beyond `pos` is overwritten).
+pub struct Step<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub pos: usize,
 }
 
 fn md_u32(ct: &gguf_file::Content, key: &str) -> Option<usize> {
@@ -184,7 +248,6 @@ impl LlamaModel {
         ctx: usize,
     ) -> Result<Self, TensorError> {
         let gemma = params.arch == "gemma3";
-        let head_dim = params.head_dim;
         let embd = load_t("token_embd.weight")?;
         let output = match load_t("output.weight") {
             Ok(m) => Some(m),
@@ -220,52 +283,53 @@ impl LlamaModel {
             }
         }
         let out_norm = load_t("output_norm.weight")?.to_f32();
-        let kv = params.n_layer * params.n_head_kv * ctx * head_dim;
         Ok(Self {
             params,
             embd,
             layers,
             out_norm,
             output,
-            k_cache: vec![0; kv],
-            v_cache: vec![0; kv],
             ctx,
         })
     }
 
-    /// Post-RoPE keys of positions `0..len` from the KV cache, as
-    /// `[layer][kv_head]` → `len * head_dim` floats (seed 000's AttentionSnapshot).
-    pub fn cached_keys(&self, len: usize) -> Vec<Vec<Vec<f32>>> {
-        let (hd, ctx) = (self.params.head_dim, self.ctx);
-        (0..self.params.n_layer)
-            .map(|l| {
-                (0..self.params.n_head_kv)
-                    .map(|h| {
-                        let start = (l * self.params.n_head_kv + h) * ctx * hd;
-                        self.k_cache[start..start + len * hd].iter().map(|&b| h2f(b)).collect()
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// Context positions the cache holds.
+    /// Positions each sequence's cache holds.
     pub fn context_len(&self) -> usize {
         self.ctx
     }
 
-    /// Runs `tokens` at positions `pos..pos + n` (the cache beyond `pos` is
-    /// overwritten) and returns the logits of the last one.
-    pub fn forward(&mut self, tokens: &[u32], pos: usize) -> Vec<f32> {
-        let p = self.params.clone();
-        let n = tokens.len();
-        assert!(pos + n <= self.ctx, "forward beyond the KV cache");
+    /// An empty cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(&self.params, self.ctx)
+    }
+
+    /// Runs `tokens` at positions `pos..pos + n` of `cache` and returns the logits
+    /// of the last one.
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], pos: usize) -> Vec<f32> {
+        let mut steps = [Step { cache, tokens, pos }];
+        self.forward_batch(&mut steps).pop().unwrap_or_default()
+    }
+
+    /// One pass over several sequences at once: their rows go through every matmul
+    /// together (each weight block is read once for all of them), attention runs per
+    /// sequence over its own cache. Returns each step's last-token logits, in order.
+    /// A row's arithmetic does not depend on its neighbours, so a sequence gets the
+    /// same logits batched as alone.
+    pub fn forward_batch(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
+        let p = &self.params;
+        for s in steps.iter() {
+            assert!(!s.tokens.is_empty(), "a step without tokens");
+            assert!(s.pos + s.tokens.len() <= s.cache.ctx, "forward beyond the KV cache");
+        }
+        // Row r of the batch is token `tokens[t]` of step `owner[r]` at `positions[r]`.
+        let positions: Vec<usize> = steps.iter().flat_map(|s| s.pos..s.pos + s.tokens.len()).collect();
+        let n = positions.len();
         let (d, hd) = (p.n_embd, p.head_dim);
         let kv_d = p.n_head_kv * hd;
         let q_d = p.q_dim();
         let mut x = vec![0.0f32; n * d];
-        for (t, &tok) in tokens.iter().enumerate() {
-            self.embd.row_f32(tok as usize, &mut x[t * d..(t + 1) * d]);
+        for (r, &tok) in steps.iter().flat_map(|s| s.tokens).enumerate() {
+            self.embd.row_f32(tok as usize, &mut x[r * d..(r + 1) * d]);
         }
         if let Some(s) = p.embd_scale {
             x.iter_mut().for_each(|v| *v *= s);
@@ -279,8 +343,8 @@ impl LlamaModel {
         let mut normed = vec![0.0f32; n * d];
         let mut gate = vec![0.0f32; n * p.n_ff];
         let mut up = vec![0.0f32; n * p.n_ff];
-        let rope_global = RopeTable::new(&p, p.rope_base, pos, n);
-        let rope_local = (p.swa_window > 0).then(|| RopeTable::new(&p, p.rope_base_swa, pos, n));
+        let rope_global = RopeTable::new(p, p.rope_base, &positions);
+        let rope_local = (p.swa_window > 0).then(|| RopeTable::new(p, p.rope_base_swa, &positions));
         for (li, layer) in self.layers.iter().enumerate() {
             let swa = p.is_swa(li);
             let rope = match (&rope_local, swa) {
@@ -315,26 +379,32 @@ impl LlamaModel {
             }
             rope.apply(&mut q, p.n_head, hd);
             rope.apply(&mut k, p.n_head_kv, hd);
-            let base = li * p.n_head_kv * self.ctx * hd;
-            for t in 0..n {
-                for h in 0..p.n_head_kv {
-                    let dst = base + (h * self.ctx + pos + t) * hd;
-                    for j in 0..hd {
-                        self.k_cache[dst + j] = f2h(k[t * kv_d + h * hd + j]);
-                        self.v_cache[dst + j] = f2h(v[t * kv_d + h * hd + j]);
+            let mut row = 0;
+            for s in steps.iter_mut() {
+                let (ctx, rows) = (s.cache.ctx, s.tokens.len());
+                let base = li * p.n_head_kv * ctx * hd;
+                for t in 0..rows {
+                    for h in 0..p.n_head_kv {
+                        let dst = base + (h * ctx + s.pos + t) * hd;
+                        let src = (row + t) * kv_d + h * hd;
+                        for j in 0..hd {
+                            s.cache.k[dst + j] = f2h(k[src + j]);
+                            s.cache.v[dst + j] = f2h(v[src + j]);
+                        }
                     }
                 }
+                attention(
+                    p,
+                    &q[row * q_d..(row + rows) * q_d],
+                    &s.cache.k[base..],
+                    &s.cache.v[base..],
+                    ctx,
+                    s.pos,
+                    if swa { p.swa_window } else { 0 },
+                    &mut attn[row * q_d..(row + rows) * q_d],
+                );
+                row += rows;
             }
-            attention(
-                &p,
-                &q,
-                &self.k_cache[base..],
-                &self.v_cache[base..],
-                self.ctx,
-                pos,
-                if swa { p.swa_window } else { 0 },
-                &mut attn,
-            );
             let act = layer.wo.prepare(&attn, n);
             layer.wo.matmul(&act, n, &mut proj);
             add_residual(
@@ -375,15 +445,21 @@ impl LlamaModel {
                 &mut normed,
             );
         }
-        // Only the last position's logits are needed.
-        let last = &x[(n - 1) * d..n * d];
-        let mut normed = vec![0.0f32; d];
-        rms_norm(last, &self.out_norm, p.rms_eps, d, &mut normed);
+        // Only each step's last position needs logits.
+        let m = steps.len();
+        let mut last = vec![0.0f32; m * d];
+        let mut end = 0;
+        for (i, s) in steps.iter().enumerate() {
+            end += s.tokens.len();
+            last[i * d..(i + 1) * d].copy_from_slice(&x[(end - 1) * d..end * d]);
+        }
+        let mut normed = vec![0.0f32; m * d];
+        rms_norm(&last, &self.out_norm, p.rms_eps, d, &mut normed);
         let output = self.output.as_ref().unwrap_or(&self.embd);
-        let act = output.prepare(&normed, 1);
-        let mut logits = vec![0.0f32; output.rows];
-        output.matmul(&act, 1, &mut logits);
-        logits
+        let act = output.prepare(&normed, m);
+        let mut logits = vec![0.0f32; m * output.rows];
+        output.matmul(&act, m, &mut logits);
+        logits.chunks_exact(output.rows).map(<[f32]>::to_vec).collect()
     }
 }
 
@@ -443,13 +519,14 @@ struct RopeTable {
 }
 
 impl RopeTable {
-    fn new(p: &LlamaParams, base: f32, pos: usize, n: usize) -> Self {
+    /// The table for rows at `positions`.
+    fn new(p: &LlamaParams, base: f32, positions: &[usize]) -> Self {
         let pairs = p.rope_dims / 2;
         let theta_scale = base.powf(-2.0 / p.rope_dims as f32);
-        let mut cos = Vec::with_capacity(n * pairs);
-        let mut sin = Vec::with_capacity(n * pairs);
-        for t in 0..n {
-            let mut theta = (pos + t) as f32;
+        let mut cos = Vec::with_capacity(positions.len() * pairs);
+        let mut sin = Vec::with_capacity(positions.len() * pairs);
+        for &pos in positions {
+            let mut theta = pos as f32;
             for _ in 0..pairs {
                 cos.push(theta.cos());
                 sin.push(theta.sin());
