@@ -116,3 +116,36 @@ async fn python_example_client_gets_the_same_tokens_as_the_rust_client() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_model"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_session_example_reuses_its_prefix_and_decodes_like_rust() {
+    let fleet = fleet(|c| c.worker.parallel_slots = 2).await;
+    let client = fleet.client().await;
+    let prefix = "You are a careful reviewer of Rust code. Answer in one short sentence.";
+    let suffix = "\nReview: fn add(a: u8, b: u8) -> u8 { a - b }\nReview:";
+    let rust = client
+        .generate(greedy(&format!("{prefix}{suffix}"), 16))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let url = fleet.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(repo().join("examples/python/session.py"))
+            .args(["--nats", &url, "--prefix-text", prefix, "--suffix", suffix])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let py: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(py["cold"]["reused_tokens"], 0, "{py}");
+    assert_eq!(py["warm"]["reused_tokens"], py["warm"]["prefix_tokens"], "{py}");
+    assert_eq!(py["warm"]["prefilled_tokens"], 0);
+    let ids: Vec<u32> = rust.tokens.iter().map(|t| t.id).collect();
+    assert_eq!(py["token_ids"], serde_json::json!(ids));
+    assert_eq!(py["closed"], true);
+}

@@ -10,7 +10,7 @@
 //! f16 table), and sliding-window attention on five layers of every six with their own
 //! RoPE base (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`, pattern 6).
 
-use super::quants::{f2h, h2f};
+use super::quants::{axpy_f16, dot_f16_f32, dot_f32, f2h, h2f};
 use super::tensor::{load, QMatrix, TensorError};
 use candle_core::quantized::gguf_file;
 
@@ -581,19 +581,25 @@ fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: 
         // SAFETY: f16 is a transparent wrapper of u16 with the same size and alignment.
         unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const half::f16, bits.len()) }
     };
-    // Every key and value row is read by every query of its group: convert the
-    // layer's cache to f32 once, not once per query and head (the same f32 values, so
-    // the same results; long prompts spent most of their time converting).
-    let kv_len = (pos + out.len() / d) * hd;
-    let mut kf = vec![0.0f32; p.n_head_kv * kv_len];
-    let mut vf = vec![0.0f32; p.n_head_kv * kv_len];
-    kf.par_chunks_mut(kv_len)
-        .zip(vf.par_chunks_mut(kv_len))
-        .enumerate()
-        .for_each(|(kvh, (kd, vd))| {
-            as_f16(&k[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(kd);
-            as_f16(&v[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(vd);
-        });
+    let rows = out.len() / d;
+    let kv_len = (pos + rows) * hd;
+    // Every key and value row is read by every query of its group. A prefill (many
+    // queries) converts the layer's cache to f32 once; a decode step (one query per
+    // head) reads the f16 rows directly, widening them in registers. Both give the
+    // same values: widening is exact and the sums run in the same order.
+    let convert = rows * group > 8;
+    let (mut kf, mut vf) = (Vec::new(), Vec::new());
+    if convert {
+        kf = vec![0.0f32; p.n_head_kv * kv_len];
+        vf = vec![0.0f32; p.n_head_kv * kv_len];
+        kf.par_chunks_mut(kv_len)
+            .zip(vf.par_chunks_mut(kv_len))
+            .enumerate()
+            .for_each(|(kvh, (kd, vd))| {
+                as_f16(&k[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(kd);
+                as_f16(&v[kvh * ctx * hd..kvh * ctx * hd + kv_len]).convert_to_f32_slice(vd);
+            });
+    }
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / p.n_head, idx % p.n_head);
         let kvh = h / group;
@@ -603,17 +609,30 @@ fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: 
             .collect();
         let len = pos + t + 1;
         let first = if window > 0 { len.saturating_sub(window) } else { 0 };
-        let rows = kvh * kv_len + first * hd..kvh * kv_len + len * hd;
-        let mut scores: Vec<f32> = kf[rows.clone()]
-            .chunks_exact(hd)
-            .map(|kr| super::quants::dot_f32(kr, &qrow) * scale)
-            .collect();
+        let mut scores: Vec<f32> = if convert {
+            let rows = kvh * kv_len + first * hd..kvh * kv_len + len * hd;
+            kf[rows].chunks_exact(hd).map(|kr| dot_f32(kr, &qrow) * scale).collect()
+        } else {
+            let rows = kvh * ctx * hd + first * hd..kvh * ctx * hd + len * hd;
+            k[rows]
+                .chunks_exact(hd)
+                .map(|kr| dot_f16_f32(kr, &qrow) * scale)
+                .collect()
+        };
         super::math::softmax(&mut scores);
         o.iter_mut().for_each(|x| *x = 0.0);
-        for (vr, &w) in vf[rows].chunks_exact(hd).zip(&scores) {
-            let w = h2f(f2h(w));
-            for (acc, x) in o.iter_mut().zip(vr) {
-                *acc = x.mul_add(w, *acc);
+        if convert {
+            let rows = kvh * kv_len + first * hd..kvh * kv_len + len * hd;
+            for (vr, &w) in vf[rows].chunks_exact(hd).zip(&scores) {
+                let w = h2f(f2h(w));
+                for (acc, x) in o.iter_mut().zip(vr) {
+                    *acc = x.mul_add(w, *acc);
+                }
+            }
+        } else {
+            let rows = kvh * ctx * hd + first * hd..kvh * ctx * hd + len * hd;
+            for (vr, &w) in v[rows].chunks_exact(hd).zip(&scores) {
+                axpy_f16(o, vr, h2f(f2h(w)));
             }
         }
     });

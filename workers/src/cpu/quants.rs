@@ -523,6 +523,89 @@ pub use scalar::{
     dot_q5_0_q8_0, dot_q5_0_q8_0_pre, dot_q5_0_q8_0_x4, dot_q8_0_q8_0, dot_q8_0_q8_0_pre, dot_q8_0_q8_0_x4,
 };
 
+/// `Σ h2f(a[i]) · b[i]` in exactly [`dot_f32`]'s order (8 FMA lanes, then the lane
+/// sum): the f16 keys are widened in registers instead of through an f32 copy.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+pub fn dot_f16_f32(a: &[u16], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2, FMA and F16C are enabled at compile time; loads are unaligned-safe
+    // and stay within `n`.
+    unsafe {
+        let n = a.len().min(b.len());
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            let k = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i) as *const __m128i));
+            acc = _mm256_fmadd_ps(k, _mm256_loadu_ps(b.as_ptr().add(i)), acc);
+            i += 8;
+        }
+        let mut s = avx2::hsum_float_8(acc);
+        while i < n {
+            s += h2f(a[i]) * b[i];
+            i += 1;
+        }
+        s
+    }
+}
+
+/// `acc[i] = fma(h2f(v[i]), w, acc[i])`, vectorised (the same single rounding as the
+/// scalar `mul_add`).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+pub fn axpy_f16(acc: &mut [f32], v: &[u16], w: f32) {
+    use std::arch::x86_64::*;
+    // SAFETY: as above.
+    unsafe {
+        let n = acc.len().min(v.len());
+        let wv = _mm256_set1_ps(w);
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
+            let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+            _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(x, wv, a));
+            i += 8;
+        }
+        while i < n {
+            acc[i] = h2f(v[i]).mul_add(w, acc[i]);
+            i += 1;
+        }
+    }
+}
+
+/// Portable [`dot_f16_f32`].
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
+pub fn dot_f16_f32(a: &[u16], b: &[f32]) -> f32 {
+    let k: Vec<f32> = a.iter().map(|&h| h2f(h)).collect();
+    dot_f32(&k, b)
+}
+
+/// Portable [`axpy_f16`].
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
+pub fn axpy_f16(acc: &mut [f32], v: &[u16], w: f32) {
+    for (a, &h) in acc.iter_mut().zip(v) {
+        *a = h2f(h).mul_add(w, *a);
+    }
+}
+
 /// The portable versions, for tests against the SIMD ones.
 pub mod reference {
     pub use super::scalar::*;
