@@ -12,9 +12,12 @@ pub enum CoordinatorMsg {
     Heartbeat(WorkerStatus, RpcReplyPort<bool>),
     /// Drop workers whose heartbeats stopped.
     Expire,
-    /// Candidate workers for a request, best first.
+    /// Candidate workers for a request, best first. The first counts as routed at
+    /// once, so requests routed before its admission answer see it as loaded (and
+    /// its prefix as warm there) instead of all picking the same idle worker.
     Route(RouteQuery, RpcReplyPort<Result<Vec<String>, WireError>>),
-    /// A request with these prefix blocks was admitted by this worker.
+    /// A request with these prefix blocks was admitted by this worker (one that was
+    /// not the first candidate).
     Routed(String, Vec<u64>),
     /// This worker did not answer; forget it until it heartbeats again.
     Remove(String),
@@ -84,7 +87,11 @@ impl Actor for CoordinatorActor {
                 }
             }
             CoordinatorMsg::Route(query, reply) => {
-                let _ = reply.send(state.registry.route(&query));
+                let route = state.registry.route(&query);
+                if let Ok(Some(first)) = route.as_ref().map(|c| c.first()) {
+                    state.registry.routed(first, &query.blocks);
+                }
+                let _ = reply.send(route);
             }
             CoordinatorMsg::Routed(id, blocks) => state.registry.routed(&id, &blocks),
             CoordinatorMsg::Kv(event, reply) => {

@@ -143,7 +143,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
 
     let verb_name = verb.name();
     let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker admitted the request");
-    for worker_id in candidates.into_iter().take(ctx.max_attempts as usize) {
+    for (attempt, worker_id) in candidates.into_iter().take(ctx.max_attempts as usize).enumerate() {
         let mut headers = msg.headers.clone().unwrap_or_default();
         headers.insert(HEADER_STREAM_TO, inbox.as_str());
         let request = async_nats::Request::new()
@@ -157,7 +157,10 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
         {
             Ok(answer) => match decode::<Admission>(&answer.payload) {
                 Ok(a) if a.accepted => {
-                    let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id, query_blocks.clone()));
+                    // The first candidate was counted when it was chosen.
+                    if attempt > 0 {
+                        let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id, query_blocks.clone()));
+                    }
                     return;
                 }
                 Ok(a) => {
