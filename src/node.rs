@@ -247,6 +247,7 @@ pub async fn load_model(config: &Config) -> anyhow::Result<(Arc<dyn TextModel>, 
         context_len: config.worker.context_len,
         threads: config.worker.threads,
         parallel_slots: config.worker.parallel_slots,
+        kv_cache_mb: config.worker.kv_cache_mb,
         ..LoadConfig::default()
     };
     let p = path.clone();

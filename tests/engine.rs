@@ -283,3 +283,41 @@ async fn continuous_batching_gives_each_request_its_solo_tokens() {
         assert!(!ids.is_empty() && ids.len() <= 8, "{ids:?} {reason}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_evicted_from_its_slot_comes_back_from_the_block_store() {
+    let story = "Once upon a time, in a small village by the sea, there lived an old fisherman who \
+                 went out every morning before dawn. He knew every rock of the bay, every current and \
+                 every bird that followed the boats. One winter the fish did not come, and the village \
+                 began to worry about the long months ahead, the empty nets and the cold houses.";
+    let other = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n";
+    let load = |mb: u32| {
+        let config = LoadConfig {
+            parallel_slots: 1,
+            kv_cache_mb: mb,
+            ..LoadConfig::default()
+        };
+        CandleModel::load(&demo_model(), &config).unwrap()
+    };
+    let store = load(64);
+    let tok = store.tokenizer().encode(story).unwrap();
+    let blocks = (tok.len() - 1) / switchyard_workers::candle::kvstore::BLOCK_TOKENS;
+    assert!(blocks >= 2, "{} tokens", tok.len());
+    let (cold_ids, cold) = run(&store, story, 12).await;
+    assert_eq!(cold.cached_tokens, 0);
+    // One slot: the other prompt overwrites the story there; its blocks go to the store…
+    run(&store, other, 4).await;
+    // …and come back by copy, with the cold answer.
+    let (ids, warm) = run(&store, story, 12).await;
+    assert_eq!(warm.cached_tokens as usize, blocks * 32, "{warm:?}");
+    assert_eq!(ids, cold_ids, "restored blocks must not change the answer");
+
+    // Without a store, or with one too small for the chain's head, nothing comes back.
+    for mb in [0, 1] {
+        let model = load(mb);
+        run(&model, story, 4).await;
+        run(&model, other, 4).await;
+        let (_, m) = run(&model, story, 4).await;
+        assert_eq!(m.cached_tokens, 0, "kv_cache_mb {mb}: {m:?}");
+    }
+}

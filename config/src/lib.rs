@@ -165,6 +165,9 @@ pub struct WorkerConfig {
     /// A session with no calls for this many seconds is closed and its KV slot given
     /// back.
     pub session_idle_secs: u64,
+    /// `cpu`: MiB of KV blocks kept after their slot moved on (restored by a memory
+    /// copy when a prompt starts with them again); 0 = none.
+    pub kv_cache_mb: u32,
 }
 
 impl Default for WorkerConfig {
@@ -186,6 +189,7 @@ impl Default for WorkerConfig {
             capacity: 0,
             queue_depth: 16,
             session_idle_secs: 600,
+            kv_cache_mb: 256,
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
         }

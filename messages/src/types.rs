@@ -99,6 +99,9 @@ pub struct LoadConfig {
     pub adapter_path: Option<String>,
     /// CPU threads for compute; `0` = all cores.
     pub threads: u32,
+    /// MiB for KV blocks saved from slots before they are overwritten (the CPU
+    /// engine's block store); `0` = none.
+    pub kv_cache_mb: u32,
 }
 
 impl Default for LoadConfig {
@@ -110,6 +113,7 @@ impl Default for LoadConfig {
             parallel_slots: 0,
             adapter_path: None,
             threads: 0,
+            kv_cache_mb: 0,
         }
     }
 }

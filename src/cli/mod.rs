@@ -238,6 +238,10 @@ pub struct WorkerFlags {
     /// Close a session after this many seconds without calls (default 600).
     #[arg(long)]
     pub session_idle_secs: Option<u64>,
+    /// cpu: MiB of KV blocks kept after their slot moved on, restored by a memory copy
+    /// when a prompt starts with them again (default 256; 0 = off).
+    #[arg(long)]
+    pub kv_cache_mb: Option<u32>,
 }
 
 /// Coordinator settings shared by `up` and `coordinator`.
@@ -440,6 +444,9 @@ impl WorkerFlags {
         }
         if let Some(v) = self.session_idle_secs {
             w.session_idle_secs = v;
+        }
+        if let Some(v) = self.kv_cache_mb {
+            w.kv_cache_mb = v;
         }
         if let Some(v) = self.queue_depth {
             w.queue_depth = v;

@@ -2,6 +2,7 @@
 //! jobs from a channel (generations continuously batched by [`super::batcher`]).
 //! Nothing here runs on an async task.
 
+use super::kvstore::{self, KvStore, BLOCK_TOKENS};
 use super::template::ChatTemplate;
 use super::tokenizer::GgufTokenizer;
 use crate::cpu::llama::{KvCache, LlamaModel, Step};
@@ -124,6 +125,15 @@ pub trait Forward: Send {
     fn kv_bytes_per_token(&self) -> usize {
         0
     }
+    /// Keys and values of positions `start..start + n` of sequence `seq`, when the
+    /// implementation can read them out.
+    fn read_rows(&self, _seq: usize, _start: usize, _n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
+        None
+    }
+    /// Writes what [`Forward::read_rows`] returned into sequence `seq` at `start`.
+    fn write_rows(&mut self, _seq: usize, _start: usize, _n: usize, _k: &[u16], _v: &[u16]) -> bool {
+        false
+    }
 }
 
 /// candle-transformers' quantized Llama (the fallback for weight types our own
@@ -226,6 +236,22 @@ impl Forward for CpuForward {
         KvCache::bytes_per_token(&self.model.params)
     }
 
+    fn read_rows(&self, seq: usize, start: usize, n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
+        let cache = self.caches.get(seq)?;
+        (start + n <= cache.context_len()).then(|| cache.read_rows(start, n, &self.model.params))
+    }
+
+    fn write_rows(&mut self, seq: usize, start: usize, n: usize, k: &[u16], v: &[u16]) -> bool {
+        let params = &self.model.params;
+        match self.caches.get_mut(seq) {
+            Some(cache) if start + n <= cache.context_len() => {
+                cache.write_rows(start, n, k, v, params);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn cached_keys(&self, seq: usize, len: usize) -> Option<CachedKeys> {
         Some(CachedKeys {
             keys: self.caches.get(seq)?.keys(len, &self.model.params),
@@ -271,6 +297,10 @@ pub struct Engine {
     pub slots: Vec<Slot>,
     /// Shared with the model's owner, for observation.
     pub stats: Arc<BatchStats>,
+    /// Blocks saved from slots before they are overwritten (the KvCacheActor's store).
+    pub store: KvStore,
+    /// The model identity that seeds the store's block hashes.
+    pub kv_seed: u64,
     clock: u64,
 }
 
@@ -363,6 +393,8 @@ impl Engine {
             last_metrics,
             slots,
             stats: Arc::default(),
+            store: KvStore::new(0),
+            kv_seed: 0,
             clock: 0,
         }
     }
@@ -410,10 +442,16 @@ impl Engine {
             });
         }
         let had = s.resident.len();
-        let keep = if invalidate || !self.model.reuses_prefix() {
+        let kept = if invalidate || !self.model.reuses_prefix() {
             0
         } else {
             common_prefix(&s.resident, target)
+        };
+        // Stored blocks may extend what the slot kept (not across a new manifest).
+        let keep = if invalidate {
+            0
+        } else {
+            self.restore(slot, target, kept)
         };
         if keep < target.len() {
             self.forward(&[SeqStep {
@@ -427,7 +465,7 @@ impl Engine {
         Ok(ResidentUpdate {
             reused: keep as u32,
             computed: (target.len() - keep) as u32,
-            dropped: (had - keep) as u32,
+            dropped: (had - kept) as u32,
         })
     }
 
@@ -446,13 +484,61 @@ impl Engine {
         let mut have = lcp(&self.slots[slot]);
         if let Some(best) = (0..self.slots.len()).max_by_key(|&i| lcp(&self.slots[i])) {
             let longer = lcp(&self.slots[best]).min(tokens.len() - 1);
-            if longer > have && self.model.copy_prefix(best, slot, longer) {
-                self.slots[slot].resident = tokens[..longer].to_vec();
-                have = longer;
+            if longer > have {
+                // What the slot held beyond the shared part is about to go.
+                self.save_tail(slot, have);
+                if self.model.copy_prefix(best, slot, longer) {
+                    self.slots[slot].resident = tokens[..longer].to_vec();
+                    have = longer;
+                }
             }
         }
+        let have = self.restore(slot, &tokens[..tokens.len() - 1], have);
         self.slots[slot].busy = true;
         Some((slot, have.min(tokens.len() - 1)))
+    }
+
+    /// Saves the full blocks of `slot` from the one holding position `from` on into
+    /// the store (those not there yet): they are about to be overwritten.
+    fn save_tail(&mut self, slot: usize, from: usize) {
+        let held = self.slots[slot].resident.len();
+        if !self.store.enabled() || from / BLOCK_TOKENS >= held / BLOCK_TOKENS {
+            return;
+        }
+        let hashes = kvstore::chain(self.kv_seed, &self.slots[slot].resident);
+        for (b, &hash) in hashes.iter().enumerate().skip(from / BLOCK_TOKENS) {
+            if self.store.contains(hash) {
+                continue;
+            }
+            match self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
+                Some((k, v)) => self.store.put(hash, k, v),
+                None => return,
+            }
+        }
+    }
+
+    /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
+    /// already holds into it; returns how many leading tokens it holds now.
+    fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
+        if !self.store.enabled() || !self.model.reuses_prefix() {
+            return have;
+        }
+        let hashes = kvstore::chain(self.kv_seed, tokens);
+        let n = self.store.leading(&hashes);
+        if n * BLOCK_TOKENS <= have {
+            return have;
+        }
+        self.save_tail(slot, have);
+        self.slots[slot].resident.truncate(have);
+        for (b, &hash) in hashes.iter().enumerate().take(n).skip(have / BLOCK_TOKENS) {
+            let Some((k, v)) = self.store.get(hash) else { break };
+            let (k, v) = (k.to_vec(), v.to_vec());
+            if !self.model.write_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS, &k, &v) {
+                break;
+            }
+            self.slots[slot].resident = tokens[..(b + 1) * BLOCK_TOKENS].to_vec();
+        }
+        self.slots[slot].resident.len().max(have)
     }
 
     /// Gives a slot back; what it holds stays resident for later jobs.
@@ -468,6 +554,7 @@ impl Engine {
     /// below a step's `pos` are untouched even if the pass fails or panics.
     pub fn forward(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
         for s in steps {
+            self.save_tail(s.seq, s.pos);
             self.slots[s.seq].resident.truncate(s.pos);
         }
         let logits = guarded(|| self.model.forward_batch(steps))?;

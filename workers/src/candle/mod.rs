@@ -14,6 +14,7 @@
 
 pub mod batcher;
 pub mod engine;
+pub mod kvstore;
 pub mod sampler;
 pub mod session;
 pub mod spm;
@@ -222,13 +223,16 @@ impl CandleModel {
         tracing::info!(engine = model.kind(), slots, "cpu model loaded");
         let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
         let template = Arc::new(template);
-        let engine = engine::Engine::new(
+        let mut engine = engine::Engine::new(
             model,
             tokenizer.clone(),
             template.clone(),
             context_len,
             last_metrics.clone(),
         );
+        engine.store = kvstore::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
+        // Block hashes are only comparable within one model: seed them with its identity.
+        engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), limits.1).as_bytes());
         let stats = engine.stats.clone();
         let jobs = engine::spawn(engine, config.threads as usize)
             .map_err(|e| load_err(format!("starting the compute thread: {e}")))?;

@@ -144,6 +144,31 @@ impl KvCache {
         }
     }
 
+    /// Keys and values of positions `start..start + n`, every layer and KV head, as
+    /// two `[layer][kv_head][n][head_dim]` arrays of f16 bits.
+    pub fn read_rows(&self, start: usize, n: usize, p: &LlamaParams) -> (Vec<u16>, Vec<u16>) {
+        let hd = p.head_dim;
+        let (mut k, mut v) = (Vec::with_capacity(2 * n * hd), Vec::new());
+        v.reserve(k.capacity());
+        for lh in 0..p.n_layer * p.n_head_kv {
+            let r = lh * self.ctx * hd + start * hd..lh * self.ctx * hd + (start + n) * hd;
+            k.extend_from_slice(&self.k[r.clone()]);
+            v.extend_from_slice(&self.v[r]);
+        }
+        (k, v)
+    }
+
+    /// Writes what [`Self::read_rows`] returned back at positions `start..start + n`.
+    pub fn write_rows(&mut self, start: usize, n: usize, k: &[u16], v: &[u16], p: &LlamaParams) {
+        let hd = p.head_dim;
+        for lh in 0..p.n_layer * p.n_head_kv {
+            let r = lh * self.ctx * hd + start * hd..lh * self.ctx * hd + (start + n) * hd;
+            let src = lh * n * hd..(lh + 1) * n * hd;
+            self.k[r.clone()].copy_from_slice(&k[src.clone()]);
+            self.v[r].copy_from_slice(&v[src]);
+        }
+    }
+
     /// Post-RoPE keys of positions `0..len`, as `[layer][kv_head]` → `len * head_dim`
     /// floats (seed 000's AttentionSnapshot).
     pub fn keys(&self, len: usize, p: &LlamaParams) -> Vec<Vec<Vec<f32>>> {
