@@ -110,7 +110,7 @@ pub struct BenchBatchArgs {
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Tokens generated per stream.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 128)]
     pub max_tokens: u32,
 }
 
