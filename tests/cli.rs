@@ -151,4 +151,35 @@ async fn generate_status_and_models_commands_talk_to_a_fleet() {
     assert!(m.1.contains(DEMO_NAME), "{}", m.1);
     assert_eq!(e.0, 2);
     assert!(e.2.contains("unknown_model"), "{}", e.2);
+
+    // The fleet view carries KV state and recent latency; --watch refreshes.
+    let url = fleet.url.clone();
+    let (json, watched) = tokio::task::spawn_blocking(move || {
+        let json = run(&["--nats", &url, "status", "--json"], &[]);
+        let mut watch = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["--nats", &url, "status", "--json", "--watch", "200"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = watch.kill();
+        let out = watch.wait_with_output().unwrap();
+        (json, String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+    .await
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json.1).unwrap();
+    let w = &v["workers"][0]["status"];
+    assert_eq!(w["kv"]["slots"], 4, "{w}");
+    assert!(w["kv"]["resident_tokens"].as_u64().unwrap() > 0, "{w}");
+    assert!(w["kv"]["store_budget_bytes"].as_u64().unwrap() > 0, "{w}");
+    assert!(w["recent"]["requests"].as_u64().unwrap() >= 1, "{w}");
+    assert!(w["recent"]["ttft_ms"].as_f64().unwrap() > 0.0, "{w}");
+    assert!(w["recent"]["tpot_ms"].as_f64().unwrap() > 0.0, "{w}");
+    let frames: Vec<&str> = watched.lines().collect();
+    assert!(frames.len() >= 3, "{watched}");
+    for f in frames {
+        let v: serde_json::Value = serde_json::from_str(f).unwrap();
+        assert_eq!(v["workers"][0]["status"]["worker_id"], "w1");
+    }
 }

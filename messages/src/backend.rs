@@ -231,6 +231,13 @@ pub trait TextModel: Send + Sync {
     fn parallel_slots(&self) -> u32 {
         1
     }
+    /// What the model's KV slots (and block store) hold now, for heartbeats.
+    fn kv_usage(&self) -> crate::KvUsage {
+        crate::KvUsage {
+            slots: self.parallel_slots(),
+            ..Default::default()
+        }
+    }
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;
     /// Static facts.

@@ -198,6 +198,47 @@ pub struct WorkerStatus {
     /// switchyard version of the worker.
     #[serde(default)]
     pub version: String,
+    /// What the worker's KV slots and block store hold.
+    #[serde(default)]
+    pub kv: KvUsage,
+    /// Latency of its recent requests.
+    #[serde(default)]
+    pub recent: RecentLatency,
+}
+
+/// A worker's KV state, as of its heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KvUsage {
+    /// KV slots (sequences computed together).
+    pub slots: u32,
+    /// Slots running a request now.
+    pub busy: u32,
+    /// Slots held by sessions.
+    pub sessions: u32,
+    /// Tokens resident across slots.
+    pub resident_tokens: u64,
+    /// Bytes of KV the resident tokens take (0 when the backend does not say).
+    pub resident_bytes: u64,
+    /// Blocks and bytes in the block store, and its budget.
+    pub store_blocks: u64,
+    pub store_bytes: u64,
+    pub store_budget_bytes: u64,
+    /// Prompt tokens served from KV (slots or store) / prompt tokens, over the recent
+    /// requests.
+    pub hit_ratio: f64,
+}
+
+/// Medians over a worker's most recent requests (up to 64).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecentLatency {
+    /// Requests the medians cover.
+    pub requests: u32,
+    /// Time to first token (queue + prefill), milliseconds.
+    pub ttft_ms: f64,
+    /// Time per output token after the first, milliseconds.
+    pub tpot_ms: f64,
 }
 
 /// One worker as a coordinator sees it.

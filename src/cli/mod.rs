@@ -357,9 +357,14 @@ pub struct ChatArgs {
 /// `switchyard status`.
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// Print the coordinator's answer as JSON.
+    /// Print the coordinator's answer as JSON (one object; with --watch, one per line
+    /// per refresh).
     #[arg(long)]
     pub json: bool,
+    /// Refresh every this many milliseconds until interrupted (the table is redrawn in
+    /// place); without a value, every 1000 ms.
+    #[arg(long, num_args = 0..=1, default_missing_value = "1000", value_name = "MS")]
+    pub watch: Option<u64>,
 }
 
 /// `switchyard models`.

@@ -18,6 +18,7 @@ pub mod kv;
 pub mod llama_cpp;
 pub mod llama_cpp_session;
 pub mod probe;
+pub mod recent;
 pub mod rocm;
 pub mod service;
 pub mod session;

@@ -405,6 +405,15 @@ impl TextModel for LlamaCppModel {
         self.shared.props.total_slots
     }
 
+    fn kv_usage(&self) -> switchyard_messages::KvUsage {
+        let pinned = self.shared.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        switchyard_messages::KvUsage {
+            slots: self.shared.props.total_slots,
+            sessions: pinned.iter().filter(|p| **p).count() as u32,
+            ..Default::default()
+        }
+    }
+
     fn model_type(&self) -> &str {
         "llama_cpp"
     }

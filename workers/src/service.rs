@@ -35,6 +35,8 @@ pub struct ServeContext {
     pub kv: std::sync::Mutex<crate::kv::KvTracker>,
     /// `{p}.v1.kv.{wid}`.
     pub kv_subject: String,
+    /// Latencies and KV hits of recent generations.
+    pub recent: std::sync::Mutex<crate::recent::Recent>,
 }
 
 impl ServeContext {
@@ -207,6 +209,7 @@ pub async fn pump(
                         }
                     }
                     Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
+                        ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
                         sink.done(Vec::new(), finish_reason, metrics).await;
                         break;
                     }

@@ -91,6 +91,14 @@ impl WorkerState {
             seq: self.seq,
             completed: self.completed.load(Ordering::Relaxed),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            kv: {
+                let recent = self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner());
+                switchyard_messages::KvUsage {
+                    hit_ratio: recent.hit_ratio(),
+                    ..self.ctx.model.kv_usage()
+                }
+            },
+            recent: self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).latency(),
         }
     }
 }
@@ -136,6 +144,7 @@ impl Actor for WorkerActor {
             // One resident sequence per slot, on the CPU engine as on a llama.cpp server.
             kv: std::sync::Mutex::new(crate::kv::KvTracker::new(&opts.worker_id, opts.capacity as usize)),
             kv_subject: opts.subjects.kv(&opts.worker_id),
+            recent: std::sync::Mutex::default(),
         });
 
         let metadata = HashMap::from([

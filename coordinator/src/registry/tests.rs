@@ -24,6 +24,8 @@ fn worker(id: &str, backend: &str, model: &str) -> WorkerStatus {
         seq: 1,
         completed: 0,
         version: "t".into(),
+        kv: Default::default(),
+        recent: Default::default(),
     }
 }
 

@@ -155,6 +155,7 @@ impl Batcher {
             if !self.running.is_empty() {
                 self.step();
             }
+            self.engine.publish_usage();
         }
     }
 

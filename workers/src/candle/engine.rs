@@ -301,6 +301,8 @@ pub struct Engine {
     pub store: KvStore,
     /// The model identity that seeds the store's block hashes.
     pub kv_seed: u64,
+    /// What the slots and the store hold, refreshed by the batcher for heartbeats.
+    pub usage: Arc<Mutex<switchyard_messages::KvUsage>>,
     clock: u64,
 }
 
@@ -395,8 +397,27 @@ impl Engine {
             stats: Arc::default(),
             store: KvStore::new(0),
             kv_seed: 0,
+            usage: Arc::default(),
             clock: 0,
         }
+    }
+
+    /// Refreshes [`Engine::usage`].
+    pub fn publish_usage(&self) {
+        let resident: usize = self.slots.iter().map(|s| s.resident.len()).sum();
+        let store = self.store.stats();
+        let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        *u = switchyard_messages::KvUsage {
+            slots: self.slots.len() as u32,
+            busy: self.slots.iter().filter(|s| s.busy).count() as u32,
+            sessions: self.slots.iter().filter(|s| s.pinned).count() as u32,
+            resident_tokens: resident as u64,
+            resident_bytes: (resident * self.model.kv_bytes_per_token()) as u64,
+            store_blocks: store.blocks as u64,
+            store_bytes: store.bytes as u64,
+            store_budget_bytes: self.store.budget() as u64,
+            hit_ratio: u.hit_ratio,
+        };
     }
 
     /// Slots neither running a job nor held by a session.

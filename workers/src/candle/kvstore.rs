@@ -80,6 +80,11 @@ impl KvStore {
         }
     }
 
+    /// The byte budget.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
     /// Whether the store keeps anything.
     pub fn enabled(&self) -> bool {
         self.budget > 0

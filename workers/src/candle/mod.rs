@@ -74,6 +74,7 @@ pub struct CandleModel {
     slots: usize,
     stats: Arc<engine::BatchStats>,
     memory: switchyard_messages::ModelMemory,
+    usage: Arc<Mutex<switchyard_messages::KvUsage>>,
 }
 
 impl CandleModel {
@@ -234,6 +235,8 @@ impl CandleModel {
         // Block hashes are only comparable within one model: seed them with its identity.
         engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), limits.1).as_bytes());
         let stats = engine.stats.clone();
+        engine.publish_usage();
+        let usage = engine.usage.clone();
         let jobs = engine::spawn(engine, config.threads as usize)
             .map_err(|e| load_err(format!("starting the compute thread: {e}")))?;
         Ok(Self {
@@ -246,6 +249,7 @@ impl CandleModel {
             slots,
             stats,
             memory,
+            usage,
         })
     }
 
@@ -441,6 +445,10 @@ impl TextModel for CandleModel {
 
     fn memory(&self) -> switchyard_messages::ModelMemory {
         self.memory
+    }
+
+    fn kv_usage(&self) -> switchyard_messages::KvUsage {
+        *self.usage.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

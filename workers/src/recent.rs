@@ -1,0 +1,95 @@
+//! A worker's recent request latencies and KV hit ratio, for heartbeats and
+//! `switchyard status`.
+
+use std::collections::VecDeque;
+use switchyard_messages::{GenerateMetrics, RecentLatency};
+
+/// How many finished requests the medians cover.
+pub const WINDOW: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    ttft_ms: f64,
+    /// `None` for a request with fewer than two tokens.
+    tpot_ms: Option<f64>,
+    prompt: u32,
+    cached: u32,
+}
+
+/// The last [`WINDOW`] finished generations.
+#[derive(Debug, Default)]
+pub struct Recent {
+    samples: VecDeque<Sample>,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+impl Recent {
+    /// A generation finished with `m`.
+    pub fn record(&mut self, m: &GenerateMetrics) {
+        let tpot_ms = (m.generated_tokens > 1).then(|| m.decode_us as f64 / 1e3 / f64::from(m.generated_tokens - 1));
+        self.samples.push_back(Sample {
+            ttft_ms: (m.queue_us + m.prefill_us) as f64 / 1e3,
+            tpot_ms,
+            prompt: m.prompt_tokens,
+            cached: m.cached_tokens,
+        });
+        while self.samples.len() > WINDOW {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Medians of time to first token and time per output token.
+    pub fn latency(&self) -> RecentLatency {
+        RecentLatency {
+            requests: self.samples.len() as u32,
+            ttft_ms: median(self.samples.iter().map(|s| s.ttft_ms).collect()),
+            tpot_ms: median(self.samples.iter().filter_map(|s| s.tpot_ms).collect()),
+        }
+    }
+
+    /// Prompt tokens served from KV / prompt tokens.
+    pub fn hit_ratio(&self) -> f64 {
+        let prompt: u64 = self.samples.iter().map(|s| u64::from(s.prompt)).sum();
+        let cached: u64 = self.samples.iter().map(|s| u64::from(s.cached)).sum();
+        if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_hit_ratio_over_a_sliding_window() {
+        let mut r = Recent::default();
+        assert_eq!(r.latency(), RecentLatency::default());
+        for i in 0..(WINDOW as u64 + 10) {
+            r.record(&GenerateMetrics {
+                queue_us: 1_000,
+                prefill_us: 1_000 * i,
+                decode_us: 10_000,
+                generated_tokens: 11,
+                prompt_tokens: 100,
+                cached_tokens: 50,
+                ..Default::default()
+            });
+        }
+        let l = r.latency();
+        assert_eq!(l.requests, WINDOW as u32);
+        // TTFTs are 1 + i ms for i = 10..74: the median is the 33rd of 64.
+        assert_eq!(l.ttft_ms, 1.0 + 10.0 + 32.0);
+        assert_eq!(l.tpot_ms, 1.0);
+        assert_eq!(r.hit_ratio(), 0.5);
+    }
+}
