@@ -151,7 +151,29 @@ impl Client {
 
     /// Sends `req` to `subject` (a coordinator subject or a worker's endpoint).
     pub async fn start(&self, subject: String, req: GenerateRequest) -> Result<ResponseStream, ClientError> {
-        self.start_encoded(subject, &req.request_id, encode(&req)).await
+        let op = if req.messages.is_some() {
+            "chat"
+        } else {
+            "text_completion"
+        };
+        let model = if req.model.is_empty() {
+            "any"
+        } else {
+            req.model.as_str()
+        };
+        // The client's span is the root of the request's trace; its context travels
+        // in the NATS headers to the coordinator and on to the worker.
+        let span = tracing::info_span!(
+            "gen_ai.client",
+            otel.name = %format!("{op} {model}"),
+            otel.kind = "client",
+            gen_ai.operation.name = op,
+            gen_ai.provider.name = "switchyard",
+            gen_ai.request.model = %model,
+            gen_ai.request.max_tokens = req.config.max_tokens,
+            switchyard.request.id = %req.request_id,
+        );
+        self.start_encoded(subject, &req.request_id, encode(&req), span).await
     }
 
     /// Sends an encoded streaming request and returns its chunks.
@@ -160,6 +182,7 @@ impl Client {
         subject: String,
         request_id: &str,
         payload: Vec<u8>,
+        span: tracing::Span,
     ) -> Result<ResponseStream, ClientError> {
         let inbox = self.nats.new_inbox();
         let sub = self
@@ -169,11 +192,13 @@ impl Client {
             .map_err(|e| ClientError::Nats(e.to_string()))?;
         let mut headers = HeaderMap::new();
         headers.insert(HEADER_REQUEST_ID, request_id);
+        switchyard_actors::trace::inject(&span, &mut headers);
         self.nats
             .publish_with_reply_and_headers(subject, inbox, headers, payload.into())
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))?;
         Ok(ResponseStream {
+            _span: span,
             sub,
             nats: self.nats.clone(),
             cancel_subject: self.subjects.cancel(request_id),
@@ -308,6 +333,8 @@ impl Client {
 /// The chunks of one request, in order. Dropping it before the end cancels the
 /// request.
 pub struct ResponseStream {
+    /// The request's client span: it ends when the stream is dropped.
+    _span: tracing::Span,
     sub: Subscriber,
     nats: async_nats::Client,
     cancel_subject: String,

@@ -24,6 +24,7 @@ pub mod llama_server;
 pub mod nats_server;
 pub mod node;
 pub mod session;
+pub mod telemetry;
 
 pub use client::{Client, ClientError, ClientOptions, Completion, ResponseStream, StreamEvent};
 pub use switchyard_config::Config;

@@ -6,7 +6,6 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
-    cli::init_logging(&args.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -14,11 +13,26 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::run(args)) {
+    let telemetry = {
+        let _in_runtime = runtime.enter();
+        match switchyard::telemetry::init(&args.log, args.command.service_name()) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    };
+    let code = match runtime.block_on(cli::run(args)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    };
+    if let Some(t) = telemetry {
+        // Blocking (it waits for the last export), on a blocking thread of the live runtime.
+        let _ = runtime.block_on(async { tokio::task::spawn_blocking(move || t.shutdown()).await });
     }
+    code
 }

@@ -149,7 +149,15 @@ impl Session {
             config,
         };
         let subject = self.client.subjects.session(self.id(), "decode");
-        self.client.start_encoded(subject, &request_id, encode(&req)).await
+        let span = tracing::info_span!(
+            "gen_ai.client",
+            otel.name = "text_completion session",
+            otel.kind = "client",
+            switchyard.session.id = %self.id(),
+        );
+        self.client
+            .start_encoded(subject, &request_id, encode(&req), span)
+            .await
     }
 
     /// The resident context.

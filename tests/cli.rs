@@ -183,3 +183,22 @@ async fn generate_status_and_models_commands_talk_to_a_fleet() {
         assert_eq!(v["workers"][0]["status"]["worker_id"], "w1");
     }
 }
+
+#[test]
+fn a_misconfigured_otlp_exporter_is_an_error_at_start() {
+    let (code, _, err) = run(&["status"], &[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && err.contains("invalid"),
+        "{err}"
+    );
+    let (code, _, err) = run(
+        &["status"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("gRPC only"), "{err}");
+}

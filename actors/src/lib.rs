@@ -17,6 +17,7 @@ pub mod cancel;
 pub mod chunks;
 pub mod nats;
 pub mod process;
+pub mod trace;
 
 pub use admission::{Admission, AdmissionPermit};
 pub use cancel::CancelRegistry;

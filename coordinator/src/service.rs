@@ -90,8 +90,26 @@ fn admit(verb: Verb, payload: &[u8]) -> Result<(RequestHead, Vec<u64>), (String,
     Ok((head, blocks))
 }
 
-/// Routes one client request to a worker, trying up to `max_attempts` candidates.
+/// Routes one client request to a worker, trying up to `max_attempts` candidates,
+/// inside a `route` span that continues the client's trace and is the parent of the
+/// worker's span (its context replaces the client's in the forwarded headers).
 pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) {
+    let span = tracing::info_span!(
+        "route",
+        otel.name = %format!("route {}", verb.name()),
+        otel.kind = "server",
+        gen_ai.request.model = tracing::field::Empty,
+        switchyard.routing.worker = tracing::field::Empty,
+        switchyard.routing.attempts = tracing::field::Empty,
+        switchyard.routing.kv_blocks = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
+    tracing::Instrument::instrument(forward_routed(ctx, msg, verb), span).await;
+}
+
+async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) {
+    let span = tracing::Span::current();
     let Some(inbox) = msg.reply.clone() else {
         tracing::warn!(subject = %msg.subject, "request without a reply subject; dropped");
         return;
@@ -105,7 +123,9 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
     let fail = |request_id: String, error: WireError| {
         let client = ctx.client.clone();
         let inbox = inbox.clone();
+        let span = span.clone();
         async move {
+            span.record("error.type", error.code.as_str());
             tracing::debug!(request = %request_id, code = %error.code, "request failed: {}", error.message);
             let body = if verb.streams() {
                 encode(&StreamChunk::failed(&request_id, 0, error))
@@ -129,6 +149,8 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
         blocks: if ctx.kv_routing { blocks } else { Vec::new() },
     };
     let query_blocks = query.blocks.clone();
+    span.record("gen_ai.request.model", req.model.as_str());
+    span.record("switchyard.routing.kv_blocks", query_blocks.len());
     let candidates = match ractor::call_t!(ctx.actor, CoordinatorMsg::Route, 5_000, query) {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return fail(req.request_id, e).await,
@@ -146,6 +168,8 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
     for (attempt, worker_id) in candidates.into_iter().take(ctx.max_attempts as usize).enumerate() {
         let mut headers = msg.headers.clone().unwrap_or_default();
         headers.insert(HEADER_STREAM_TO, inbox.as_str());
+        switchyard_actors::trace::inject(&span, &mut headers);
+        span.record("switchyard.routing.attempts", attempt + 1);
         let request = async_nats::Request::new()
             .payload(msg.payload.clone())
             .headers(headers)
@@ -157,6 +181,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
         {
             Ok(answer) => match decode::<Admission>(&answer.payload) {
                 Ok(a) if a.accepted => {
+                    span.record("switchyard.routing.worker", worker_id.as_str());
                     // The first candidate was counted when it was chosen.
                     if attempt > 0 {
                         let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id, query_blocks.clone()));

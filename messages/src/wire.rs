@@ -75,6 +75,18 @@ pub enum FinishReason {
     Error,
 }
 
+impl FinishReason {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
 /// One message of a response stream, published to the client's inbox.
 ///
 /// `seq` starts at 0 and grows by one per chunk. The first chunk (seq 0) is sent on

@@ -379,14 +379,16 @@ pub struct ModelsArgs {
     pub json: bool,
 }
 
-/// Sets up logging to stderr.
-pub fn init_logging(filter: &str) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+impl Command {
+    /// The default OpenTelemetry `service.name` of this command's process.
+    pub fn service_name(&self) -> &'static str {
+        match self {
+            Command::Worker(_) => "switchyard-worker",
+            Command::Coordinator(_) => "switchyard-coordinator",
+            Command::Up(_) => "switchyard",
+            _ => "switchyard-client",
+        }
+    }
 }
 
 /// Loads the layered configuration and applies the global flags.

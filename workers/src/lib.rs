@@ -22,6 +22,7 @@ pub mod recent;
 pub mod rocm;
 pub mod service;
 pub mod session;
+pub mod telemetry;
 pub mod worker;
 
 pub use candle::{CandleModel, CpuBackend};

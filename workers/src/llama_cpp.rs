@@ -314,12 +314,15 @@ impl TextModel for LlamaCppModel {
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
         let this = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<GenerateEvent, BackendError>>(64);
-        tokio::spawn(async move {
+        // The caller's span (the worker's generation) follows into the HTTP call.
+        let span = tracing::Span::current();
+        let run = async move {
             let result = this.stream_completion(prompt, &config, &cancel, &tx, None).await;
             if let Err(e) = result {
                 let _ = tx.send(Err(e)).await;
             }
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(run, span));
         Box::pin(futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|ev| (ev, rx))
         }))
@@ -451,10 +454,13 @@ impl LlamaCppModel {
         if let Some(slot) = slot {
             body["id_slot"] = json!(slot);
         }
-        let r = self
-            .shared
-            .http
-            .post(format!("{}/completion", self.url()))
+        // W3C trace context to the server, so a tracing-aware proxy or server joins
+        // the request's trace.
+        let mut request = self.shared.http.post(format!("{}/completion", self.url()));
+        for (k, v) in switchyard_actors::trace::http_headers(&tracing::Span::current()) {
+            request = request.header(k, v);
+        }
+        let r = request
             .json(&body)
             .send()
             .await

@@ -23,6 +23,9 @@ use switchyard_messages::{
 pub struct ServeContext {
     pub client: async_nats::Client,
     pub worker_id: String,
+    /// Backend and device, for spans and metrics.
+    pub backend: String,
+    pub device: String,
     pub model_name: String,
     pub model: Arc<dyn TextModel>,
     pub admission: switchyard_actors::Admission,
@@ -141,6 +144,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         Ok(ok) => ok,
         Err(error) => {
             tracing::debug!(worker = %ctx.worker_id, code = %error.code, "refused: {}", error.message);
+            crate::telemetry::record_rejection(&ctx.worker_id, error.code.as_str());
             if via_coordinator {
                 answer_admission(&ctx, &request, Some(error)).await;
             } else {
@@ -177,8 +181,45 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         req.prompt.as_deref(),
         req.messages.as_deref(),
     ));
-    let events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
-    pump(&ctx, &sink, events, &cancel, req.deadline_ms).await;
+    let op = if chat { "chat" } else { "text_completion" };
+    let model = if req.model.is_empty() {
+        &ctx.model_name
+    } else {
+        &req.model
+    };
+    let c = &req.config;
+    // One span per generation, named and attributed by the GenAI conventions, a
+    // child of the coordinator's span (trace context from the NATS headers).
+    let span = tracing::info_span!(
+        "gen_ai",
+        otel.name = %format!("{op} {model}"),
+        otel.kind = "server",
+        gen_ai.operation.name = op,
+        gen_ai.provider.name = crate::telemetry::PROVIDER,
+        gen_ai.request.model = %model,
+        gen_ai.request.max_tokens = c.max_tokens,
+        gen_ai.request.temperature = f64::from(c.temperature),
+        gen_ai.request.top_p = f64::from(c.top_p),
+        gen_ai.request.top_k = c.top_k,
+        gen_ai.request.seed = c.seed.map(|s| s as i64),
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        switchyard.worker.id = %ctx.worker_id,
+        switchyard.device = %ctx.device,
+        switchyard.backend = %ctx.backend,
+        switchyard.request.id = %req.request_id,
+        switchyard.kv.cached_tokens = tracing::field::Empty,
+        switchyard.queue_us = tracing::field::Empty,
+    );
+    switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
+    let attrs = crate::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
+    let run = async {
+        let events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
+        pump(&ctx, &sink, events, &cancel, req.deadline_ms, &attrs).await;
+    };
+    tracing::Instrument::instrument(run, span).await;
     ctx.cancels.remove(&req.request_id);
     ctx.record_kv(blocks).await;
     drop(permit);
@@ -187,14 +228,25 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
 
 /// Streams a backend's events to `sink` until the end: keep-alives while the
 /// backend is quiet, cancel when the client is gone, `deadline_exceeded` when
-/// `deadline_ms` passes.
+/// `deadline_ms` passes. Runs inside the generation's span: opens `prefill` (until
+/// the first token) and `decode` child spans, fills the span's usage fields, and
+/// records the GenAI metrics with `attrs`.
 pub async fn pump(
     ctx: &ServeContext,
     sink: &ChunkSink,
     mut events: switchyard_messages::GenerateStream,
     cancel: &switchyard_messages::CancelFlag,
     deadline_ms: Option<u64>,
+    attrs: &[opentelemetry::KeyValue],
 ) {
+    let started = std::time::Instant::now();
+    let span = tracing::Span::current();
+    let mut phase = Some(tracing::info_span!("prefill"));
+    let mut decoding = false;
+    let fail = |code: ErrorCode| {
+        span.record("error.type", code.as_str());
+        crate::telemetry::record_failure(attrs, started.elapsed().as_secs_f64(), code.as_str());
+    };
     let mut keepalive = tokio::time::interval(ctx.keepalive);
     keepalive.tick().await;
     let mut sent_since_tick = false;
@@ -204,20 +256,33 @@ pub async fn pump(
                 sent_since_tick = true;
                 match ev {
                     Some(Ok(GenerateEvent::Token(t))) => {
+                        if !decoding {
+                            decoding = true;
+                            phase = Some(tracing::info_span!("decode"));
+                        }
                         if !sink.tokens(vec![t]).await {
                             cancel.cancel();
                         }
                     }
                     Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
+                        drop(phase.take());
                         ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
+                        span.record("gen_ai.usage.input_tokens", metrics.prompt_tokens);
+                        span.record("gen_ai.usage.output_tokens", metrics.generated_tokens);
+                        span.record("gen_ai.response.finish_reasons", finish_reason.as_str());
+                        span.record("switchyard.kv.cached_tokens", metrics.cached_tokens);
+                        span.record("switchyard.queue_us", metrics.queue_us);
+                        crate::telemetry::record_success(attrs, &metrics);
                         sink.done(Vec::new(), finish_reason, metrics).await;
                         break;
                     }
                     Some(Err(e)) => {
+                        fail(e.code());
                         sink.error(e.to_wire()).await;
                         break;
                     }
                     None => {
+                        fail(ErrorCode::Internal);
                         sink.error(WireError::new(ErrorCode::Internal, "the backend ended the stream without a result")).await;
                         break;
                     }
@@ -225,6 +290,7 @@ pub async fn pump(
             }
             _ = keepalive.tick() => {
                 if deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+                    fail(ErrorCode::DeadlineExceeded);
                     cancel.cancel();
                     sink.error(WireError::new(ErrorCode::DeadlineExceeded, "the request's deadline passed")).await;
                     break;

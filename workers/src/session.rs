@@ -397,7 +397,13 @@ impl SessionHost {
         sink.tokens(Vec::new()).await;
         let cancel = self.ctx.cancels.insert(&request_id);
         let events = s.backend.decode(req.config, cancel.clone());
-        pump(&self.ctx, &sink, events, &cancel, None).await;
+        let attrs = crate::telemetry::attributes(
+            "text_completion",
+            &self.ctx.model_name,
+            &self.ctx.worker_id,
+            &self.ctx.backend,
+        );
+        pump(&self.ctx, &sink, events, &cancel, None, &attrs).await;
         self.ctx.cancels.remove(&request_id);
     }
 }

@@ -128,6 +128,8 @@ impl Actor for WorkerActor {
         let ctx = Arc::new(ServeContext {
             client: client.clone(),
             worker_id: opts.worker_id.clone(),
+            backend: opts.backend.clone(),
+            device: opts.device.clone(),
             model_name: opts.model_name.clone(),
             model: model.clone(),
             admission: Admission::new(opts.capacity, opts.queue_depth),

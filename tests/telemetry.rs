@@ -1,0 +1,254 @@
+//! OpenTelemetry end to end: an OTLP gRPC receiver inside the test collects what
+//! three processes export — this test as the client, a coordinator process and a
+//! worker process — and the test checks one trace across them with the right
+//! parent/child links, the GenAI span attributes, and the GenAI metrics' names, units,
+//! buckets and attributes.
+
+mod common;
+
+use common::*;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing_subscriber::layer::SubscriberExt;
+
+#[derive(Clone, Default)]
+struct Collected {
+    traces: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+    metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Collected {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.traces.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Collected {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.metrics.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
+/// Starts the receiver on a free port; returns its endpoint.
+async fn receiver(collected: Collected) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(collected.clone()))
+            .add_service(MetricsServiceServer::new(collected))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    format!("http://{addr}")
+}
+
+fn text(kv: &[KeyValue], key: &str) -> Option<String> {
+    kv.iter()
+        .find(|a| a.key == key)
+        .and_then(|a| match a.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            any_value::Value::IntValue(i) => Some(i.to_string()),
+            any_value::Value::DoubleValue(d) => Some(d.to_string()),
+            any_value::Value::BoolValue(b) => Some(b.to_string()),
+            _ => None,
+        })
+}
+
+/// Every exported span with its service name.
+fn spans(c: &Collected) -> Vec<(String, Span)> {
+    let mut out = Vec::new();
+    for req in c.traces.lock().unwrap().iter() {
+        for rs in &req.resource_spans {
+            let service = rs
+                .resource
+                .as_ref()
+                .and_then(|r| text(&r.attributes, "service.name"))
+                .unwrap_or_default();
+            for ss in &rs.scope_spans {
+                out.extend(ss.spans.iter().map(|s| (service.clone(), s.clone())));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metrics() {
+    let collected = Collected::default();
+    let endpoint = receiver(collected.clone()).await;
+    // The child processes export here, quickly (this test binary runs only this test).
+    std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
+    std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "100");
+    std::env::set_var("OTEL_METRIC_EXPORT_INTERVAL", "300");
+
+    // This process is the client: its spans go to the same receiver.
+    opentelemetry::global::set_text_map_propagator(opentelemetry_sdk::propagation::TraceContextPropagator::new());
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()
+        .unwrap();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name("telemetry-test-client")
+                .build(),
+        )
+        .with_batch_exporter(exporter)
+        .build();
+    let subscriber =
+        tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+
+    let nats = nats();
+    let url = nats.url();
+    let mut coordinator = coordinator_proc(&url, "coordinator");
+    let mut worker = worker_proc(&url, "w-otel");
+    let client = client(&url, Duration::from_secs(20)).await;
+    wait_for_workers(&client, &["w-otel"], Duration::from_secs(20)).await;
+    let done = client
+        .generate(greedy("The capital of France is", 8))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(done.tokens.len(), 8);
+    let p = provider.clone();
+    tokio::task::spawn_blocking(move || p.force_flush())
+        .await
+        .unwrap()
+        .unwrap();
+    // SIGTERM: both processes drain and flush their exporters on the way out.
+    for proc in [&mut worker, &mut coordinator] {
+        let status = tokio::task::block_in_place(|| proc.terminate(Duration::from_secs(20)));
+        assert!(status.is_some_and(|s| s.success()), "clean exit");
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (client_span, route, generation) = loop {
+        let all = spans(&collected);
+        let find = |service: &str, pred: &dyn Fn(&Span) -> bool| {
+            all.iter()
+                .find(|(s, sp)| s == service && pred(sp))
+                .map(|(_, sp)| sp.clone())
+        };
+        let found = (
+            find("telemetry-test-client", &|s| s.name.starts_with("text_completion")),
+            find("switchyard-coordinator", &|s| s.name == "route generate"),
+            find("switchyard-worker", &|s| s.name.starts_with("text_completion ")),
+        );
+        if let (Some(a), Some(b), Some(c)) = found {
+            break (a, b, c);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spans seen: {:?}",
+            all.iter().map(|(s, sp)| (s, &sp.name)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // One trace: client → coordinator → worker → prefill/decode.
+    assert_eq!(route.trace_id, client_span.trace_id);
+    assert_eq!(generation.trace_id, client_span.trace_id);
+    assert_eq!(
+        route.parent_span_id, client_span.span_id,
+        "coordinator span is the client's child"
+    );
+    assert_eq!(
+        generation.parent_span_id, route.span_id,
+        "worker span is the coordinator's child"
+    );
+    let all = spans(&collected);
+    for phase in ["prefill", "decode"] {
+        let s = all
+            .iter()
+            .find(|(svc, s)| svc == "switchyard-worker" && s.name == phase)
+            .unwrap_or_else(|| panic!("no {phase} span"));
+        assert_eq!(s.1.parent_span_id, generation.span_id, "{phase} under the generation");
+    }
+    // GenAI attributes on the worker's span.
+    let a = &generation.attributes;
+    assert_eq!(text(a, "gen_ai.operation.name").as_deref(), Some("text_completion"));
+    assert_eq!(text(a, "gen_ai.provider.name").as_deref(), Some("switchyard"));
+    assert!(text(a, "gen_ai.request.model").is_some_and(|m| m.contains("SmolLM2")));
+    assert_eq!(text(a, "gen_ai.request.max_tokens").as_deref(), Some("8"));
+    assert_eq!(text(a, "gen_ai.usage.output_tokens").as_deref(), Some("8"));
+    assert!(text(a, "gen_ai.usage.input_tokens").is_some_and(|n| n.parse::<u32>().unwrap() > 3));
+    assert_eq!(text(a, "gen_ai.response.finish_reasons").as_deref(), Some("length"));
+    assert_eq!(text(a, "switchyard.worker.id").as_deref(), Some("w-otel"));
+    assert_eq!(
+        text(&route.attributes, "switchyard.routing.worker").as_deref(),
+        Some("w-otel")
+    );
+
+    // GenAI metrics from the worker: names, units, bucket boundaries, attributes.
+    let metrics = collected.metrics.lock().unwrap().clone();
+    let mut seen = std::collections::BTreeMap::new();
+    for req in &metrics {
+        for rm in &req.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in &sm.metrics {
+                    if let Some(Data::Histogram(h)) = &m.data {
+                        if let Some(dp) = h.data_points.iter().find(|dp| dp.count > 0) {
+                            seen.insert(
+                                m.name.clone(),
+                                (m.unit.clone(), dp.explicit_bounds.clone(), dp.attributes.clone()),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (name, unit) in [
+        ("gen_ai.server.time_to_first_token", "s"),
+        ("gen_ai.server.time_per_output_token", "s"),
+        ("gen_ai.server.request.duration", "s"),
+        ("gen_ai.client.token.usage", "{token}"),
+    ] {
+        let (u, bounds, attrs) = seen
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name}; seen {:?}", seen.keys()));
+        assert_eq!(u, unit, "{name}");
+        assert!(!bounds.is_empty(), "{name}");
+        assert_eq!(
+            text(attrs, "gen_ai.operation.name").as_deref(),
+            Some("text_completion"),
+            "{name}"
+        );
+        assert_eq!(
+            text(attrs, "gen_ai.provider.name").as_deref(),
+            Some("switchyard"),
+            "{name}"
+        );
+        assert!(text(attrs, "gen_ai.request.model").is_some(), "{name}");
+    }
+    assert_eq!(
+        seen["gen_ai.server.time_to_first_token"].1,
+        switchyard_workers::telemetry::TTFT_BUCKETS.to_vec()
+    );
+    tokio::task::spawn_blocking(move || provider.shutdown())
+        .await
+        .unwrap()
+        .unwrap();
+}
