@@ -247,6 +247,36 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         seen["gen_ai.server.time_to_first_token"].1,
         switchyard_workers::telemetry::TTFT_BUCKETS.to_vec()
     );
+    // The worker's gauges and the coordinator's routing counter, by service.
+    let mut names = std::collections::BTreeSet::new();
+    for req in &metrics {
+        for rm in &req.resource_metrics {
+            let service = rm
+                .resource
+                .as_ref()
+                .and_then(|r| text(&r.attributes, "service.name"))
+                .unwrap_or_default();
+            for sm in &rm.scope_metrics {
+                for m in &sm.metrics {
+                    names.insert((service.clone(), m.name.clone(), m.unit.clone()));
+                }
+            }
+        }
+    }
+    for (service, name, unit) in [
+        ("switchyard-worker", "switchyard.worker.requests.in_flight", "{request}"),
+        ("switchyard-worker", "switchyard.kv.slots.total", "{slot}"),
+        ("switchyard-worker", "switchyard.kv.resident_tokens", "{token}"),
+        ("switchyard-worker", "switchyard.kv.store.budget", "By"),
+        ("switchyard-worker", "switchyard.kv.hit_ratio", "1"),
+        ("switchyard-worker", "switchyard.model.weights", "By"),
+        ("switchyard-coordinator", "switchyard.routing.decisions", "{request}"),
+    ] {
+        assert!(
+            names.contains(&(service.to_string(), name.to_string(), unit.to_string())),
+            "{service} {name} [{unit}] not among {names:?}"
+        );
+    }
     tokio::task::spawn_blocking(move || provider.shutdown())
         .await
         .unwrap()

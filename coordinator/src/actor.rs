@@ -89,6 +89,14 @@ impl Actor for CoordinatorActor {
             CoordinatorMsg::Route(query, reply) => {
                 let route = state.registry.route(&query);
                 if let Ok(Some(first)) = route.as_ref().map(|c| c.first()) {
+                    let warm = state.registry.overlap(first, &query.blocks) > 0;
+                    routing_decisions().add(
+                        1,
+                        &[opentelemetry::KeyValue::new(
+                            "switchyard.routing.reason",
+                            if warm { "kv_warm" } else { "load" },
+                        )],
+                    );
                     state.registry.routed(first, &query.blocks);
                 }
                 let _ = reply.send(route);
@@ -119,4 +127,17 @@ impl Actor for CoordinatorActor {
         }
         Ok(())
     }
+}
+
+/// `switchyard.routing.decisions`: routes chosen, by reason (`kv_warm`: the first
+/// candidate holds part of the prompt warm; `load`: it was chosen by load alone).
+fn routing_decisions() -> &'static opentelemetry::metrics::Counter<u64> {
+    static C: std::sync::OnceLock<opentelemetry::metrics::Counter<u64>> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        opentelemetry::global::meter("switchyard")
+            .u64_counter("switchyard.routing.decisions")
+            .with_unit("{request}")
+            .with_description("Routing decisions by reason")
+            .build()
+    })
 }

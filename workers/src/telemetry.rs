@@ -114,3 +114,85 @@ pub fn record_rejection(worker_id: &str, code: &str) {
         ],
     );
 }
+
+/// Registers the worker's gauges (load, KV, weights), read from `ctx` at each
+/// collection. They hold only a weak reference: a stopped worker reports nothing.
+pub fn register_gauges(ctx: &std::sync::Arc<crate::service::ServeContext>) {
+    use opentelemetry::metrics::AsyncInstrument;
+    use std::sync::Weak;
+    let m = opentelemetry::global::meter("switchyard");
+    let attrs = vec![
+        KeyValue::new("switchyard.worker.id", ctx.worker_id.clone()),
+        KeyValue::new("switchyard.backend", ctx.backend.clone()),
+        KeyValue::new("gen_ai.request.model", ctx.model_name.clone()),
+    ];
+    type Read = fn(&crate::service::ServeContext) -> u64;
+    let gauges: [(&'static str, &'static str, &'static str, Read); 8] = [
+        (
+            "switchyard.worker.requests.in_flight",
+            "{request}",
+            "Requests computing now",
+            |c| u64::from(c.admission.load().0),
+        ),
+        (
+            "switchyard.worker.requests.queued",
+            "{request}",
+            "Requests admitted and waiting",
+            |c| u64::from(c.admission.load().1),
+        ),
+        (
+            "switchyard.kv.slots.used",
+            "{slot}",
+            "KV slots running a request or held by a session",
+            |c| {
+                let kv = c.model.kv_usage();
+                u64::from(kv.busy + kv.sessions)
+            },
+        ),
+        ("switchyard.kv.slots.total", "{slot}", "KV slots", |c| {
+            u64::from(c.model.kv_usage().slots)
+        }),
+        (
+            "switchyard.kv.resident_tokens",
+            "{token}",
+            "Tokens resident across KV slots",
+            |c| c.model.kv_usage().resident_tokens,
+        ),
+        ("switchyard.kv.store.bytes", "By", "Bytes in the KV block store", |c| {
+            c.model.kv_usage().store_bytes
+        }),
+        (
+            "switchyard.kv.store.budget",
+            "By",
+            "Byte budget of the KV block store",
+            |c| c.model.kv_usage().store_budget_bytes,
+        ),
+        ("switchyard.model.weights", "By", "Bytes of the loaded weights", |c| {
+            c.model.memory().weights_bytes
+        }),
+    ];
+    for (name, unit, description, read) in gauges {
+        let (weak, attrs): (Weak<crate::service::ServeContext>, Vec<KeyValue>) =
+            (std::sync::Arc::downgrade(ctx), attrs.clone());
+        m.u64_observable_gauge(name)
+            .with_unit(unit)
+            .with_description(description)
+            .with_callback(move |o: &dyn AsyncInstrument<u64>| {
+                if let Some(c) = weak.upgrade() {
+                    o.observe(read(&c), &attrs);
+                }
+            })
+            .build();
+    }
+    let weak = std::sync::Arc::downgrade(ctx);
+    m.f64_observable_gauge("switchyard.kv.hit_ratio")
+        .with_unit("1")
+        .with_description("Prompt tokens served from KV over the recent requests")
+        .with_callback(move |o: &dyn AsyncInstrument<f64>| {
+            if let Some(c) = weak.upgrade() {
+                let ratio = c.recent.lock().unwrap_or_else(|p| p.into_inner()).hit_ratio();
+                o.observe(ratio, &attrs);
+            }
+        })
+        .build();
+}

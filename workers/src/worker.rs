@@ -175,6 +175,7 @@ impl Actor for WorkerActor {
             SessionOpen,
         }
         let sessions = crate::session::SessionHost::new(ctx.clone(), opts.subjects.clone(), opts.session_idle);
+        crate::telemetry::register_gauges(&ctx);
         for (verb, handler) in [
             ("generate", Handler::Stream { chat: false }),
             ("chat", Handler::Stream { chat: true }),
