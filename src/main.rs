@@ -6,6 +6,14 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
+    // The config file's [telemetry] section stands in for OTEL_* variables that are
+    // not set (before any other thread exists, so setting them is safe). A config error
+    // is reported by the command itself.
+    if let Ok(config) = cli::load_config(&args) {
+        for (key, value) in config.telemetry.as_env(|k| std::env::var_os(k).is_some()) {
+            std::env::set_var(key, value);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -201,4 +201,11 @@ fn a_misconfigured_otlp_exporter_is_an_error_at_start() {
     );
     assert_eq!(code, 1);
     assert!(err.contains("gRPC only"), "{err}");
+    // The config file's [telemetry] section counts too.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sy.toml");
+    std::fs::write(&file, "[telemetry]\notlp_endpoint = \"not a url\"\n").unwrap();
+    let (code, _, err) = run(&["--config", file.to_str().unwrap(), "status"], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("invalid endpoint"), "{err}");
 }

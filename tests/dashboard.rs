@@ -23,6 +23,8 @@ const EXPORTED: &[&str] = &[
     "switchyard_kv_hit_ratio",
     "switchyard_model_weights_bytes",
     "switchyard_routing_decisions_total",
+    "switchyard_heartbeats_missed_total",
+    "switchyard_llama_server_restarts_total",
 ];
 
 #[test]

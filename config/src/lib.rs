@@ -68,6 +68,40 @@ pub struct Config {
     pub worker: WorkerConfig,
     /// Client behaviour (CLI and library).
     pub client: ClientConfig,
+    /// OpenTelemetry export (the standard `OTEL_*` variables take precedence).
+    pub telemetry: TelemetryConfig,
+}
+
+/// OpenTelemetry export settings from the config file, used where the matching
+/// `OTEL_*` variable is not set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// OTLP/gRPC collector, e.g. `http://otel-collector:4317` (`OTEL_EXPORTER_OTLP_ENDPOINT`);
+    /// empty = no export.
+    pub otlp_endpoint: String,
+    /// `service.name` (`OTEL_SERVICE_NAME`); empty = per command.
+    pub service_name: String,
+    /// Metric export period in milliseconds (`OTEL_METRIC_EXPORT_INTERVAL`); 0 = 60000.
+    pub metric_interval_ms: u64,
+}
+
+impl TelemetryConfig {
+    /// The `OTEL_*` variables these settings stand for, for those not set in `env`.
+    pub fn as_env(&self, env: impl Fn(&str) -> bool) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut add = |key: &'static str, value: String| {
+            if !value.is_empty() && !env(key) {
+                out.push((key, value));
+            }
+        };
+        add("OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_endpoint.clone());
+        add("OTEL_SERVICE_NAME", self.service_name.clone());
+        if self.metric_interval_ms > 0 {
+            add("OTEL_METRIC_EXPORT_INTERVAL", self.metric_interval_ms.to_string());
+        }
+        out
+    }
 }
 
 /// Connection to NATS.

@@ -84,6 +84,7 @@ impl Actor for CoordinatorActor {
             CoordinatorMsg::Expire => {
                 for id in state.registry.expire(Instant::now()) {
                     tracing::warn!(worker = %id, "worker expired: heartbeats stopped");
+                    heartbeats_missed().add(1, &[opentelemetry::KeyValue::new("switchyard.worker.id", id)]);
                 }
             }
             CoordinatorMsg::Route(query, reply) => {
@@ -127,6 +128,19 @@ impl Actor for CoordinatorActor {
         }
         Ok(())
     }
+}
+
+/// `switchyard.heartbeats.missed`: workers dropped because their heartbeats stopped
+/// for longer than the expiry.
+fn heartbeats_missed() -> &'static opentelemetry::metrics::Counter<u64> {
+    static C: std::sync::OnceLock<opentelemetry::metrics::Counter<u64>> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        opentelemetry::global::meter("switchyard")
+            .u64_counter("switchyard.heartbeats.missed")
+            .with_unit("{worker}")
+            .with_description("Workers expired after their heartbeats stopped")
+            .build()
+    })
 }
 
 /// `switchyard.routing.decisions`: routes chosen, by reason (`kv_warm`: the first

@@ -300,6 +300,7 @@ fn supervise(opts: &RocmOptions, port: u16, state: &State) {
             Err(e) => format!("could not be started: {e}"),
         };
         state.exits.fetch_add(1, Ordering::AcqRel);
+        crate::telemetry::record_restart(&opts.worker_id);
         if let Some(model) = state.on_exit.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             model.mark_down(&format!("llama-server {why}"));
         }

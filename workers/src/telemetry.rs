@@ -104,6 +104,19 @@ pub fn record_failure(attrs: &[KeyValue], seconds: f64, error_type: &str) {
     instruments().duration.record(seconds, &a);
 }
 
+/// A supervised llama-server exited (it is restarted with backoff).
+pub fn record_restart(worker_id: &str) {
+    static C: OnceLock<Counter<u64>> = OnceLock::new();
+    C.get_or_init(|| {
+        opentelemetry::global::meter("switchyard")
+            .u64_counter("switchyard.llama_server.restarts")
+            .with_unit("{restart}")
+            .with_description("Exits of a supervised llama-server (each followed by a restart)")
+            .build()
+    })
+    .add(1, &[KeyValue::new("switchyard.worker.id", worker_id.to_string())]);
+}
+
 /// A request was refused at admission with `code`.
 pub fn record_rejection(worker_id: &str, code: &str) {
     instruments().rejections.add(
