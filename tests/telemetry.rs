@@ -179,7 +179,7 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         "worker span is the coordinator's child"
     );
     let all = spans(&collected);
-    for phase in ["prefill", "decode"] {
+    for phase in ["queue", "prefill", "decode"] {
         let s = all
             .iter()
             .find(|(svc, s)| svc == "switchyard-worker" && s.name == phase)

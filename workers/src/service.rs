@@ -241,8 +241,12 @@ pub async fn pump(
 ) {
     let started = std::time::Instant::now();
     let span = tracing::Span::current();
-    let mut phase = Some(tracing::info_span!("prefill"));
-    let mut decoding = false;
+    // `decode` is a live span from the first token on; `queue` and `prefill` are
+    // written afterwards with their exact bounds (the queue wait is known only from
+    // the final metrics).
+    let admitted_at = std::time::SystemTime::now();
+    let mut first_token_at = None;
+    let mut phase: Option<tracing::Span> = None;
     let fail = |code: ErrorCode| {
         span.record("error.type", code.as_str());
         crate::telemetry::record_failure(attrs, started.elapsed().as_secs_f64(), code.as_str());
@@ -256,8 +260,8 @@ pub async fn pump(
                 sent_since_tick = true;
                 match ev {
                     Some(Ok(GenerateEvent::Token(t))) => {
-                        if !decoding {
-                            decoding = true;
+                        if first_token_at.is_none() {
+                            first_token_at = Some(std::time::SystemTime::now());
                             phase = Some(tracing::info_span!("decode"));
                         }
                         if !sink.tokens(vec![t]).await {
@@ -266,6 +270,9 @@ pub async fn pump(
                     }
                     Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
                         drop(phase.take());
+                        if let Some(first) = first_token_at {
+                            crate::telemetry::record_phases(&span, admitted_at, metrics.queue_us, first);
+                        }
                         ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
                         span.record("gen_ai.usage.input_tokens", metrics.prompt_tokens);
                         span.record("gen_ai.usage.output_tokens", metrics.generated_tokens);

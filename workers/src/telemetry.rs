@@ -97,6 +97,28 @@ pub fn record_success(attrs: &[KeyValue], m: &GenerateMetrics) {
     i.tokens.record(u64::from(m.generated_tokens), &with("output"));
 }
 
+/// Writes the `queue` (admission to compute start, `queue_us` long) and `prefill`
+/// (compute start to the first token) child spans of `parent` with exact bounds.
+pub fn record_phases(
+    parent: &tracing::Span,
+    admitted: std::time::SystemTime,
+    queue_us: u64,
+    first_token: std::time::SystemTime,
+) {
+    use opentelemetry::trace::{Span as _, Tracer as _};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let cx = parent.context();
+    let tracer = opentelemetry::global::tracer("switchyard");
+    let computing = (admitted + std::time::Duration::from_micros(queue_us)).min(first_token);
+    for (name, start, end) in [("queue", admitted, computing), ("prefill", computing, first_token)] {
+        let mut span = tracer.build_with_context(
+            opentelemetry::trace::SpanBuilder::from_name(name).with_start_time(start),
+            &cx,
+        );
+        span.end_with_timestamp(end);
+    }
+}
+
 /// A generation failed after `seconds` with the wire code `error_type`.
 pub fn record_failure(attrs: &[KeyValue], seconds: f64, error_type: &str) {
     let mut a = attrs.to_vec();
