@@ -7,7 +7,8 @@
 //! A generation that finishes frees its slot before the next step. Jobs that find no
 //! free slot wait in arrival order; the worker's admission bounds how many can.
 
-use super::engine::{guarded, now_ms, rate, Engine, GenerateJob, Job, SeqStep, SessionOp};
+use super::engine::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp};
+use super::forward::SeqStep;
 use super::sampler::Sampler;
 use super::stops::{StopCheck, StopFilter};
 use super::tokenizer::StreamDecoder;

@@ -5,7 +5,9 @@
 //! - [`template`]: the GGUF chat template via minijinja.
 //! - [`sampler`]: greedy / temperature / top-k / top-p / min-p / repeat penalty.
 //! - [`stops`]: stop strings that are never emitted.
-//! - [`engine`]: the compute thread that owns weights and one KV cache per slot.
+//! - [`forward`]: the forward pass over KV sequences (our engine, candle's fallback).
+//! - [`engine`]: the compute thread that owns the forward pass, its slots and the
+//!   KV block store ([`kvstore`]).
 //! - [`batcher`]: continuous batching of generations on that thread.
 //!
 //! [`CpuBackend::load_model`] reads the GGUF once, builds the tokenizer and the
@@ -14,6 +16,7 @@
 
 pub mod batcher;
 pub mod engine;
+pub mod forward;
 pub mod kvstore;
 pub mod sampler;
 pub mod session;
@@ -184,7 +187,7 @@ impl CandleModel {
             .unwrap_or_else(|| template::CHATML.to_string());
         let template = template::ChatTemplate::new(&template_src, &token_text("bos_token"), &token_text("eos_token"))
             .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
-        let model = engine::CpuForward::new(model, slots_for(config));
+        let model = forward::CpuForward::new(model, slots_for(config));
         let weights = std::fs::read_dir(dir)
             .map(|d| {
                 d.flatten()
@@ -202,7 +205,7 @@ impl CandleModel {
     /// context ceiling and its weights' size in bytes.
     fn start(
         path: &Path,
-        model: Box<dyn engine::Forward>,
+        model: Box<dyn forward::Forward>,
         info: ModelInfo,
         tokenizer: Arc<tokenizer::GgufTokenizer>,
         template: template::ChatTemplate,
@@ -267,7 +270,7 @@ impl CandleModel {
         file: &mut std::fs::File,
         context_len: usize,
         slots: usize,
-    ) -> Result<Box<dyn engine::Forward>, String> {
+    ) -> Result<Box<dyn forward::Forward>, String> {
         let force_candle = std::env::var("SWITCHYARD_CPU_ENGINE").is_ok_and(|v| v == "candle");
         let arch = content
             .metadata
@@ -275,12 +278,12 @@ impl CandleModel {
             .and_then(|v| v.to_string().ok());
         if !force_candle || arch.is_none_or(|a| a != "llama") {
             return crate::cpu::llama::LlamaModel::load(&content, file, context_len)
-                .map(|m| Box::new(engine::CpuForward::new(m, slots)) as Box<dyn engine::Forward>)
+                .map(|m| Box::new(forward::CpuForward::new(m, slots)) as Box<dyn forward::Forward>)
                 .map_err(|e| e.to_string());
         }
         let device = Device::Cpu;
         let weights = ModelWeights::from_gguf(content, file, &device).map_err(|e| e.to_string())?;
-        Ok(Box::new(engine::CandleForward { weights, device }))
+        Ok(Box::new(forward::CandleForward { weights, device }))
     }
 
     /// The model's tokenizer.
