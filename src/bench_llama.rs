@@ -13,6 +13,13 @@ struct Sample {
     generated: u64,
 }
 
+/// First words of the benchmark prompts: distinct first tokens, so no run shares a
+/// prefix with another.
+const OPENERS: [&str; 12] = [
+    "Chapter", "Notes", "Summary", "Draft", "Report", "Essay", "Story", "Lecture", "Overview", "Memo", "Article",
+    "Outline",
+];
+
 /// Runs the comparison and prints the report.
 pub async fn llama(
     model: &Path,
@@ -21,21 +28,28 @@ pub async fn llama(
     runs: usize,
     max_tokens: u32,
 ) -> anyhow::Result<()> {
+    let cpu = crate::llama_server::cpu_features(server_bin);
     let server = crate::llama_server::LlamaServer::start(server_bin, model, threads, 1).await?;
     let (url, pid) = (server.url.clone(), server.pid());
     let http = reqwest::Client::new();
     eprintln!("loading {} in switchyard's cpu engine …", model.display());
+    // One KV slot, like llama-server's `--parallel 1`: every run prefills into the
+    // same (already touched) cache memory.
     let load = LoadConfig {
         threads: threads as u32,
         context_len: crate::llama_server::CONTEXT,
+        parallel_slots: 1,
         ..LoadConfig::default()
     };
     let m = switchyard_workers::CpuBackend.load_model(model, &load)?;
 
-    // Both engines reuse a cached prompt prefix; this compares cold prefill, so runs
-    // alternate two prompts that differ in their first token (llama.cpp also gets
-    // `cache_prompt: false`).
-    let prompt = |i: usize| format!("{}. {BENCH_PROMPT}", ["A", "B"][i % 2]);
+    // Both engines reuse a cached prompt prefix; this compares cold prefill, so every
+    // run (the warm-up too) gets a prompt of its own from the first token on, and
+    // llama.cpp also gets `cache_prompt: false`. (Alternating two prompts used to let
+    // switchyard's third run start warm: it then computed one token and reported the
+    // fixed cost of that as a very low prefill rate, so the median depended on --runs.)
+    // A run that still reused anything is an error, not a sample.
+    let prompt = |i: usize| format!("{} {i}. {BENCH_PROMPT}", OPENERS[i % OPENERS.len()]);
     let llama_once = |i: usize| {
         let http = http.clone();
         let url = url.clone();
@@ -53,6 +67,11 @@ pub async fn llama(
                 .json()
                 .await?;
             let t = &v["timings"];
+            let cached = t["cache_n"].as_u64().unwrap_or(0);
+            anyhow::ensure!(
+                cached == 0,
+                "llama.cpp reused {cached} cached prompt tokens; runs must be cold"
+            );
             anyhow::Ok(Sample {
                 prompt_tokens: t["prompt_n"].as_u64().unwrap_or(0),
                 prefill_tps: t["prompt_per_second"].as_f64().unwrap_or(0.0),
@@ -78,6 +97,11 @@ pub async fn llama(
             };
             while let Some(ev) = events.next().await {
                 if let GenerateEvent::Done { metrics, .. } = ev? {
+                    anyhow::ensure!(
+                        metrics.cached_tokens == 0,
+                        "switchyard reused {} cached prompt tokens; runs must be cold",
+                        metrics.cached_tokens
+                    );
                     sample = Sample {
                         prompt_tokens: metrics.prompt_tokens as u64,
                         prefill_tps: metrics.prefill_tokens_per_sec,
@@ -90,18 +114,22 @@ pub async fn llama(
         }
     };
     eprintln!("warming up both …");
-    llama_once(1).await?;
-    ours_once(1).await?;
+    llama_once(0).await?;
+    ours_once(0).await?;
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for i in 0..runs {
-        eprintln!("run {}/{runs}", i + 1);
-        if i % 2 == 0 {
+    for i in 1..=runs {
+        if i % 2 == 1 {
             ours.push(ours_once(i).await?);
             theirs.push(llama_once(i).await?);
         } else {
             theirs.push(llama_once(i).await?);
             ours.push(ours_once(i).await?);
         }
+        let (o, t) = (&ours[i - 1], &theirs[i - 1]);
+        eprintln!(
+            "run {i}/{runs}: prefill {:.1} vs {:.1} tok/s, decode {:.1} vs {:.1} tok/s",
+            o.prefill_tps, t.prefill_tps, o.decode_tps, t.decode_tps
+        );
     }
     let med = |xs: &[Sample], f: fn(&Sample) -> f64| median(&xs.iter().map(f).collect::<Vec<_>>());
     let (op, od) = (med(&ours, |s| s.prefill_tps), med(&ours, |s| s.decode_tps));
@@ -116,6 +144,17 @@ pub async fn llama(
         theirs[0].prompt_tokens,
         ours[0].generated,
         theirs[0].generated,
+    );
+    println!(
+        "kernels: switchyard {} (this CPU offers: {}); llama.cpp {} built for {}",
+        switchyard_workers::cpu::isa::active(),
+        switchyard_workers::cpu::isa::Isa::available()
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        server_bin.display(),
+        cpu.as_deref().unwrap_or("(unknown CPU features)")
     );
     println!("{:<20} {:>12} {:>12} {:>8}", "", "switchyard", "llama.cpp", "ratio");
     println!("{:<20} {:>12.1} {:>12.1} {:>8.3}", "prefill tok/s", op, lp, op / lp);

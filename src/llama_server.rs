@@ -98,6 +98,31 @@ impl LlamaServer {
     }
 }
 
+/// The CPU features a llama-server binary was built to use, as ggml reports them
+/// (`"AVX AVX2 F16C FMA BMI2 AVX512 AVX512_VNNI …"`), or `None` if it would not say.
+/// Asks the binary itself: with a model path that does not exist and verbose logging
+/// it prints its `system_info` line and exits.
+pub fn cpu_features(bin: &Path) -> Option<String> {
+    let missing = std::env::temp_dir().join(format!("switchyard-no-model-{}.gguf", std::process::id()));
+    let out = Command::new(bin)
+        .arg("-m")
+        .arg(&missing)
+        .args(["--port", "1", "-lv", "4"])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let cpu = text.split("CPU : ").nth(1)?.lines().next()?;
+    let skip = ["SSE3", "SSSE3", "LLAMAFILE", "OPENMP", "REPACK", "KLEIDIAI"];
+    let on: Vec<&str> = cpu
+        .split('|')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, v)| v.trim() == "1" && !skip.contains(&k.trim()))
+        .map(|(k, _)| k.trim())
+        .collect();
+    Some(on.join(" "))
+}
+
 impl Drop for LlamaServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -136,6 +136,10 @@ pub struct ModelInfo {
     pub quant_group: u32,
     /// The context window this worker serves, in tokens.
     pub context_len: u32,
+    /// The compute kernels the backend chose for this host: on `cpu`, `avx512`,
+    /// `avx-vnni`, `avx2` or `portable` (all compute the same bits); empty where the
+    /// backend does not say.
+    pub kernels: String,
 }
 
 /// Performance of one finished generation.

@@ -418,11 +418,16 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             ""
         };
         let slots = format!("{}/{}", s.kv.busy + s.kv.sessions, s.kv.slots);
+        // The cpu engine's kernel variant, e.g. `cpu/avx512`.
+        let device = match s.models.iter().map(|m| m.info.kernels.as_str()).find(|k| !k.is_empty()) {
+            Some(k) => format!("{}/{k}", s.device),
+            None => s.device.clone(),
+        };
         let _ = writeln!(
             out,
             "{:<28} {:<12} {:<9} {:<30} {:>5}/{:<3} {:>6} {:>9} {:>8} {:>9} {:>5.0} {:>8.1} {:>7.1} {:>4}ms{state}",
             s.worker_id,
-            s.device,
+            device,
             s.backend,
             model,
             s.in_flight,

@@ -128,6 +128,7 @@ impl LlamaCppModel {
             quant_bits: 0,
             quant_group: 0,
             context_len: props.n_ctx,
+            kernels: String::new(),
         };
         tracing::info!(%url, model = %props.model_path, n_ctx = props.n_ctx, slots = props.total_slots, "llama.cpp server connected");
         let shared = Arc::new(Shared {

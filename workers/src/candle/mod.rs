@@ -84,6 +84,10 @@ impl CandleModel {
     /// Loads the GGUF file at `path`, or the Hugging Face model directory at `path`
     /// (config.json + tokenizer.json + *.safetensors), and starts its compute thread.
     pub fn load(path: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
+        crate::cpu::isa::init().map_err(|e| BackendError::Load {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
         if path.is_dir() {
             return Self::load_hf(path, config);
         }
@@ -126,6 +130,7 @@ impl CandleModel {
             quant_bits,
             quant_group,
             context_len: context_len as u32,
+            kernels: crate::cpu::isa::active().name().into(),
         };
         let template_src = content
             .metadata
@@ -171,6 +176,7 @@ impl CandleModel {
             quant_bits: 16,
             quant_group: 0,
             context_len: context_len as u32,
+            kernels: crate::cpu::isa::active().name().into(),
         };
         // tokenizer_config.json carries the chat template and the BOS/EOS texts.
         let tc: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))

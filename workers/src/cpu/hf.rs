@@ -95,7 +95,7 @@ impl HfConfig {
                 )));
             }
         }
-        if config.num_attention_heads == 0 || config.hidden_size % config.num_attention_heads != 0 {
+        if config.num_attention_heads == 0 || !config.hidden_size.is_multiple_of(config.num_attention_heads) {
             return Err(HfError::Config(
                 "hidden_size must be a multiple of num_attention_heads".into(),
             ));

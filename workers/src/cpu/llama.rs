@@ -10,7 +10,8 @@
 //! f16 table), and sliding-window attention on five layers of every six with their own
 //! RoPE base (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`, pattern 6).
 
-use super::quants::{axpy_f16, dot_f16_f32, dot_f32, f2h, h2f};
+use super::kernels::Kernels;
+use super::quants::h2f;
 use super::tensor::{load, QMatrix, TensorError};
 use candle_core::quantized::gguf_file;
 
@@ -342,6 +343,7 @@ impl LlamaModel {
     /// same logits batched as alone.
     pub fn forward_batch(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
         let p = &self.params;
+        let kern = Kernels::active();
         for s in steps.iter() {
             assert!(!s.tokens.is_empty(), "a step without tokens");
             assert!(s.pos + s.tokens.len() <= s.cache.ctx, "forward beyond the KV cache");
@@ -412,10 +414,8 @@ impl LlamaModel {
                     for h in 0..p.n_head_kv {
                         let dst = base + (h * ctx + s.pos + t) * hd;
                         let src = (row + t) * kv_d + h * hd;
-                        for j in 0..hd {
-                            s.cache.k[dst + j] = f2h(k[src + j]);
-                            s.cache.v[dst + j] = f2h(v[src + j]);
-                        }
+                        (kern.to_f16)(&k[src..src + hd], &mut s.cache.k[dst..dst + hd]);
+                        (kern.to_f16)(&v[src..src + hd], &mut s.cache.v[dst..dst + hd]);
                     }
                 }
                 attention(
@@ -449,16 +449,8 @@ impl LlamaModel {
             };
             layer.w_up.matmul(&act_u, n, &mut up);
             match p.ffn_act {
-                FfnAct::Silu => {
-                    for (g, u) in gate.iter_mut().zip(&up) {
-                        *g = super::math::silu(*g) * u;
-                    }
-                }
-                FfnAct::Gelu => {
-                    for (g, u) in gate.iter_mut().zip(&up) {
-                        *g = super::math::gelu(*g) * u;
-                    }
-                }
+                FfnAct::Silu => (kern.silu_mul)(&mut gate, &up),
+                FfnAct::Gelu => (kern.gelu_mul)(&mut gate, &up),
             }
             let act = layer.w_down.prepare(&gate, n);
             layer.w_down.matmul(&act, n, &mut proj);
@@ -598,6 +590,7 @@ impl RopeTable {
 fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: usize, window: usize, out: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
+    let kern = Kernels::active();
     let hd = p.head_dim;
     let group = p.n_head / p.n_head_kv;
     let scale = p.attn_scale;
@@ -628,36 +621,36 @@ fn attention(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: 
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / p.n_head, idx % p.n_head);
         let kvh = h / group;
-        let qrow: Vec<f32> = q[t * d + h * hd..t * d + (h + 1) * hd]
-            .iter()
-            .map(|&x| h2f(f2h(x)))
-            .collect();
+        let mut qrow = q[t * d + h * hd..t * d + (h + 1) * hd].to_vec();
+        (kern.round_f16)(&mut qrow);
         let len = pos + t + 1;
         let first = if window > 0 { len.saturating_sub(window) } else { 0 };
         let mut scores: Vec<f32> = if convert {
             let rows = kvh * kv_len + first * hd..kvh * kv_len + len * hd;
-            kf[rows].chunks_exact(hd).map(|kr| dot_f32(kr, &qrow) * scale).collect()
+            kf[rows]
+                .chunks_exact(hd)
+                .map(|kr| (kern.dot_f32)(kr, &qrow) * scale)
+                .collect()
         } else {
             let rows = kvh * ctx * hd + first * hd..kvh * ctx * hd + len * hd;
             k[rows]
                 .chunks_exact(hd)
-                .map(|kr| dot_f16_f32(kr, &qrow) * scale)
+                .map(|kr| (kern.dot_f16_f32)(kr, &qrow) * scale)
                 .collect()
         };
-        super::math::softmax(&mut scores);
+        (kern.softmax)(&mut scores);
+        // The weights as f16, like llama.cpp's f16 KQ·V matmul.
+        (kern.round_f16)(&mut scores);
         o.iter_mut().for_each(|x| *x = 0.0);
         if convert {
             let rows = kvh * kv_len + first * hd..kvh * kv_len + len * hd;
             for (vr, &w) in vf[rows].chunks_exact(hd).zip(&scores) {
-                let w = h2f(f2h(w));
-                for (acc, x) in o.iter_mut().zip(vr) {
-                    *acc = x.mul_add(w, *acc);
-                }
+                (kern.axpy_f32)(o, vr, w);
             }
         } else {
             let rows = kvh * ctx * hd + first * hd..kvh * ctx * hd + len * hd;
             for (vr, &w) in v[rows].chunks_exact(hd).zip(&scores) {
-                axpy_f16(o, vr, h2f(f2h(w)));
+                (kern.axpy_f16)(o, vr, w);
             }
         }
     });

@@ -3,7 +3,7 @@
 
 /// ggml's vectorised `expf` (`ggml_v_expf`, AVX2 + FMA), one lane at a time. The
 /// vector code is purely elementwise, so the same fused operations give the same bits.
-#[inline]
+#[inline(always)]
 pub fn expf(x: f32) -> f32 {
     let c = f32::from_bits;
     let r = c(0x4b40_0000); // 0x1.8p23
@@ -31,7 +31,7 @@ pub fn expf(x: f32) -> f32 {
 }
 
 /// ggml's `ggml_v_silu`: `x / (1 + expf(-x))` with [`expf`].
-#[inline]
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + expf(0.0 - x))
 }
@@ -39,7 +39,7 @@ pub fn silu(x: f32) -> f32 {
 /// ggml's GELU (tanh form) as its CPU backend computes it for f32 input: values at or
 /// below −10 give 0, at or above 10 pass through, and the rest are rounded to f16 and
 /// looked up in a table of f16 results (`GGML_GELU_FP16`).
-#[inline]
+#[inline(always)]
 pub fn gelu(x: f32) -> f32 {
     if x <= -10.0 {
         0.0
@@ -71,6 +71,7 @@ fn gelu_table() -> Vec<u16> {
 /// ggml's softmax over `x` in place (`ggml_vec_soft_max_f32` then the scaling):
 /// `exp(x - max)` in blocks of 8 with a per-block lane sum added in f64, the tail
 /// with the C library's `expf`, then multiplied by `1 / sum`.
+#[inline(always)]
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;

@@ -12,6 +12,8 @@
 //! - [`hf`]: Hugging Face directories (config.json + safetensors) onto that forward pass.
 
 pub mod hf;
+pub mod isa;
+pub mod kernels;
 pub mod kquants;
 pub mod llama;
 pub mod math;

@@ -1,6 +1,7 @@
 //! Weight matrices kept in their GGUF block format, and the matrix multiply that
 //! quantizes activations the way ggml does for each weight type.
 
+use super::kernels::Kernels;
 use super::kquants::*;
 use super::quants::*;
 use candle_core::quantized::{gguf_file, GgmlDType};
@@ -173,6 +174,11 @@ impl QMatrix {
 
     /// Prepares `n` input rows of `cols` values for this matrix's kernel.
     pub fn prepare(&self, x: &[f32], n: usize) -> QAct {
+        self.prepare_with(Kernels::active(), x, n)
+    }
+
+    /// [`Self::prepare`] with a given kernel variant.
+    pub fn prepare_with(&self, k: &Kernels, x: &[f32], n: usize) -> QAct {
         let x = &x[..n * self.cols];
         match &self.data {
             QData::F32(_) | QData::F16(_) => QAct::F32(x.to_vec()),
@@ -185,20 +191,20 @@ impl QMatrix {
                     };
                     x.len() / QK
                 ];
-                quantize_q8_1(x, &mut b);
+                (k.quantize_q8_1)(x, &mut b);
                 let d = b.iter().map(|b| h2f(b.d)).collect();
                 let s = b.iter().map(|b| h2f(b.s)).collect();
                 QAct::Q8_1(b, d, s)
             }
             QData::Q4_0(_) | QData::Q5_0(_) | QData::Q8_0(_) => {
                 let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
-                quantize_q8_0(x, &mut b);
+                (k.quantize_q8_0)(x, &mut b);
                 let d = b.iter().map(|b| h2f(b.d)).collect();
                 QAct::Q8_0(b, d)
             }
             QData::Q4K(_) | QData::Q6K(_) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
-                quantize_q8_k(x, &mut b);
+                (k.quantize_q8_k)(x, &mut b);
                 QAct::Q8K(b)
             }
         }
@@ -215,92 +221,89 @@ impl QMatrix {
         kind(self) == kind(other) && self.cols == other.cols
     }
 
-    fn dot(&self, r: usize, act: &QAct, t: usize) -> f32 {
+    /// Row `r` against prepared input `t`.
+    fn dot(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> f32 {
         let c = self.cols;
         let nb = c / QK;
         let nk = c / QK_K;
+        let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
         match (&self.data, act) {
-            (QData::Q4_1(w), QAct::Q8_1(x, xd, xs)) => {
-                let y = t * nb..(t + 1) * nb;
-                dot_q4_1_q8_1_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y.clone()], &xs[y])
-            }
-            (QData::Q4_0(w), QAct::Q8_0(x, xd)) => {
-                let y = t * nb..(t + 1) * nb;
-                dot_q4_0_q8_0_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y])
-            }
-            (QData::Q8_0(w), QAct::Q8_0(x, xd)) => {
-                let y = t * nb..(t + 1) * nb;
-                dot_q8_0_q8_0_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y])
-            }
-            (QData::Q5_0(w), QAct::Q8_0(x, xd)) => {
-                let y = t * nb..(t + 1) * nb;
-                dot_q5_0_q8_0_pre(&w[r * nb..(r + 1) * nb], &x[y.clone()], &xd[y])
-            }
-            (QData::Q4K(w), QAct::Q8K(x)) => dot_q4_k_q8_k(&w[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
-            (QData::Q6K(w), QAct::Q8K(x)) => dot_q6_k_q8_k(&w[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
-            (QData::F32(w), QAct::F32(x)) => dot_f32(&w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
-            (QData::F16(w), QAct::F32(x)) => {
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => (k.q4_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q4K(wq), QAct::Q8K(x)) => (k.q4_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
+            (QData::Q6K(wq), QAct::Q8K(x)) => (k.q6_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
+            (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
+            (QData::F16(wq), QAct::F32(x)) => {
                 let xs = &x[t * c..(t + 1) * c];
-                w[r * c..(r + 1) * c].iter().zip(xs).map(|(h, v)| h2f(*h) * v).sum()
+                wq[r * c..(r + 1) * c].iter().zip(xs).map(|(h, v)| h2f(*h) * v).sum()
             }
             _ => unreachable!("prepare() matches the weight type"),
         }
     }
 
-    fn has_dot4(&self) -> bool {
-        matches!(
-            self.data,
-            QData::Q4_0(_) | QData::Q4_1(_) | QData::Q5_0(_) | QData::Q8_0(_) | QData::Q4K(_) | QData::Q6K(_)
-        )
+    fn has_tiles(&self) -> bool {
+        !matches!(self.data, QData::F32(_) | QData::F16(_))
     }
 
-    /// Row `r` against prepared inputs `t..t + 4` (only where [`Self::has_dot4`]).
+    /// Row `r` against prepared inputs `t..t + N` (N = 4 or 8; only where
+    /// [`Self::has_tiles`]).
     #[inline]
-    fn dot4(&self, r: usize, act: &QAct, t: usize) -> [f32; 4] {
+    fn tile<const N: usize>(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> [f32; N] {
         let nb = self.cols / QK;
+        let nk = self.cols / QK_K;
         let w = r * nb..(r + 1) * nb;
-        // The four inputs' block ranges.
-        let ys = [0, 1, 2, 3].map(|i| (t + i) * nb..(t + i + 1) * nb);
+        // The inputs' block ranges.
+        let ys: [std::ops::Range<usize>; N] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
+        let ks: [std::ops::Range<usize>; N] = std::array::from_fn(|i| (t + i) * nk..(t + i + 1) * nk);
+        // Picks the 4- or 8-row kernel; the other arm is never taken for this N.
+        macro_rules! call {
+            ($x4:ident, $x8:ident, $w:expr, $($y:expr),+) => {{
+                let mut out = [0.0f32; N];
+                if N == 8 {
+                    let r = (k.$x8)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+);
+                    out.copy_from_slice(&r);
+                } else {
+                    let r = (k.$x4)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+);
+                    out.copy_from_slice(&r);
+                }
+                out
+            }};
+        }
+        macro_rules! call_k {
+            ($x4:ident, $x8:ident, $w:expr, $x:expr) => {{
+                let mut out = [0.0f32; N];
+                if N == 8 {
+                    out.copy_from_slice(&(k.$x8)($w, std::array::from_fn(|i| &$x[ks[i].clone()])));
+                } else {
+                    out.copy_from_slice(&(k.$x4)($w, std::array::from_fn(|i| &$x[ks[i].clone()])));
+                }
+                out
+            }};
+        }
         match (&self.data, act) {
-            (QData::Q4_1(w1), QAct::Q8_1(x, xd, xs)) => dot_q4_1_q8_1_x4(
-                &w1[w],
-                ys.clone().map(|y| &x[y]),
-                ys.clone().map(|y| &xd[y]),
-                ys.map(|y| &xs[y]),
-            ),
-            (QData::Q4_0(w0), QAct::Q8_0(x, xd)) => {
-                dot_q4_0_q8_0_x4(&w0[w], ys.clone().map(|y| &x[y]), ys.map(|y| &xd[y]))
-            }
-            (QData::Q5_0(w5), QAct::Q8_0(x, xd)) => {
-                dot_q5_0_q8_0_x4(&w5[w], ys.clone().map(|y| &x[y]), ys.map(|y| &xd[y]))
-            }
-            (QData::Q8_0(w8), QAct::Q8_0(x, xd)) => {
-                dot_q8_0_q8_0_x4(&w8[w], ys.clone().map(|y| &x[y]), ys.map(|y| &xd[y]))
-            }
-            (QData::Q4K(wk), QAct::Q8K(x)) => {
-                let nk = self.cols / QK_K;
-                dot_q4_k_q8_k_x4(
-                    &wk[r * nk..(r + 1) * nk],
-                    [0, 1, 2, 3].map(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
-                )
-            }
-            (QData::Q6K(wk), QAct::Q8K(x)) => {
-                let nk = self.cols / QK_K;
-                dot_q6_k_q8_k_x4(
-                    &wk[r * nk..(r + 1) * nk],
-                    [0, 1, 2, 3].map(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
-                )
-            }
-            _ => unreachable!("has_dot4() lists the kinds handled here"),
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, q4_1_x8, &wq[w], x, xd, xs),
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_x4, q4_0_x8, &wq[w], x, xd),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_x4, q5_0_x8, &wq[w], x, xd),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_x4, q8_0_x8, &wq[w], x, xd),
+            (QData::Q4K(wq), QAct::Q8K(x)) => call_k!(q4_k_x4, q4_k_x8, &wq[r * nk..(r + 1) * nk], x),
+            (QData::Q6K(wq), QAct::Q8K(x)) => call_k!(q6_k_x4, q6_k_x8, &wq[r * nk..(r + 1) * nk], x),
+            _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
 
     /// `out[t * rows + r] = row_r · input_t` for `n` prepared inputs, split over the
-    /// current rayon pool by row chunks (each chunk reuses its rows for every input).
+    /// current rayon pool by row chunks (each chunk reuses its rows for every input),
+    /// with the process's kernel variant.
     pub fn matmul(&self, act: &QAct, n: usize, out: &mut [f32]) {
+        self.matmul_with(Kernels::active(), act, n, out)
+    }
+
+    /// [`Self::matmul`] with a given kernel variant (tests compare them).
+    pub fn matmul_with(&self, k: &Kernels, act: &QAct, n: usize, out: &mut [f32]) {
         assert!(out.len() >= n * self.rows);
         let rows = self.rows;
-        // A few chunks per thread: enough to balance, few enough to keep dispatch cheap.
         // A few chunks per thread: enough to balance, few enough to keep dispatch cheap.
         let chunk = (rows / (rayon::current_num_threads() * 4)).clamp(16, 256);
         let ptr = OutPtr(out.as_mut_ptr());
@@ -309,20 +312,31 @@ impl QMatrix {
             let r0 = ci * chunk;
             let r1 = (r0 + chunk).min(rows);
             let mut t = 0;
-            // Four tokens at a time where a four-row kernel exists (prefill): each weight
-            // block is unpacked once for the four.
-            while self.has_dot4() && t + 4 <= n {
-                for r in r0..r1 {
-                    for (i, vi) in self.dot4(r, act, t).iter().enumerate() {
-                        // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
-                        unsafe { *p.0.add((t + i) * rows + r) = *vi };
+            // Eight, then four tokens at a time (prefill): each weight block is
+            // unpacked once for all of them.
+            let tiles = |t: &mut usize, width: usize| {
+                while self.has_tiles() && *t + width <= n {
+                    for r in r0..r1 {
+                        let store = |vals: &[f32]| {
+                            for (i, vi) in vals.iter().enumerate() {
+                                // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
+                                unsafe { *p.0.add((*t + i) * rows + r) = *vi };
+                            }
+                        };
+                        if width == 8 {
+                            store(&self.tile::<8>(k, r, act, *t));
+                        } else {
+                            store(&self.tile::<4>(k, r, act, *t));
+                        }
                     }
+                    *t += width;
                 }
-                t += 4;
-            }
+            };
+            tiles(&mut t, 8);
+            tiles(&mut t, 4);
             for t in t..n {
                 for r in r0..r1 {
-                    let v = self.dot(r, act, t);
+                    let v = self.dot(k, r, act, t);
                     // SAFETY: (t, r) cells are disjoint across chunks and in bounds.
                     unsafe { *p.0.add(t * rows + r) = v };
                 }

@@ -1,5 +1,7 @@
 use super::super::quants::f2h;
 use super::*;
+use crate::cpu::isa::Isa;
+use crate::cpu::kernels::Kernels;
 
 fn lcg(s: &mut u32) -> u32 {
     *s = s.wrapping_mul(1664525).wrapping_add(1013904223);
@@ -162,10 +164,6 @@ fn random_q6_k(n: usize, seed: u32) -> Vec<BlockQ6K> {
         .collect()
 }
 
-fn close(a: f32, b: f32) -> bool {
-    (a - b).abs() <= 1e-3 * b.abs().max(1.0)
-}
-
 #[test]
 fn layouts_match_ggml() {
     assert_eq!(std::mem::size_of::<BlockQ4K>(), 144);
@@ -247,7 +245,7 @@ fn dequantize_round_trips_the_test_quantizers() {
 }
 
 #[test]
-fn simd_dots_match_the_reference() {
+fn every_variant_matches_the_portable_kernels_bit_for_bit() {
     for seed in 0..4 {
         let n = 3 + seed as usize;
         let x = data(n * QK_K, 100 + seed);
@@ -256,14 +254,18 @@ fn simd_dots_match_the_reference() {
         y[1] = q8_k(&[0.0; QK_K])[0];
 
         for w in [q4_k(&data(n * QK_K, 200 + seed)), random_q4_k(n, 300 + seed)] {
-            let a = dot_q4_k_q8_k(&w, &y);
-            let b = reference::dot_q4_k_q8_k(&w, &y);
-            assert!(close(a, b), "q4_k seed {seed}: {a} vs {b}");
+            let b = (Kernels::get(Isa::Portable).unwrap().q4_k)(&w, &y);
+            for isa in Isa::available() {
+                let a = (Kernels::get(isa).unwrap().q4_k)(&w, &y);
+                assert_eq!(a.to_bits(), b.to_bits(), "{isa} q4_k seed {seed}: {a} vs {b}");
+            }
         }
         for w in [q6_k(&data(n * QK_K, 400 + seed)), random_q6_k(n, 500 + seed)] {
-            let a = dot_q6_k_q8_k(&w, &y);
-            let b = reference::dot_q6_k_q8_k(&w, &y);
-            assert!(close(a, b), "q6_k seed {seed}: {a} vs {b}");
+            let b = (Kernels::get(Isa::Portable).unwrap().q6_k)(&w, &y);
+            for isa in Isa::available() {
+                let a = (Kernels::get(isa).unwrap().q6_k)(&w, &y);
+                assert_eq!(a.to_bits(), b.to_bits(), "{isa} q6_k seed {seed}: {a} vs {b}");
+            }
         }
     }
 }
@@ -277,8 +279,8 @@ fn fnv(bytes: impl IntoIterator<Item = u8>, mut h: u64) -> u64 {
 }
 
 /// Golden values from ggml's own C (`quantize_row_q8_K_ref`, `dequantize_row_q{4,6}_K`
-/// built without FMA as ggml-base is, the AVX2 `ggml_vec_dot_q{4,6}_K_q8_K` with
-/// `-march=native`, the generic ones with `-ffp-contract=off`) on the same inputs.
+/// built without FMA as ggml-base is, and the AVX2 `ggml_vec_dot_q{4,6}_K_q8_K`) on the
+/// same inputs.
 #[test]
 fn matches_ggml_bit_for_bit() {
     const SEED: u64 = 0xcbf29ce484222325;
@@ -299,12 +301,11 @@ fn matches_ggml_bit_for_bit() {
     dequantize_q6_k(&w6, &mut deq);
     assert_eq!(fnv(deq.iter().flat_map(|v| v.to_le_bytes()), SEED), 0xf8b869cf6b596b3c);
 
-    assert_eq!(reference::dot_q4_k_q8_k(&w4, &yq).to_bits(), 0xc0e17a5e);
-    assert_eq!(reference::dot_q6_k_q8_k(&w6, &yq).to_bits(), 0xc20c7ed8);
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-    {
-        assert_eq!(dot_q4_k_q8_k(&w4, &yq).to_bits(), 0xc0e17a5c);
-        assert_eq!(dot_q6_k_q8_k(&w6, &yq).to_bits(), 0xc20c7edc);
+    // Every kernel variant computes the AVX2 kernel's bits.
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        assert_eq!((k.q4_k)(&w4, &yq).to_bits(), 0xc0e17a5c, "{isa}");
+        assert_eq!((k.q6_k)(&w6, &yq).to_bits(), 0xc20c7edc, "{isa}");
     }
 }
 
@@ -324,26 +325,10 @@ fn dots_agree_with_dequantized_weights() {
     let mut deq = vec![0.0f32; n * QK_K];
     for w in [q4_k(&data(n * QK_K, 12)), random_q4_k(n, 13)] {
         dequantize_q4_k(&w, &mut deq);
-        check(&deq, dot_q4_k_q8_k(&w, &yq), "q4_k simd");
-        check(&deq, reference::dot_q4_k_q8_k(&w, &yq), "q4_k scalar");
+        check(&deq, (Kernels::active().q4_k)(&w, &yq), "q4_k");
     }
     for w in [q6_k(&data(n * QK_K, 14)), random_q6_k(n, 15)] {
         dequantize_q6_k(&w, &mut deq);
-        check(&deq, dot_q6_k_q8_k(&w, &yq), "q6_k simd");
-        check(&deq, reference::dot_q6_k_q8_k(&w, &yq), "q6_k scalar");
-    }
-}
-
-/// The four-row kernels give each row exactly the single-row kernel's bits.
-#[test]
-fn four_row_kernels_are_bit_identical_to_the_single_row_ones() {
-    let rows: Vec<Vec<BlockQ8K>> = (0..4).map(|r| q8_k(&data(4 * QK_K, 40 + r))).collect();
-    let ys = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
-    let w4 = random_q4_k(4, 44);
-    let w6 = random_q6_k(4, 45);
-    let (f4, f6) = (dot_q4_k_q8_k_x4(&w4, ys), dot_q6_k_q8_k_x4(&w6, ys));
-    for r in 0..4 {
-        assert_eq!(f4[r].to_bits(), dot_q4_k_q8_k(&w4, ys[r]).to_bits(), "q4_k row {r}");
-        assert_eq!(f6[r].to_bits(), dot_q6_k_q8_k(&w6, ys[r]).to_bits(), "q6_k row {r}");
+        check(&deq, (Kernels::active().q6_k)(&w, &yq), "q6_k");
     }
 }
