@@ -1,13 +1,55 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (nats-server, the demo model,
-# the Python client's packages, and llama.cpp's llama-server as the reference — all
-# cached in ~/.cache/switchyard) and runs every test.
+# The whole test suite: installs what the tests need (nats-server, the demo model, the
+# Python client's packages, and llama.cpp's llama-server as the reference — all cached
+# in ~/.cache/switchyard) and runs every test binary to the end (--no-fail-fast), then
+# prints a summary of what failed.
+#
+# Two llama-server builds serve as references on x86-64:
+#   SWITCHYARD_LLAMA_SERVER         the AVX2 build: the exact reference. switchyard's CPU
+#                                   engine computes ggml's AVX2 arithmetic with every
+#                                   kernel variant, so it is checked exactly on any host.
+#   SWITCHYARD_LLAMA_SERVER_NATIVE  the -march=native build, only where this CPU has more
+#                                   than AVX2 (AVX-512, AVX-VNNI): checked by the
+#                                   tolerance rules (ggml itself changes near ties there).
 # SWITCHYARD_SKIP_LLAMA=1 skips the llama.cpp reference (its tests say so).
-set -euo pipefail
+# Extra arguments go to `cargo test`.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-eval "$(bash scripts/setup.sh | sed 's/^/export /')"
+eval "$(bash scripts/setup.sh | sed 's/^/export /')" || { echo "scripts/setup.sh failed" >&2; exit 1; }
+
 if [ -z "${SWITCHYARD_SKIP_LLAMA:-}" ] && [ -z "${SWITCHYARD_LLAMA_SERVER:-}" ]; then
-  SWITCHYARD_LLAMA_SERVER=$(bash scripts/build-llama-server.sh)
-  export SWITCHYARD_LLAMA_SERVER
+  variants=(native)
+  if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo; then
+    variants=(avx2)
+    grep -qwE 'avx512_vnni|avx_vnni' /proc/cpuinfo && variants+=(native)
+  fi
+  mapfile -t bins < <(bash scripts/build-llama-server.sh "${variants[@]}") \
+    && [ ${#bins[@]} -eq ${#variants[@]} ] || { echo "scripts/build-llama-server.sh failed" >&2; exit 1; }
+  export SWITCHYARD_LLAMA_SERVER="${bins[0]}"
+  [ ${#bins[@]} -gt 1 ] && export SWITCHYARD_LLAMA_SERVER_NATIVE="${bins[1]}"
 fi
-cargo test --workspace --all-targets "$@"
+echo "[test] cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
+  "reference llama-server: ${SWITCHYARD_LLAMA_SERVER:-none}; native: ${SWITCHYARD_LLAMA_SERVER_NATIVE:-none}" >&2
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+
+echo
+echo "== summary"
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
+echo "$passed passed, $failed failed"
+if [ "$status" -ne 0 ]; then
+  echo "failed tests:"
+  # The last "failures:" block before each "test result:" lists the failed tests.
+  awk '/^ *Running / { bin = $2 }
+       /^failures:$/ { buf = ""; inblock = 1; next }
+       /^test result:/ { if (inblock) printf "%s", buf; inblock = 0; next }
+       inblock && /^    [^ ]/ && !/^---- / { sub(/^ +/, ""); buf = buf "  " bin ": " $0 "\n" }' "$log"
+  # Test binaries that did not build or run at all.
+  grep -E '^error: (could not compile|[0-9]+ targets? failed)' -A 20 "$log" | grep -E '^error|^    `' | sed 's/^/  /'
+  exit "$status"
+fi
+echo "all tests passed"

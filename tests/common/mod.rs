@@ -275,9 +275,11 @@ pub fn greedy(prompt: &str, max_tokens: u32) -> switchyard::GenerateRequest {
     r
 }
 
-/// The llama-server binary built by scripts/build-llama-server.sh, or `None` (with the
-/// reason printed) when the reference is explicitly disabled with
-/// `SWITCHYARD_SKIP_LLAMA=1`.
+/// The exact reference llama-server: `$SWITCHYARD_LLAMA_SERVER`, else the AVX2 build of
+/// scripts/build-llama-server.sh (on x86-64; the native build elsewhere). The CPU
+/// engine computes ggml's AVX2 arithmetic with every kernel variant, so this build is
+/// the one it matches exactly, on any host. `None` (with the reason printed) when the
+/// reference is disabled with `SWITCHYARD_SKIP_LLAMA=1`.
 pub fn llama_server_bin() -> Option<PathBuf> {
     if std::env::var_os("SWITCHYARD_SKIP_LLAMA").is_some() {
         eprintln!("SKIPPED: SWITCHYARD_SKIP_LLAMA is set, so the llama.cpp reference is not used");
@@ -286,13 +288,42 @@ pub fn llama_server_bin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SWITCHYARD_LLAMA_SERVER") {
         return Some(PathBuf::from(p));
     }
+    let variant = if cfg!(target_arch = "x86_64") { "avx2" } else { "native" };
+    Some(build_llama_server(variant))
+}
+
+/// The llama-server built for this CPU (`-march=native`), where it differs from the
+/// AVX2 reference: `$SWITCHYARD_LLAMA_SERVER_NATIVE`, else the native build when this
+/// CPU has AVX-512 VNNI or AVX-VNNI. `None` (with the reason printed) otherwise.
+#[allow(dead_code)] // only the reference tests use it
+pub fn native_llama_server_bin() -> Option<PathBuf> {
+    if std::env::var_os("SWITCHYARD_SKIP_LLAMA").is_some() {
+        eprintln!("SKIPPED: SWITCHYARD_SKIP_LLAMA is set, so the llama.cpp reference is not used");
+        return None;
+    }
+    if let Some(p) = std::env::var_os("SWITCHYARD_LLAMA_SERVER_NATIVE") {
+        return Some(PathBuf::from(p));
+    }
+    use switchyard_workers::cpu::isa::Isa;
+    if !cfg!(target_arch = "x86_64") || matches!(Isa::best(), Isa::Avx2 | Isa::Portable) {
+        eprintln!(
+            "SKIPPED: this CPU's best kernels are {}; a native llama.cpp build would be the AVX2 reference again",
+            Isa::best()
+        );
+        return None;
+    }
+    Some(build_llama_server("native"))
+}
+
+fn build_llama_server(variant: &str) -> PathBuf {
     let out = Command::new("bash")
         .arg(repo().join("scripts/build-llama-server.sh"))
+        .arg(variant)
         .stderr(Stdio::inherit())
         .output()
         .expect("run scripts/build-llama-server.sh");
-    assert!(out.status.success(), "scripts/build-llama-server.sh failed");
-    Some(PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()))
+    assert!(out.status.success(), "scripts/build-llama-server.sh {variant} failed");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 #[allow(unused_imports)] // only the reference tests use it
