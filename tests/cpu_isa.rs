@@ -41,7 +41,11 @@ fn every_kernel_variant_computes_the_same_logits() {
     for isa in available {
         let (ok, text) = child("child_prints_logit_hashes", isa.name());
         assert!(ok, "{isa}: child failed:\n{text}");
-        let lines: Vec<String> = text.lines().filter(|l| l.starts_with("LOGITS ")).map(str::to_string).collect();
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("LOGITS "))
+            .map(str::to_string)
+            .collect();
         assert!(
             text.contains(&format!("KERNELS {}", isa.name())),
             "{isa}: the child did not run the forced variant:\n{text}"
@@ -65,7 +69,11 @@ fn child_prints_logit_hashes() {
     let mut models = vec![demo_model()];
     models.extend(gemma_model());
     for path in models {
-        println!("LOGITS {} {:016x}", path.file_name().unwrap().to_string_lossy(), logit_hash(&path));
+        println!(
+            "LOGITS {} {:016x}",
+            path.file_name().unwrap().to_string_lossy(),
+            logit_hash(&path)
+        );
     }
 }
 
@@ -102,7 +110,10 @@ fn unknown_and_unsupported_variants_are_refused_by_name() {
     }
     let (ok, text) = child("child_loads_the_demo_model", "sse9");
     assert!(!ok, "an unknown variant was accepted:\n{text}");
-    assert!(text.contains("SWITCHYARD_CPU_ISA=\"sse9\" is not a kernel variant"), "{text}");
+    assert!(
+        text.contains("SWITCHYARD_CPU_ISA=\"sse9\" is not a kernel variant"),
+        "{text}"
+    );
     if let Some(missing) = Isa::ALL.into_iter().find(|i| !i.supported()) {
         let (ok, text) = child("child_loads_the_demo_model", missing.name());
         assert!(!ok, "{missing} was accepted on a CPU without it:\n{text}");

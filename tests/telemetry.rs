@@ -133,6 +133,14 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         .await
         .unwrap();
     assert_eq!(done.tokens.len(), 8);
+    // The worker's gauges read its live state (a stopped worker reports none), so wait
+    // for one periodic export of them before stopping it (the export interval is 300
+    // ms; a fast engine can finish the request and be told to stop before the first).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !metric_names(&collected).contains("switchyard.worker.requests.in_flight") {
+        assert!(Instant::now() < deadline, "the worker exported no gauges within 15 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let p = provider.clone();
     tokio::task::spawn_blocking(move || p.force_flush())
         .await
@@ -281,4 +289,16 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         .await
         .unwrap()
         .unwrap();
+}
+
+/// Names of all metrics received so far.
+fn metric_names(collected: &Collected) -> std::collections::BTreeSet<String> {
+    let metrics = collected.metrics.lock().unwrap().clone();
+    metrics
+        .iter()
+        .flat_map(|req| &req.resource_metrics)
+        .flat_map(|rm| &rm.scope_metrics)
+        .flat_map(|sm| &sm.metrics)
+        .map(|m| m.name.clone())
+        .collect()
 }

@@ -4,8 +4,8 @@
 //! what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
 //! fused multiply-add per block, the same horizontal sum), so the results are
 //! bit-identical to [`super::x86::avx2`] while each instruction does twice the work.
-//! Single rows (decode) use the AVX-VNNI 256-bit kernels, which every AVX-512 VNNI
-//! CPU can run.
+//! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
+//! (`x86::avx512_vl`).
 
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]

@@ -235,13 +235,13 @@ static AVX2: Kernels = x86_table!(Isa::Avx2, x86::avx2, twice);
 #[cfg(target_arch = "x86_64")]
 static AVX_VNNI: Kernels = x86_table!(Isa::AvxVnni, x86::avx_vnni, twice);
 
-/// AVX-512: the 4- and 8-row tiles are 512-bit; single rows, the f32/f16 vector
-/// helpers and everything else come from the AVX-VNNI table (a subset of what an
-/// AVX-512 VNNI CPU has).
+/// AVX-512: the 4- and 8-row tiles are 512-bit; single rows and the f32/f16 vector
+/// helpers are the 256-bit kernels with EVEX `vpdpbusd` (not AVX-VNNI's VEX form,
+/// which Ice Lake and Zen 4 lack).
 #[cfg(target_arch = "x86_64")]
 static AVX512: Kernels = {
     use avx512 as k;
-    use x86::avx_vnni as v;
+    use x86::avx512_vl as v;
     with_elementwise!(avx2_elementwise!(), {
         isa: Isa::Avx512,
         q4_1: |x, y, yd, ys| unsafe { v::dot_q4_1_q8_1(x, y, yd, ys) },

@@ -1,6 +1,8 @@
-//! ggml's AVX2 dot products, lane for lane, compiled twice: for AVX2 + FMA + F16C
-//! ([`avx2`]) and with AVX-VNNI's `vpdpbusd` doing the 8-bit multiply-adds
-//! ([`avx_vnni`], as ggml does under `__AVXVNNI__`). `vpdpbusd` sums the same four
+//! ggml's AVX2 dot products, lane for lane, compiled three times: for AVX2 + FMA +
+//! F16C ([`avx2`]), with AVX-VNNI's `vpdpbusd` doing the 8-bit multiply-adds
+//! ([`avx_vnni`], as ggml does under `__AVXVNNI__`), and with AVX-512 VNNI's EVEX
+//! `vpdpbusd` on 256-bit registers ([`avx512_vl`], for the AVX-512 table's single
+//! rows, as ggml does under `__AVX512VNNI__ && __AVX512VL__`). `vpdpbusd` sums the same four
 //! products per 32-bit lane that `vpmaddubsw` + `vpmaddwd` do, none of these sums can
 //! saturate for the block formats here, so both give the same integers and the same
 //! floats.
@@ -89,8 +91,21 @@ pub(super) static SHUFFLE: [u8; 128] = {
     t
 };
 
+/// Which instruction does the 8-bit multiply-adds.
+#[derive(PartialEq, Eq)]
+enum Dot {
+    /// `vpmaddubsw` + `vpmaddwd` (AVX2).
+    Madd,
+    /// VEX `vpdpbusd` (AVX-VNNI).
+    AvxVnni,
+    /// EVEX `vpdpbusd` on 256-bit registers (AVX-512 VNNI + VL: Ice Lake, Zen 4 and
+    /// others have it without AVX-VNNI).
+    Avx512Vnni,
+}
+
 macro_rules! x86_kernels {
-    ($module:ident, $features:literal, $vnni:expr) => {
+    ($(#[$attr:meta])* $module:ident, $features:literal, $dot:expr) => {
+        $(#[$attr])*
         pub mod $module {
             use super::*;
             use crate::cpu::kquants::{q4k_scales_mins, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
@@ -100,8 +115,10 @@ macro_rules! x86_kernels {
             /// Sums of four u8 × i8 products per 32-bit lane, as floats.
             #[inline(always)]
             unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
-                if $vnni {
+                if $dot == Dot::AvxVnni {
                     _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy))
+                } else if $dot == Dot::Avx512Vnni {
+                    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy))
                 } else {
                     let dot = _mm256_maddubs_epi16(ax, sy);
                     _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
@@ -439,5 +456,12 @@ macro_rules! x86_kernels {
     };
 }
 
-x86_kernels!(avx2, "avx2,fma,f16c", false);
-x86_kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", true);
+x86_kernels!(avx2, "avx2,fma,f16c", Dot::Madd);
+x86_kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", Dot::AvxVnni);
+x86_kernels!(
+    /// The AVX-512 table takes only the single-row kernels from here.
+    #[allow(dead_code)]
+    avx512_vl,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
+    Dot::Avx512Vnni
+);
