@@ -449,8 +449,8 @@ impl LlamaModel {
             };
             layer.w_up.matmul(&act_u, n, &mut up);
             match p.ffn_act {
-                FfnAct::Silu => (kern.silu_mul)(&mut gate, &up),
-                FfnAct::Gelu => (kern.gelu_mul)(&mut gate, &up),
+                FfnAct::Silu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.silu_mul),
+                FfnAct::Gelu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.gelu_mul),
             }
             let act = layer.w_down.prepare(&gate, n);
             layer.w_down.matmul(&act, n, &mut proj);
@@ -478,6 +478,19 @@ impl LlamaModel {
         output.matmul(&act, m, &mut logits);
         logits.chunks_exact(output.rows).map(<[f32]>::to_vec).collect()
     }
+}
+
+/// `f(gate_row, up_row)` for each of the `n` rows of `width` values, over the rayon
+/// pool when there are several (elementwise, so the split changes nothing).
+fn elementwise_rows(gate: &mut [f32], up: &[f32], width: usize, n: usize, f: fn(&mut [f32], &[f32])) {
+    use rayon::prelude::*;
+    if n < 4 {
+        f(gate, up);
+        return;
+    }
+    gate.par_chunks_mut(width)
+        .zip(up.par_chunks(width))
+        .for_each(|(g, u)| f(g, u));
 }
 
 /// A tensor that may be absent (biases, Qwen3's norms), as f32 values.

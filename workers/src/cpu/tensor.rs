@@ -134,6 +134,19 @@ pub fn load<R: std::io::Read + std::io::Seek>(
     Ok(QMatrix { rows, cols, data })
 }
 
+/// Quantizes `n` rows of `cols` values into `out` (blocks of `block` values), the rows
+/// spread over the rayon pool when there are several (a prefill): each block depends
+/// only on its own 32 or 256 values, so the split changes nothing.
+fn per_row<B: Send>(x: &[f32], cols: usize, n: usize, out: &mut [B], block: usize, quantize: fn(&[f32], &mut [B])) {
+    if n < 4 {
+        quantize(x, out);
+        return;
+    }
+    out.par_chunks_mut(cols / block)
+        .zip(x.par_chunks(cols))
+        .for_each(|(o, row)| quantize(row, o));
+}
+
 /// A raw pointer that may be shared across the rayon workers writing disjoint cells.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -191,20 +204,20 @@ impl QMatrix {
                     };
                     x.len() / QK
                 ];
-                (k.quantize_q8_1)(x, &mut b);
+                per_row(x, self.cols, n, &mut b, QK, k.quantize_q8_1);
                 let d = b.iter().map(|b| h2f(b.d)).collect();
                 let s = b.iter().map(|b| h2f(b.s)).collect();
                 QAct::Q8_1(b, d, s)
             }
             QData::Q4_0(_) | QData::Q5_0(_) | QData::Q8_0(_) => {
                 let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
-                (k.quantize_q8_0)(x, &mut b);
+                per_row(x, self.cols, n, &mut b, QK, k.quantize_q8_0);
                 let d = b.iter().map(|b| h2f(b.d)).collect();
                 QAct::Q8_0(b, d)
             }
             QData::Q4K(_) | QData::Q6K(_) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
-                (k.quantize_q8_k)(x, &mut b);
+                per_row(x, self.cols, n, &mut b, QK_K, k.quantize_q8_k);
                 QAct::Q8K(b)
             }
         }

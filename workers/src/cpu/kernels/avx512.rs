@@ -10,7 +10,7 @@
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
-use super::x86::{bytes_from_nibbles_32, h2f, hsum_float_8, q5_0_bytes, SHUFFLE, SHUFFLE_K4};
+use super::x86::{bytes_from_nibbles_32, h2f, hsum_float_8, Unpack, SHUFFLE, SHUFFLE_K4};
 use crate::cpu::kquants::{q4k_scales_mins, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use crate::cpu::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
@@ -99,15 +99,10 @@ pub unsafe fn dot_q4_1_q8_1_x8(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 8], yd: [&[f32
 /// a scale. (AVX-512 has no `vpsignb`: the activations are negated under the mask of
 /// negative weights instead, which gives the same products.)
 #[inline(always)]
-unsafe fn rows_q8_0<B, const N: usize>(
-    x: &[B],
-    y: [&[BlockQ8_0]; N],
-    yd: [&[f32]; N],
-    unpack: impl Fn(&B) -> (__m256i, f32),
-) -> [f32; N] {
+unsafe fn rows_q8_0<B: Unpack, const N: usize>(x: &[B], y: [&[BlockQ8_0]; N], yd: [&[f32]; N]) -> [f32; N] {
     let mut acc = [_mm512_setzero_ps(); 4];
     for (i, a) in x.iter().enumerate() {
-        let (qx, dx) = unpack(a);
+        let (qx, dx) = a.unpack();
         let ax = both(_mm256_sign_epi8(qx, qx));
         let neg = _mm512_movepi8_mask(both(qx));
         let dxv = _mm512_set1_ps(dx);
@@ -128,41 +123,23 @@ unsafe fn rows_q8_0<B, const N: usize>(
     out
 }
 
-#[inline(always)]
-unsafe fn unpack_q4_0(a: &BlockQ4_0) -> (__m256i, f32) {
-    (
-        _mm256_sub_epi8(bytes_from_nibbles_32(&a.qs), _mm256_set1_epi8(8)),
-        h2f(a.d),
-    )
-}
-
-#[inline(always)]
-unsafe fn unpack_q5_0(a: &BlockQ5_0) -> (__m256i, f32) {
-    (q5_0_bytes(a), h2f(a.d))
-}
-
-#[inline(always)]
-unsafe fn unpack_q8_0(a: &BlockQ8_0) -> (__m256i, f32) {
-    (_mm256_loadu_si256(a.qs.as_ptr() as *const __m256i), h2f(a.d))
-}
-
 macro_rules! q8_0_tiles {
-    ($block:ty, $unpack:ident, $x4:ident, $x8:ident) => {
+    ($block:ty, $x4:ident, $x8:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
         pub unsafe fn $x4(x: &[$block], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
-            rows_q8_0(x, y, yd, |a| $unpack(a))
+            rows_q8_0(x, y, yd)
         }
 
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
         pub unsafe fn $x8(x: &[$block], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
-            rows_q8_0(x, y, yd, |a| $unpack(a))
+            rows_q8_0(x, y, yd)
         }
     };
 }
 
-q8_0_tiles!(BlockQ4_0, unpack_q4_0, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8);
-q8_0_tiles!(BlockQ5_0, unpack_q5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
-q8_0_tiles!(BlockQ8_0, unpack_q8_0, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8);
+q8_0_tiles!(BlockQ4_0, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8);
+q8_0_tiles!(BlockQ5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
+q8_0_tiles!(BlockQ8_0, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8);
 
 #[inline(always)]
 unsafe fn shuffle_k4(i: usize) -> __m256i {
@@ -273,10 +250,11 @@ unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32;
                 )),
             ];
             let is = 4 * j;
-            let sc = [0, 1, 2, 3].map(|k| {
-                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle(is + k)));
-                _mm512_inserti64x4(_mm512_castsi256_si512(s), s, 1)
-            });
+            // (A loop, not `array::map`: closures lose the `#[target_feature]`s.)
+            let mut sc = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                sc[k] = both(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle(is + k))));
+            }
             for p in 0..N / 2 {
                 let q80 = y[2 * p][i].qs.as_ptr().add(128 * j);
                 let q81 = y[2 * p + 1][i].qs.as_ptr().add(128 * j);
