@@ -3,7 +3,11 @@
 //! per-token tensor allocations beyond a few scratch vectors.
 //!
 //! ## Layout
-//! - [`quants`]: block layouts, activation quantizers, AVX2 and portable dot products.
+//! - [`isa`]: which kernel variant this CPU runs (`avx512`, `avx-vnni`, `avx2`,
+//!   `portable`), chosen once at start; `SWITCHYARD_CPU_ISA` forces one.
+//! - [`kernels`]: one table of dot products and elementwise steps per variant, all
+//!   computing ggml's AVX2 bits.
+//! - [`quants`]: block layouts, activation quantizers, dequantizers.
 //! - [`kquants`]: the same for the 256-value K-quant super-blocks (Q4_K, Q6_K, Q8_K).
 //! - [`tensor`]: [`tensor::QMatrix`] — a weight matrix in its block format, loaded
 //!   from GGUF, multiplied by prepared activations in parallel over row chunks.
