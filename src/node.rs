@@ -311,12 +311,14 @@ pub async fn load_model(config: &Config) -> anyhow::Result<(Arc<dyn TextModel>, 
         .context("model loading task")??;
     let info = model.info();
     eprintln!(
-        "loaded {name}: {} layers, hidden {}, vocab {}, context {}, {}-bit, in {:.2} s",
+        "loaded {name}: {} layers, hidden {}, vocab {}, context {}, {}-bit, {} kernels \
+         (SWITCHYARD_CPU_ISA forces others), in {:.2} s",
         info.num_layers,
         info.hidden_size,
         info.vocab_size,
         info.context_len,
         info.quant_bits,
+        info.kernels,
         started.elapsed().as_secs_f64()
     );
     Ok((model, path, name))
