@@ -100,7 +100,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     install -m 0755 "$BUILD/bin/llama-server" "$dest/bin/llama-server.part"
     mv "$dest/bin/llama-server.part" "$dest/bin/llama-server"
     # switchyard finds the native build for its host by these (node::find_llama_server).
-    [ "$v" = native ] && cpu_flags > "$dest/cpu-flags"
+    if [ "$v" = native ]; then cpu_flags > "$dest/cpu-flags"; fi
     say "$v: built $dest/bin/llama-server"
   done
 fi
