@@ -13,8 +13,10 @@
 //!   from GGUF, multiplied by prepared activations in parallel over row chunks.
 //! - [`math`]: ggml's `expf`, SiLU and softmax, bit for bit.
 //! - [`llama`]: the forward pass (Llama, Qwen 2/3, Gemma 3) with an f16 KV cache.
+//! - `attention`: causal grouped-query attention over that cache.
 //! - [`hf`]: Hugging Face directories (config.json + safetensors) onto that forward pass.
 
+mod attention;
 pub mod hf;
 pub mod isa;
 pub mod kernels;

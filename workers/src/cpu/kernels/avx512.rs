@@ -10,8 +10,11 @@
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
-use super::x86::{bytes_from_nibbles_32, h2f, hsum_float_8, Unpack, SHUFFLE, SHUFFLE_K4};
-use crate::cpu::kquants::{q4k_scales_mins, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+use super::x86::{
+    bytes_from_nibbles_32, get_scale_shuffle, get_scale_shuffle_k4, h2f, hsum_float_8, q4k_mins_scales, q6k_quarters,
+    Unpack,
+};
+use crate::cpu::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use crate::cpu::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
@@ -46,6 +49,18 @@ unsafe fn hsum_pair(acc: __m512) -> [f32; 2] {
     ]
 }
 
+/// The rows' sums of `N / 2` paired accumulators, in row order.
+#[inline(always)]
+unsafe fn unpair<const N: usize>(acc: &[__m512; 4]) -> [f32; N] {
+    let mut out = [0.0f32; N];
+    for p in 0..N / 2 {
+        let [lo, hi] = hsum_pair(acc[p]);
+        out[2 * p] = lo;
+        out[2 * p + 1] = hi;
+    }
+    out
+}
+
 /// Sums of four u8 × i8 products per 32-bit lane, as floats.
 #[inline(always)]
 unsafe fn dot_us8(ax: __m512i, sy: __m512i) -> __m512 {
@@ -76,11 +91,9 @@ unsafe fn rows_q4_1<const N: usize>(
             acc[p] = _mm512_fmadd_ps(d, dot_us8(qx, qy), acc[p]);
         }
     }
-    let mut out = [0.0f32; N];
-    for p in 0..N / 2 {
-        let [lo, hi] = hsum_pair(acc[p]);
-        out[2 * p] = lo + summs[2 * p];
-        out[2 * p + 1] = hi + summs[2 * p + 1];
+    let mut out: [f32; N] = unpair(&acc);
+    for (o, s) in out.iter_mut().zip(summs) {
+        *o += s;
     }
     out
 }
@@ -114,13 +127,7 @@ unsafe fn rows_q8_0<B: Unpack, const N: usize>(x: &[B], y: [&[BlockQ8_0]; N], yd
             acc[p] = _mm512_fmadd_ps(d, dot_us8(ax, sy), acc[p]);
         }
     }
-    let mut out = [0.0f32; N];
-    for p in 0..N / 2 {
-        let [lo, hi] = hsum_pair(acc[p]);
-        out[2 * p] = lo;
-        out[2 * p + 1] = hi;
-    }
-    out
+    unpair(&acc)
 }
 
 macro_rules! q8_0_tiles {
@@ -141,16 +148,6 @@ q8_0_tiles!(BlockQ4_0, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8);
 q8_0_tiles!(BlockQ5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
 q8_0_tiles!(BlockQ8_0, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8);
 
-#[inline(always)]
-unsafe fn shuffle_k4(i: usize) -> __m256i {
-    _mm256_loadu_si256(SHUFFLE_K4.as_ptr().add(32 * i) as *const __m256i)
-}
-
-#[inline(always)]
-unsafe fn shuffle(i: usize) -> __m128i {
-    _mm_loadu_si128(SHUFFLE.as_ptr().add(16 * i) as *const __m128i)
-}
-
 /// `N` Q8_K rows against one Q4_K weight row (ggml's AVX2 Q4_K kernel, two rows per
 /// register).
 #[inline(always)]
@@ -159,23 +156,14 @@ unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32;
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut acc_m = [_mm_setzero_ps(); N];
     for (i, a) in x.iter().enumerate() {
-        let utmp = q4k_scales_mins(&a.scales);
-        let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
-            utmp[3] as i32,
-            utmp[2] as i32,
-            utmp[1] as i32,
-            utmp[0] as i32,
-        ));
-        let mins = _mm256_extracti128_si256(mins_and_scales, 1);
-        let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
-        let scales = _mm256_set_m128i(sc128, sc128);
+        let (mins, scales) = q4k_mins_scales(a);
         let (ad, admin) = (h2f(a.d), h2f(a.dmin));
 
         let q4 = a.qs.as_ptr();
         let mut sumi = [_mm512_setzero_si512(); 4];
         for j in 0..QK_K / 64 {
-            let scale_l = both(_mm256_shuffle_epi8(scales, shuffle_k4(2 * j)));
-            let scale_h = both(_mm256_shuffle_epi8(scales, shuffle_k4(2 * j + 1)));
+            let scale_l = both(_mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j)));
+            let scale_h = both(_mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1)));
             let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
             let q4l = both(_mm256_and_si256(q4bits, m4));
             let q4h = both(_mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4));
@@ -201,15 +189,11 @@ unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32;
             acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[p]), acc[p]);
         }
     }
-    let mut out = [0.0f32; N];
-    for p in 0..N / 2 {
-        let sums = hsum_pair(acc[p]);
-        for (k, s) in sums.into_iter().enumerate() {
-            let mut m = acc_m[2 * p + k];
-            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            out[2 * p + k] = s + _mm_cvtss_f32(m);
-        }
+    let mut out: [f32; N] = unpair(&acc);
+    for (o, mut m) in out.iter_mut().zip(acc_m) {
+        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        *o += _mm_cvtss_f32(m);
     }
     out
 }
@@ -218,8 +202,6 @@ unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32;
 /// register).
 #[inline(always)]
 unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32; N] {
-    let m3 = _mm256_set1_epi8(3);
-    let m15 = _mm256_set1_epi8(15);
     let mut acc = [_mm512_setzero_ps(); 4];
     for (i, a) in x.iter().enumerate() {
         let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
@@ -227,33 +209,19 @@ unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32;
         let ad = h2f(a.d);
         let mut sumi = [_mm512_setzero_si512(); 4];
         for j in 0..QK_K / 128 {
-            let q4 = a.ql.as_ptr().add(64 * j);
-            let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
-            let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
-            let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
-
-            let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-            let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-            let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-            let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-
-            let q = [
-                both(_mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0)),
-                both(_mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1)),
-                both(_mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15),
-                    q4h_2,
-                )),
-                both(_mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15),
-                    q4h_3,
-                )),
-            ];
+            let q6 = q6k_quarters(a, j);
+            let mut q = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                q[k] = both(q6[k]);
+            }
             let is = 4 * j;
             // (A loop, not `array::map`: closures lose the `#[target_feature]`s.)
             let mut sc = [_mm512_setzero_si512(); 4];
             for k in 0..4 {
-                sc[k] = both(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle(is + k))));
+                sc[k] = both(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    scales,
+                    get_scale_shuffle(is + k),
+                )));
             }
             for p in 0..N / 2 {
                 let q80 = y[2 * p][i].qs.as_ptr().add(128 * j);
@@ -280,13 +248,7 @@ unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32;
             acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p]);
         }
     }
-    let mut out = [0.0f32; N];
-    for p in 0..N / 2 {
-        let [lo, hi] = hsum_pair(acc[p]);
-        out[2 * p] = lo;
-        out[2 * p + 1] = hi;
-    }
-    out
+    unpair(&acc)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]

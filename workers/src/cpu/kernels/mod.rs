@@ -287,10 +287,12 @@ impl Kernels {
         })
     }
 
-    /// The table the engine uses ([`crate::cpu::isa::active`]).
+    /// The table the engine uses ([`crate::cpu::isa::active`]), looked up once per
+    /// process (the CPU feature checks are not repeated per matmul).
     #[inline]
     pub fn active() -> &'static Kernels {
-        Self::get(super::isa::active()).unwrap_or(&PORTABLE)
+        static ACTIVE: std::sync::OnceLock<&'static Kernels> = std::sync::OnceLock::new();
+        ACTIVE.get_or_init(|| Self::get(super::isa::active()).unwrap_or(&PORTABLE))
     }
 }
 

@@ -106,7 +106,7 @@ impl Unpack for crate::cpu::quants::BlockQ8_0 {
 }
 
 /// ggml's `get_scale_shuffle_k4` table: row `i` repeats bytes `2i, 2i + 1`.
-pub(super) static SHUFFLE_K4: [u8; 256] = {
+static SHUFFLE_K4: [u8; 256] = {
     let mut t = [0u8; 256];
     let mut i = 0;
     while i < 256 {
@@ -117,7 +117,7 @@ pub(super) static SHUFFLE_K4: [u8; 256] = {
 };
 
 /// ggml's `get_scale_shuffle` table: row `i` is 8 × `2i` then 8 × `2i + 1`.
-pub(super) static SHUFFLE: [u8; 128] = {
+static SHUFFLE: [u8; 128] = {
     let mut t = [0u8; 128];
     let mut i = 0;
     while i < 128 {
@@ -126,6 +126,63 @@ pub(super) static SHUFFLE: [u8; 128] = {
     }
     t
 };
+
+/// Row `i` (32 bytes) of ggml's `get_scale_shuffle_k4` table.
+#[inline(always)]
+pub(super) unsafe fn get_scale_shuffle_k4(i: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm256_loadu_si256(SHUFFLE_K4.as_ptr().add(32 * i) as *const __m256i)
+}
+
+/// Row `i` of ggml's `get_scale_shuffle` table.
+#[inline(always)]
+pub(super) unsafe fn get_scale_shuffle(i: usize) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::*;
+    _mm_loadu_si128(SHUFFLE.as_ptr().add(16 * i) as *const __m128i)
+}
+
+/// A Q4_K block's 8 mins (as 8 × i16) and its 8 scales (as 8 × i16, in both 128-bit
+/// halves), as ggml's AVX2 kernel unpacks them.
+#[inline(always)]
+pub(super) unsafe fn q4k_mins_scales(
+    a: &crate::cpu::kquants::BlockQ4K,
+) -> (std::arch::x86_64::__m128i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    let utmp = crate::cpu::kquants::q4k_scales_mins(&a.scales);
+    let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+        utmp[3] as i32,
+        utmp[2] as i32,
+        utmp[1] as i32,
+        utmp[0] as i32,
+    ));
+    let mins = _mm256_extracti128_si256(mins_and_scales, 1);
+    let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+    (mins, _mm256_set_m128i(sc128, sc128))
+}
+
+/// Half `j` (128 values) of a Q6_K block as four 32-byte vectors of unsigned 6-bit
+/// values, in ggml's AVX2 order.
+#[inline(always)]
+pub(super) unsafe fn q6k_quarters(a: &crate::cpu::kquants::BlockQ6K, j: usize) -> [std::arch::x86_64::__m256i; 4] {
+    use std::arch::x86_64::*;
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
+    let q4 = a.ql.as_ptr().add(64 * j);
+    let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+    let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+    let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
+
+    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+    let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+    let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+    [
+        _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+        _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3),
+    ]
+}
 
 /// Which instruction does the 8-bit multiply-adds.
 #[derive(PartialEq, Eq)]
@@ -144,7 +201,7 @@ macro_rules! x86_kernels {
         $(#[$attr])*
         pub mod $module {
             use super::*;
-            use crate::cpu::kquants::{q4k_scales_mins, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+            use crate::cpu::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
             use crate::cpu::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
             use std::arch::x86_64::*;
 
@@ -262,16 +319,6 @@ macro_rules! x86_kernels {
                 rows_q8_0(x, y, yd)
             }
 
-            #[inline(always)]
-            unsafe fn get_scale_shuffle_k4(i: usize) -> __m256i {
-                _mm256_loadu_si256(SHUFFLE_K4.as_ptr().add(32 * i) as *const __m256i)
-            }
-
-            #[inline(always)]
-            unsafe fn get_scale_shuffle(i: usize) -> __m128i {
-                _mm_loadu_si128(SHUFFLE.as_ptr().add(16 * i) as *const __m128i)
-            }
-
             /// `ggml_vec_dot_q4_K_q8_K`'s AVX2 branch for `N` activation rows at once.
             #[inline(always)]
             unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32; N] {
@@ -279,16 +326,7 @@ macro_rules! x86_kernels {
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut acc_m = [_mm_setzero_ps(); N];
                 for (i, a) in x.iter().enumerate() {
-                    let utmp = q4k_scales_mins(&a.scales);
-                    let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
-                        utmp[3] as i32,
-                        utmp[2] as i32,
-                        utmp[1] as i32,
-                        utmp[0] as i32,
-                    ));
-                    let mins = _mm256_extracti128_si256(mins_and_scales, 1);
-                    let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
-                    let scales = _mm256_set_m128i(sc128, sc128);
+                    let (mins, scales) = q4k_mins_scales(a);
                     let (ad, admin) = (h2f(a.d), h2f(a.dmin));
 
                     let q4 = a.qs.as_ptr();
@@ -335,8 +373,6 @@ macro_rules! x86_kernels {
             /// `ggml_vec_dot_q6_K_q8_K`'s AVX2 branch for `N` activation rows at once.
             #[inline(always)]
             unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32; N] {
-                let m3 = _mm256_set1_epi8(3);
-                let m15 = _mm256_set1_epi8(15);
                 let mut acc = [_mm256_setzero_ps(); N];
                 for (i, a) in x.iter().enumerate() {
                     let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
@@ -344,20 +380,7 @@ macro_rules! x86_kernels {
                     let ad = h2f(a.d);
                     let mut sumi = [_mm256_setzero_si256(); N];
                     for j in 0..QK_K / 128 {
-                        let q4 = a.ql.as_ptr().add(64 * j);
-                        let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
-                        let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
-                        let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
-
-                        let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-                        let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-                        let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-                        let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-
-                        let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-                        let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-                        let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-                        let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+                        let [q4_0, q4_1, q4_2, q4_3] = q6k_quarters(a, j);
 
                         let is = 4 * j;
                         let scale_0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is)));
