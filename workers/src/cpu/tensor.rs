@@ -306,6 +306,32 @@ impl QMatrix {
         }
     }
 
+    /// Rows `r..r + 4` against prepared inputs `t..t + 8`, `[row][input]`, where the
+    /// variant has 4×8 tiles for this weight type.
+    #[inline]
+    fn tile_4x8(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> Option<[[f32; 8]; 4]> {
+        let nb = self.cols / QK;
+        let ws: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (r + i) * nb..(r + i + 1) * nb);
+        let ys: [std::ops::Range<usize>; 8] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
+        macro_rules! call {
+            ($f:ident, $wq:expr, $x:expr, $xd:expr) => {
+                k.$f.map(|f| {
+                    f(
+                        std::array::from_fn(|i| &$wq[ws[i].clone()]),
+                        std::array::from_fn(|i| &$x[ys[i].clone()]),
+                        std::array::from_fn(|i| &$xd[ys[i].clone()]),
+                    )
+                })
+            };
+        }
+        match (&self.data, act) {
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_4x8, wq, x, xd),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_4x8, wq, x, xd),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_4x8, wq, x, xd),
+            _ => None,
+        }
+    }
+
     /// `out[t * rows + r] = row_r · input_t` for `n` prepared inputs, split over the
     /// current rayon pool by row chunks (each chunk reuses its rows for every input),
     /// with the process's kernel variant.
@@ -329,13 +355,25 @@ impl QMatrix {
             // unpacked once for all of them.
             let tiles = |t: &mut usize, width: usize| {
                 while self.has_tiles() && *t + width <= n {
-                    for r in r0..r1 {
-                        let store = |vals: &[f32]| {
-                            for (i, vi) in vals.iter().enumerate() {
-                                // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
-                                unsafe { *p.0.add((*t + i) * rows + r) = *vi };
-                            }
+                    let store = |r: usize, vals: &[f32]| {
+                        for (i, vi) in vals.iter().enumerate() {
+                            // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
+                            unsafe { *p.0.add((*t + i) * rows + r) = *vi };
+                        }
+                    };
+                    // Four weight rows at a time where the variant has such tiles.
+                    let mut r = r0;
+                    while width == 8 && r + 4 <= r1 {
+                        let Some(cells) = self.tile_4x8(k, r, act, *t) else {
+                            break;
                         };
+                        for (j, row) in cells.iter().enumerate() {
+                            store(r + j, row);
+                        }
+                        r += 4;
+                    }
+                    for r in r..r1 {
+                        let store = |vals: &[f32]| store(r, vals);
                         if width == 8 {
                             store(&self.tile::<8>(k, r, act, *t));
                         } else {

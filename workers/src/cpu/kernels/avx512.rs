@@ -270,3 +270,99 @@ pub unsafe fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] 
 pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
     q6k_rows(y, x)
 }
+
+/// A Q8_0-family weight block as unsigned bytes `q + 2^SHIFT` in both 256-bit
+/// halves, and its scale. With unsigned weights `vpdpbusd` needs no sign trick:
+/// `Σ q·y = Σ (q + 2^SHIFT)·y − 2^SHIFT·Σ y`, exact in 32-bit integers, and the
+/// second term depends only on the activations, so a tile of several weight rows
+/// computes it once.
+trait UnpackUnsigned {
+    const SHIFT: u32;
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32);
+}
+
+/// The 16 bytes at `qs` as 32 nibbles (low nibbles, then high), in both halves.
+#[inline(always)]
+unsafe fn nibbles_both(qs: &[u8; 16]) -> __m512i {
+    let v = _mm512_broadcast_i32x4(_mm_loadu_si128(qs.as_ptr() as *const __m128i));
+    let hi = _mm512_srli_epi16(v, 4);
+    _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, hi), _mm512_set1_epi8(0x0F))
+}
+
+impl UnpackUnsigned for BlockQ4_0 {
+    const SHIFT: u32 = 3;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
+        (nibbles_both(&self.qs), h2f(self.d))
+    }
+}
+
+impl UnpackUnsigned for BlockQ5_0 {
+    const SHIFT: u32 = 4;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
+        let qh = u32::from_le_bytes(self.qh) as u64;
+        let fifth = _mm512_maskz_mov_epi8(qh | qh << 32, _mm512_set1_epi8(0x10));
+        (_mm512_or_si512(nibbles_both(&self.qs), fifth), h2f(self.d))
+    }
+}
+
+impl UnpackUnsigned for BlockQ8_0 {
+    const SHIFT: u32 = 7;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
+        let q = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
+        (_mm512_xor_si512(both(q), _mm512_set1_epi8(-128)), h2f(self.d))
+    }
+}
+
+/// Four weight rows against eight Q8_0 rows: `out[r][t] = x[r] · y[t]`, each cell
+/// bit-identical to the single-row kernel. Per block, each activation pair is loaded
+/// once for the four weight rows.
+#[inline(always)]
+unsafe fn rows4_q8_0<B: UnpackUnsigned>(x: [&[B]; 4], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [[f32; 8]; 4] {
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+    let offset = _mm512_set1_epi8((1u32 << B::SHIFT) as u8 as i8);
+    for i in 0..x[0].len() {
+        let mut ax = [_mm512_setzero_si512(); 4];
+        let mut dx = [_mm512_setzero_ps(); 4];
+        for r in 0..4 {
+            let (a, d) = x[r][i].unpack_unsigned();
+            ax[r] = a;
+            dx[r] = _mm512_set1_ps(d);
+        }
+        for p in 0..4 {
+            let (t0, t1) = (2 * p, 2 * p + 1);
+            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
+            // −2^SHIFT · (each lane's four activations).
+            let base = _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, qy),
+            );
+            let dy = pair_ps(yd[t0][i], yd[t1][i]);
+            for r in 0..4 {
+                let d = _mm512_mul_ps(dx[r], dy);
+                let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(base, ax[r], qy));
+                acc[r][p] = _mm512_fmadd_ps(d, s, acc[r][p]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; 8]; 4];
+    for r in 0..4 {
+        out[r] = unpair(&acc[r]);
+    }
+    out
+}
+
+macro_rules! q8_0_rows4 {
+    ($block:ty, $name:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $name(x: [&[$block]; 4], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [[f32; 8]; 4] {
+            rows4_q8_0(x, y, yd)
+        }
+    };
+}
+
+q8_0_rows4!(BlockQ4_0, dot_q4_0_q8_0_4x8);
+q8_0_rows4!(BlockQ5_0, dot_q5_0_q8_0_4x8);
+q8_0_rows4!(BlockQ8_0, dot_q8_0_q8_0_4x8);

@@ -27,6 +27,7 @@ type Q41x8 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 8], [&[f32]; 8], [&[f32]; 8]) -> [f
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [f32; 8];
+type Q80r4x8<B> = Option<fn([&[B]; 4], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [[f32; 8]; 4]>;
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
 type QKx8<B> = fn(&[B], [&[BlockQ8K]; 8]) -> [f32; 8];
@@ -34,7 +35,9 @@ type QKx8<B> = fn(&[B], [&[BlockQ8K]; 8]) -> [f32; 8];
 /// One variant's kernels. Weight blocks come first, then the prepared activations
 /// (Q8_0/Q8_1 blocks with their scales, and Q8_1's sums, already in f32). The `_x4`
 /// and `_x8` forms take 4 or 8 activation rows against one weight row and give each
-/// exactly the single-row result.
+/// exactly the single-row result. The `_4x8` forms, where a variant has them, take
+/// four weight rows against eight activation rows (`out[row][token]`), again each
+/// cell exactly the single-row result.
 pub struct Kernels {
     pub isa: Isa,
     pub q4_1: Q41,
@@ -43,12 +46,15 @@ pub struct Kernels {
     pub q4_0: Q80<BlockQ4_0>,
     pub q4_0_x4: Q80x4<BlockQ4_0>,
     pub q4_0_x8: Q80x8<BlockQ4_0>,
+    pub q4_0_4x8: Q80r4x8<BlockQ4_0>,
     pub q5_0: Q80<BlockQ5_0>,
     pub q5_0_x4: Q80x4<BlockQ5_0>,
     pub q5_0_x8: Q80x8<BlockQ5_0>,
+    pub q5_0_4x8: Q80r4x8<BlockQ5_0>,
     pub q8_0: Q80<BlockQ8_0>,
     pub q8_0_x4: Q80x4<BlockQ8_0>,
     pub q8_0_x8: Q80x8<BlockQ8_0>,
+    pub q8_0_4x8: Q80r4x8<BlockQ8_0>,
     pub q4_k: QK<BlockQ4K>,
     pub q4_k_x4: QKx4<BlockQ4K>,
     pub q4_k_x8: QKx8<BlockQ4K>,
@@ -168,12 +174,15 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_0: portable::dot_q4_0_q8_0,
     q4_0_x4: portable::dot_q4_0_q8_0_x4,
     q4_0_x8: x8_from_x4!(portable::dot_q4_0_q8_0_x4, |x, y, yd|),
+    q4_0_4x8: None,
     q5_0: portable::dot_q5_0_q8_0,
     q5_0_x4: portable::dot_q5_0_q8_0_x4,
     q5_0_x8: x8_from_x4!(portable::dot_q5_0_q8_0_x4, |x, y, yd|),
+    q5_0_4x8: None,
     q8_0: portable::dot_q8_0_q8_0,
     q8_0_x4: portable::dot_q8_0_q8_0_x4,
     q8_0_x8: x8_from_x4!(portable::dot_q8_0_q8_0_x4, |x, y, yd|),
+    q8_0_4x8: None,
     q4_k: portable::dot_q4_k_q8_k,
     q4_k_x4: portable::dot_q4_k_q8_k_x4,
     q4_k_x8: x8_from_x4!(portable::dot_q4_k_q8_k_x4, |x, y|),
@@ -200,12 +209,15 @@ macro_rules! x86_table {
             q4_0: |x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) },
             q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
             q4_0_x8: x86_table!(@x8 $x8, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8, |x, y, yd|),
+            q4_0_4x8: None,
             q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
             q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
             q5_0_x8: x86_table!(@x8 $x8, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8, |x, y, yd|),
+            q5_0_4x8: None,
             q8_0: |x, y, yd| unsafe { k::dot_q8_0_q8_0(x, y, yd) },
             q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
             q8_0_x8: x86_table!(@x8 $x8, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8, |x, y, yd|),
+            q8_0_4x8: None,
             q4_k: |x, y| unsafe { k::dot_q4_k_q8_k(x, y) },
             q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
             q4_k_x8: x86_table!(@x8 $x8, dot_q4_k_q8_k_x4, dot_q4_k_q8_k_x8, |x, y|),
@@ -250,12 +262,15 @@ static AVX512: Kernels = {
         q4_0: |x, y, yd| unsafe { v::dot_q4_0_q8_0(x, y, yd) },
         q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
         q4_0_x8: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd) },
+        q4_0_4x8: Some(|x, y, yd| unsafe { k::dot_q4_0_q8_0_4x8(x, y, yd) }),
         q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },
         q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
         q5_0_x8: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd) },
+        q5_0_4x8: Some(|x, y, yd| unsafe { k::dot_q5_0_q8_0_4x8(x, y, yd) }),
         q8_0: |x, y, yd| unsafe { v::dot_q8_0_q8_0(x, y, yd) },
         q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
         q8_0_x8: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd) },
+        q8_0_4x8: Some(|x, y, yd| unsafe { k::dot_q8_0_q8_0_4x8(x, y, yd) }),
         q4_k: |x, y| unsafe { v::dot_q4_k_q8_k(x, y) },
         q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
         q4_k_x8: |x, y| unsafe { k::dot_q4_k_q8_k_x8(x, y) },

@@ -228,3 +228,70 @@ fn every_variant_computes_the_portable_bits() {
         }
     }
 }
+
+/// The 4-weight-row × 8-input tiles give each cell the portable single-row bits.
+#[test]
+fn four_row_tiles_compute_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(11);
+    let cols = 6 * QK;
+    let a = acts(&mut rng, cols);
+    let nb = cols / QK;
+    let w4_0: Vec<Vec<BlockQ4_0>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ4_0 {
+                    d: rng.scale(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let w5_0: Vec<Vec<BlockQ5_0>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ5_0 {
+                    d: rng.scale(),
+                    qh: rng.bytes(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let w8_0: Vec<Vec<BlockQ8_0>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ8_0 {
+                    d: rng.scale(),
+                    qs: rng.bytes::<32>().map(|b| b as i8),
+                })
+                .collect()
+        })
+        .collect();
+    let mut tiled = 0;
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        macro_rules! check {
+            ($w:expr, $one:ident, $tile:ident) => {
+                if let Some(f) = k.$tile {
+                    tiled += 1;
+                    let cells = f(refs(&$w), refs(&a.q8_0), refs(&a.q8_0d));
+                    for r in 0..4 {
+                        for t in 0..8 {
+                            assert_eq!(
+                                cells[r][t].to_bits(),
+                                (p.$one)(&$w[r], &a.q8_0[t], &a.q8_0d[t]).to_bits(),
+                                "{isa} {} row {r} input {t}",
+                                stringify!($tile)
+                            );
+                        }
+                    }
+                }
+            };
+        }
+        check!(w4_0, q4_0, q4_0_4x8);
+        check!(w5_0, q5_0, q5_0_4x8);
+        check!(w8_0, q8_0, q8_0_4x8);
+    }
+    eprintln!("{tiled} four-row tiles checked");
+}
