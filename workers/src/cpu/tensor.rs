@@ -325,6 +325,14 @@ impl QMatrix {
             };
         }
         match (&self.data, act) {
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => k.q4_1_4x8.map(|f| {
+                f(
+                    std::array::from_fn(|i| &wq[ws[i].clone()]),
+                    std::array::from_fn(|i| &x[ys[i].clone()]),
+                    std::array::from_fn(|i| &xd[ys[i].clone()]),
+                    std::array::from_fn(|i| &xs[ys[i].clone()]),
+                )
+            }),
             (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_4x8, wq, x, xd),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_4x8, wq, x, xd),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_4x8, wq, x, xd),

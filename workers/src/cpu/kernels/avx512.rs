@@ -366,3 +366,49 @@ macro_rules! q8_0_rows4 {
 q8_0_rows4!(BlockQ4_0, dot_q4_0_q8_0_4x8);
 q8_0_rows4!(BlockQ5_0, dot_q5_0_q8_0_4x8);
 q8_0_rows4!(BlockQ8_0, dot_q8_0_q8_0_4x8);
+
+/// Four Q4_1 weight rows against eight Q8_1 rows: `out[r][t] = x[r] · y[t]`, each cell
+/// bit-identical to the single-row kernel (the minimum's products are summed per
+/// cell in the same order, eight inputs to a register).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_1_q8_1_4x8(
+    x: [&[BlockQ4_1]; 4],
+    y: [&[BlockQ8_1]; 8],
+    yd: [&[f32]; 8],
+    ys: [&[f32]; 8],
+) -> [[f32; 8]; 4] {
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+    let mut summs = [_mm256_setzero_ps(); 4];
+    for i in 0..x[0].len() {
+        let mut qx = [_mm512_setzero_si512(); 4];
+        let mut dx = [_mm512_setzero_ps(); 4];
+        let ysv = _mm256_setr_ps(
+            ys[0][i], ys[1][i], ys[2][i], ys[3][i], ys[4][i], ys[5][i], ys[6][i], ys[7][i],
+        );
+        for r in 0..4 {
+            let a = &x[r][i];
+            qx[r] = nibbles_both(&a.qs);
+            dx[r] = _mm512_set1_ps(h2f(a.d));
+            summs[r] = _mm256_add_ps(summs[r], _mm256_mul_ps(_mm256_set1_ps(h2f(a.m)), ysv));
+        }
+        for p in 0..4 {
+            let (t0, t1) = (2 * p, 2 * p + 1);
+            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
+            let dy = pair_ps(yd[t0][i], yd[t1][i]);
+            for r in 0..4 {
+                let d = _mm512_mul_ps(dx[r], dy);
+                acc[r][p] = _mm512_fmadd_ps(d, dot_us8(qx[r], qy), acc[r][p]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; 8]; 4];
+    for r in 0..4 {
+        let mut m = [0.0f32; 8];
+        _mm256_storeu_ps(m.as_mut_ptr(), summs[r]);
+        out[r] = unpair(&acc[r]);
+        for (o, s) in out[r].iter_mut().zip(m) {
+            *o += s;
+        }
+    }
+    out
+}

@@ -24,6 +24,7 @@ use elementwise as ew;
 type Q41 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32]) -> f32;
 type Q41x4 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 4], [&[f32]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q41x8 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 8], [&[f32]; 8], [&[f32]; 8]) -> [f32; 8];
+type Q41r4x8 = Option<fn([&[BlockQ4_1]; 4], [&[BlockQ8_1]; 8], [&[f32]; 8], [&[f32]; 8]) -> [[f32; 8]; 4]>;
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [f32; 8];
@@ -43,6 +44,7 @@ pub struct Kernels {
     pub q4_1: Q41,
     pub q4_1_x4: Q41x4,
     pub q4_1_x8: Q41x8,
+    pub q4_1_4x8: Q41r4x8,
     pub q4_0: Q80<BlockQ4_0>,
     pub q4_0_x4: Q80x4<BlockQ4_0>,
     pub q4_0_x8: Q80x8<BlockQ4_0>,
@@ -171,6 +173,7 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_1: portable::dot_q4_1_q8_1,
     q4_1_x4: portable::dot_q4_1_q8_1_x4,
     q4_1_x8: x8_from_x4!(portable::dot_q4_1_q8_1_x4, |x, y, yd, ys|),
+    q4_1_4x8: None,
     q4_0: portable::dot_q4_0_q8_0,
     q4_0_x4: portable::dot_q4_0_q8_0_x4,
     q4_0_x8: x8_from_x4!(portable::dot_q4_0_q8_0_x4, |x, y, yd|),
@@ -206,6 +209,7 @@ macro_rules! x86_table {
             q4_1: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1(x, y, yd, ys) },
             q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
             q4_1_x8: x86_table!(@x8 $x8, dot_q4_1_q8_1_x4, dot_q4_1_q8_1_x8, |x, y, yd, ys|),
+            q4_1_4x8: None,
             q4_0: |x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) },
             q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
             q4_0_x8: x86_table!(@x8 $x8, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8, |x, y, yd|),
@@ -259,6 +263,7 @@ static AVX512: Kernels = {
         q4_1: |x, y, yd, ys| unsafe { v::dot_q4_1_q8_1(x, y, yd, ys) },
         q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
         q4_1_x8: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys) },
+        q4_1_4x8: Some(|x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_4x8(x, y, yd, ys) }),
         q4_0: |x, y, yd| unsafe { v::dot_q4_0_q8_0(x, y, yd) },
         q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
         q4_0_x8: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd) },

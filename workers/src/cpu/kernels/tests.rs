@@ -247,6 +247,17 @@ fn four_row_tiles_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
+    let w4_1: Vec<Vec<BlockQ4_1>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ4_1 {
+                    d: rng.scale(),
+                    m: f2h(-0.01 * (rng.next() % 50) as f32),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
     let w5_0: Vec<Vec<BlockQ5_0>> = (0..4)
         .map(|_| {
             (0..nb)
@@ -288,6 +299,20 @@ fn four_row_tiles_compute_the_portable_bits() {
                     }
                 }
             };
+        }
+        if let Some(f) = k.q4_1_4x8 {
+            tiled += 1;
+            let cells = f(refs(&w4_1), refs(&a.q8_1), refs(&a.q8_1d), refs(&a.q8_1s));
+            for r in 0..4 {
+                for t in 0..8 {
+                    let want = (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t]);
+                    assert_eq!(
+                        cells[r][t].to_bits(),
+                        want.to_bits(),
+                        "{isa} q4_1_4x8 row {r} input {t}"
+                    );
+                }
+            }
         }
         check!(w4_0, q4_0, q4_0_4x8);
         check!(w5_0, q5_0, q5_0_4x8);
