@@ -231,6 +231,7 @@ fn every_variant_computes_the_portable_bits() {
 
 /// The 4-weight-row × 8-input tiles give each cell the portable single-row bits.
 #[test]
+#[allow(clippy::needless_range_loop)] // cells[row][input] against row and input slices
 fn four_row_tiles_compute_the_portable_bits() {
     let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(11);
