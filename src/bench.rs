@@ -269,7 +269,7 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     // The fabric alone: a compute-free probe model behind a second worker.
     let mut probe_cfg = config.clone();
     probe_cfg.worker.id = "fabric-probe".into();
-    let probe: Arc<dyn TextModel> = Arc::new(switchyard_workers::probe::FabricProbe);
+    let probe: Arc<dyn TextModel> = Arc::new(switchyard_workers::backends::probe::FabricProbe);
     let probe_loaded = node::Loaded {
         model: probe.clone(),
         path: "fabric-probe".into(),

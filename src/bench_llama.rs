@@ -144,7 +144,7 @@ pub async fn llama(
     let med = |xs: &[Sample], f: fn(&Sample) -> f64| median(&xs.iter().map(f).collect::<Vec<_>>());
     let (op, od) = (med(&ours, |s| s.prefill_tps), med(&ours, |s| s.decode_tps));
     let (lp, ld) = (med(&theirs, |s| s.prefill_tps), med(&theirs, |s| s.decode_tps));
-    let our_rss = switchyard_workers::candle::engine::process_memory().0;
+    let our_rss = switchyard_workers::engine::compute::process_memory().0;
     let their_rss = peak_rss(pid);
     println!(
         "switchyard cpu engine vs llama-server: {}, {threads} threads, {} prompt tokens (llama.cpp: {}), {max_tokens} greedy tokens \
@@ -157,8 +157,8 @@ pub async fn llama(
     );
     println!(
         "kernels: switchyard {} (this CPU offers: {}); llama.cpp {} built for {}",
-        switchyard_workers::cpu::isa::active(),
-        switchyard_workers::cpu::isa::Isa::available()
+        switchyard_workers::engine::kernels::isa::active(),
+        switchyard_workers::engine::kernels::isa::Isa::available()
             .iter()
             .map(|i| i.name())
             .collect::<Vec<_>>()

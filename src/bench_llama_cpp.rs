@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use switchyard_config::Config;
 use switchyard_messages::{GenerateConfig, GenerateRequest};
-use switchyard_workers::llama_cpp::completion_body;
+use switchyard_workers::backends::llama_cpp::completion_body;
 
 /// One run as the caller saw it.
 #[derive(Debug, Clone, Copy, Default)]

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use switchyard_config::Config;
 use switchyard_coordinator::{CoordinatorHandle, CoordinatorOptions};
 use switchyard_messages::{Backend, LoadConfig, Subjects, TextModel};
-use switchyard_workers::llama_cpp::LlamaCppModel;
-use switchyard_workers::rocm::{RocmOptions, Supervisor};
+use switchyard_workers::backends::llama_cpp::LlamaCppModel;
+use switchyard_workers::backends::rocm::{RocmOptions, Supervisor};
 use switchyard_workers::{CpuBackend, WorkerHandle, WorkerOptions};
 
 /// File name of the demo model that `scripts/setup.sh` installs.
@@ -211,7 +211,7 @@ pub async fn load(config: &Config) -> anyhow::Result<Loaded> {
                 supervisor.pid().unwrap_or(0),
                 started.elapsed().as_secs_f64()
             );
-            let on_cpu = switchyard_workers::rocm::rocm_devices().is_err();
+            let on_cpu = switchyard_workers::backends::rocm::rocm_devices().is_err();
             let device = format!("rocm:{}{}", w.gpu_device, if on_cpu { "(cpu)" } else { "" });
             let mut loaded = served_by_llama_cpp(config, model, device, Some(supervisor));
             loaded.path = model_path(config)?;

@@ -11,8 +11,8 @@ use common::*;
 use std::path::Path;
 use std::process::Command;
 use switchyard_messages::{Backend, LoadConfig};
-use switchyard_workers::cpu::isa::{self, Isa};
-use switchyard_workers::cpu::llama::LlamaModel;
+use switchyard_workers::engine::kernels::isa::{self, Isa};
+use switchyard_workers::engine::model::llama::LlamaModel;
 
 /// Set in the child processes this test starts.
 const CHILD: &str = "SWITCHYARD_ISA_TEST_CHILD";

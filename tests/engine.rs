@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 use switchyard_messages::{
     CancelFlag, ErrorCode, GenerateConfig, GenerateEvent, GenerateMetrics, LoadConfig, Prompt, TextModel,
 };
-use switchyard_workers::CandleModel;
+use switchyard_workers::EngineModel;
 
-async fn alone(model: &CandleModel, prompt: &str, n: u32) -> Vec<u32> {
+async fn alone(model: &EngineModel, prompt: &str, n: u32) -> Vec<u32> {
     let cfg = GenerateConfig {
         max_tokens: n,
         ..GenerateConfig::default()
@@ -29,7 +29,7 @@ async fn alone(model: &CandleModel, prompt: &str, n: u32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classify_and_batch_generate_report_per_prompt() {
-    let model = CandleModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    let model = EngineModel::load(&demo_model(), &LoadConfig::default()).unwrap();
     let prompts = vec![
         Prompt::Text("The capital of France is".into()),
         Prompt::Text(String::new()),
@@ -81,7 +81,7 @@ async fn classify_and_batch_generate_report_per_prompt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attention_inspector_returns_post_rope_keys_of_every_layer() {
-    let model = CandleModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    let model = EngineModel::load(&demo_model(), &LoadConfig::default()).unwrap();
     let prompt = "The capital of France is";
     let n = model.tokenizer().encode(prompt).unwrap().len();
     let snap = model.inspect_attention(Prompt::Text(prompt.into())).await.unwrap();
@@ -115,7 +115,7 @@ async fn attention_inspector_returns_post_rope_keys_of_every_layer() {
 }
 
 /// Generates greedily and returns the ids and the metrics.
-async fn run(model: &CandleModel, prompt: &str, n: u32) -> (Vec<u32>, switchyard_messages::GenerateMetrics) {
+async fn run(model: &EngineModel, prompt: &str, n: u32) -> (Vec<u32>, switchyard_messages::GenerateMetrics) {
     let cfg = GenerateConfig {
         max_tokens: n,
         ..GenerateConfig::default()
@@ -133,7 +133,7 @@ async fn run(model: &CandleModel, prompt: &str, n: u32) -> (Vec<u32>, switchyard
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resident_prefix_is_reused_and_gives_the_cold_answer() {
-    let warm = CandleModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    let warm = EngineModel::load(&demo_model(), &LoadConfig::default()).unwrap();
     let tok = |s: &str| warm.tokenizer().encode(s).unwrap();
     let story = "Once upon a time, in a small village by the sea, there lived an old fisherman who";
     let question = "Question: What is 12 times 7?\nAnswer:";
@@ -150,7 +150,7 @@ async fn a_resident_prefix_is_reused_and_gives_the_cold_answer() {
     let continued = format!("{story}{}", warm.tokenizer().decode(&cold_ids));
     let (_, m) = run(&warm, &continued, 4).await;
     let common =
-        switchyard_workers::candle::engine::common_prefix(&[tok(story), cold_ids.clone()].concat(), &tok(&continued));
+        switchyard_workers::engine::compute::common_prefix(&[tok(story), cold_ids.clone()].concat(), &tok(&continued));
     assert_eq!(m.cached_tokens as usize, common.min(tok(&continued).len() - 1), "{m:?}");
     assert!(m.cached_tokens as usize > tok(story).len(), "{m:?}");
 
@@ -158,10 +158,10 @@ async fn a_resident_prefix_is_reused_and_gives_the_cold_answer() {
     // engine's on the same prompt.
     let fork = "Once upon a time, in a small village by the sea, there lived a young girl who";
     let (fork_ids, m) = run(&warm, fork, 24).await;
-    let shared = switchyard_workers::candle::engine::common_prefix(&tok(story), &tok(fork));
+    let shared = switchyard_workers::engine::compute::common_prefix(&tok(story), &tok(fork));
     assert!(shared > 10);
     assert_eq!(m.cached_tokens as usize, shared, "{m:?}");
-    let cold_model = CandleModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    let cold_model = EngineModel::load(&demo_model(), &LoadConfig::default()).unwrap();
     assert_eq!(alone(&cold_model, fork, 24).await, fork_ids, "warm fork vs cold");
 
     // Nothing shared: nothing reused. Classify reuses too.
@@ -238,7 +238,7 @@ async fn continuous_batching_gives_each_request_its_solo_tokens() {
             },
         ),
     ];
-    let solo_model = CandleModel::load(&demo_model(), &slots).unwrap();
+    let solo_model = EngineModel::load(&demo_model(), &slots).unwrap();
     let mut solo = Vec::new();
     for (prompt, cfg) in &jobs {
         let events = solo_model.generate(Prompt::Text(prompt.to_string()), cfg.clone(), CancelFlag::new());
@@ -251,7 +251,7 @@ async fn continuous_batching_gives_each_request_its_solo_tokens() {
     );
 
     // All at once on a fresh model: one decode batch, the same tokens for each.
-    let model = CandleModel::load(&demo_model(), &slots).unwrap();
+    let model = EngineModel::load(&demo_model(), &slots).unwrap();
     let streams: Vec<_> = jobs
         .iter()
         .map(|(prompt, cfg)| model.generate(Prompt::Text(prompt.to_string()), cfg.clone(), CancelFlag::new()))
@@ -266,7 +266,7 @@ async fn continuous_batching_gives_each_request_its_solo_tokens() {
     // The fork arrived while the story was running: the shared head was copied from
     // the story's slot instead of being prefilled again.
     let tok = |s: &str| model.tokenizer().encode(s).unwrap();
-    let shared = switchyard_workers::candle::engine::common_prefix(&tok(story), &tok(fork));
+    let shared = switchyard_workers::engine::compute::common_prefix(&tok(story), &tok(fork));
     assert_eq!(together[1].2.cached_tokens as usize, shared, "{:?}", together[1].2);
 
     // More requests than slots: the rest wait for a free slot, then run.
@@ -297,11 +297,11 @@ async fn a_prefix_evicted_from_its_slot_comes_back_from_the_block_store() {
             kv_cache_mb: mb,
             ..LoadConfig::default()
         };
-        CandleModel::load(&demo_model(), &config).unwrap()
+        EngineModel::load(&demo_model(), &config).unwrap()
     };
     let store = load(64);
     let tok = store.tokenizer().encode(story).unwrap();
-    let blocks = (tok.len() - 1) / switchyard_workers::candle::kvstore::BLOCK_TOKENS;
+    let blocks = (tok.len() - 1) / switchyard_workers::engine::kvstore::BLOCK_TOKENS;
     assert!(blocks >= 2, "{} tokens", tok.len());
     let (cold_ids, cold) = run(&store, story, 12).await;
     assert_eq!(cold.cached_tokens, 0);

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use serde_json::json;
 use std::time::Instant;
-use switchyard_workers::candle::tokenizer::GgufTokenizer;
+use switchyard_workers::engine::text::tokenizer::GgufTokenizer;
 
 /// Text that exercises the tokenizer: ASCII, accents, CJK, emoji, code, whitespace
 /// runs (Gemma has user-defined tokens for runs of spaces, tabs and newlines), numbers,
@@ -211,7 +211,7 @@ async fn gemma3_tokenizer_matches_llama_server() {
 async fn gemma3_chat_template_matches_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let Some(path) = gemma_model() else { return };
-    let model = switchyard_workers::CandleModel::load(&path, &switchyard_messages::LoadConfig::default()).unwrap();
+    let model = switchyard_workers::EngineModel::load(&path, &switchyard_messages::LoadConfig::default()).unwrap();
     let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
     let turns = [
         ("system", "You are terse."),

@@ -33,7 +33,7 @@ use candle_core::quantized::gguf_file;
 use common::*;
 use serde_json::json;
 use std::path::Path;
-use switchyard_workers::cpu::llama::LlamaModel;
+use switchyard_workers::engine::model::llama::LlamaModel;
 
 /// Tokens generated per prompt.
 const STEPS: usize = 32;
@@ -182,7 +182,7 @@ async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: Option<&[&s
          (kernels: {})",
         bin.display(),
         prompts.len(),
-        switchyard_workers::cpu::isa::active()
+        switchyard_workers::engine::kernels::isa::active()
     );
     assert!(mean <= MEAN_TOL, "{name}: mean |Δ log p| {mean} > {MEAN_TOL}");
     assert!(worst <= MAX_TOL, "{name}: max |Δ log p| {worst} > {MAX_TOL}");

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use std::process::Command;
 use switchyard_messages::{LoadConfig, Prompt, TextModel};
-use switchyard_workers::CandleModel;
+use switchyard_workers::EngineModel;
 
 const TEXTS: &[&str] = &[
     "Hello, world! naïve café 日本語 🚀",
@@ -33,8 +33,8 @@ async fn safetensors_directories_match_their_gguf_twins() {
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let name = format!("{arch}/{dtype}");
-        let hf = CandleModel::load(&hf_dir, &LoadConfig::default()).unwrap();
-        let reference = CandleModel::load(&gguf, &LoadConfig::default()).unwrap();
+        let hf = EngineModel::load(&hf_dir, &LoadConfig::default()).unwrap();
+        let reference = EngineModel::load(&gguf, &LoadConfig::default()).unwrap();
 
         let (a, b) = (hf.info(), reference.info());
         assert_eq!(
@@ -85,7 +85,7 @@ fn a_directory_with_an_unsupported_model_type_is_refused_by_name() {
             "num_attention_heads": 4, "intermediate_size": 128}"#,
     )
     .unwrap();
-    let err = CandleModel::load(dir.path(), &LoadConfig::default())
+    let err = EngineModel::load(dir.path(), &LoadConfig::default())
         .err()
         .expect("refused")
         .to_string();

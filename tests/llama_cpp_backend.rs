@@ -9,8 +9,8 @@ use std::time::Duration;
 use switchyard_messages::{
     BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, LoadConfig, Message, Prompt, TextModel,
 };
-use switchyard_workers::llama_cpp::LlamaCppModel;
-use switchyard_workers::CandleModel;
+use switchyard_workers::backends::llama_cpp::LlamaCppModel;
+use switchyard_workers::EngineModel;
 
 async fn collect(model: &dyn TextModel, prompt: Prompt, config: GenerateConfig) -> (Vec<u32>, String, FinishReason) {
     let mut stream = model.generate(prompt, config, CancelFlag::new());
@@ -37,7 +37,7 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
     let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
         .await
         .unwrap();
-    let local = CandleModel::load(&path, &LoadConfig::default()).unwrap();
+    let local = EngineModel::load(&path, &LoadConfig::default()).unwrap();
     assert_eq!(
         remote.info().context_len,
         switchyard::llama_server::CONTEXT / 2,

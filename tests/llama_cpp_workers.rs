@@ -497,7 +497,7 @@ fn a_bad_binary_or_a_missing_gpu_is_a_clear_start_up_error() {
         let status = worker.child.wait().unwrap();
         assert!(!status.success());
     }
-    if switchyard_workers::rocm::rocm_devices().is_err() {
+    if switchyard_workers::backends::rocm::rocm_devices().is_err() {
         let mut worker = switchyard(
             "worker",
             &[

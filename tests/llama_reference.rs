@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use serde_json::json;
 use switchyard_messages::{LoadConfig, Message};
-use switchyard_workers::CandleModel;
+use switchyard_workers::EngineModel;
 
 /// Text that exercises the tokenizer: ASCII, accents, CJK, emoji, code, whitespace
 /// runs and special tokens.
@@ -28,7 +28,7 @@ const CORPUS: &[&str] = &[
 async fn smollm2_tokenizer_and_chat_template_match_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let path = demo_model();
-    let model = CandleModel::load(&path, &LoadConfig::default()).unwrap();
+    let model = EngineModel::load(&path, &LoadConfig::default()).unwrap();
     let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
 
     // Tokenizer: identical ids, special tokens included.

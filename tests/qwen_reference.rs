@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::json;
 use std::process::Command;
 use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
-use switchyard_workers::CandleModel;
+use switchyard_workers::EngineModel;
 
 const TEXT: &str = "The quick brown fox jumps over 12 lazy dogs; Zürich's café opened in 1998!\n\tOK?";
 
@@ -22,13 +22,13 @@ const TEXT: &str = "The quick brown fox jumps over 12 lazy dogs; Zürich's café
 /// 8-bit rounding.
 const NEAR_TIE: f32 = 0.15;
 
-async fn ours_logits(model: &CandleModel, prefix: &[u32]) -> Vec<f32> {
+async fn ours_logits(model: &EngineModel, prefix: &[u32]) -> Vec<f32> {
     use switchyard_messages::TextModel;
     let mut items = model.classify(vec![Prompt::Tokens(prefix.to_vec())], true).await;
     items.remove(0).unwrap().logits
 }
 
-async fn next_token(model: &CandleModel, prefix: &[u32]) -> Option<u32> {
+async fn next_token(model: &EngineModel, prefix: &[u32]) -> Option<u32> {
     let cfg = GenerateConfig {
         max_tokens: 1,
         ..GenerateConfig::default()
@@ -68,7 +68,7 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let arch = format!("{arch}/{wtype}");
-        let model = CandleModel::load(&path, &LoadConfig::default()).unwrap();
+        let model = EngineModel::load(&path, &LoadConfig::default()).unwrap();
         let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
 
         let theirs = server
@@ -122,7 +122,7 @@ fn an_unsupported_architecture_is_refused_by_name() {
                   w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()\n";
     let out = Command::new(python()).args(["-c", script]).arg(&path).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let err = CandleModel::load(&path, &LoadConfig::default())
+    let err = EngineModel::load(&path, &LoadConfig::default())
         .err()
         .expect("refused")
         .to_string();
@@ -140,7 +140,7 @@ fn an_unsupported_architecture_is_refused_by_name() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let err = CandleModel::load(&q5_1, &LoadConfig::default())
+    let err = EngineModel::load(&q5_1, &LoadConfig::default())
         .err()
         .expect("refused")
         .to_string();
@@ -148,7 +148,7 @@ fn an_unsupported_architecture_is_refused_by_name() {
 
     let garbage = dir.path().join("garbage.gguf");
     std::fs::write(&garbage, b"not a gguf file at all").unwrap();
-    let err = CandleModel::load(&garbage, &LoadConfig::default())
+    let err = EngineModel::load(&garbage, &LoadConfig::default())
         .err()
         .expect("refused")
         .to_string();

@@ -253,7 +253,7 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
     }
     assert_eq!(
         seen["gen_ai.server.time_to_first_token"].1,
-        switchyard_workers::telemetry::TTFT_BUCKETS.to_vec()
+        switchyard_workers::worker::telemetry::TTFT_BUCKETS.to_vec()
     );
     // The worker's gauges and the coordinator's routing counter, by service.
     let mut names = std::collections::BTreeSet::new();

@@ -304,7 +304,7 @@ pub fn native_llama_server_bin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SWITCHYARD_LLAMA_SERVER_NATIVE") {
         return Some(PathBuf::from(p));
     }
-    use switchyard_workers::cpu::isa::Isa;
+    use switchyard_workers::engine::kernels::isa::Isa;
     if !cfg!(target_arch = "x86_64") || matches!(Isa::best(), Isa::Avx2 | Isa::Portable) {
         eprintln!(
             "SKIPPED: this CPU's best kernels are {}; a native llama.cpp build would be the AVX2 reference again",

@@ -1,29 +1,24 @@
-//! # switchyard-workers — backends and the WorkerActor
+//! # switchyard-workers — the engine, the backends and the WorkerActor
 //!
 //! ## Layout
-//! - [`candle`]: the CPU backend — GGUF on candle, tokenizer from GGUF metadata,
-//!   chat template, sampling, a compute thread per model.
+//! - [`engine`]: switchyard's own CPU inference engine — kernels, the decoder,
+//!   tokenizers and templates, and the serving side (slots, batcher, KV store).
+//! - [`backends`]: one folder per backend (`cpu` = the engine, `llama_cpp`, `rocm`)
+//!   and the registry that picks one by priority or pin.
+//! - [`worker`]: the `WorkerActor`, pinned to one device and one loaded model, with
+//!   its NATS service, sessions, KV events and telemetry.
 //! - [`discover`]: finding GGUF files and HF model directories on disk.
-//! - [`worker`]: the `WorkerActor`, pinned to one device and one loaded model.
-//! - [`service`]: the worker's NATS side — endpoints, admission, streaming chunks.
 //!
-//! A request arrives on `{p}.v1.worker.{wid}.generate` ([`service`]), is admitted
-//! through the worker's bounded [`switchyard_actors::Admission`], runs on the
-//! model's compute thread ([`candle::engine`]) and streams back as numbered chunks.
+//! A request arrives on `{p}.v1.worker.{wid}.generate` ([`worker::service`]), is
+//! admitted through the worker's bounded [`switchyard_actors::Admission`], runs on
+//! the model's backend (for `cpu`, the engine's compute thread) and streams back as
+//! numbered chunks.
 
-pub mod candle;
-pub mod cpu;
+pub mod backends;
 pub mod discover;
-pub mod kv;
-pub mod llama_cpp;
-pub mod llama_cpp_session;
-pub mod probe;
-pub mod recent;
-pub mod rocm;
-pub mod service;
-pub mod session;
-pub mod telemetry;
+pub mod engine;
 pub mod worker;
 
-pub use candle::{CandleModel, CpuBackend};
+pub use backends::cpu::CpuBackend;
+pub use engine::EngineModel;
 pub use worker::{WorkerHandle, WorkerOptions};

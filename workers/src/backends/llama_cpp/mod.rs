@@ -1,0 +1,26 @@
+//! A model served by an llama.cpp server that already runs (go-ml's adapter): every
+//! call goes to the server's own HTTP API.
+//!
+//! - `generate`: streaming `/completion` (SSE) with `return_tokens`, so each event
+//!   carries token ids; every `GenerateConfig` field maps onto llama.cpp's sampling
+//!   parameters (`n_predict`, `temperature`, `top_k`, `top_p`, `min_p`,
+//!   `repeat_penalty`, `repeat_last_n`, `seed`, `stop`). Stop token ids, which the
+//!   server has no parameter for, are applied here: the stream ends before the token,
+//!   and dropping the response makes the server stop generating.
+//! - Chat prompts are rendered by the server's own template (`/apply-template`).
+//! - `classify`: one-token completions with `n_probs`, concurrently (the server
+//!   spreads them over its slots).
+//! - `info`: `/props` (context size); metrics from each completion's `timings`.
+//! - Health: a background loop asks `/health` four times a second; a failed request
+//!   or a failed check marks the model unhealthy (the worker then refuses requests as
+//!   retryable `unavailable` and its heartbeat says `available: false`), and the first
+//!   good check with the same model behind it marks it healthy again.
+//!
+//! The `rocm` backend ([`crate::backends::rocm`]) serves through this same type, pointed at the
+//! llama-server child it supervises.
+
+mod client;
+pub mod session;
+mod text_model;
+
+pub use client::{completion_body, LlamaCppModel, ServerProps};

@@ -1,0 +1,139 @@
+//! [`TextModel`] for [`LlamaCppModel`]: the contract mapped onto the server's API.
+
+use super::client::LlamaCppModel;
+use super::session::LlamaCppSession;
+use futures::StreamExt;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use switchyard_messages::{
+    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, ClassifyResult, GenerateConfig, GenerateEvent,
+    GenerateMetrics, GenerateStream, ModelInfo, Prompt, TextModel, Token,
+};
+
+impl TextModel for LlamaCppModel {
+    fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
+        let this = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<GenerateEvent, BackendError>>(64);
+        // The caller's span (the worker's generation) follows into the HTTP call.
+        let span = tracing::Span::current();
+        let run = async move {
+            let result = this.stream_completion(prompt, &config, &cancel, &tx, None).await;
+            if let Err(e) = result {
+                let _ = tx.send(Err(e)).await;
+            }
+        };
+        tokio::spawn(tracing::Instrument::instrument(run, span));
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        }))
+    }
+
+    fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture {
+        let this = self.clone();
+        Box::pin(async move {
+            let jobs = prompts.into_iter().map(|p| {
+                let this = this.clone();
+                async move {
+                    if return_logits {
+                        return Err(BackendError::Invalid(
+                            "llama.cpp servers do not return full logits; classify without return_logits".into(),
+                        ));
+                    }
+                    let prompt = this.prompt_value(&p, 1).await?;
+                    let body = json!({"prompt": prompt, "n_predict": 1, "temperature": 0.0,
+                                      "return_tokens": true, "n_probs": 1, "cache_prompt": true});
+                    let v = this.post("/completion", body).await?;
+                    let id = v["tokens"][0]
+                        .as_u64()
+                        .ok_or_else(|| BackendError::Compute("llama.cpp returned no token".into()))?;
+                    Ok(ClassifyResult {
+                        token: Token {
+                            id: id as u32,
+                            text: v["content"].as_str().unwrap_or_default().to_string(),
+                        },
+                        logits: Vec::new(),
+                    })
+                }
+            });
+            futures::future::join_all(jobs).await
+        })
+    }
+
+    fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
+        let streams: Vec<GenerateStream> = prompts
+            .into_iter()
+            .map(|p| self.generate(p, config.clone(), cancel.clone()))
+            .collect();
+        Box::pin(async move {
+            let jobs = streams.into_iter().map(|mut s| async move {
+                let mut result = BatchResult {
+                    tokens: Vec::new(),
+                    error: None,
+                };
+                while let Some(ev) = s.next().await {
+                    match ev {
+                        Ok(GenerateEvent::Token(t)) => result.tokens.push(t),
+                        Ok(GenerateEvent::Done { .. }) => {}
+                        Err(e) => result.error = Some(e.to_wire()),
+                    }
+                }
+                result
+            });
+            futures::future::join_all(jobs).await
+        })
+    }
+
+    fn open_session(&self) -> switchyard_messages::BackendFuture<Arc<dyn switchyard_messages::ModelSession>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let slots = this.props().total_slots;
+            let slot = this.pin_slot().ok_or_else(|| {
+                BackendError::Overloaded(format!(
+                    "every llama.cpp slot but one is held by a session ({slots} slots; one stays for requests)"
+                ))
+            })?;
+            Ok(Arc::new(LlamaCppSession::new(this, slot)) as Arc<dyn switchyard_messages::ModelSession>)
+        })
+    }
+
+    fn memory(&self) -> switchyard_messages::ModelMemory {
+        switchyard_messages::ModelMemory {
+            model_max_context: self.shared.props.n_ctx,
+            ..Default::default()
+        }
+    }
+
+    fn parallel_slots(&self) -> u32 {
+        self.shared.props.total_slots
+    }
+
+    fn kv_usage(&self) -> switchyard_messages::KvUsage {
+        let pinned = self.shared.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        switchyard_messages::KvUsage {
+            slots: self.shared.props.total_slots,
+            sessions: pinned.iter().filter(|p| **p).count() as u32,
+            ..Default::default()
+        }
+    }
+
+    fn model_type(&self) -> &str {
+        "llama_cpp"
+    }
+
+    fn healthy(&self) -> bool {
+        self.shared.healthy.load(Ordering::Acquire)
+    }
+
+    fn info(&self) -> ModelInfo {
+        self.shared.info.clone()
+    }
+
+    fn metrics(&self) -> GenerateMetrics {
+        self.shared
+            .last_metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}

@@ -1,0 +1,355 @@
+//! Continuous batching on the compute thread (the BatcherActor's engine half).
+//!
+//! Every generation holds one KV slot. New jobs are admitted between decode steps
+//! while a slot is free (their prompt is prefilled, reusing whatever prefix a slot
+//! already holds); then one forward pass advances every running generation by one
+//! token, each with its own sampler, stop strings, limits, deadline and cancel flag.
+//! A generation that finishes frees its slot before the next step. Jobs that find no
+//! free slot wait in arrival order; the worker's admission bounds how many can.
+
+use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp};
+use super::model::forward::SeqStep;
+use super::sampler::Sampler;
+use super::stops::{StopCheck, StopFilter};
+use super::text::tokenizer::StreamDecoder;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Instant;
+use switchyard_messages::{BackendError, FinishReason, GenerateEvent, GenerateMetrics, Token};
+
+/// A generation in progress: its slot and everything it samples with.
+struct Running {
+    job: GenerateJob,
+    slot: usize,
+    started: Instant,
+    decode_start: Instant,
+    metrics: GenerateMetrics,
+    sampler: Sampler,
+    /// Prompt plus generated tokens; the last one is fed to the next step.
+    history: Vec<u32>,
+    decoder: StreamDecoder,
+    stops: StopFilter,
+    generated: usize,
+    max_tokens: usize,
+}
+
+impl Running {
+    fn send(&self, ev: GenerateEvent) -> bool {
+        self.job.events.send(Ok(ev)).is_ok()
+    }
+
+    fn set_decode(&mut self) {
+        let m = &mut self.metrics;
+        m.generated_tokens = self.generated as u32;
+        m.decode_us = self.decode_start.elapsed().as_micros() as u64;
+        m.prefill_tokens_per_sec = rate((m.prompt_tokens - m.cached_tokens) as u64, m.prefill_us);
+        // The first token comes from the prefill's logits; decode rate counts the rest.
+        m.decode_tokens_per_sec = rate(self.generated.saturating_sub(1) as u64, m.decode_us);
+    }
+
+    /// Sends the held tokens and `Done`, and records the metrics.
+    fn finish(&mut self, reason: FinishReason, tail: Vec<Token>, engine: &Engine) {
+        self.set_decode();
+        for t in tail {
+            self.send(GenerateEvent::Token(t));
+        }
+        let mut m = self.metrics.clone();
+        m.total_us = self.started.elapsed().as_micros() as u64 + m.queue_us;
+        let (peak, active) = super::compute::process_memory();
+        m.peak_memory_bytes = peak;
+        m.active_memory_bytes = active;
+        *engine.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = m.clone();
+        self.send(GenerateEvent::Done {
+            finish_reason: reason,
+            metrics: m,
+        });
+    }
+
+    /// Ends at the length limit or on cancel: flushes what the stop filter and the
+    /// UTF-8 decoder still hold.
+    fn finish_flushed(&mut self, reason: FinishReason, engine: &Engine) {
+        let mut tail = self.stops.flush();
+        let rest = self.decoder.finish();
+        if !rest.is_empty() {
+            // An unfinished UTF-8 sequence at the very end: attach its replacement
+            // character to the last held token (if everything was already sent, the
+            // fragment is dropped rather than sent under a duplicate token id).
+            if let Some(t) = tail.last_mut() {
+                t.text.push_str(&rest);
+            }
+        }
+        self.finish(reason, tail, engine);
+    }
+
+    /// Samples from `logits` and emits; true while the generation goes on.
+    fn advance(&mut self, mut logits: Vec<f32>, engine: &Engine) -> bool {
+        let next = self.sampler.sample(&mut logits, &self.history);
+        let cfg = &self.job.config;
+        if engine.tokenizer.eog_ids().contains(&next) || cfg.stop_tokens.contains(&next) {
+            self.finish(FinishReason::Stop, Vec::new(), engine);
+            return false;
+        }
+        self.history.push(next);
+        self.generated += 1;
+        let text = self.decoder.push(engine.tokenizer.token_bytes(next));
+        match self.stops.push(Token { id: next, text }) {
+            StopCheck::Continue(tokens) => {
+                for t in tokens {
+                    if !self.send(GenerateEvent::Token(t)) {
+                        self.job.cancel.cancel();
+                    }
+                }
+            }
+            StopCheck::Stopped(tokens) => {
+                self.finish(FinishReason::Stop, tokens, engine);
+                return false;
+            }
+        }
+        if self.generated >= self.max_tokens {
+            self.finish_flushed(FinishReason::Length, engine);
+            return false;
+        }
+        if self.job.cancel.is_cancelled() {
+            self.finish_flushed(FinishReason::Cancelled, engine);
+            return false;
+        }
+        if self.job.deadline_ms.is_some_and(|d| now_ms() >= d) {
+            let _ = self.job.events.send(Err(BackendError::DeadlineExceeded));
+            return false;
+        }
+        true
+    }
+}
+
+/// The compute thread's scheduler.
+pub struct Batcher {
+    engine: Engine,
+    jobs: mpsc::Receiver<Job>,
+    waiting: VecDeque<Job>,
+    running: Vec<Running>,
+}
+
+impl Batcher {
+    pub fn new(engine: Engine, jobs: mpsc::Receiver<Job>) -> Self {
+        Self {
+            engine,
+            jobs,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    /// Runs until every job sender is gone and the last generation has finished.
+    pub fn run(mut self) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match self.jobs.recv() {
+                    Ok(job) => self.accept(job),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(job) = self.jobs.try_recv() {
+                self.accept(job);
+            }
+            self.admit();
+            if !self.running.is_empty() {
+                self.step();
+            }
+            self.engine.publish_usage();
+        }
+    }
+
+    /// Session calls and session decodes run at once (their slot is theirs); other
+    /// jobs queue for a free slot.
+    fn accept(&mut self, job: Job) {
+        match job {
+            Job::Session(op) => self.session(op),
+            Job::Generate(g) if g.session_slot.is_some() => self.start(g),
+            other => self.waiting.push_back(other),
+        }
+    }
+
+    fn session(&mut self, op: SessionOp) {
+        match op {
+            SessionOp::Open { reply } => {
+                let _ = reply.send(self.engine.pin());
+            }
+            SessionOp::Set {
+                slot,
+                target,
+                invalidate,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.set_resident(slot, &target, invalidate));
+            }
+            SessionOp::Resident { slot, reply } => {
+                let tokens = self.engine.slots.get(slot).map(|s| s.resident.clone());
+                let _ = reply.send(tokens.unwrap_or_default());
+            }
+            SessionOp::Close { slot } => {
+                if let Some(s) = self.engine.slots.get_mut(slot) {
+                    s.pinned = false;
+                }
+            }
+        }
+    }
+
+    /// Starts waiting jobs, in order, while a slot is free.
+    fn admit(&mut self) {
+        while self.engine.free_slots() > 0 {
+            let Some(job) = self.waiting.pop_front() else { return };
+            match job {
+                Job::Generate(g) => self.start(g),
+                Job::Session(op) => self.session(op),
+                Job::Inspect {
+                    prompt,
+                    architecture,
+                    reply,
+                } => {
+                    let result = guarded(|| self.engine.inspect(&prompt, architecture));
+                    let _ = reply.send(result);
+                }
+                Job::Classify {
+                    prompts,
+                    return_logits,
+                    reply,
+                } => {
+                    let _ = reply.send(self.engine.classify(&prompts, return_logits));
+                }
+            }
+        }
+    }
+
+    /// Prefills a generation in a free slot and samples its first token.
+    fn start(&mut self, job: GenerateJob) {
+        let started = Instant::now();
+        let mut metrics = GenerateMetrics {
+            queue_us: started.duration_since(job.enqueued).as_micros() as u64,
+            ..Default::default()
+        };
+        let fail = |job: &GenerateJob, e: BackendError| {
+            let _ = job.events.send(Err(e));
+        };
+        let prompt = match job.session_slot {
+            // A session decodes from what its slot holds.
+            Some(slot) => match self.engine.slots.get(slot) {
+                Some(s) if s.pinned && !s.busy => Ok(s.resident.clone()),
+                Some(s) if s.busy => Err(BackendError::Invalid("the session is already decoding".into())),
+                _ => Err(BackendError::Invalid(format!("slot {slot} is not a session's"))),
+            },
+            None => self.engine.tokenize(&job.prompt),
+        };
+        let prompt = match prompt {
+            Ok(p) => p,
+            Err(e) => return fail(&job, e),
+        };
+        if let Err(e) = self.engine.check_fits(&prompt, job.config.max_tokens as usize) {
+            return fail(&job, e);
+        }
+        metrics.prompt_tokens = prompt.len() as u32;
+        let claimed = match job.session_slot {
+            Some(slot) => {
+                // Everything is resident; the last token runs again for its logits.
+                self.engine.slots[slot].busy = true;
+                Some((slot, prompt.len() - 1))
+            }
+            None => self.engine.claim(&prompt),
+        };
+        let Some((slot, reused)) = claimed else {
+            return fail(&job, BackendError::Unavailable("no free KV slot".into()));
+        };
+        let mut run = Running {
+            slot,
+            started,
+            decode_start: started,
+            metrics,
+            sampler: Sampler::new(&job.config),
+            history: prompt,
+            decoder: StreamDecoder::default(),
+            stops: StopFilter::new(&job.config.stop),
+            generated: 0,
+            max_tokens: job.config.max_tokens as usize,
+            job,
+        };
+        if run.job.cancel.is_cancelled() || run.job.events.is_closed() {
+            run.finish(FinishReason::Cancelled, Vec::new(), &self.engine);
+            self.engine.release(slot);
+            return;
+        }
+        let t0 = Instant::now();
+        let logits = self.engine.forward(&[SeqStep {
+            seq: slot,
+            tokens: &run.history[reused..],
+            pos: reused,
+        }]);
+        run.metrics.cached_tokens = reused as u32;
+        run.metrics.prefill_us = t0.elapsed().as_micros() as u64;
+        run.decode_start = Instant::now();
+        match logits.map(|mut l| l.pop().unwrap_or_default()) {
+            Ok(logits) => {
+                if run.advance(logits, &self.engine) {
+                    self.running.push(run);
+                } else {
+                    self.engine.release(slot);
+                }
+            }
+            Err(e) => {
+                fail(&run.job, e);
+                self.engine.release(slot);
+            }
+        }
+    }
+
+    /// One decode step: every running generation's last token in one forward pass.
+    fn step(&mut self) {
+        let steps: Vec<SeqStep<'_>> = self
+            .running
+            .iter()
+            .map(|r| SeqStep {
+                seq: r.slot,
+                tokens: &r.history[r.history.len() - 1..],
+                pos: r.history.len() - 1,
+            })
+            .collect();
+        let stats = &self.engine.stats;
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats.rows.fetch_add(steps.len() as u64, Ordering::Relaxed);
+        stats.peak.fetch_max(steps.len() as u64, Ordering::Relaxed);
+        let outcome = self.engine.forward(&steps);
+        let running = std::mem::take(&mut self.running);
+        match outcome {
+            Ok(all) => {
+                for (mut run, logits) in running.into_iter().zip(all) {
+                    if run.advance(logits, &self.engine) {
+                        self.running.push(run);
+                    } else {
+                        self.engine.release(run.slot);
+                    }
+                }
+            }
+            Err(e) => {
+                for run in running {
+                    let _ = run.job.events.send(Err(e.clone()));
+                    self.engine.release(run.slot);
+                }
+            }
+        }
+    }
+}
+
+/// Starts the compute thread with `threads` compute threads (0 = all cores); it
+/// lives until every job sender is dropped. Generations run through
+/// the [`Batcher`]: continuously batched, one slot each.
+pub fn spawn(engine: Engine, threads: usize) -> std::io::Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("sy-compute-{i}"))
+        .build()
+        .map_err(std::io::Error::other)?;
+    std::thread::Builder::new()
+        .name("sy-engine".into())
+        .spawn(move || pool.install(move || Batcher::new(engine, rx).run()))?;
+    Ok(tx)
+}

@@ -1,0 +1,511 @@
+//! The compute thread: owns the model weights and one KV cache per slot, and runs
+//! jobs from a channel (generations continuously batched by [`super::batcher`]).
+//! Nothing here runs on an async task.
+
+use super::kvstore::{self, KvStore, BLOCK_TOKENS};
+use super::model::forward::{CachedKeys, Forward, SeqStep};
+use super::text::template::ChatTemplate;
+use super::text::tokenizer::GgufTokenizer;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use switchyard_messages::{
+    AttentionSnapshot, BackendError, CancelFlag, ClassifyResult, GenerateConfig, GenerateEvent, GenerateMetrics,
+    Prompt, ResidentUpdate, Token,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Where a job's events go.
+pub type EventTx = UnboundedSender<Result<GenerateEvent, BackendError>>;
+
+/// Work for the compute thread.
+pub enum Job {
+    /// A streamed generation.
+    Generate(GenerateJob),
+    /// Prefill, then read the post-RoPE keys from the cache.
+    Inspect {
+        prompt: Prompt,
+        architecture: String,
+        reply: tokio::sync::oneshot::Sender<Result<AttentionSnapshot, BackendError>>,
+    },
+    /// Prefill-only passes; the answer comes back on `reply`.
+    Classify {
+        prompts: Vec<Prompt>,
+        return_logits: bool,
+        reply: tokio::sync::oneshot::Sender<Vec<Result<ClassifyResult, BackendError>>>,
+    },
+    /// A session's call on its pinned slot (answered at once, between steps).
+    Session(SessionOp),
+}
+
+/// What a session asks of the engine. Its decode is a [`GenerateJob`] with
+/// `session_slot` set.
+pub enum SessionOp {
+    /// Pin a slot for a new session: `None` when only one unpinned slot is left (it
+    /// stays for ordinary requests).
+    Open {
+        reply: tokio::sync::oneshot::Sender<Option<usize>>,
+    },
+    /// Make the slot's resident tokens equal `target`.
+    Set {
+        slot: usize,
+        target: Vec<u32>,
+        invalidate: bool,
+        reply: tokio::sync::oneshot::Sender<Result<ResidentUpdate, BackendError>>,
+    },
+    /// The slot's resident tokens.
+    Resident {
+        slot: usize,
+        reply: tokio::sync::oneshot::Sender<Vec<u32>>,
+    },
+    /// Unpin the slot; what it holds stays reusable by later requests.
+    Close { slot: usize },
+}
+
+/// One generation request for the compute thread.
+pub struct GenerateJob {
+    pub prompt: Prompt,
+    pub config: GenerateConfig,
+    pub cancel: CancelFlag,
+    pub deadline_ms: Option<u64>,
+    pub enqueued: Instant,
+    pub events: EventTx,
+    /// A session's decode: generate from this pinned slot's resident tokens instead
+    /// of `prompt`.
+    pub session_slot: Option<usize>,
+}
+
+/// Counters of the batcher's decode steps.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    /// Decode steps run.
+    pub steps: std::sync::atomic::AtomicU64,
+    /// Sequences advanced, summed over steps (`rows / steps` = mean batch).
+    pub rows: std::sync::atomic::AtomicU64,
+    /// The largest batch one step ran.
+    pub peak: std::sync::atomic::AtomicU64,
+}
+
+/// What one KV slot holds.
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// The tokens whose keys and values sit at positions `0..len`. A job whose
+    /// tokens start the same way reuses them and computes only the divergent tail.
+    pub resident: Vec<u32>,
+    /// In use by a running job.
+    pub busy: bool,
+    /// Held by a session: never claimed by other jobs (but its prefix may be copied).
+    pub pinned: bool,
+    /// When it was last released (a logical clock), for least-recently-used reuse.
+    pub last_used: u64,
+}
+
+/// Everything the compute thread owns.
+pub struct Engine {
+    pub model: Box<dyn Forward>,
+    pub tokenizer: Arc<GgufTokenizer>,
+    pub template: Arc<ChatTemplate>,
+    pub context_len: usize,
+    pub last_metrics: Arc<Mutex<GenerateMetrics>>,
+    /// One per sequence the model holds.
+    pub slots: Vec<Slot>,
+    /// Shared with the model's owner, for observation.
+    pub stats: Arc<BatchStats>,
+    /// Blocks saved from slots before they are overwritten (the KvCacheActor's store).
+    pub store: KvStore,
+    /// The model identity that seeds the store's block hashes.
+    pub kv_seed: u64,
+    /// What the slots and the store hold, refreshed by the batcher for heartbeats.
+    pub usage: Arc<Mutex<switchyard_messages::KvUsage>>,
+    clock: u64,
+}
+
+/// Length of the common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The message of a caught panic.
+pub fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs `f`, turning a panic into a compute error.
+pub fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(BackendError::Compute(format!("engine panicked: {}", panic_message(p)))))
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Renders and tokenizes a prompt.
+    pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError> {
+        let text = match prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Chat(messages) => self
+                .template
+                .render(messages, true)
+                .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
+            Prompt::Tokens(ids) => {
+                let vocab = self.tokenizer.vocab_size() as u32;
+                if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+                    return Err(BackendError::Invalid(format!(
+                        "token id {bad} is outside the vocabulary of {vocab}"
+                    )));
+                }
+                return Ok(ids.clone());
+            }
+        };
+        if text.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        self.tokenizer.encode(&text).map_err(BackendError::Invalid)
+    }
+
+    /// An engine around `model`, one slot per sequence it holds.
+    pub fn new(
+        model: Box<dyn Forward>,
+        tokenizer: Arc<GgufTokenizer>,
+        template: Arc<ChatTemplate>,
+        context_len: usize,
+        last_metrics: Arc<Mutex<GenerateMetrics>>,
+    ) -> Self {
+        let slots = (0..model.sequences()).map(|_| Slot::default()).collect();
+        Self {
+            model,
+            tokenizer,
+            template,
+            context_len,
+            last_metrics,
+            slots,
+            stats: Arc::default(),
+            store: KvStore::new(0),
+            kv_seed: 0,
+            usage: Arc::default(),
+            clock: 0,
+        }
+    }
+
+    /// Refreshes [`Engine::usage`].
+    pub fn publish_usage(&self) {
+        let resident: usize = self.slots.iter().map(|s| s.resident.len()).sum();
+        let store = self.store.stats();
+        let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        *u = switchyard_messages::KvUsage {
+            slots: self.slots.len() as u32,
+            busy: self.slots.iter().filter(|s| s.busy).count() as u32,
+            sessions: self.slots.iter().filter(|s| s.pinned).count() as u32,
+            resident_tokens: resident as u64,
+            resident_bytes: (resident * self.model.kv_bytes_per_token()) as u64,
+            store_blocks: store.blocks as u64,
+            store_bytes: store.bytes as u64,
+            store_budget_bytes: self.store.budget() as u64,
+            hit_ratio: u.hit_ratio,
+        };
+    }
+
+    /// Slots neither running a job nor held by a session.
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| !s.busy && !s.pinned).count()
+    }
+
+    /// Pins a free slot for a session, the least recently used; `None` when that
+    /// would leave no unpinned slot for ordinary requests.
+    pub fn pin(&mut self) -> Option<usize> {
+        let unpinned = self.slots.iter().filter(|s| !s.pinned).count();
+        if unpinned < 2 {
+            return None;
+        }
+        let slot = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
+            .min_by_key(|&i| self.slots[i].last_used)?;
+        self.slots[slot].pinned = true;
+        Some(slot)
+    }
+
+    /// Makes pinned `slot`'s resident tokens equal `target`, keeping the longest
+    /// resident prefix unless `invalidate`, and computing the rest.
+    pub fn set_resident(
+        &mut self,
+        slot: usize,
+        target: &[u32],
+        invalidate: bool,
+    ) -> Result<ResidentUpdate, BackendError> {
+        let s = self
+            .slots
+            .get(slot)
+            .filter(|s| s.pinned)
+            .ok_or_else(|| BackendError::Invalid(format!("slot {slot} is not a session's")))?;
+        if s.busy {
+            return Err(BackendError::Invalid("the session is decoding".into()));
+        }
+        if target.len() > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: target.len(),
+                max_tokens: 0,
+                context_len: self.context_len,
+            });
+        }
+        let had = s.resident.len();
+        let kept = if invalidate || !self.model.reuses_prefix() {
+            0
+        } else {
+            common_prefix(&s.resident, target)
+        };
+        // Stored blocks may extend what the slot kept (not across a new manifest).
+        let keep = if invalidate {
+            0
+        } else {
+            self.restore(slot, target, kept)
+        };
+        if keep < target.len() {
+            self.forward(&[SeqStep {
+                seq: slot,
+                tokens: &target[keep..],
+                pos: keep,
+            }])?;
+        } else {
+            self.slots[slot].resident.truncate(keep);
+        }
+        Ok(ResidentUpdate {
+            reused: keep as u32,
+            computed: (target.len() - keep) as u32,
+            dropped: (had - kept) as u32,
+        })
+    }
+
+    /// Takes a free slot for a job over `tokens` (non-empty) and returns it with how
+    /// many leading tokens are already resident there (at most `len - 1`: the last
+    /// token is always computed, for its logits). The free slot holding the longest
+    /// prefix of `tokens` wins, the least recently used among equals; when another
+    /// slot (even a busy one) holds a longer prefix, its keys and values are copied
+    /// over, so a shared system prompt is computed once per worker, not once per slot.
+    pub fn claim(&mut self, tokens: &[u32]) -> Option<(usize, usize)> {
+        let reuse = self.model.reuses_prefix();
+        let lcp = |s: &Slot| if reuse { common_prefix(&s.resident, tokens) } else { 0 };
+        let slot = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
+            .max_by_key(|&i| (lcp(&self.slots[i]), std::cmp::Reverse(self.slots[i].last_used)))?;
+        let mut have = lcp(&self.slots[slot]);
+        if let Some(best) = (0..self.slots.len()).max_by_key(|&i| lcp(&self.slots[i])) {
+            let longer = lcp(&self.slots[best]).min(tokens.len() - 1);
+            if longer > have {
+                // What the slot held beyond the shared part is about to go.
+                self.save_tail(slot, have);
+                if self.model.copy_prefix(best, slot, longer) {
+                    self.slots[slot].resident = tokens[..longer].to_vec();
+                    have = longer;
+                }
+            }
+        }
+        let have = self.restore(slot, &tokens[..tokens.len() - 1], have);
+        self.slots[slot].busy = true;
+        Some((slot, have.min(tokens.len() - 1)))
+    }
+
+    /// Saves the full blocks of `slot` from the one holding position `from` on into
+    /// the store (those not there yet): they are about to be overwritten.
+    fn save_tail(&mut self, slot: usize, from: usize) {
+        let held = self.slots[slot].resident.len();
+        if !self.store.enabled() || from / BLOCK_TOKENS >= held / BLOCK_TOKENS {
+            return;
+        }
+        let hashes = kvstore::chain(self.kv_seed, &self.slots[slot].resident);
+        for (b, &hash) in hashes.iter().enumerate().skip(from / BLOCK_TOKENS) {
+            if self.store.contains(hash) {
+                continue;
+            }
+            match self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
+                Some((k, v)) => self.store.put(hash, k, v),
+                None => return,
+            }
+        }
+    }
+
+    /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
+    /// already holds into it; returns how many leading tokens it holds now.
+    fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
+        if !self.store.enabled() || !self.model.reuses_prefix() {
+            return have;
+        }
+        let hashes = kvstore::chain(self.kv_seed, tokens);
+        let n = self.store.leading(&hashes);
+        if n * BLOCK_TOKENS <= have {
+            return have;
+        }
+        self.save_tail(slot, have);
+        self.slots[slot].resident.truncate(have);
+        for (b, &hash) in hashes.iter().enumerate().take(n).skip(have / BLOCK_TOKENS) {
+            let Some((k, v)) = self.store.get(hash) else { break };
+            let (k, v) = (k.to_vec(), v.to_vec());
+            if !self.model.write_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS, &k, &v) {
+                break;
+            }
+            self.slots[slot].resident = tokens[..(b + 1) * BLOCK_TOKENS].to_vec();
+        }
+        self.slots[slot].resident.len().max(have)
+    }
+
+    /// Gives a slot back; what it holds stays resident for later jobs.
+    pub fn release(&mut self, slot: usize) {
+        self.clock += 1;
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.busy = false;
+            s.last_used = self.clock;
+        }
+    }
+
+    /// One forward pass over `steps`, keeping each slot's `resident` true: positions
+    /// below a step's `pos` are untouched even if the pass fails or panics.
+    pub fn forward(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        for s in steps {
+            self.save_tail(s.seq, s.pos);
+            self.slots[s.seq].resident.truncate(s.pos);
+        }
+        let logits = guarded(|| self.model.forward_batch(steps))?;
+        for s in steps {
+            self.slots[s.seq].resident.extend_from_slice(s.tokens);
+        }
+        Ok(logits)
+    }
+
+    /// Checks that a prompt of `tokens` plus `max_tokens` fits the context.
+    pub fn check_fits(&self, tokens: &[u32], max_tokens: usize) -> Result<(), BackendError> {
+        if tokens.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        if tokens.len() + max_tokens > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens,
+                context_len: self.context_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Prefills `prompt` in a free slot and returns the post-RoPE keys of every layer.
+    pub fn inspect(&mut self, prompt: &Prompt, architecture: String) -> Result<AttentionSnapshot, BackendError> {
+        let tokens = self.tokenize(prompt)?;
+        self.check_fits(&tokens, 0)?;
+        let (slot, reused) = self
+            .claim(&tokens)
+            .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
+        let result = self.forward(&[SeqStep {
+            seq: slot,
+            tokens: &tokens[reused..],
+            pos: reused,
+        }]);
+        let keys = result.and_then(|_| {
+            self.model.cached_keys(slot, tokens.len()).ok_or_else(|| {
+                BackendError::Unavailable(format!("the {} engine cannot read its KV cache", self.model.kind()))
+            })
+        });
+        self.release(slot);
+        let CachedKeys { keys, heads, head_dim } = keys?;
+        Ok(AttentionSnapshot {
+            num_layers: keys.len() as u32,
+            num_heads: heads as u32,
+            seq_len: tokens.len() as u32,
+            head_dim: head_dim as u32,
+            keys,
+            architecture,
+        })
+    }
+
+    /// Prefill-only passes: the argmax token and, if asked, the logits of each
+    /// prompt. Prompts run together as one ragged batch per group of free slots
+    /// (every prompt's rows in the same matmuls, no padding); a failing prompt fails
+    /// alone.
+    pub fn classify(&mut self, prompts: &[Prompt], return_logits: bool) -> Vec<Result<ClassifyResult, BackendError>> {
+        let mut results: Vec<Option<Result<ClassifyResult, BackendError>>> = Vec::new();
+        let mut ready = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            match self.tokenize(p).and_then(|t| self.check_fits(&t, 0).map(|_| t)) {
+                Ok(t) => {
+                    results.push(None);
+                    ready.push((i, t));
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let group = self.free_slots().max(1);
+        for chunk in ready.chunks(group) {
+            let mut claimed = Vec::new();
+            for (i, tokens) in chunk {
+                match self.claim(tokens) {
+                    Some((slot, reused)) => claimed.push((*i, tokens, slot, reused)),
+                    None => results[*i] = Some(Err(BackendError::Unavailable("no free KV slot".into()))),
+                }
+            }
+            let steps: Vec<SeqStep<'_>> = claimed
+                .iter()
+                .map(|(_, t, slot, reused)| SeqStep {
+                    seq: *slot,
+                    tokens: &t[*reused..],
+                    pos: *reused,
+                })
+                .collect();
+            let outcome = self.forward(&steps);
+            for (i, _, slot, _) in &claimed {
+                self.release(*slot);
+                results[*i] = Some(Err(BackendError::Compute("no logits".into())));
+            }
+            match outcome {
+                Ok(all) => {
+                    for ((i, ..), logits) in claimed.iter().zip(all) {
+                        let id = super::sampler::argmax(&logits);
+                        let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
+                        results[*i] = Some(Ok(ClassifyResult {
+                            token: Token { id, text },
+                            logits: if return_logits { logits } else { Vec::new() },
+                        }));
+                    }
+                }
+                Err(e) => {
+                    for (i, ..) in &claimed {
+                        results[*i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(BackendError::Compute("not run".into()))))
+            .collect()
+    }
+}
+
+pub fn rate(n: u64, us: u64) -> f64 {
+    if us == 0 {
+        0.0
+    } else {
+        n as f64 * 1e6 / us as f64
+    }
+}
+
+/// (peak, current) resident set size of this process in bytes, from /proc.
+pub fn process_memory() -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}

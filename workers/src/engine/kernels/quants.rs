@@ -1,0 +1,272 @@
+//! Quantized blocks in ggml's layouts and the dot products between weight blocks and
+//! quantized activations, with ggml's arithmetic: activations are quantized per
+//! 32-value block (round-half-even, scale stored as f16), and the AVX2 dot products
+//! accumulate in the same 8 lanes in the same order, so results track llama.cpp's.
+
+use half::f16;
+
+/// Values per block for the 32-wide formats.
+pub const QK: usize = 32;
+
+/// ggml `block_q4_0`: 32 weights = f16 scale + 16 bytes of 4-bit values (offset 8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_0 {
+    pub d: u16,
+    pub qs: [u8; 16],
+}
+
+/// ggml `block_q4_1`: 32 weights = f16 scale + f16 min + 16 bytes of 4-bit values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_1 {
+    pub d: u16,
+    pub m: u16,
+    pub qs: [u8; 16],
+}
+
+/// ggml `block_q5_0`: 32 weights = f16 scale + 32 high bits + 16 bytes of low nibbles,
+/// `x = d * ((nibble | high << 4) - 16)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0 {
+    pub d: u16,
+    pub qh: [u8; 4],
+    pub qs: [u8; 16],
+}
+
+/// ggml `block_q8_0`: 32 values = f16 scale + 32 signed bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_0 {
+    pub d: u16,
+    pub qs: [i8; 32],
+}
+
+/// ggml `block_q8_1`: like Q8_0 plus `s = d * sum(qs)` (f16), for Q4_1's minimum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_1 {
+    pub d: u16,
+    pub s: u16,
+    pub qs: [i8; 32],
+}
+
+/// f16 bits → f32 (exact). The SIMD kernels convert in registers instead; this is
+/// for the portable kernels and for dequantizing.
+#[inline(always)]
+pub fn h2f(h: u16) -> f32 {
+    f16::from_bits(h).to_f32()
+}
+
+#[inline(always)]
+pub fn f2h(x: f32) -> u16 {
+    f16::from_f32(x).to_bits()
+}
+
+/// Scale and rounded values of one 32-value block, as ggml's AVX2 quantizer does.
+#[inline(always)]
+fn quantize_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        let r = (v * id).round_ties_even() as i32;
+        *q = r as i8;
+        sum += r;
+    }
+    (d, sum)
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q8_0 blocks. (The kernel tables run
+/// this compiled for the CPU's variant: `Kernels::quantize_q8_0`.)
+#[inline(always)]
+pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+    for (b, chunk) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        let (d, _) = quantize_block(chunk, &mut b.qs);
+        b.d = f2h(d);
+    }
+}
+
+/// Quantizes `x` into Q8_1 blocks.
+#[inline(always)]
+pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
+    for (b, chunk) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        let (d, sum) = quantize_block(chunk, &mut b.qs);
+        b.d = f2h(d);
+        b.s = f2h(d * sum as f32);
+    }
+}
+
+/// Dequantizes Q4_0 blocks.
+pub fn dequantize_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = h2f(b.d);
+        for j in 0..16 {
+            o[j] = ((b.qs[j] & 0x0f) as i32 - 8) as f32 * d;
+            o[j + 16] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+/// Dequantizes Q4_1 blocks.
+pub fn dequantize_q4_1(blocks: &[BlockQ4_1], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let (d, m) = (h2f(b.d), h2f(b.m));
+        for j in 0..16 {
+            o[j] = (b.qs[j] & 0x0f) as f32 * d + m;
+            o[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
+        }
+    }
+}
+
+/// The 5-bit values of one Q5_0 block, offset by −16.
+#[inline]
+fn q5_0_values(b: &BlockQ5_0) -> [i32; 32] {
+    let qh = u32::from_le_bytes(b.qh);
+    let mut v = [0i32; 32];
+    for j in 0..16 {
+        let h0 = ((qh >> j) & 1) << 4;
+        let h1 = ((qh >> (j + 16)) & 1) << 4;
+        v[j] = ((b.qs[j] & 0x0f) as u32 | h0) as i32 - 16;
+        v[j + 16] = ((b.qs[j] >> 4) as u32 | h1) as i32 - 16;
+    }
+    v
+}
+
+/// Dequantizes Q5_0 blocks.
+pub fn dequantize_q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = h2f(b.d);
+        for (dst, q) in o.iter_mut().zip(q5_0_values(b)) {
+            *dst = q as f32 * d;
+        }
+    }
+}
+
+/// Dequantizes Q8_0 blocks.
+pub fn dequantize_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = h2f(b.d);
+        for (dst, &q) in o.iter_mut().zip(&b.qs) {
+            *dst = q as f32 * d;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    fn q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
+        let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
+        quantize_q8_0(x, &mut b);
+        b
+    }
+
+    #[test]
+    fn quantize_rounds_half_to_even_and_round_trips() {
+        let x = data(64, 1);
+        let b = q8_0(&x);
+        let mut back = vec![0.0; 64];
+        dequantize_q8_0(&b, &mut back);
+        for (a, r) in x.iter().zip(&back) {
+            assert!((a - r).abs() <= h2f(b[0].d).max(h2f(b[1].d)) * 0.51, "{a} vs {r}");
+        }
+        let mut q = [0i8; 32];
+        let mut v = [0.0f32; 32];
+        v[0] = 127.0;
+        v[1] = 2.5;
+        v[2] = 3.5;
+        quantize_block(&v, &mut q);
+        assert_eq!((q[1], q[2]), (2, 4), "round half to even");
+    }
+
+    #[test]
+    fn dots_agree_with_the_dequantized_weights() {
+        use crate::engine::kernels::simd::portable as k;
+        let x = data(256, 2);
+        let xq = q8_0(&x);
+        let xd: Vec<f32> = xq.iter().map(|b| h2f(b.d)).collect();
+        let mut xf = vec![0.0; 256];
+        dequantize_q8_0(&xq, &mut xf);
+        let float_dot = |w: &[f32]| -> f32 { w.iter().zip(&xf).map(|(a, b)| a * b).sum() };
+        let close = |a: f32, b: f32| assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+
+        let w8 = q8_0(&data(256, 3));
+        let mut wf = vec![0.0; 256];
+        dequantize_q8_0(&w8, &mut wf);
+        close(k::dot_q8_0_q8_0(&w8, &xq, &xd), float_dot(&wf));
+
+        let w0: Vec<BlockQ4_0> = (0..8)
+            .map(|i| BlockQ4_0 {
+                d: f2h(0.07),
+                qs: [(i * 91 % 256) as u8; 16],
+            })
+            .collect();
+        dequantize_q4_0(&w0, &mut wf);
+        close(k::dot_q4_0_q8_0(&w0, &xq, &xd), float_dot(&wf));
+
+        let w5: Vec<BlockQ5_0> = (0..8)
+            .map(|i| BlockQ5_0 {
+                d: f2h(0.04),
+                qh: [(i * 29) as u8, 0xA5, (i * 7) as u8, 0x3C],
+                qs: [(i * 71 % 256) as u8; 16],
+            })
+            .collect();
+        dequantize_q5_0(&w5, &mut wf);
+        close(k::dot_q5_0_q8_0(&w5, &xq, &xd), float_dot(&wf));
+
+        // Q4_1 against Q8_1 activations: the minimum enters through the block sums.
+        let mut x1 = vec![
+            BlockQ8_1 {
+                d: 0,
+                s: 0,
+                qs: [0; 32]
+            };
+            8
+        ];
+        quantize_q8_1(&x, &mut x1);
+        let (yd, ys): (Vec<f32>, Vec<f32>) = x1.iter().map(|b| (h2f(b.d), h2f(b.s))).unzip();
+        let w1: Vec<BlockQ4_1> = (0..8)
+            .map(|i| BlockQ4_1 {
+                d: f2h(0.05 + i as f32 * 0.01),
+                m: f2h(-0.3),
+                qs: [(i * 37 % 256) as u8; 16],
+            })
+            .collect();
+        dequantize_q4_1(&w1, &mut wf);
+        let want: f32 = wf
+            .iter()
+            .zip(x1.iter().flat_map(|b| b.qs.map(|q| q as f32 * h2f(b.d))))
+            .map(|(a, b)| a * b)
+            .sum();
+        let got = k::dot_q4_1_q8_1(&w1, &x1, &yd, &ys);
+        assert!((got - want).abs() <= 2e-2 * want.abs().max(1.0), "{got} vs {want}");
+
+        close(
+            k::dot_f32(&x[..100], &x[1..101]),
+            x[..100].iter().zip(&x[1..101]).map(|(a, b)| a * b).sum(),
+        );
+    }
+
+    #[test]
+    fn layouts_match_ggml() {
+        assert_eq!(std::mem::size_of::<BlockQ4_0>(), 18);
+        assert_eq!(std::mem::size_of::<BlockQ4_1>(), 20);
+        assert_eq!(std::mem::size_of::<BlockQ5_0>(), 22);
+        assert_eq!(std::mem::size_of::<BlockQ8_0>(), 34);
+        assert_eq!(std::mem::size_of::<BlockQ8_1>(), 36);
+    }
+}

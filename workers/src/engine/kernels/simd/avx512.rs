@@ -1,0 +1,414 @@
+//! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: one weight row against 4 or 8
+//! activation rows, two activation rows per 512-bit register. The low 256 bits hold
+//! one row's 8 lanes and the high 256 bits the next row's, each lane doing exactly
+//! what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
+//! fused multiply-add per block, the same horizontal sum), so the results are
+//! bit-identical to [`super::x86::avx2`] while each instruction does twice the work.
+//! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
+//! (`x86::avx512_vl`).
+
+// Tiles index rows, pairs and accumulators together; index loops say that best.
+#![allow(clippy::needless_range_loop)]
+
+use super::x86::{
+    bytes_from_nibbles_32, get_scale_shuffle, get_scale_shuffle_k4, h2f, hsum_float_8, q4k_mins_scales, q6k_quarters,
+    Unpack,
+};
+use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+use std::arch::x86_64::*;
+
+/// `v` in both 256-bit halves.
+#[inline(always)]
+unsafe fn both(v: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1)
+}
+
+/// Two rows' 32 bytes side by side.
+#[inline(always)]
+unsafe fn pair_bytes(a: *const i8, b: *const i8) -> __m512i {
+    _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i)),
+        _mm256_loadu_si256(b as *const __m256i),
+        1,
+    )
+}
+
+/// `a` in the low 8 lanes, `b` in the high 8.
+#[inline(always)]
+unsafe fn pair_ps(a: f32, b: f32) -> __m512 {
+    _mm512_mask_broadcastss_ps(_mm512_set1_ps(a), 0xFF00, _mm_set_ss(b))
+}
+
+/// The two rows' sums of one paired accumulator.
+#[inline(always)]
+unsafe fn hsum_pair(acc: __m512) -> [f32; 2] {
+    [
+        hsum_float_8(_mm512_castps512_ps256(acc)),
+        hsum_float_8(_mm512_extractf32x8_ps(acc, 1)),
+    ]
+}
+
+/// The rows' sums of `N / 2` paired accumulators, in row order.
+#[inline(always)]
+unsafe fn unpair<const N: usize>(acc: &[__m512; 4]) -> [f32; N] {
+    let mut out = [0.0f32; N];
+    for p in 0..N / 2 {
+        let [lo, hi] = hsum_pair(acc[p]);
+        out[2 * p] = lo;
+        out[2 * p + 1] = hi;
+    }
+    out
+}
+
+/// Sums of four u8 × i8 products per 32-bit lane, as floats.
+#[inline(always)]
+unsafe fn dot_us8(ax: __m512i, sy: __m512i) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy))
+}
+
+/// `N` (4 or 8) Q8_1 rows against one Q4_1 weight row.
+#[inline(always)]
+unsafe fn rows_q4_1<const N: usize>(
+    x: &[BlockQ4_1],
+    y: [&[BlockQ8_1]; N],
+    yd: [&[f32]; N],
+    ys: [&[f32]; N],
+) -> [f32; N] {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut summs = [0.0f32; N];
+    for (i, a) in x.iter().enumerate() {
+        let d0 = h2f(a.d);
+        let m = h2f(a.m);
+        let qx = both(bytes_from_nibbles_32(&a.qs));
+        let d0v = _mm512_set1_ps(d0);
+        for p in 0..N / 2 {
+            let (t0, t1) = (2 * p, 2 * p + 1);
+            summs[t0] += m * ys[t0][i];
+            summs[t1] += m * ys[t1][i];
+            let d = _mm512_mul_ps(d0v, pair_ps(yd[t0][i], yd[t1][i]));
+            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
+            acc[p] = _mm512_fmadd_ps(d, dot_us8(qx, qy), acc[p]);
+        }
+    }
+    let mut out: [f32; N] = unpair(&acc);
+    for (o, s) in out.iter_mut().zip(summs) {
+        *o += s;
+    }
+    out
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_1_q8_1_x4(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 4], yd: [&[f32]; 4], ys: [&[f32]; 4]) -> [f32; 4] {
+    rows_q4_1(x, y, yd, ys)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_1_q8_1_x8(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 8], yd: [&[f32]; 8], ys: [&[f32]; 8]) -> [f32; 8] {
+    rows_q4_1(x, y, yd, ys)
+}
+
+/// `N` Q8_0 rows against one weight row whose blocks `unpack` into signed bytes and
+/// a scale. (AVX-512 has no `vpsignb`: the activations are negated under the mask of
+/// negative weights instead, which gives the same products.)
+#[inline(always)]
+unsafe fn rows_q8_0<B: Unpack, const N: usize>(x: &[B], y: [&[BlockQ8_0]; N], yd: [&[f32]; N]) -> [f32; N] {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for (i, a) in x.iter().enumerate() {
+        let (qx, dx) = a.unpack();
+        let ax = both(_mm256_sign_epi8(qx, qx));
+        let neg = _mm512_movepi8_mask(both(qx));
+        let dxv = _mm512_set1_ps(dx);
+        for p in 0..N / 2 {
+            let (t0, t1) = (2 * p, 2 * p + 1);
+            let d = _mm512_mul_ps(dxv, pair_ps(yd[t0][i], yd[t1][i]));
+            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
+            let sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+            acc[p] = _mm512_fmadd_ps(d, dot_us8(ax, sy), acc[p]);
+        }
+    }
+    unpair(&acc)
+}
+
+macro_rules! q8_0_tiles {
+    ($block:ty, $x4:ident, $x8:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $x4(x: &[$block], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+            rows_q8_0(x, y, yd)
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $x8(x: &[$block], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
+            rows_q8_0(x, y, yd)
+        }
+    };
+}
+
+q8_0_tiles!(BlockQ4_0, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8);
+q8_0_tiles!(BlockQ5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
+q8_0_tiles!(BlockQ8_0, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8);
+
+/// `N` Q8_K rows against one Q4_K weight row (ggml's AVX2 Q4_K kernel, two rows per
+/// register).
+#[inline(always)]
+unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32; N] {
+    let m4 = _mm256_set1_epi8(0xf);
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    for (i, a) in x.iter().enumerate() {
+        let (mins, scales) = q4k_mins_scales(a);
+        let (ad, admin) = (h2f(a.d), h2f(a.dmin));
+
+        let q4 = a.qs.as_ptr();
+        let mut sumi = [_mm512_setzero_si512(); 4];
+        for j in 0..QK_K / 64 {
+            let scale_l = both(_mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j)));
+            let scale_h = both(_mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1)));
+            let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
+            let q4l = both(_mm256_and_si256(q4bits, m4));
+            let q4h = both(_mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4));
+            for p in 0..N / 2 {
+                let (q80, q81) = (y[2 * p][i].qs.as_ptr(), y[2 * p + 1][i].qs.as_ptr());
+                let q8l = pair_bytes(q80.add(64 * j), q81.add(64 * j));
+                let q8h = pair_bytes(q80.add(64 * j + 32), q81.add(64 * j + 32));
+                let p16l = _mm512_madd_epi16(scale_l, _mm512_maddubs_epi16(q4l, q8l));
+                let p16h = _mm512_madd_epi16(scale_h, _mm512_maddubs_epi16(q4h, q8h));
+                sumi[p] = _mm512_add_epi32(sumi[p], _mm512_add_epi32(p16l, p16h));
+            }
+        }
+        for (r, m) in acc_m.iter_mut().enumerate() {
+            let b = &y[r][i];
+            let dmin = -b.d * admin;
+            let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
+            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+            let prod = _mm_madd_epi16(mins, q8s);
+            *m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *m);
+        }
+        for p in 0..N / 2 {
+            let d = pair_ps(y[2 * p][i].d * ad, y[2 * p + 1][i].d * ad);
+            acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[p]), acc[p]);
+        }
+    }
+    let mut out: [f32; N] = unpair(&acc);
+    for (o, mut m) in out.iter_mut().zip(acc_m) {
+        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        *o += _mm_cvtss_f32(m);
+    }
+    out
+}
+
+/// `N` Q8_K rows against one Q6_K weight row (ggml's AVX2 Q6_K kernel, two rows per
+/// register).
+#[inline(always)]
+unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32; N] {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for (i, a) in x.iter().enumerate() {
+        let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
+        let scales_16 = _mm256_cvtepi8_epi16(scales);
+        let ad = h2f(a.d);
+        let mut sumi = [_mm512_setzero_si512(); 4];
+        for j in 0..QK_K / 128 {
+            let q6 = q6k_quarters(a, j);
+            let mut q = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                q[k] = both(q6[k]);
+            }
+            let is = 4 * j;
+            // (A loop, not `array::map`: closures lose the `#[target_feature]`s.)
+            let mut sc = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                sc[k] = both(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    scales,
+                    get_scale_shuffle(is + k),
+                )));
+            }
+            for p in 0..N / 2 {
+                let q80 = y[2 * p][i].qs.as_ptr().add(128 * j);
+                let q81 = y[2 * p + 1][i].qs.as_ptr().add(128 * j);
+                let mut s = sumi[p];
+                for k in 0..4 {
+                    let q8 = pair_bytes(q80.add(32 * k), q81.add(32 * k));
+                    s = _mm512_add_epi32(s, _mm512_madd_epi16(sc[k], _mm512_maddubs_epi16(q[k], q8)));
+                }
+                sumi[p] = s;
+            }
+        }
+        let sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(scales_16), scales_16, 1);
+        for p in 0..N / 2 {
+            let (b0, b1) = (&y[2 * p][i], &y[2 * p + 1][i]);
+            let q8sums = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(b0.bsums.as_ptr() as *const __m256i)),
+                _mm256_loadu_si256(b1.bsums.as_ptr() as *const __m256i),
+                1,
+            );
+            let q8sclsub = _mm512_slli_epi32(_mm512_madd_epi16(q8sums, sc16), 5);
+            let s = _mm512_sub_epi32(sumi[p], q8sclsub);
+            let d = pair_ps(b0.d * ad, b1.d * ad);
+            acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p]);
+        }
+    }
+    unpair(&acc)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    q4k_rows(y, x)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
+    q4k_rows(y, x)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    q6k_rows(y, x)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
+    q6k_rows(y, x)
+}
+
+/// A Q8_0-family weight block as unsigned bytes `q + 2^SHIFT` in both 256-bit
+/// halves, and its scale. With unsigned weights `vpdpbusd` needs no sign trick:
+/// `Σ q·y = Σ (q + 2^SHIFT)·y − 2^SHIFT·Σ y`, exact in 32-bit integers, and the
+/// second term depends only on the activations, so a tile of several weight rows
+/// computes it once.
+trait UnpackUnsigned {
+    const SHIFT: u32;
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32);
+}
+
+/// The 16 bytes at `qs` as 32 nibbles (low nibbles, then high), in both halves.
+#[inline(always)]
+unsafe fn nibbles_both(qs: &[u8; 16]) -> __m512i {
+    let v = _mm512_broadcast_i32x4(_mm_loadu_si128(qs.as_ptr() as *const __m128i));
+    let hi = _mm512_srli_epi16(v, 4);
+    _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, hi), _mm512_set1_epi8(0x0F))
+}
+
+impl UnpackUnsigned for BlockQ4_0 {
+    const SHIFT: u32 = 3;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
+        (nibbles_both(&self.qs), h2f(self.d))
+    }
+}
+
+impl UnpackUnsigned for BlockQ5_0 {
+    const SHIFT: u32 = 4;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
+        let qh = u32::from_le_bytes(self.qh) as u64;
+        let fifth = _mm512_maskz_mov_epi8(qh | qh << 32, _mm512_set1_epi8(0x10));
+        (_mm512_or_si512(nibbles_both(&self.qs), fifth), h2f(self.d))
+    }
+}
+
+impl UnpackUnsigned for BlockQ8_0 {
+    const SHIFT: u32 = 7;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
+        let q = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
+        (_mm512_xor_si512(both(q), _mm512_set1_epi8(-128)), h2f(self.d))
+    }
+}
+
+/// Four weight rows against eight Q8_0 rows: `out[r][t] = x[r] · y[t]`, each cell
+/// bit-identical to the single-row kernel. Per block, each activation pair is loaded
+/// once for the four weight rows.
+#[inline(always)]
+unsafe fn rows4_q8_0<B: UnpackUnsigned>(x: [&[B]; 4], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [[f32; 8]; 4] {
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+    let offset = _mm512_set1_epi8((1u32 << B::SHIFT) as u8 as i8);
+    for i in 0..x[0].len() {
+        let mut ax = [_mm512_setzero_si512(); 4];
+        let mut dx = [_mm512_setzero_ps(); 4];
+        for r in 0..4 {
+            let (a, d) = x[r][i].unpack_unsigned();
+            ax[r] = a;
+            dx[r] = _mm512_set1_ps(d);
+        }
+        for p in 0..4 {
+            let (t0, t1) = (2 * p, 2 * p + 1);
+            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
+            // −2^SHIFT · (each lane's four activations).
+            let base = _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, qy),
+            );
+            let dy = pair_ps(yd[t0][i], yd[t1][i]);
+            for r in 0..4 {
+                let d = _mm512_mul_ps(dx[r], dy);
+                let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(base, ax[r], qy));
+                acc[r][p] = _mm512_fmadd_ps(d, s, acc[r][p]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; 8]; 4];
+    for r in 0..4 {
+        out[r] = unpair(&acc[r]);
+    }
+    out
+}
+
+macro_rules! q8_0_rows4 {
+    ($block:ty, $name:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $name(x: [&[$block]; 4], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [[f32; 8]; 4] {
+            rows4_q8_0(x, y, yd)
+        }
+    };
+}
+
+q8_0_rows4!(BlockQ4_0, dot_q4_0_q8_0_4x8);
+q8_0_rows4!(BlockQ5_0, dot_q5_0_q8_0_4x8);
+q8_0_rows4!(BlockQ8_0, dot_q8_0_q8_0_4x8);
+
+/// Four Q4_1 weight rows against eight Q8_1 rows: `out[r][t] = x[r] · y[t]`, each cell
+/// bit-identical to the single-row kernel (the minimum's products are summed per
+/// cell in the same order, eight inputs to a register).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_1_q8_1_4x8(
+    x: [&[BlockQ4_1]; 4],
+    y: [&[BlockQ8_1]; 8],
+    yd: [&[f32]; 8],
+    ys: [&[f32]; 8],
+) -> [[f32; 8]; 4] {
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+    let mut summs = [_mm256_setzero_ps(); 4];
+    for i in 0..x[0].len() {
+        let mut qx = [_mm512_setzero_si512(); 4];
+        let mut dx = [_mm512_setzero_ps(); 4];
+        let ysv = _mm256_setr_ps(
+            ys[0][i], ys[1][i], ys[2][i], ys[3][i], ys[4][i], ys[5][i], ys[6][i], ys[7][i],
+        );
+        for r in 0..4 {
+            let a = &x[r][i];
+            qx[r] = nibbles_both(&a.qs);
+            dx[r] = _mm512_set1_ps(h2f(a.d));
+            summs[r] = _mm256_add_ps(summs[r], _mm256_mul_ps(_mm256_set1_ps(h2f(a.m)), ysv));
+        }
+        for p in 0..4 {
+            let (t0, t1) = (2 * p, 2 * p + 1);
+            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
+            let dy = pair_ps(yd[t0][i], yd[t1][i]);
+            for r in 0..4 {
+                let d = _mm512_mul_ps(dx[r], dy);
+                acc[r][p] = _mm512_fmadd_ps(d, dot_us8(qx[r], qy), acc[r][p]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; 8]; 4];
+    for r in 0..4 {
+        let mut m = [0.0f32; 8];
+        _mm256_storeu_ps(m.as_mut_ptr(), summs[r]);
+        out[r] = unpair(&acc[r]);
+        for (o, s) in out[r].iter_mut().zip(m) {
+            *o += s;
+        }
+    }
+    out
+}

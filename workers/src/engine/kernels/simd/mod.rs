@@ -1,0 +1,320 @@
+//! The CPU engine's inner loops, one table per kernel variant ([`Isa`]), chosen at
+//! run time. Every variant computes the same bits (see [`crate::engine::kernels::isa`]).
+//!
+//! ## Layout
+//! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
+//! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
+//! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
+//!
+//! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
+//! is what makes calling the `#[target_feature]` functions behind it sound.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod elementwise;
+pub mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use super::isa::Isa;
+use super::kquants::{BlockQ4K, BlockQ6K, BlockQ8K};
+use super::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+use elementwise as ew;
+
+type Q41 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32]) -> f32;
+type Q41x4 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 4], [&[f32]; 4], [&[f32]; 4]) -> [f32; 4];
+type Q41x8 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 8], [&[f32]; 8], [&[f32]; 8]) -> [f32; 8];
+type Q41r4x8 = Option<fn([&[BlockQ4_1]; 4], [&[BlockQ8_1]; 8], [&[f32]; 8], [&[f32]; 8]) -> [[f32; 8]; 4]>;
+type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
+type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
+type Q80x8<B> = fn(&[B], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [f32; 8];
+type Q80r4x8<B> = Option<fn([&[B]; 4], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [[f32; 8]; 4]>;
+type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
+type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
+type QKx8<B> = fn(&[B], [&[BlockQ8K]; 8]) -> [f32; 8];
+
+/// One variant's kernels. Weight blocks come first, then the prepared activations
+/// (Q8_0/Q8_1 blocks with their scales, and Q8_1's sums, already in f32). The `_x4`
+/// and `_x8` forms take 4 or 8 activation rows against one weight row and give each
+/// exactly the single-row result. The `_4x8` forms, where a variant has them, take
+/// four weight rows against eight activation rows (`out[row][token]`), again each
+/// cell exactly the single-row result.
+pub struct Kernels {
+    pub isa: Isa,
+    pub q4_1: Q41,
+    pub q4_1_x4: Q41x4,
+    pub q4_1_x8: Q41x8,
+    pub q4_1_4x8: Q41r4x8,
+    pub q4_0: Q80<BlockQ4_0>,
+    pub q4_0_x4: Q80x4<BlockQ4_0>,
+    pub q4_0_x8: Q80x8<BlockQ4_0>,
+    pub q4_0_4x8: Q80r4x8<BlockQ4_0>,
+    pub q5_0: Q80<BlockQ5_0>,
+    pub q5_0_x4: Q80x4<BlockQ5_0>,
+    pub q5_0_x8: Q80x8<BlockQ5_0>,
+    pub q5_0_4x8: Q80r4x8<BlockQ5_0>,
+    pub q8_0: Q80<BlockQ8_0>,
+    pub q8_0_x4: Q80x4<BlockQ8_0>,
+    pub q8_0_x8: Q80x8<BlockQ8_0>,
+    pub q8_0_4x8: Q80r4x8<BlockQ8_0>,
+    pub q4_k: QK<BlockQ4K>,
+    pub q4_k_x4: QKx4<BlockQ4K>,
+    pub q4_k_x8: QKx8<BlockQ4K>,
+    pub q6_k: QK<BlockQ6K>,
+    pub q6_k_x4: QKx4<BlockQ6K>,
+    pub q6_k_x8: QKx8<BlockQ6K>,
+    /// `Σ a[i]·b[i]`: 8 FMA lanes, the lane sum, then the tail.
+    pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// [`Self::dot_f32`] with `a` in f16 bits (widened exactly).
+    pub dot_f16_f32: fn(&[u16], &[f32]) -> f32,
+    /// `acc[i] = fma(h2f(v[i]), w, acc[i])`.
+    pub axpy_f16: fn(&mut [f32], &[u16], f32),
+    /// `acc[i] = fma(x[i], w, acc[i])`.
+    pub axpy_f32: fn(&mut [f32], &[f32], f32),
+    /// Activations quantized for Q4_0/Q5_0/Q8_0 weights (ggml's `quantize_row_q8_0`).
+    pub quantize_q8_0: fn(&[f32], &mut [BlockQ8_0]),
+    /// ... for Q4_1 weights (`quantize_row_q8_1`).
+    pub quantize_q8_1: fn(&[f32], &mut [BlockQ8_1]),
+    /// ... for K-quant weights (`quantize_row_q8_K_ref`).
+    pub quantize_q8_k: fn(&[f32], &mut [BlockQ8K]),
+    /// ggml's softmax in place ([`crate::engine::kernels::math::softmax`]).
+    pub softmax: fn(&mut [f32]),
+    /// `gate[i] = silu(gate[i]) * up[i]`.
+    pub silu_mul: fn(&mut [f32], &[f32]),
+    /// `gate[i] = gelu(gate[i]) * up[i]`.
+    pub gelu_mul: fn(&mut [f32], &[f32]),
+    /// Each value rounded to f16 and back.
+    pub round_f16: fn(&mut [f32]),
+    /// f32 → f16 bits (round to nearest even).
+    pub to_f16: fn(&[f32], &mut [u16]),
+}
+
+/// The elementwise fields of a table, from the portable build.
+macro_rules! portable_elementwise {
+    () => {
+        Elementwise {
+            axpy_f32: ew::portable::axpy_f32,
+            quantize_q8_0: ew::portable::quantize_q8_0,
+            quantize_q8_1: ew::portable::quantize_q8_1,
+            quantize_q8_k: ew::portable::quantize_q8_k,
+            softmax: ew::portable::softmax,
+            silu_mul: ew::portable::silu_mul,
+            gelu_mul: ew::portable::gelu_mul,
+            round_f16: ew::portable::round_f16,
+            to_f16: ew::portable::to_f16,
+        }
+    };
+}
+
+/// The elementwise fields of a table, from the AVX2 + FMA + F16C build. SAFETY (of
+/// every wrapper): only in tables for variants that include those features.
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx2_elementwise {
+    () => {
+        Elementwise {
+            axpy_f32: |a, x, w| unsafe { ew::avx2::axpy_f32(a, x, w) },
+            quantize_q8_0: |x, o| unsafe { ew::avx2::quantize_q8_0(x, o) },
+            quantize_q8_1: |x, o| unsafe { ew::avx2::quantize_q8_1(x, o) },
+            quantize_q8_k: |x, o| unsafe { ew::avx2::quantize_q8_k(x, o) },
+            softmax: |x| unsafe { ew::avx2::softmax(x) },
+            silu_mul: |g, u| unsafe { ew::avx2::silu_mul(g, u) },
+            gelu_mul: |g, u| unsafe { ew::avx2::gelu_mul(g, u) },
+            round_f16: |x| unsafe { ew::avx2::round_f16(x) },
+            to_f16: |x, o| unsafe { ew::avx2::to_f16(x, o) },
+        }
+    };
+}
+
+/// The elementwise part of [`Kernels`], spliced into each table.
+struct Elementwise {
+    axpy_f32: fn(&mut [f32], &[f32], f32),
+    quantize_q8_0: fn(&[f32], &mut [BlockQ8_0]),
+    quantize_q8_1: fn(&[f32], &mut [BlockQ8_1]),
+    quantize_q8_k: fn(&[f32], &mut [BlockQ8K]),
+    softmax: fn(&mut [f32]),
+    silu_mul: fn(&mut [f32], &[f32]),
+    gelu_mul: fn(&mut [f32], &[f32]),
+    round_f16: fn(&mut [f32]),
+    to_f16: fn(&[f32], &mut [u16]),
+}
+
+/// Splices an [`Elementwise`] into a table literal.
+macro_rules! with_elementwise {
+    ($e:expr, { $($field:ident: $value:expr,)* }) => {{
+        let e = $e;
+        Kernels {
+            $($field: $value,)*
+            axpy_f32: e.axpy_f32,
+            quantize_q8_0: e.quantize_q8_0,
+            quantize_q8_1: e.quantize_q8_1,
+            quantize_q8_k: e.quantize_q8_k,
+            softmax: e.softmax,
+            silu_mul: e.silu_mul,
+            gelu_mul: e.gelu_mul,
+            round_f16: e.round_f16,
+            to_f16: e.to_f16,
+        }
+    }};
+}
+
+/// An `_x8` kernel from two `_x4` calls.
+macro_rules! x8_from_x4 {
+    ($x4:path, |$x:ident, $($y:ident),+|) => {
+        |$x, $($y),+| {
+            let lo = $x4($x, $( [$y[0], $y[1], $y[2], $y[3]] ),+);
+            let hi = $x4($x, $( [$y[4], $y[5], $y[6], $y[7]] ),+);
+            [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+        }
+    };
+}
+
+static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
+    isa: Isa::Portable,
+    q4_1: portable::dot_q4_1_q8_1,
+    q4_1_x4: portable::dot_q4_1_q8_1_x4,
+    q4_1_x8: x8_from_x4!(portable::dot_q4_1_q8_1_x4, |x, y, yd, ys|),
+    q4_1_4x8: None,
+    q4_0: portable::dot_q4_0_q8_0,
+    q4_0_x4: portable::dot_q4_0_q8_0_x4,
+    q4_0_x8: x8_from_x4!(portable::dot_q4_0_q8_0_x4, |x, y, yd|),
+    q4_0_4x8: None,
+    q5_0: portable::dot_q5_0_q8_0,
+    q5_0_x4: portable::dot_q5_0_q8_0_x4,
+    q5_0_x8: x8_from_x4!(portable::dot_q5_0_q8_0_x4, |x, y, yd|),
+    q5_0_4x8: None,
+    q8_0: portable::dot_q8_0_q8_0,
+    q8_0_x4: portable::dot_q8_0_q8_0_x4,
+    q8_0_x8: x8_from_x4!(portable::dot_q8_0_q8_0_x4, |x, y, yd|),
+    q8_0_4x8: None,
+    q4_k: portable::dot_q4_k_q8_k,
+    q4_k_x4: portable::dot_q4_k_q8_k_x4,
+    q4_k_x8: x8_from_x4!(portable::dot_q4_k_q8_k_x4, |x, y|),
+    q6_k: portable::dot_q6_k_q8_k,
+    q6_k_x4: portable::dot_q6_k_q8_k_x4,
+    q6_k_x8: x8_from_x4!(portable::dot_q6_k_q8_k_x4, |x, y|),
+    dot_f32: portable::dot_f32,
+    dot_f16_f32: portable::dot_f16_f32,
+    axpy_f16: portable::axpy_f16,
+});
+
+/// A table of safe wrappers around one x86 module's `unsafe` kernels. SAFETY (of
+/// every wrapper): the table is reachable only through [`Kernels::get`], which checks
+/// that the CPU has the module's features.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_table {
+    ($isa:expr, $m:path, $x8:tt) => {{
+        use $m as k;
+        with_elementwise!(avx2_elementwise!(), {
+            isa: $isa,
+            q4_1: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1(x, y, yd, ys) },
+            q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
+            q4_1_x8: x86_table!(@x8 $x8, dot_q4_1_q8_1_x4, dot_q4_1_q8_1_x8, |x, y, yd, ys|),
+            q4_1_4x8: None,
+            q4_0: |x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) },
+            q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
+            q4_0_x8: x86_table!(@x8 $x8, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8, |x, y, yd|),
+            q4_0_4x8: None,
+            q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
+            q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
+            q5_0_x8: x86_table!(@x8 $x8, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8, |x, y, yd|),
+            q5_0_4x8: None,
+            q8_0: |x, y, yd| unsafe { k::dot_q8_0_q8_0(x, y, yd) },
+            q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
+            q8_0_x8: x86_table!(@x8 $x8, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8, |x, y, yd|),
+            q8_0_4x8: None,
+            q4_k: |x, y| unsafe { k::dot_q4_k_q8_k(x, y) },
+            q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
+            q4_k_x8: x86_table!(@x8 $x8, dot_q4_k_q8_k_x4, dot_q4_k_q8_k_x8, |x, y|),
+            q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
+            q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
+            q6_k_x8: x86_table!(@x8 $x8, dot_q6_k_q8_k_x4, dot_q6_k_q8_k_x8, |x, y|),
+            dot_f32: |a, b| unsafe { k::dot_f32(a, b) },
+            dot_f16_f32: |a, b| unsafe { k::dot_f16_f32(a, b) },
+            axpy_f16: |acc, v, w| unsafe { k::axpy_f16(acc, v, w) },
+        })
+    }};
+    (@x8 pairs, $x4:ident, $x8:ident, |$($a:ident),+|) => {
+        |$($a),+| unsafe { k::$x8($($a),+) }
+    };
+    (@x8 twice, $x4:ident, $x8:ident, |$x:ident, $($y:ident),+|) => {
+        |$x, $($y),+| {
+            let lo = unsafe { k::$x4($x, $( [$y[0], $y[1], $y[2], $y[3]] ),+) };
+            let hi = unsafe { k::$x4($x, $( [$y[4], $y[5], $y[6], $y[7]] ),+) };
+            [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+static AVX2: Kernels = x86_table!(Isa::Avx2, x86::avx2, twice);
+
+#[cfg(target_arch = "x86_64")]
+static AVX_VNNI: Kernels = x86_table!(Isa::AvxVnni, x86::avx_vnni, twice);
+
+/// AVX-512: the 4- and 8-row tiles are 512-bit; single rows and the f32/f16 vector
+/// helpers are the 256-bit kernels with EVEX `vpdpbusd` (not AVX-VNNI's VEX form,
+/// which Ice Lake and Zen 4 lack).
+#[cfg(target_arch = "x86_64")]
+static AVX512: Kernels = {
+    use avx512 as k;
+    use x86::avx512_vl as v;
+    with_elementwise!(avx2_elementwise!(), {
+        isa: Isa::Avx512,
+        q4_1: |x, y, yd, ys| unsafe { v::dot_q4_1_q8_1(x, y, yd, ys) },
+        q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
+        q4_1_x8: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys) },
+        q4_1_4x8: Some(|x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_4x8(x, y, yd, ys) }),
+        q4_0: |x, y, yd| unsafe { v::dot_q4_0_q8_0(x, y, yd) },
+        q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
+        q4_0_x8: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd) },
+        q4_0_4x8: Some(|x, y, yd| unsafe { k::dot_q4_0_q8_0_4x8(x, y, yd) }),
+        q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },
+        q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
+        q5_0_x8: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd) },
+        q5_0_4x8: Some(|x, y, yd| unsafe { k::dot_q5_0_q8_0_4x8(x, y, yd) }),
+        q8_0: |x, y, yd| unsafe { v::dot_q8_0_q8_0(x, y, yd) },
+        q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
+        q8_0_x8: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd) },
+        q8_0_4x8: Some(|x, y, yd| unsafe { k::dot_q8_0_q8_0_4x8(x, y, yd) }),
+        q4_k: |x, y| unsafe { v::dot_q4_k_q8_k(x, y) },
+        q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
+        q4_k_x8: |x, y| unsafe { k::dot_q4_k_q8_k_x8(x, y) },
+        q6_k: |x, y| unsafe { v::dot_q6_k_q8_k(x, y) },
+        q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
+        q6_k_x8: |x, y| unsafe { k::dot_q6_k_q8_k_x8(x, y) },
+        dot_f32: |a, b| unsafe { v::dot_f32(a, b) },
+        dot_f16_f32: |a, b| unsafe { v::dot_f16_f32(a, b) },
+        axpy_f16: |acc, v_, w| unsafe { v::axpy_f16(acc, v_, w) },
+    })
+};
+
+impl Kernels {
+    /// The table for `isa`, or `None` when this CPU cannot run it.
+    pub fn get(isa: Isa) -> Option<&'static Kernels> {
+        if !isa.supported() {
+            return None;
+        }
+        Some(match isa {
+            Isa::Portable => &PORTABLE,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => &AVX2,
+            #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => &AVX_VNNI,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => &AVX512,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => return None,
+        })
+    }
+
+    /// The table the engine uses ([`crate::engine::kernels::isa::active`]), looked up once per
+    /// process (the CPU feature checks are not repeated per matmul).
+    #[inline]
+    pub fn active() -> &'static Kernels {
+        static ACTIVE: std::sync::OnceLock<&'static Kernels> = std::sync::OnceLock::new();
+        ACTIVE.get_or_init(|| Self::get(super::isa::active()).unwrap_or(&PORTABLE))
+    }
+}
+
+#[cfg(test)]
+mod tests;

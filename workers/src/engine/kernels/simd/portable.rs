@@ -1,0 +1,240 @@
+//! The kernels in plain Rust, for any CPU, with exactly the SIMD kernels' arithmetic:
+//! each 32-value block's products are summed in 8 integer lanes of four (the lanes
+//! `vpmaddubsw` + `vpmaddwd` produce), every lane accumulates in f32 with one fused
+//! multiply-add per block, and the lanes are summed in `hsum_float_8`'s order. So the
+//! portable path computes the same bits as AVX2 and AVX-512, only slower; LLVM
+//! vectorises the lane loops with the target's baseline SIMD (SSE2, NEON).
+
+use crate::engine::kernels::kquants::{q4k_scales_mins, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+use crate::engine::kernels::quants::*;
+
+/// `hsum_float_8`'s order: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+#[inline]
+fn hsum8(l: &[f32; 8]) -> f32 {
+    let r = [l[4] + l[0], l[5] + l[1], l[6] + l[2], l[7] + l[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// `acc[l] = fma(d, lanes[l], acc[l])`.
+#[inline]
+fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: &[i32; 8]) {
+    for (a, &v) in acc.iter_mut().zip(lanes) {
+        *a = d.mul_add(v as f32, *a);
+    }
+}
+
+/// Lane `l` = Σ of the four products at positions `4l..4l + 4`.
+#[inline]
+fn lanes_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
+    let mut out = [0i32; 8];
+    for (l, o) in out.iter_mut().enumerate() {
+        *o = (0..4).map(|k| x[4 * l + k] as i32 * y[4 * l + k] as i32).sum();
+    }
+    out
+}
+
+/// A 4-bit block's 32 values in the SIMD order: low nibbles, then high nibbles.
+#[inline]
+fn nibbles(qs: &[u8; 16]) -> [i8; 32] {
+    let mut v = [0i8; 32];
+    for j in 0..16 {
+        v[j] = (qs[j] & 0x0f) as i8;
+        v[j + 16] = (qs[j] >> 4) as i8;
+    }
+    v
+}
+
+pub fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (i, (a, b)) in x.iter().zip(y).enumerate() {
+        let (d0, m) = (h2f(a.d), h2f(a.m));
+        summs += m * ys[i];
+        fma_lanes(&mut acc, d0 * yd[i], &lanes_i8(&nibbles(&a.qs), &b.qs));
+    }
+    hsum8(&acc) + summs
+}
+
+pub fn dot_q4_1_q8_1_x4(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 4], yd: [&[f32]; 4], ys: [&[f32]; 4]) -> [f32; 4] {
+    [0, 1, 2, 3].map(|r| dot_q4_1_q8_1(x, y[r], yd[r], ys[r]))
+}
+
+/// Q8_0 activations against weights whose blocks `unpack` into 32 signed values.
+#[inline]
+fn dot_q8_0_with<B>(x: &[B], y: &[BlockQ8_0], yd: &[f32], unpack: impl Fn(&B) -> ([i8; 32], f32)) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (i, (a, b)) in x.iter().zip(y).enumerate() {
+        let (q, dx) = unpack(a);
+        fma_lanes(&mut acc, dx * yd[i], &lanes_i8(&q, &b.qs));
+    }
+    hsum8(&acc)
+}
+
+fn unpack_q4_0(a: &BlockQ4_0) -> ([i8; 32], f32) {
+    (nibbles(&a.qs).map(|v| v - 8), h2f(a.d))
+}
+
+fn unpack_q5_0(a: &BlockQ5_0) -> ([i8; 32], f32) {
+    let qh = u32::from_le_bytes(a.qh);
+    let mut v = nibbles(&a.qs);
+    for (j, q) in v.iter_mut().enumerate() {
+        *q = (*q | ((((qh >> j) & 1) << 4) as i8)) - 16;
+    }
+    (v, h2f(a.d))
+}
+
+fn unpack_q8_0(a: &BlockQ8_0) -> ([i8; 32], f32) {
+    (a.qs, h2f(a.d))
+}
+
+pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
+    dot_q8_0_with(x, y, yd, unpack_q4_0)
+}
+
+pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
+    dot_q8_0_with(x, y, yd, unpack_q5_0)
+}
+
+pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
+    dot_q8_0_with(x, y, yd, unpack_q8_0)
+}
+
+pub fn dot_q4_0_q8_0_x4(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+    [0, 1, 2, 3].map(|r| dot_q4_0_q8_0(x, y[r], yd[r]))
+}
+
+pub fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+    [0, 1, 2, 3].map(|r| dot_q5_0_q8_0(x, y[r], yd[r]))
+}
+
+pub fn dot_q8_0_q8_0_x4(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+    [0, 1, 2, 3].map(|r| dot_q8_0_q8_0(x, y[r], yd[r]))
+}
+
+/// The AVX2 kernel's integers for one Q4_K block: 8 lanes of
+/// `scale · Σ(four products)` over the block's 8 sub-blocks, and the 4 lanes of the
+/// mins against the activations' group sums.
+fn q4k_block(a: &BlockQ4K, b: &BlockQ8K) -> ([i32; 8], [i32; 4]) {
+    let utmp = q4k_scales_mins(&a.scales);
+    let sc = [utmp[0].to_le_bytes(), utmp[1].to_le_bytes()].concat();
+    let mn = [utmp[2].to_le_bytes(), utmp[3].to_le_bytes()].concat();
+    let mut sumi = [0i32; 8];
+    for j in 0..QK_K / 64 {
+        let q4 = &a.qs[32 * j..32 * j + 32];
+        for (half, shift) in [(0usize, 0u8), (1, 4)] {
+            let scale = sc[2 * j + half] as i32;
+            let q8 = &b.qs[64 * j + 32 * half..64 * j + 32 * half + 32];
+            for (l, s) in sumi.iter_mut().enumerate() {
+                let p: i32 = (0..4)
+                    .map(|k| ((q4[4 * l + k] >> shift) & 0xf) as i32 * q8[4 * l + k] as i32)
+                    .sum();
+                *s += scale * p;
+            }
+        }
+    }
+    let q8s: [i32; 8] = std::array::from_fn(|k| b.bsums[2 * k] as i32 + b.bsums[2 * k + 1] as i32);
+    let prod = std::array::from_fn(|k| mn[2 * k] as i32 * q8s[2 * k] + mn[2 * k + 1] as i32 * q8s[2 * k + 1]);
+    (sumi, prod)
+}
+
+pub fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut acc_m = [0.0f32; 4];
+    for (a, b) in x.iter().zip(y) {
+        let (sumi, prod) = q4k_block(a, b);
+        let d = b.d * h2f(a.d);
+        let dmin = -b.d * h2f(a.dmin);
+        for (m, &p) in acc_m.iter_mut().zip(&prod) {
+            *m = dmin.mul_add(p as f32, *m);
+        }
+        fma_lanes(&mut acc, d, &sumi);
+    }
+    hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
+pub fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    y.map(|row| dot_q4_k_q8_k(x, row))
+}
+
+/// The AVX2 kernel's integers for one Q6_K block: 8 lanes of `scale · Σ(four
+/// products)` of the unsigned 6-bit values, minus 32 × the scaled group sums.
+fn q6k_block(a: &BlockQ6K, b: &BlockQ8K) -> [i32; 8] {
+    let mut sumi = [0i32; 8];
+    for j in 0..QK_K / 128 {
+        let (ql, qh) = (&a.ql[64 * j..64 * j + 64], &a.qh[32 * j..32 * j + 32]);
+        for k in 0..4 {
+            let q8 = &b.qs[128 * j + 32 * k..128 * j + 32 * k + 32];
+            let value = |p: usize| -> i32 {
+                let (lo, hi) = match k {
+                    0 => (ql[p] & 15, qh[p] & 3),
+                    1 => (ql[32 + p] & 15, (qh[p] >> 2) & 3),
+                    2 => (ql[p] >> 4, (qh[p] >> 4) & 3),
+                    _ => (ql[32 + p] >> 4, (qh[p] >> 6) & 3),
+                };
+                (lo | (hi << 4)) as i32
+            };
+            for (l, s) in sumi.iter_mut().enumerate() {
+                // Bytes 0-15 take the sub-block's first scale, 16-31 its second.
+                let scale = a.scales[8 * j + 2 * k + l / 4] as i32;
+                let p: i32 = (0..4).map(|i| value(4 * l + i) * q8[4 * l + i] as i32).sum();
+                *s += scale * p;
+            }
+        }
+    }
+    for (l, s) in sumi.iter_mut().enumerate() {
+        let sub =
+            b.bsums[2 * l] as i32 * a.scales[2 * l] as i32 + b.bsums[2 * l + 1] as i32 * a.scales[2 * l + 1] as i32;
+        *s -= sub << 5;
+    }
+    sumi
+}
+
+pub fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        fma_lanes(&mut acc, b.d * h2f(a.d), &q6k_block(a, b));
+    }
+    hsum8(&acc)
+}
+
+pub fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    y.map(|row| dot_q6_k_q8_k(x, row))
+}
+
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; 8];
+    let n8 = n / 8 * 8;
+    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] = ca[l].mul_add(cb[l], acc[l]);
+        }
+    }
+    let mut s = hsum8(&acc);
+    for i in n8..n {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+pub fn dot_f16_f32(a: &[u16], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; 8];
+    let n8 = n / 8 * 8;
+    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] = h2f(ca[l]).mul_add(cb[l], acc[l]);
+        }
+    }
+    let mut s = hsum8(&acc);
+    for i in n8..n {
+        s += h2f(a[i]) * b[i];
+    }
+    s
+}
+
+pub fn axpy_f16(acc: &mut [f32], v: &[u16], w: f32) {
+    for (a, &h) in acc.iter_mut().zip(v) {
+        *a = h2f(h).mul_add(w, *a);
+    }
+}

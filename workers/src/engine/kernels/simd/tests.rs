@@ -1,0 +1,323 @@
+//! Every kernel variant this CPU supports computes exactly the portable kernels' bits,
+//! for single rows and for the 4- and 8-row tiles. (On an AVX-512 host this covers
+//! all four variants; on an AVX2-only host, three.)
+
+use super::*;
+use crate::engine::kernels::kquants::{quantize_q8_k, QK_K};
+use crate::engine::kernels::quants::{f2h, h2f, quantize_q8_0, quantize_q8_1, QK};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+    }
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        std::array::from_fn(|_| self.next() as u8)
+    }
+    fn scale(&mut self) -> u16 {
+        f2h(0.001 + (self.next() % 1000) as f32 * 1e-4)
+    }
+}
+
+/// Rows of random activations, quantized three ways.
+struct Acts {
+    q8_0: Vec<Vec<BlockQ8_0>>,
+    q8_0d: Vec<Vec<f32>>,
+    q8_1: Vec<Vec<BlockQ8_1>>,
+    q8_1d: Vec<Vec<f32>>,
+    q8_1s: Vec<Vec<f32>>,
+    q8_k: Vec<Vec<BlockQ8K>>,
+}
+
+fn acts(rng: &mut Rng, cols: usize) -> Acts {
+    let rows: Vec<Vec<f32>> = (0..8).map(|_| (0..cols).map(|_| rng.f32()).collect()).collect();
+    let q8_0: Vec<Vec<BlockQ8_0>> = rows
+        .iter()
+        .map(|x| {
+            let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; cols / QK];
+            quantize_q8_0(x, &mut b);
+            b
+        })
+        .collect();
+    let q8_1: Vec<Vec<BlockQ8_1>> = rows
+        .iter()
+        .map(|x| {
+            let mut b = vec![
+                BlockQ8_1 {
+                    d: 0,
+                    s: 0,
+                    qs: [0; 32]
+                };
+                cols / QK
+            ];
+            quantize_q8_1(x, &mut b);
+            b
+        })
+        .collect();
+    let q8_k = rows
+        .iter()
+        .map(|x| {
+            let mut b = vec![BlockQ8K::ZERO; cols / QK_K];
+            quantize_q8_k(x, &mut b);
+            b
+        })
+        .collect();
+    Acts {
+        q8_0d: q8_0.iter().map(|r| r.iter().map(|b| h2f(b.d)).collect()).collect(),
+        q8_1d: q8_1.iter().map(|r| r.iter().map(|b| h2f(b.d)).collect()).collect(),
+        q8_1s: q8_1.iter().map(|r| r.iter().map(|b| h2f(b.s)).collect()).collect(),
+        q8_0,
+        q8_1,
+        q8_k,
+    }
+}
+
+fn refs<T, const N: usize>(v: &[Vec<T>]) -> [&[T]; N] {
+    std::array::from_fn(|i| &v[i][..])
+}
+
+fn bits<const N: usize>(v: [f32; N]) -> [u32; N] {
+    v.map(f32::to_bits)
+}
+
+#[test]
+fn every_variant_computes_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(7);
+    let cols = 2 * QK_K;
+    let a = acts(&mut rng, cols);
+    let nb = cols / QK;
+    let w4_1: Vec<BlockQ4_1> = (0..nb)
+        .map(|_| BlockQ4_1 {
+            d: rng.scale(),
+            m: f2h(-0.01 * (rng.next() % 50) as f32),
+            qs: rng.bytes(),
+        })
+        .collect();
+    let w4_0: Vec<BlockQ4_0> = (0..nb)
+        .map(|_| BlockQ4_0 {
+            d: rng.scale(),
+            qs: rng.bytes(),
+        })
+        .collect();
+    let w5_0: Vec<BlockQ5_0> = (0..nb)
+        .map(|_| BlockQ5_0 {
+            d: rng.scale(),
+            qh: rng.bytes(),
+            qs: rng.bytes(),
+        })
+        .collect();
+    let w8_0: Vec<BlockQ8_0> = (0..nb)
+        .map(|_| BlockQ8_0 {
+            d: rng.scale(),
+            // Weights may hold −128 (ggml's quantizer never writes it, a file might).
+            qs: rng.bytes::<32>().map(|b| b as i8),
+        })
+        .collect();
+    let w4_k: Vec<BlockQ4K> = (0..cols / QK_K)
+        .map(|_| BlockQ4K {
+            d: rng.scale(),
+            dmin: rng.scale(),
+            scales: rng.bytes(),
+            qs: rng.bytes(),
+        })
+        .collect();
+    let w6_k: Vec<BlockQ6K> = (0..cols / QK_K)
+        .map(|_| BlockQ6K {
+            ql: rng.bytes(),
+            qh: rng.bytes(),
+            scales: rng.bytes::<16>().map(|b| b as i8),
+            d: rng.scale(),
+        })
+        .collect();
+    let f: Vec<f32> = (0..cols + 6).map(|_| rng.f32()).collect();
+    let h: Vec<u16> = (0..cols + 5).map(|_| f2h(rng.f32())).collect();
+
+    let isas = Isa::available();
+    eprintln!("variants on this CPU: {isas:?}");
+    for isa in isas {
+        let k = Kernels::get(isa).unwrap();
+        for t in 0..8 {
+            let (y1, yd1, ys1) = (&a.q8_1[t][..], &a.q8_1d[t][..], &a.q8_1s[t][..]);
+            let (y0, yd0) = (&a.q8_0[t][..], &a.q8_0d[t][..]);
+            let yk = &a.q8_k[t][..];
+            let want = (p.q4_1)(&w4_1, y1, yd1, ys1).to_bits();
+            assert_eq!((k.q4_1)(&w4_1, y1, yd1, ys1).to_bits(), want, "{isa} q4_1 row {t}");
+            let x4 = (k.q4_1_x4)(
+                &w4_1,
+                refs(&a.q8_1[t / 4 * 4..]),
+                refs(&a.q8_1d[t / 4 * 4..]),
+                refs(&a.q8_1s[t / 4 * 4..]),
+            );
+            assert_eq!(x4[t % 4].to_bits(), want, "{isa} q4_1 x4 row {t}");
+            let x8 = (k.q4_1_x8)(&w4_1, refs(&a.q8_1), refs(&a.q8_1d), refs(&a.q8_1s));
+            assert_eq!(x8[t].to_bits(), want, "{isa} q4_1 x8 row {t}");
+
+            macro_rules! q8_0_family {
+                ($w:expr, $one:ident, $x4:ident, $x8:ident) => {{
+                    let want = (p.$one)(&$w, y0, yd0).to_bits();
+                    assert_eq!(
+                        (k.$one)(&$w, y0, yd0).to_bits(),
+                        want,
+                        "{isa} {} row {t}",
+                        stringify!($one)
+                    );
+                    let x4 = (k.$x4)(&$w, refs(&a.q8_0[t / 4 * 4..]), refs(&a.q8_0d[t / 4 * 4..]));
+                    assert_eq!(x4[t % 4].to_bits(), want, "{isa} {} row {t}", stringify!($x4));
+                    let x8 = (k.$x8)(&$w, refs(&a.q8_0), refs(&a.q8_0d));
+                    assert_eq!(x8[t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
+                }};
+            }
+            q8_0_family!(w4_0, q4_0, q4_0_x4, q4_0_x8);
+            q8_0_family!(w5_0, q5_0, q5_0_x4, q5_0_x8);
+            q8_0_family!(w8_0, q8_0, q8_0_x4, q8_0_x8);
+
+            macro_rules! k_family {
+                ($w:expr, $one:ident, $x4:ident, $x8:ident) => {{
+                    let want = (p.$one)(&$w, yk).to_bits();
+                    assert_eq!(
+                        (k.$one)(&$w, yk).to_bits(),
+                        want,
+                        "{isa} {} row {t}",
+                        stringify!($one)
+                    );
+                    let x4 = (k.$x4)(&$w, refs(&a.q8_k[t / 4 * 4..]));
+                    assert_eq!(x4[t % 4].to_bits(), want, "{isa} {} row {t}", stringify!($x4));
+                    assert_eq!(
+                        bits((k.$x8)(&$w, refs(&a.q8_k)))[t],
+                        want,
+                        "{isa} {} row {t}",
+                        stringify!($x8)
+                    );
+                }};
+            }
+            k_family!(w4_k, q4_k, q4_k_x4, q4_k_x8);
+            k_family!(w6_k, q6_k, q6_k_x4, q6_k_x8);
+        }
+        for n in [7, 64, cols + 5] {
+            assert_eq!(
+                (k.dot_f32)(&f[..n], &f[1..n + 1]).to_bits(),
+                (p.dot_f32)(&f[..n], &f[1..n + 1]).to_bits(),
+                "{isa} dot_f32 {n}"
+            );
+            assert_eq!(
+                (k.dot_f16_f32)(&h[..n], &f[..n]).to_bits(),
+                (p.dot_f16_f32)(&h[..n], &f[..n]).to_bits(),
+                "{isa} dot_f16_f32 {n}"
+            );
+            let (mut x, mut y) = (f[..n].to_vec(), f[..n].to_vec());
+            (k.axpy_f16)(&mut x, &h[..n], 0.37);
+            (p.axpy_f16)(&mut y, &h[..n], 0.37);
+            assert_eq!(
+                bits::<1>([x.iter().sum()]),
+                bits::<1>([y.iter().sum()]),
+                "{isa} axpy_f16 {n}"
+            );
+            assert!(
+                x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa} axpy_f16 {n}"
+            );
+        }
+    }
+}
+
+/// The 4-weight-row × 8-input tiles give each cell the portable single-row bits.
+#[test]
+#[allow(clippy::needless_range_loop)] // cells[row][input] against row and input slices
+fn four_row_tiles_compute_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(11);
+    let cols = 6 * QK;
+    let a = acts(&mut rng, cols);
+    let nb = cols / QK;
+    let w4_0: Vec<Vec<BlockQ4_0>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ4_0 {
+                    d: rng.scale(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let w4_1: Vec<Vec<BlockQ4_1>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ4_1 {
+                    d: rng.scale(),
+                    m: f2h(-0.01 * (rng.next() % 50) as f32),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let w5_0: Vec<Vec<BlockQ5_0>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ5_0 {
+                    d: rng.scale(),
+                    qh: rng.bytes(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let w8_0: Vec<Vec<BlockQ8_0>> = (0..4)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ8_0 {
+                    d: rng.scale(),
+                    qs: rng.bytes::<32>().map(|b| b as i8),
+                })
+                .collect()
+        })
+        .collect();
+    let mut tiled = 0;
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        macro_rules! check {
+            ($w:expr, $one:ident, $tile:ident) => {
+                if let Some(f) = k.$tile {
+                    tiled += 1;
+                    let cells = f(refs(&$w), refs(&a.q8_0), refs(&a.q8_0d));
+                    for r in 0..4 {
+                        for t in 0..8 {
+                            assert_eq!(
+                                cells[r][t].to_bits(),
+                                (p.$one)(&$w[r], &a.q8_0[t], &a.q8_0d[t]).to_bits(),
+                                "{isa} {} row {r} input {t}",
+                                stringify!($tile)
+                            );
+                        }
+                    }
+                }
+            };
+        }
+        if let Some(f) = k.q4_1_4x8 {
+            tiled += 1;
+            let cells = f(refs(&w4_1), refs(&a.q8_1), refs(&a.q8_1d), refs(&a.q8_1s));
+            for r in 0..4 {
+                for t in 0..8 {
+                    let want = (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t]);
+                    assert_eq!(
+                        cells[r][t].to_bits(),
+                        want.to_bits(),
+                        "{isa} q4_1_4x8 row {r} input {t}"
+                    );
+                }
+            }
+        }
+        check!(w4_0, q4_0, q4_0_4x8);
+        check!(w5_0, q5_0, q5_0_4x8);
+        check!(w8_0, q8_0, q8_0_4x8);
+    }
+    eprintln!("{tiled} four-row tiles checked");
+}

@@ -1,0 +1,518 @@
+//! ggml's AVX2 dot products, lane for lane, compiled three times: for AVX2 + FMA +
+//! F16C ([`avx2`]), with AVX-VNNI's `vpdpbusd` doing the 8-bit multiply-adds
+//! ([`avx_vnni`], as ggml does under `__AVXVNNI__`), and with AVX-512 VNNI's EVEX
+//! `vpdpbusd` on 256-bit registers ([`avx512_vl`], for the AVX-512 table's single
+//! rows, as ggml does under `__AVX512VNNI__ && __AVX512VL__`). `vpdpbusd` sums the same four
+//! products per 32-bit lane that `vpmaddubsw` + `vpmaddwd` do, none of these sums can
+//! saturate for the block formats here, so both give the same integers and the same
+//! floats.
+//!
+//! Every function is `unsafe`: the caller guarantees the CPU has the module's
+//! features ([`super::Kernels::get`] hands them out only then).
+
+/// ggml's `hsum_float_8`: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+#[inline(always)]
+pub(super) unsafe fn hsum_float_8(x: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let mut res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    _mm_cvtss_f32(res)
+}
+
+/// f16 bits → f32 with F16C, as `vmovd` + `vcvtph2ps` from a general register.
+/// (LLVM compiles the intrinsic form to `vpinsrw` into whatever vector register it
+/// likes, which makes the conversion wait on that register's last writer: in the dot
+/// products, the running sum, so every block joined one long dependency chain.)
+#[inline(always)]
+pub(super) unsafe fn h2f(h: u16) -> f32 {
+    let r: f32;
+    // SAFETY: the caller runs on a CPU with F16C; register-only, no memory access.
+    std::arch::asm!(
+        "vmovd {x}, {g:e}",
+        "vcvtph2ps {x}, {x}",
+        g = in(reg) h as u32,
+        x = out(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    r
+}
+
+/// The 4-bit and 8-bit helpers shared by the 256-bit kernels here and the 512-bit
+/// ones in `avx512.rs`.
+#[inline(always)]
+pub(super) unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let tmp = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(_mm256_set1_epi8(0x0f), bytes)
+}
+
+/// ggml's `bytes_from_bits_32`: byte `i` is 0xFF where bit `i` of `x` is set.
+#[inline(always)]
+pub(super) unsafe fn bytes_from_bits_32(x: &[u8; 4]) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let x32 = i32::from_le_bytes(*x);
+    let shuf_mask = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf_mask);
+    let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
+}
+
+/// Q5_0's 32 signed values (`(nibble | high << 4) - 16`, as ggml: the high bit
+/// cleared means −16).
+#[inline(always)]
+pub(super) unsafe fn q5_0_bytes(a: &crate::engine::kernels::quants::BlockQ5_0) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let hi = _mm256_andnot_si256(bytes_from_bits_32(&a.qh), _mm256_set1_epi8(0xF0u8 as i8));
+    _mm256_or_si256(bytes_from_nibbles_32(&a.qs), hi)
+}
+
+/// A Q8_0-family weight block as 32 signed bytes and its scale. A trait method, not a
+/// closure: closures are compiled without the caller's `#[target_feature]`s, so the
+/// intrinsics inside one become calls (measured: Gemma 3 prefill at 0.6× of what the
+/// inlined kernel gives).
+pub(super) trait Unpack {
+    /// # Safety
+    /// The CPU has AVX2 and F16C.
+    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32);
+}
+
+impl Unpack for crate::engine::kernels::quants::BlockQ4_0 {
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32) {
+        use std::arch::x86_64::*;
+        (
+            _mm256_sub_epi8(bytes_from_nibbles_32(&self.qs), _mm256_set1_epi8(8)),
+            h2f(self.d),
+        )
+    }
+}
+
+impl Unpack for crate::engine::kernels::quants::BlockQ5_0 {
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32) {
+        (q5_0_bytes(self), h2f(self.d))
+    }
+}
+
+impl Unpack for crate::engine::kernels::quants::BlockQ8_0 {
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32) {
+        use std::arch::x86_64::*;
+        (_mm256_loadu_si256(self.qs.as_ptr() as *const __m256i), h2f(self.d))
+    }
+}
+
+/// ggml's `get_scale_shuffle_k4` table: row `i` repeats bytes `2i, 2i + 1`.
+static SHUFFLE_K4: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = (2 * (i / 32) + i % 2) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// ggml's `get_scale_shuffle` table: row `i` is 8 × `2i` then 8 × `2i + 1`.
+static SHUFFLE: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = (2 * (i / 16) + (i % 16) / 8) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Row `i` (32 bytes) of ggml's `get_scale_shuffle_k4` table.
+#[inline(always)]
+pub(super) unsafe fn get_scale_shuffle_k4(i: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm256_loadu_si256(SHUFFLE_K4.as_ptr().add(32 * i) as *const __m256i)
+}
+
+/// Row `i` of ggml's `get_scale_shuffle` table.
+#[inline(always)]
+pub(super) unsafe fn get_scale_shuffle(i: usize) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::*;
+    _mm_loadu_si128(SHUFFLE.as_ptr().add(16 * i) as *const __m128i)
+}
+
+/// A Q4_K block's 8 mins (as 8 × i16) and its 8 scales (as 8 × i16, in both 128-bit
+/// halves), as ggml's AVX2 kernel unpacks them.
+#[inline(always)]
+pub(super) unsafe fn q4k_mins_scales(
+    a: &crate::engine::kernels::kquants::BlockQ4K,
+) -> (std::arch::x86_64::__m128i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    let utmp = crate::engine::kernels::kquants::q4k_scales_mins(&a.scales);
+    let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+        utmp[3] as i32,
+        utmp[2] as i32,
+        utmp[1] as i32,
+        utmp[0] as i32,
+    ));
+    let mins = _mm256_extracti128_si256(mins_and_scales, 1);
+    let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+    (mins, _mm256_set_m128i(sc128, sc128))
+}
+
+/// Half `j` (128 values) of a Q6_K block as four 32-byte vectors of unsigned 6-bit
+/// values, in ggml's AVX2 order.
+#[inline(always)]
+pub(super) unsafe fn q6k_quarters(
+    a: &crate::engine::kernels::kquants::BlockQ6K,
+    j: usize,
+) -> [std::arch::x86_64::__m256i; 4] {
+    use std::arch::x86_64::*;
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
+    let q4 = a.ql.as_ptr().add(64 * j);
+    let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+    let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+    let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
+
+    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+    let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+    let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+    [
+        _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+        _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3),
+    ]
+}
+
+/// Which instruction does the 8-bit multiply-adds.
+#[derive(PartialEq, Eq)]
+enum Dot {
+    /// `vpmaddubsw` + `vpmaddwd` (AVX2).
+    Madd,
+    /// VEX `vpdpbusd` (AVX-VNNI).
+    AvxVnni,
+    /// EVEX `vpdpbusd` on 256-bit registers (AVX-512 VNNI + VL: Ice Lake, Zen 4 and
+    /// others have it without AVX-VNNI).
+    Avx512Vnni,
+}
+
+macro_rules! x86_kernels {
+    ($(#[$attr:meta])* $module:ident, $features:literal, $dot:expr) => {
+        $(#[$attr])*
+        pub mod $module {
+            use super::*;
+            use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+            use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+            use std::arch::x86_64::*;
+
+            /// Sums of four u8 × i8 products per 32-bit lane, as floats.
+            #[inline(always)]
+            unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
+                if $dot == Dot::AvxVnni {
+                    _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy))
+                } else if $dot == Dot::Avx512Vnni {
+                    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy))
+                } else {
+                    let dot = _mm256_maddubs_epi16(ax, sy);
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
+                }
+            }
+
+            /// `N` activation rows (scales already in f32) against one Q4_1 weight
+            /// row: the nibbles are unpacked once per block; each output uses exactly
+            /// the single-row arithmetic.
+            #[inline(always)]
+            unsafe fn rows_q4_1<const N: usize>(
+                x: &[BlockQ4_1],
+                y: [&[BlockQ8_1]; N],
+                yd: [&[f32]; N],
+                ys: [&[f32]; N],
+            ) -> [f32; N] {
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut summs = [0.0f32; N];
+                for (i, a) in x.iter().enumerate() {
+                    let d0 = h2f(a.d);
+                    let m = h2f(a.m);
+                    let qx = bytes_from_nibbles_32(&a.qs);
+                    for r in 0..N {
+                        summs[r] += m * ys[r][i];
+                        let d0d1 = _mm256_set1_ps(d0 * yd[r][i]);
+                        let qy = _mm256_loadu_si256(y[r][i].qs.as_ptr() as *const __m256i);
+                        acc[r] = _mm256_fmadd_ps(d0d1, mul_sum_us8_pairs_float(qx, qy), acc[r]);
+                    }
+                }
+                let mut out = [0.0f32; N];
+                for r in 0..N {
+                    out[r] = hsum_float_8(acc[r]) + summs[r];
+                }
+                out
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
+                rows_q4_1(x, [y], [yd], [ys])[0]
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_1_q8_1_x4(
+                x: &[BlockQ4_1],
+                y: [&[BlockQ8_1]; 4],
+                yd: [&[f32]; 4],
+                ys: [&[f32]; 4],
+            ) -> [f32; 4] {
+                rows_q4_1(x, y, yd, ys)
+            }
+
+            /// `N` Q8_0 activation rows against one weight row whose blocks `unpack`
+            /// into signed bytes and a scale.
+            #[inline(always)]
+            unsafe fn rows_q8_0<B: Unpack, const N: usize>(
+                x: &[B],
+                y: [&[BlockQ8_0]; N],
+                yd: [&[f32]; N],
+            ) -> [f32; N] {
+                let mut acc = [_mm256_setzero_ps(); N];
+                for (i, a) in x.iter().enumerate() {
+                    let (qx, dx) = a.unpack();
+                    let ax = _mm256_sign_epi8(qx, qx);
+                    for r in 0..N {
+                        let d = _mm256_set1_ps(dx * yd[r][i]);
+                        let qy = _mm256_loadu_si256(y[r][i].qs.as_ptr() as *const __m256i);
+                        let q = mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy, qx));
+                        acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
+                    }
+                }
+                let mut out = [0.0f32; N];
+                for r in 0..N {
+                    out[r] = hsum_float_8(acc[r]);
+                }
+                out
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
+                rows_q8_0(x, [y], [yd])[0]
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
+                rows_q8_0(x, [y], [yd])[0]
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
+                rows_q8_0(x, [y], [yd])[0]
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_0_q8_0_x4(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+                rows_q8_0(x, y, yd)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+                rows_q8_0(x, y, yd)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q8_0_q8_0_x4(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+                rows_q8_0(x, y, yd)
+            }
+
+            /// `ggml_vec_dot_q4_K_q8_K`'s AVX2 branch for `N` activation rows at once.
+            #[inline(always)]
+            unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32; N] {
+                let m4 = _mm256_set1_epi8(0xf);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut acc_m = [_mm_setzero_ps(); N];
+                for (i, a) in x.iter().enumerate() {
+                    let (mins, scales) = q4k_mins_scales(a);
+                    let (ad, admin) = (h2f(a.d), h2f(a.dmin));
+
+                    let q4 = a.qs.as_ptr();
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for j in 0..QK_K / 64 {
+                        let scale_l = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j));
+                        let scale_h = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1));
+                        let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
+                        let q4l = _mm256_and_si256(q4bits, m4);
+                        let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+                        for r in 0..N {
+                            let q8 = y[r][i].qs.as_ptr();
+                            let q8l = _mm256_loadu_si256(q8.add(64 * j) as *const __m256i);
+                            let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                            let q8h = _mm256_loadu_si256(q8.add(64 * j + 32) as *const __m256i);
+                            let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16l, p16h));
+                        }
+                    }
+                    for r in 0..N {
+                        let b = &y[r][i];
+                        let d = b.d * ad;
+                        let dmin = -b.d * admin;
+                        let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
+                        let q8s = _mm_hadd_epi16(
+                            _mm256_extracti128_si256(q8sums, 0),
+                            _mm256_extracti128_si256(q8sums, 1),
+                        );
+                        let prod = _mm_madd_epi16(mins, q8s);
+                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                    }
+                }
+                let mut out = [0.0f32; N];
+                for r in 0..N {
+                    let mut m = acc_m[r];
+                    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                    out[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(m);
+                }
+                out
+            }
+
+            /// `ggml_vec_dot_q6_K_q8_K`'s AVX2 branch for `N` activation rows at once.
+            #[inline(always)]
+            unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32; N] {
+                let mut acc = [_mm256_setzero_ps(); N];
+                for (i, a) in x.iter().enumerate() {
+                    let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
+                    let scales_16 = _mm256_cvtepi8_epi16(scales);
+                    let ad = h2f(a.d);
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for j in 0..QK_K / 128 {
+                        let [q4_0, q4_1, q4_2, q4_3] = q6k_quarters(a, j);
+
+                        let is = 4 * j;
+                        let scale_0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is)));
+                        let scale_1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 1)));
+                        let scale_2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 2)));
+                        let scale_3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 3)));
+
+                        for r in 0..N {
+                            let q8 = y[r][i].qs.as_ptr().add(128 * j);
+                            let q8_0 = _mm256_loadu_si256(q8 as *const __m256i);
+                            let q8_1 = _mm256_loadu_si256(q8.add(32) as *const __m256i);
+                            let q8_2 = _mm256_loadu_si256(q8.add(64) as *const __m256i);
+                            let q8_3 = _mm256_loadu_si256(q8.add(96) as *const __m256i);
+
+                            let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q4_0, q8_0));
+                            let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q4_1, q8_1));
+                            let p16_2 = _mm256_madd_epi16(scale_2, _mm256_maddubs_epi16(q4_2, q8_2));
+                            let p16_3 = _mm256_madd_epi16(scale_3, _mm256_maddubs_epi16(q4_3, q8_3));
+
+                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_0, p16_1));
+                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_2, p16_3));
+                        }
+                    }
+                    for r in 0..N {
+                        let b = &y[r][i];
+                        let d = b.d * ad;
+                        let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
+                        // The -32 offset of every value, through the activations' group sums.
+                        let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+                        let s = _mm256_sub_epi32(sumi[r], q8sclsub);
+                        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(s), acc[r]);
+                    }
+                }
+                let mut out = [0.0f32; N];
+                for r in 0..N {
+                    out[r] = hsum_float_8(acc[r]);
+                }
+                out
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+                q4k_rows([y], x)[0]
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+                q4k_rows(y, x)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+                q6k_rows([y], x)[0]
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+                q6k_rows(y, x)
+            }
+
+            /// f32 dot product: 8 FMA lanes, the lane sum, then the tail in order.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+                let n = a.len().min(b.len());
+                let mut acc = _mm256_setzero_ps();
+                let mut i = 0;
+                while i + 8 <= n {
+                    acc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(a.as_ptr().add(i)),
+                        _mm256_loadu_ps(b.as_ptr().add(i)),
+                        acc,
+                    );
+                    i += 8;
+                }
+                let mut s = hsum_float_8(acc);
+                while i < n {
+                    s += a[i] * b[i];
+                    i += 1;
+                }
+                s
+            }
+
+            /// `Σ h2f(a[i]) · b[i]` in exactly [`dot_f32`]'s order, the f16 keys
+            /// widened in registers.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_f16_f32(a: &[u16], b: &[f32]) -> f32 {
+                let n = a.len().min(b.len());
+                let mut acc = _mm256_setzero_ps();
+                let mut i = 0;
+                while i + 8 <= n {
+                    let k = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i) as *const __m128i));
+                    acc = _mm256_fmadd_ps(k, _mm256_loadu_ps(b.as_ptr().add(i)), acc);
+                    i += 8;
+                }
+                let mut s = hsum_float_8(acc);
+                while i < n {
+                    s += h2f(a[i]) * b[i];
+                    i += 1;
+                }
+                s
+            }
+
+            /// `acc[i] = fma(h2f(v[i]), w, acc[i])`.
+            #[target_feature(enable = $features)]
+            pub unsafe fn axpy_f16(acc: &mut [f32], v: &[u16], w: f32) {
+                let n = acc.len().min(v.len());
+                let wv = _mm256_set1_ps(w);
+                let mut i = 0;
+                while i + 8 <= n {
+                    let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
+                    let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+                    _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(x, wv, a));
+                    i += 8;
+                }
+                while i < n {
+                    acc[i] = h2f(v[i]).mul_add(w, acc[i]);
+                    i += 1;
+                }
+            }
+        }
+    };
+}
+
+x86_kernels!(avx2, "avx2,fma,f16c", Dot::Madd);
+x86_kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", Dot::AvxVnni);
+x86_kernels!(
+    /// The AVX-512 table takes only the single-row kernels from here.
+    #[allow(dead_code)]
+    avx512_vl,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
+    Dot::Avx512Vnni
+);

@@ -1,0 +1,419 @@
+//! Weight matrices kept in their GGUF block format, and the matrix multiply that
+//! quantizes activations the way ggml does for each weight type.
+
+use super::kquants::*;
+use super::quants::*;
+use super::simd::Kernels;
+use candle_core::quantized::{gguf_file, GgmlDType};
+use rayon::prelude::*;
+
+/// Weight storage by GGUF type.
+pub enum QData {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    Q4_0(Vec<BlockQ4_0>),
+    Q4_1(Vec<BlockQ4_1>),
+    Q5_0(Vec<BlockQ5_0>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q4K(Vec<BlockQ4K>),
+    Q6K(Vec<BlockQ6K>),
+}
+
+/// A `rows × cols` weight matrix (row-major; each row is `cols` values).
+pub struct QMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: QData,
+}
+
+/// Activations prepared for one weight type. The 8-bit forms also carry their block
+/// scales (and Q8_1's sums) as f32: converting them once per matmul instead of once
+/// per weight row halves the work of a decode step's dot products.
+pub enum QAct {
+    F32(Vec<f32>),
+    Q8_0(Vec<BlockQ8_0>, Vec<f32>),
+    Q8_1(Vec<BlockQ8_1>, Vec<f32>, Vec<f32>),
+    Q8K(Vec<BlockQ8K>),
+}
+
+/// Why a tensor could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    #[error("tensor {0} is missing")]
+    Missing(String),
+    #[error("tensor {name} has type {dtype}, which the cpu engine does not support (supported: F32, F16, BF16 in safetensors, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")]
+    Unsupported { name: String, dtype: String },
+    #[error("tensor {name} has rows of {cols} values, not a multiple of its {dtype:?} block size")]
+    BadShape {
+        name: String,
+        dtype: GgmlDType,
+        cols: usize,
+    },
+    #[error("reading tensor {name}: {source}")]
+    Io {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Reads `len` bytes from `reader` straight into a vector of blocks (no second copy).
+fn read_blocks<T: Copy, R: std::io::Read>(reader: &mut R, len: usize) -> std::io::Result<Vec<T>> {
+    let n = len / std::mem::size_of::<T>();
+    let mut out = Vec::<T>::with_capacity(n);
+    // SAFETY: T is a #[repr(C)] plain-old-data block (integers and byte arrays) for
+    // which every bit pattern, including all zeros, is valid. The storage is zeroed
+    // before it is exposed as bytes, and the length is set only once it is initialised.
+    unsafe {
+        std::ptr::write_bytes(out.as_mut_ptr() as *mut u8, 0, n * std::mem::size_of::<T>());
+        out.set_len(n);
+        let bytes = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, n * std::mem::size_of::<T>());
+        reader.read_exact(bytes)?;
+    }
+    Ok(out)
+}
+
+/// Reads a tensor's raw bytes and keeps them in their block format.
+pub fn load<R: std::io::Read + std::io::Seek>(
+    ct: &gguf_file::Content,
+    reader: &mut R,
+    name: &str,
+) -> Result<QMatrix, TensorError> {
+    let info = ct
+        .tensor_infos
+        .get(name)
+        .ok_or_else(|| TensorError::Missing(name.to_string()))?;
+    let dims = info.shape.dims();
+    // GGUF stores the fastest-moving dimension first; candle reverses it, so the last
+    // candle dim is the row length.
+    let cols = *dims.last().unwrap_or(&1);
+    let rows = info.shape.elem_count() / cols.max(1);
+    let elems = rows * cols;
+    // (values per block, bytes per block)
+    let (block, block_bytes) = match info.ggml_dtype {
+        GgmlDType::F32 => (1, 4),
+        GgmlDType::F16 => (1, 2),
+        GgmlDType::Q4_0 => (QK, 18),
+        GgmlDType::Q4_1 => (QK, 20),
+        GgmlDType::Q5_0 => (QK, 22),
+        GgmlDType::Q8_0 => (QK, 34),
+        GgmlDType::Q4K => (QK_K, std::mem::size_of::<BlockQ4K>()),
+        GgmlDType::Q6K => (QK_K, std::mem::size_of::<BlockQ6K>()),
+        dtype => {
+            return Err(TensorError::Unsupported {
+                name: name.to_string(),
+                dtype: format!("{dtype:?}"),
+            })
+        }
+    };
+    if cols % block != 0 {
+        return Err(TensorError::BadShape {
+            name: name.to_string(),
+            dtype: info.ggml_dtype,
+            cols,
+        });
+    }
+    let bytes_len = elems / block * block_bytes;
+    let io = |source| TensorError::Io {
+        name: name.to_string(),
+        source,
+    };
+    reader
+        .seek(std::io::SeekFrom::Start(ct.tensor_data_offset + info.offset))
+        .map_err(io)?;
+    let data = match info.ggml_dtype {
+        GgmlDType::F32 => QData::F32(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::F16 => QData::F16(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q4_0 => QData::Q4_0(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q4K => QData::Q4K(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q6K => QData::Q6K(read_blocks(reader, bytes_len).map_err(io)?),
+        _ => QData::Q8_0(read_blocks(reader, bytes_len).map_err(io)?),
+    };
+    Ok(QMatrix { rows, cols, data })
+}
+
+/// Quantizes `n` rows of `cols` values into `out` (blocks of `block` values), the rows
+/// spread over the rayon pool when there are several (a prefill): each block depends
+/// only on its own 32 or 256 values, so the split changes nothing.
+fn per_row<B: Send>(x: &[f32], cols: usize, n: usize, out: &mut [B], block: usize, quantize: fn(&[f32], &mut [B])) {
+    if n < 4 {
+        quantize(x, out);
+        return;
+    }
+    out.par_chunks_mut(cols / block)
+        .zip(x.par_chunks(cols))
+        .for_each(|(o, row)| quantize(row, o));
+}
+
+/// A raw pointer that may be shared across the rayon workers writing disjoint cells.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every parallel task writes a disjoint set of indices.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl QMatrix {
+    /// The whole matrix as f32 values (small tensors: norms).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for r in 0..self.rows {
+            self.row_f32(r, &mut out[r * self.cols..(r + 1) * self.cols]);
+        }
+        out
+    }
+
+    /// Row `r` as f32 values (embedding lookups).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        let nb = c / QK;
+        let nk = c / QK_K;
+        match &self.data {
+            QData::F32(v) => out.copy_from_slice(&v[r * c..(r + 1) * c]),
+            QData::F16(v) => {
+                for (o, h) in out.iter_mut().zip(&v[r * c..(r + 1) * c]) {
+                    *o = h2f(*h);
+                }
+            }
+            QData::Q4_0(v) => dequantize_q4_0(&v[r * nb..(r + 1) * nb], out),
+            QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
+            QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
+            QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
+            QData::Q4K(v) => dequantize_q4_k(&v[r * nk..(r + 1) * nk], out),
+            QData::Q6K(v) => dequantize_q6_k(&v[r * nk..(r + 1) * nk], out),
+        }
+    }
+
+    /// Prepares `n` input rows of `cols` values for this matrix's kernel.
+    pub fn prepare(&self, x: &[f32], n: usize) -> QAct {
+        self.prepare_with(Kernels::active(), x, n)
+    }
+
+    /// [`Self::prepare`] with a given kernel variant.
+    pub fn prepare_with(&self, k: &Kernels, x: &[f32], n: usize) -> QAct {
+        let x = &x[..n * self.cols];
+        match &self.data {
+            QData::F32(_) | QData::F16(_) => QAct::F32(x.to_vec()),
+            QData::Q4_1(_) => {
+                let mut b = vec![
+                    BlockQ8_1 {
+                        d: 0,
+                        s: 0,
+                        qs: [0; 32]
+                    };
+                    x.len() / QK
+                ];
+                per_row(x, self.cols, n, &mut b, QK, k.quantize_q8_1);
+                let d = b.iter().map(|b| h2f(b.d)).collect();
+                let s = b.iter().map(|b| h2f(b.s)).collect();
+                QAct::Q8_1(b, d, s)
+            }
+            QData::Q4_0(_) | QData::Q5_0(_) | QData::Q8_0(_) => {
+                let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
+                per_row(x, self.cols, n, &mut b, QK, k.quantize_q8_0);
+                let d = b.iter().map(|b| h2f(b.d)).collect();
+                QAct::Q8_0(b, d)
+            }
+            QData::Q4K(_) | QData::Q6K(_) => {
+                let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
+                per_row(x, self.cols, n, &mut b, QK_K, k.quantize_q8_k);
+                QAct::Q8K(b)
+            }
+        }
+    }
+
+    /// Whether two matrices take the same prepared input (so it is computed once).
+    pub fn same_input_kind(&self, other: &QMatrix) -> bool {
+        let kind = |m: &QMatrix| match m.data {
+            QData::F32(_) | QData::F16(_) => 0,
+            QData::Q4_1(_) => 1,
+            QData::Q4_0(_) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
+            QData::Q4K(_) | QData::Q6K(_) => 3,
+        };
+        kind(self) == kind(other) && self.cols == other.cols
+    }
+
+    /// Row `r` against prepared input `t`.
+    fn dot(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> f32 {
+        let c = self.cols;
+        let nb = c / QK;
+        let nk = c / QK_K;
+        let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
+        match (&self.data, act) {
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => (k.q4_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q4K(wq), QAct::Q8K(x)) => (k.q4_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
+            (QData::Q6K(wq), QAct::Q8K(x)) => (k.q6_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
+            (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
+            (QData::F16(wq), QAct::F32(x)) => {
+                let xs = &x[t * c..(t + 1) * c];
+                wq[r * c..(r + 1) * c].iter().zip(xs).map(|(h, v)| h2f(*h) * v).sum()
+            }
+            _ => unreachable!("prepare() matches the weight type"),
+        }
+    }
+
+    fn has_tiles(&self) -> bool {
+        !matches!(self.data, QData::F32(_) | QData::F16(_))
+    }
+
+    /// Row `r` against prepared inputs `t..t + N` (N = 4 or 8; only where
+    /// [`Self::has_tiles`]).
+    #[inline]
+    fn tile<const N: usize>(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> [f32; N] {
+        let nb = self.cols / QK;
+        let nk = self.cols / QK_K;
+        let w = r * nb..(r + 1) * nb;
+        // The inputs' block ranges.
+        let ys: [std::ops::Range<usize>; N] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
+        let ks: [std::ops::Range<usize>; N] = std::array::from_fn(|i| (t + i) * nk..(t + i + 1) * nk);
+        // Picks the 4- or 8-row kernel; the other arm is never taken for this N.
+        macro_rules! call {
+            ($x4:ident, $x8:ident, $w:expr, $($y:expr),+) => {{
+                let mut out = [0.0f32; N];
+                if N == 8 {
+                    let r = (k.$x8)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+);
+                    out.copy_from_slice(&r);
+                } else {
+                    let r = (k.$x4)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+);
+                    out.copy_from_slice(&r);
+                }
+                out
+            }};
+        }
+        macro_rules! call_k {
+            ($x4:ident, $x8:ident, $w:expr, $x:expr) => {{
+                let mut out = [0.0f32; N];
+                if N == 8 {
+                    out.copy_from_slice(&(k.$x8)($w, std::array::from_fn(|i| &$x[ks[i].clone()])));
+                } else {
+                    out.copy_from_slice(&(k.$x4)($w, std::array::from_fn(|i| &$x[ks[i].clone()])));
+                }
+                out
+            }};
+        }
+        match (&self.data, act) {
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, q4_1_x8, &wq[w], x, xd, xs),
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_x4, q4_0_x8, &wq[w], x, xd),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_x4, q5_0_x8, &wq[w], x, xd),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_x4, q8_0_x8, &wq[w], x, xd),
+            (QData::Q4K(wq), QAct::Q8K(x)) => call_k!(q4_k_x4, q4_k_x8, &wq[r * nk..(r + 1) * nk], x),
+            (QData::Q6K(wq), QAct::Q8K(x)) => call_k!(q6_k_x4, q6_k_x8, &wq[r * nk..(r + 1) * nk], x),
+            _ => unreachable!("has_tiles() lists the kinds handled here"),
+        }
+    }
+
+    /// Rows `r..r + 4` against prepared inputs `t..t + 8`, `[row][input]`, where the
+    /// variant has 4×8 tiles for this weight type.
+    #[inline]
+    fn tile_4x8(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> Option<[[f32; 8]; 4]> {
+        let nb = self.cols / QK;
+        let ws: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (r + i) * nb..(r + i + 1) * nb);
+        let ys: [std::ops::Range<usize>; 8] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
+        macro_rules! call {
+            ($f:ident, $wq:expr, $x:expr, $xd:expr) => {
+                k.$f.map(|f| {
+                    f(
+                        std::array::from_fn(|i| &$wq[ws[i].clone()]),
+                        std::array::from_fn(|i| &$x[ys[i].clone()]),
+                        std::array::from_fn(|i| &$xd[ys[i].clone()]),
+                    )
+                })
+            };
+        }
+        match (&self.data, act) {
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => k.q4_1_4x8.map(|f| {
+                f(
+                    std::array::from_fn(|i| &wq[ws[i].clone()]),
+                    std::array::from_fn(|i| &x[ys[i].clone()]),
+                    std::array::from_fn(|i| &xd[ys[i].clone()]),
+                    std::array::from_fn(|i| &xs[ys[i].clone()]),
+                )
+            }),
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_4x8, wq, x, xd),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_4x8, wq, x, xd),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_4x8, wq, x, xd),
+            _ => None,
+        }
+    }
+
+    /// `out[t * rows + r] = row_r · input_t` for `n` prepared inputs, split over the
+    /// current rayon pool by row chunks (each chunk reuses its rows for every input),
+    /// with the process's kernel variant.
+    pub fn matmul(&self, act: &QAct, n: usize, out: &mut [f32]) {
+        self.matmul_with(Kernels::active(), act, n, out)
+    }
+
+    /// [`Self::matmul`] with a given kernel variant (tests compare them).
+    pub fn matmul_with(&self, k: &Kernels, act: &QAct, n: usize, out: &mut [f32]) {
+        assert!(out.len() >= n * self.rows);
+        let rows = self.rows;
+        // A few chunks per thread: enough to balance, few enough to keep dispatch cheap.
+        let chunk = (rows / (rayon::current_num_threads() * 4)).clamp(16, 256);
+        let ptr = OutPtr(out.as_mut_ptr());
+        (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
+            let p = ptr;
+            let r0 = ci * chunk;
+            let r1 = (r0 + chunk).min(rows);
+            let mut t = 0;
+            // Eight, then four tokens at a time (prefill): each weight block is
+            // unpacked once for all of them.
+            let tiles = |t: &mut usize, width: usize| {
+                while self.has_tiles() && *t + width <= n {
+                    let store = |r: usize, vals: &[f32]| {
+                        for (i, vi) in vals.iter().enumerate() {
+                            // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
+                            unsafe { *p.0.add((*t + i) * rows + r) = *vi };
+                        }
+                    };
+                    // Four weight rows at a time where the variant has such tiles.
+                    let mut r = r0;
+                    while width == 8 && r + 4 <= r1 {
+                        let Some(cells) = self.tile_4x8(k, r, act, *t) else {
+                            break;
+                        };
+                        for (j, row) in cells.iter().enumerate() {
+                            store(r + j, row);
+                        }
+                        r += 4;
+                    }
+                    for r in r..r1 {
+                        let store = |vals: &[f32]| store(r, vals);
+                        if width == 8 {
+                            store(&self.tile::<8>(k, r, act, *t));
+                        } else {
+                            store(&self.tile::<4>(k, r, act, *t));
+                        }
+                    }
+                    *t += width;
+                }
+            };
+            tiles(&mut t, 8);
+            tiles(&mut t, 4);
+            for t in t..n {
+                for r in r0..r1 {
+                    let v = self.dot(k, r, act, t);
+                    // SAFETY: (t, r) cells are disjoint across chunks and in bounds.
+                    unsafe { *p.0.add(t * rows + r) = v };
+                }
+            }
+        });
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            QData::F32(v) => v.len() * 4,
+            QData::F16(v) => v.len() * 2,
+            QData::Q4_0(v) => v.len() * 18,
+            QData::Q4_1(v) => v.len() * 20,
+            QData::Q5_0(v) => v.len() * 22,
+            QData::Q8_0(v) => v.len() * 34,
+            QData::Q4K(v) => v.len() * std::mem::size_of::<BlockQ4K>(),
+            QData::Q6K(v) => v.len() * std::mem::size_of::<BlockQ6K>(),
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! switchyard's CPU engine: GGUF (and Hugging Face safetensors) models computed by
+//! our own kernels, served from one compute thread per loaded model with continuous
+//! batching, KV slots and a KV block store. (candle is only the GGUF file reader.)
+//!
+//! ## Layout
+//! - [`kernels`]: the arithmetic — block formats, SIMD dot products per CPU variant,
+//!   weight matrices, ggml's math.
+//! - [`model`]: the decoder (Llama, Qwen 2/3, Gemma 3), its KV cache and RoPE,
+//!   attention, Hugging Face directories, and the [`model::forward::Forward`] trait
+//!   the serving side drives.
+//! - [`text`]: tokenizers (GGUF vocabularies as BPE or SentencePiece, streaming
+//!   decode) and chat templates.
+//! - The serving side: [`compute`] (the compute thread's state: slots, jobs,
+//!   sessions), [`batcher`] (continuous batching on that thread), [`kvstore`] (KV
+//!   blocks kept after slots are overwritten), [`sampler`], [`stops`], [`session`].
+//!
+//! [`EngineModel::load`] reads the GGUF once, builds the tokenizer and the template,
+//! and starts the compute thread; [`EngineModel::generate`] sends it a job and
+//! returns its events as a stream. The registry's `cpu` backend
+//! ([`crate::backends::cpu`]) is this engine.
+
+pub mod batcher;
+pub mod compute;
+pub mod kernels;
+pub mod kvstore;
+pub mod model;
+pub mod sampler;
+pub mod session;
+pub mod stops;
+pub mod text;
+
+use candle_core::quantized::{gguf_file, GgmlDType};
+use model::forward;
+use model::llama::LlamaModel;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+use switchyard_messages::{
+    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, GenerateConfig, GenerateMetrics,
+    GenerateStream, LoadConfig, ModelInfo, Prompt, TextModel,
+};
+use text::{template, tokenizer};
+
+/// Context positions a model gets when `LoadConfig.context_len` is 0.
+pub const DEFAULT_CONTEXT: usize = 8192;
+
+/// KV slots (sequences decoded together) when `LoadConfig.parallel_slots` is 0.
+/// Each slot's cache is reserved for the whole context but committed only as
+/// positions are written.
+pub const DEFAULT_SLOTS: usize = 4;
+
+/// Architectures this backend runs.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = model::llama::ARCHITECTURES;
+
+/// A model loaded in switchyard's CPU engine.
+pub struct EngineModel {
+    jobs: Mutex<mpsc::Sender<compute::Job>>,
+    info: ModelInfo,
+    architecture: String,
+    tokenizer: Arc<tokenizer::GgufTokenizer>,
+    template: Arc<template::ChatTemplate>,
+    last_metrics: Arc<Mutex<GenerateMetrics>>,
+    slots: usize,
+    stats: Arc<compute::BatchStats>,
+    memory: switchyard_messages::ModelMemory,
+    usage: Arc<Mutex<switchyard_messages::KvUsage>>,
+}
+
+impl EngineModel {
+    /// Loads the GGUF file at `path`, or the Hugging Face model directory at `path`
+    /// (config.json + tokenizer.json + *.safetensors), and starts its compute thread.
+    pub fn load(path: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
+        crate::engine::kernels::isa::init().map_err(|e| BackendError::Load {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        if path.is_dir() {
+            return Self::load_hf(path, config);
+        }
+        let load_err = |reason: String| BackendError::Load {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut file = std::fs::File::open(path).map_err(|e| load_err(e.to_string()))?;
+        let content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
+            .map_err(|e| load_err(format!("not a readable GGUF file: {e}")))?;
+        let architecture = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .ok_or_else(|| load_err("GGUF metadata has no general.architecture".into()))?;
+        if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
+            return Err(load_err(format!(
+                "architecture {architecture:?} is not supported by the cpu backend (supported: {})",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            )));
+        }
+        let tokenizer = Arc::new(tokenizer::GgufTokenizer::from_gguf(&content).map_err(|e| load_err(e.to_string()))?);
+        let md_u32 = |k: &str| content.metadata.get(k).and_then(|v| v.to_u32().ok());
+        let model_ctx = md_u32(&format!("{architecture}.context_length")).unwrap_or(DEFAULT_CONTEXT as u32) as usize;
+        // The KV cache is allocated up front, so an unconfigured load takes a bounded
+        // default.
+        let context_len = context_for(model_ctx, config);
+        let (quant_bits, quant_group) = dominant_quant(&content);
+        let info = ModelInfo {
+            architecture: architecture.clone(),
+            vocab_size: tokenizer.vocab_size() as u32,
+            num_layers: md_u32(&format!("{architecture}.block_count")).unwrap_or(0),
+            hidden_size: md_u32(&format!("{architecture}.embedding_length")).unwrap_or(0),
+            quant_bits,
+            quant_group,
+            context_len: context_len as u32,
+            kernels: crate::engine::kernels::isa::active().name().into(),
+        };
+        let template_src = content
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_else(|| template::CHATML.to_string());
+        let token_text = |key: &str| {
+            md_u32(key)
+                .map(|id| String::from_utf8_lossy(tokenizer.token_bytes(id)).into_owned())
+                .unwrap_or_default()
+        };
+        let template = template::ChatTemplate::new(
+            &template_src,
+            &token_text("tokenizer.ggml.bos_token_id"),
+            &token_text("tokenizer.ggml.eos_token_id"),
+        )
+        .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
+        let slots = slots_for(config);
+        let weights = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let model = Self::forward_impl(content, &mut file, context_len, slots).map_err(load_err)?;
+        let limits = (model_ctx as u32, weights);
+        Self::start(path, model, info, tokenizer, template, config, limits)
+    }
+
+    /// Loads a Hugging Face model directory.
+    fn load_hf(dir: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
+        let load_err = |reason: String| BackendError::Load {
+            path: dir.display().to_string(),
+            reason,
+        };
+        let hf = crate::engine::model::hf::HfConfig::read(dir).map_err(|e| load_err(e.to_string()))?;
+        let tokenizer =
+            Arc::new(tokenizer::GgufTokenizer::from_hf_dir(dir, &hf.eos_ids()).map_err(|e| load_err(e.to_string()))?);
+        let context_len = context_for(hf.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT), config);
+        let params = hf.params();
+        let model = crate::engine::model::hf::load_model(dir, &hf, context_len).map_err(|e| load_err(e.to_string()))?;
+        let info = ModelInfo {
+            architecture: params.arch.clone(),
+            vocab_size: tokenizer.vocab_size() as u32,
+            num_layers: params.n_layer as u32,
+            hidden_size: params.n_embd as u32,
+            quant_bits: 16,
+            quant_group: 0,
+            context_len: context_len as u32,
+            kernels: crate::engine::kernels::isa::active().name().into(),
+        };
+        // tokenizer_config.json carries the chat template and the BOS/EOS texts.
+        let tc: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let token_text = |key: &str| match &tc[key] {
+            serde_json::Value::String(s) => s.clone(),
+            v => v["content"].as_str().unwrap_or_default().to_string(),
+        };
+        let template_src = std::fs::read_to_string(dir.join("chat_template.jinja"))
+            .ok()
+            .or_else(|| tc["chat_template"].as_str().map(str::to_string))
+            .unwrap_or_else(|| template::CHATML.to_string());
+        let template = template::ChatTemplate::new(&template_src, &token_text("bos_token"), &token_text("eos_token"))
+            .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
+        let model = forward::CpuForward::new(model, slots_for(config));
+        let weights = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let limits = (hf.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT) as u32, weights);
+        Self::start(dir, Box::new(model), info, tokenizer, template, config, limits)
+    }
+
+    /// Starts the compute thread around a loaded model; `limits` is the model's own
+    /// context ceiling and its weights' size in bytes.
+    fn start(
+        path: &Path,
+        model: Box<dyn forward::Forward>,
+        info: ModelInfo,
+        tokenizer: Arc<tokenizer::GgufTokenizer>,
+        template: template::ChatTemplate,
+        config: &LoadConfig,
+        limits: (u32, u64),
+    ) -> Result<Self, BackendError> {
+        let load_err = |reason: String| BackendError::Load {
+            path: path.display().to_string(),
+            reason,
+        };
+        let architecture = info.architecture.clone();
+        let context_len = info.context_len as usize;
+        let slots = model.sequences();
+        let memory = switchyard_messages::ModelMemory {
+            model_max_context: limits.0,
+            kv_bytes_per_token: model.kv_bytes_per_token() as u64,
+            weights_bytes: limits.1,
+        };
+        tracing::info!(engine = model.kind(), slots, "cpu model loaded");
+        let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
+        let template = Arc::new(template);
+        let mut engine = compute::Engine::new(
+            model,
+            tokenizer.clone(),
+            template.clone(),
+            context_len,
+            last_metrics.clone(),
+        );
+        engine.store = kvstore::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
+        // Block hashes are only comparable within one model: seed them with its identity.
+        engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), limits.1).as_bytes());
+        let stats = engine.stats.clone();
+        engine.publish_usage();
+        let usage = engine.usage.clone();
+        let jobs = batcher::spawn(engine, config.threads as usize)
+            .map_err(|e| load_err(format!("starting the compute thread: {e}")))?;
+        Ok(Self {
+            jobs: Mutex::new(jobs),
+            info,
+            architecture,
+            tokenizer,
+            template,
+            last_metrics,
+            slots,
+            stats,
+            memory,
+            usage,
+        })
+    }
+
+    /// The batcher's decode-step counters.
+    pub fn batch_stats(&self) -> &compute::BatchStats {
+        &self.stats
+    }
+
+    /// switchyard's own engine with `slots` KV sequences. A tensor type the engine
+    /// lacks is refused with an error naming tensor and type.
+    fn forward_impl(
+        content: gguf_file::Content,
+        file: &mut std::fs::File,
+        context_len: usize,
+        slots: usize,
+    ) -> Result<Box<dyn forward::Forward>, String> {
+        LlamaModel::load(&content, file, context_len)
+            .map(|m| Box::new(forward::CpuForward::new(m, slots)) as Box<dyn forward::Forward>)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &tokenizer::GgufTokenizer {
+        &self.tokenizer
+    }
+
+    /// Renders a conversation with the model's chat template, ending with the
+    /// assistant's turn opener (what `chat` tokenizes).
+    pub fn render_chat(&self, messages: &[switchyard_messages::Message]) -> Result<String, BackendError> {
+        self.template
+            .render(messages, true)
+            .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))
+    }
+
+    /// Sends a job and returns its event stream (used by [`TextModel::generate`]).
+    pub fn submit(
+        &self,
+        prompt: Prompt,
+        config: GenerateConfig,
+        cancel: CancelFlag,
+        deadline_ms: Option<u64>,
+    ) -> GenerateStream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = compute::GenerateJob {
+            prompt,
+            config,
+            cancel,
+            deadline_ms,
+            enqueued: Instant::now(),
+            events: tx.clone(),
+            session_slot: None,
+        };
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(compute::Job::Generate(job));
+        if sent.is_err() {
+            let _ = tx.send(Err(BackendError::Unavailable("the compute thread has stopped".into())));
+        }
+        drop(tx);
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        }))
+    }
+}
+
+impl TextModel for EngineModel {
+    fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
+        self.submit(prompt, config, cancel, None)
+    }
+
+    fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let n = prompts.len();
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(compute::Job::Classify {
+                prompts,
+                return_logits,
+                reply,
+            });
+        Box::pin(async move {
+            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
+            if sent.is_err() {
+                return (0..n).map(|_| Err(stopped())).collect();
+            }
+            answer
+                .await
+                .unwrap_or_else(|_| (0..n).map(|_| Err(stopped())).collect())
+        })
+    }
+
+    fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
+        // One stream per prompt, queued on the engine in order: they decode together
+        // as far as slots allow, and each collects alone.
+        let streams: Vec<GenerateStream> = prompts
+            .into_iter()
+            .map(|p| self.submit(p, config.clone(), cancel.clone(), None))
+            .collect();
+        Box::pin(async move {
+            let mut results = Vec::with_capacity(streams.len());
+            for mut stream in streams {
+                let mut result = BatchResult {
+                    tokens: Vec::new(),
+                    error: None,
+                };
+                while let Some(ev) = futures::StreamExt::next(&mut stream).await {
+                    match ev {
+                        Ok(switchyard_messages::GenerateEvent::Token(t)) => result.tokens.push(t),
+                        Ok(switchyard_messages::GenerateEvent::Done { .. }) => {}
+                        Err(e) => result.error = Some(e.to_wire()),
+                    }
+                }
+                results.push(result);
+            }
+            results
+        })
+    }
+
+    fn inspect_attention(&self, prompt: Prompt) -> switchyard_messages::InspectFuture {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(compute::Job::Inspect {
+                prompt,
+                architecture: self.architecture.clone(),
+                reply,
+            });
+        Box::pin(async move {
+            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
+            if sent.is_err() {
+                return Err(stopped());
+            }
+            answer.await.unwrap_or_else(|_| Err(stopped()))
+        })
+    }
+
+    fn model_type(&self) -> &str {
+        &self.architecture
+    }
+
+    fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn metrics(&self) -> GenerateMetrics {
+        self.last_metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn parallel_slots(&self) -> u32 {
+        self.slots as u32
+    }
+
+    fn open_session(&self) -> switchyard_messages::BackendFuture<Arc<dyn switchyard_messages::ModelSession>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let sent = jobs.send(compute::Job::Session(compute::SessionOp::Open { reply }));
+        let tokenizer = self.tokenizer.clone();
+        let slots = self.slots;
+        Box::pin(async move {
+            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
+            sent.map_err(|_| stopped())?;
+            let slot = answer.await.map_err(|_| stopped())?.ok_or_else(|| {
+                BackendError::Overloaded(format!(
+                    "every KV slot but one is held by a session ({slots} slots; one stays for requests)"
+                ))
+            })?;
+            Ok(Arc::new(session::CpuSession {
+                jobs: std::sync::Mutex::new(jobs),
+                slot,
+                tokenizer,
+                closed: std::sync::atomic::AtomicBool::new(false),
+            }) as Arc<dyn switchyard_messages::ModelSession>)
+        })
+    }
+
+    fn memory(&self) -> switchyard_messages::ModelMemory {
+        self.memory
+    }
+
+    fn kv_usage(&self) -> switchyard_messages::KvUsage {
+        *self.usage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// KV slots for a load: `parallel_slots`, or [`DEFAULT_SLOTS`].
+fn slots_for(config: &LoadConfig) -> usize {
+    if config.parallel_slots > 0 {
+        config.parallel_slots as usize
+    } else {
+        DEFAULT_SLOTS
+    }
+}
+
+/// The context a model gets: the model's own ceiling, capped by the configured
+/// `context_len`, or by [`DEFAULT_CONTEXT`] when none is configured.
+fn context_for(model_ctx: usize, config: &LoadConfig) -> usize {
+    if config.context_len > 0 {
+        model_ctx.min(config.context_len as usize)
+    } else {
+        model_ctx.min(DEFAULT_CONTEXT)
+    }
+}
+
+/// Bits and group size of the most common weight type among 2-D tensors.
+pub(crate) fn dominant_quant(content: &gguf_file::Content) -> (u32, u32) {
+    let mut counts: HashMap<String, (usize, GgmlDType)> = HashMap::new();
+    for info in content.tensor_infos.values() {
+        if info.shape.rank() == 2 {
+            let e = counts
+                .entry(format!("{:?}", info.ggml_dtype))
+                .or_insert((0, info.ggml_dtype));
+            e.0 += 1;
+        }
+    }
+    let Some((_, dtype)) = counts.into_values().max_by_key(|(n, _)| *n) else {
+        return (0, 0);
+    };
+    match dtype {
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 => (4, 32),
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 => (5, 32),
+        GgmlDType::Q8_0 | GgmlDType::Q8_1 => (8, 32),
+        GgmlDType::Q2K => (2, 256),
+        GgmlDType::Q3K => (3, 256),
+        GgmlDType::Q4K => (4, 256),
+        GgmlDType::Q5K => (5, 256),
+        GgmlDType::Q6K => (6, 256),
+        GgmlDType::Q8K => (8, 256),
+        _ => (0, 0),
+    }
+}

@@ -1,0 +1,162 @@
+//! The forward pass behind the engine: the [`Forward`] trait over independent KV
+//! sequences, switchyard's own implementation ([`CpuForward`]: one KV cache per
+//! slot). (candle-transformers' quantized Llama was a one-sequence fallback for
+//! comparisons; it is gone, and with it the crate.)
+
+use super::llama::{KvCache, LlamaModel, Step};
+use switchyard_messages::BackendError;
+
+/// Post-RoPE keys read from a KV cache.
+pub struct CachedKeys {
+    /// `[layer][kv_head]` → `positions * head_dim` floats.
+    pub keys: Vec<Vec<Vec<f32>>>,
+    /// KV heads per layer.
+    pub heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// One sequence's part of a forward step: `tokens` at positions `pos..` of
+/// sequence `seq`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    pub seq: usize,
+    pub tokens: &'a [u32],
+    pub pos: usize,
+}
+
+/// A model's forward pass over one or more independent KV sequences.
+pub trait Forward: Send {
+    /// Independent KV sequences (slots) this implementation holds.
+    fn sequences(&self) -> usize {
+        1
+    }
+    /// Runs every step (distinct sequences) as one pass and returns each step's
+    /// last-token logits, in order.
+    fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError>;
+    /// Which implementation this is (for logs and benchmarks).
+    fn kind(&self) -> &'static str;
+    /// Post-RoPE keys of positions `0..len` of sequence `seq` with (kv heads, head
+    /// size), when the implementation can read its cache.
+    fn cached_keys(&self, _seq: usize, _len: usize) -> Option<CachedKeys> {
+        None
+    }
+    /// Whether a step at `pos` below what the sequence holds keeps positions
+    /// `0..pos` and overwrites the rest, so a resident prefix can be reused.
+    fn reuses_prefix(&self) -> bool {
+        false
+    }
+    /// Copies positions `0..len` of sequence `from` into sequence `to`; false when
+    /// the implementation cannot.
+    fn copy_prefix(&mut self, _from: usize, _to: usize, _len: usize) -> bool {
+        false
+    }
+    /// Bytes one cached position takes in one sequence (0 when unknown).
+    fn kv_bytes_per_token(&self) -> usize {
+        0
+    }
+    /// Keys and values of positions `start..start + n` of sequence `seq`, when the
+    /// implementation can read them out.
+    fn read_rows(&self, _seq: usize, _start: usize, _n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
+        None
+    }
+    /// Writes what [`Forward::read_rows`] returned into sequence `seq` at `start`.
+    fn write_rows(&mut self, _seq: usize, _start: usize, _n: usize, _k: &[u16], _v: &[u16]) -> bool {
+        false
+    }
+}
+
+/// switchyard's own forward pass with one KV cache per slot.
+pub struct CpuForward {
+    pub model: LlamaModel,
+    pub caches: Vec<KvCache>,
+}
+
+impl CpuForward {
+    /// `model` with `slots` (at least 1) independent sequences.
+    pub fn new(model: LlamaModel, slots: usize) -> Self {
+        let caches = (0..slots.max(1)).map(|_| model.new_cache()).collect();
+        Self { model, caches }
+    }
+}
+
+impl Forward for CpuForward {
+    fn sequences(&self) -> usize {
+        self.caches.len()
+    }
+
+    fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let ctx = self.model.context_len();
+        let mut caches: Vec<Option<&mut KvCache>> = self.caches.iter_mut().map(Some).collect();
+        let mut batch = Vec::with_capacity(steps.len());
+        for s in steps {
+            if s.pos + s.tokens.len() > ctx {
+                return Err(BackendError::Compute(format!(
+                    "position {} beyond the KV cache of {ctx}",
+                    s.pos + s.tokens.len()
+                )));
+            }
+            let cache = caches
+                .get_mut(s.seq)
+                .and_then(Option::take)
+                .ok_or_else(|| BackendError::Compute(format!("sequence {} missing or named twice", s.seq)))?;
+            batch.push(Step {
+                cache,
+                tokens: s.tokens,
+                pos: s.pos,
+            });
+        }
+        Ok(self.model.forward_batch(&mut batch))
+    }
+
+    fn kind(&self) -> &'static str {
+        "switchyard"
+    }
+
+    fn reuses_prefix(&self) -> bool {
+        true
+    }
+
+    fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> bool {
+        if from == to || from >= self.caches.len() || to >= self.caches.len() {
+            return false;
+        }
+        let (src, dst) = if from < to {
+            let (a, b) = self.caches.split_at_mut(to);
+            (&a[from], &mut b[0])
+        } else {
+            let (a, b) = self.caches.split_at_mut(from);
+            (&b[0], &mut a[to])
+        };
+        dst.copy_prefix(src, len, &self.model.params);
+        true
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        KvCache::bytes_per_token(&self.model.params)
+    }
+
+    fn read_rows(&self, seq: usize, start: usize, n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
+        let cache = self.caches.get(seq)?;
+        (start + n <= cache.context_len()).then(|| cache.read_rows(start, n, &self.model.params))
+    }
+
+    fn write_rows(&mut self, seq: usize, start: usize, n: usize, k: &[u16], v: &[u16]) -> bool {
+        let params = &self.model.params;
+        match self.caches.get_mut(seq) {
+            Some(cache) if start + n <= cache.context_len() => {
+                cache.write_rows(start, n, k, v, params);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn cached_keys(&self, seq: usize, len: usize) -> Option<CachedKeys> {
+        Some(CachedKeys {
+            keys: self.caches.get(seq)?.keys(len, &self.model.params),
+            heads: self.model.params.n_head_kv,
+            head_dim: self.model.params.head_dim,
+        })
+    }
+}

@@ -1,0 +1,409 @@
+//! The decoder-only transformer forward pass on our own kernels, for the Llama, Qwen
+//! 2/3 and Gemma 3 families: RMSNorm, RoPE (ggml's "normal" or NeoX pairing, θ
+//! computed by repeated multiplication as ggml does), grouped-query attention over an
+//! f16 KV cache, SwiGLU or GeGLU feed-forward. Activations entering a quantized matmul
+//! are quantized per block like ggml; K, V, Q and the attention weights are rounded to
+//! f16 where llama.cpp's non-flash-attention path rounds them.
+//!
+//! Gemma 3 adds: embeddings scaled by √n_embd, RMSNorm on Q and K per head, norms
+//! after attention and after the feed-forward block, GELU (tanh form, through ggml's
+//! f16 table), and sliding-window attention on five layers of every six with their own
+//! RoPE base (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`, pattern 6).
+
+use crate::engine::kernels::simd::Kernels;
+use crate::engine::kernels::tensor::{load, QMatrix, TensorError};
+use candle_core::quantized::gguf_file;
+
+pub use super::kv_cache::KvCache;
+pub use super::params::{FfnAct, LlamaParams};
+use super::rope::RopeTable;
+
+/// Architectures this forward pass implements.
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    w_gate: QMatrix,
+    w_up: QMatrix,
+    w_down: QMatrix,
+    /// Qwen2: biases of the Q, K, V projections.
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    /// Qwen3: RMSNorm weights applied per head to Q and K before RoPE.
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    /// Gemma 3: RMSNorm weights of the attention output and the feed-forward output.
+    post_attn_norm: Option<Vec<f32>>,
+    post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// The weights; each sequence's keys and values live in its own [`KvCache`].
+pub struct LlamaModel {
+    pub params: LlamaParams,
+    embd: QMatrix,
+    layers: Vec<Layer>,
+    out_norm: Vec<f32>,
+    /// The output projection; `None` when it is tied to the token embeddings.
+    output: Option<QMatrix>,
+    /// Positions each sequence's cache holds.
+    ctx: usize,
+}
+
+/// One sequence's part of a batched forward pass: `tokens` go at positions
+/// `pos..pos + tokens.len()` of `cache` (anything beyond `pos` is overwritten).
+pub struct Step<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub pos: usize,
+}
+
+fn md_u32(ct: &gguf_file::Content, key: &str) -> Option<usize> {
+    ct.metadata.get(key).and_then(|v| v.to_u32().ok()).map(|v| v as usize)
+}
+
+fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
+    ct.metadata.get(key).and_then(|v| v.to_f32().ok())
+}
+
+impl LlamaModel {
+    /// Loads weights from a GGUF file whose `general.architecture` is one of
+    /// [`ARCHITECTURES`], with a KV cache for `ctx` positions.
+    pub fn load<R: std::io::Read + std::io::Seek>(
+        ct: &gguf_file::Content,
+        reader: &mut R,
+        ctx: usize,
+    ) -> Result<Self, TensorError> {
+        let arch = ct
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        if !ARCHITECTURES.contains(&arch.as_str()) {
+            return Err(TensorError::Missing(format!("support for architecture {arch:?}")));
+        }
+        let a = arch.as_str();
+        let need =
+            |k: &str| md_u32(ct, &format!("{a}.{k}")).ok_or_else(|| TensorError::Missing(format!("metadata {a}.{k}")));
+        let n_embd = need("embedding_length")?;
+        let n_head = need("attention.head_count")?;
+        let head_dim = md_u32(ct, &format!("{a}.attention.key_length")).unwrap_or(n_embd / n_head);
+        if let Some(v) = md_u32(ct, &format!("{a}.attention.value_length")) {
+            if v != head_dim {
+                return Err(TensorError::Missing(format!(
+                    "support for {a}.attention.value_length {v} != key_length {head_dim}"
+                )));
+            }
+        }
+        let gemma = a == "gemma3";
+        let params = LlamaParams {
+            n_layer: need("block_count")?,
+            n_embd,
+            n_head,
+            n_head_kv: md_u32(ct, &format!("{a}.attention.head_count_kv")).unwrap_or(n_head),
+            head_dim,
+            n_ff: need("feed_forward_length")?,
+            rms_eps: md_f32(ct, &format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            rope_base: md_f32(ct, &format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
+            rope_dims: md_u32(ct, &format!("{a}.rope.dimension_count")).unwrap_or(head_dim),
+            n_vocab: 0, // from token_embd
+            rope_neox: a != "llama",
+            arch: arch.clone(),
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            ffn_act: if gemma { FfnAct::Gelu } else { FfnAct::Silu },
+            swa_window: if gemma {
+                md_u32(ct, &format!("{a}.attention.sliding_window")).unwrap_or(0)
+            } else {
+                0
+            },
+            swa_pattern: 6,
+            // llama.cpp's default when the file names none.
+            rope_base_swa: md_f32(ct, &format!("{a}.rope.swa_freq_base")).unwrap_or(10_000.0),
+        };
+        if md_f32(ct, &format!("{a}.final_logit_softcapping")).is_some_and(|v| v != 0.0) {
+            return Err(TensorError::Missing(format!("support for {a}.final_logit_softcapping")));
+        }
+        Self::from_tensors(params, &mut |name: &str| load(ct, reader, name), ctx)
+    }
+
+    /// Builds the model from `params` and tensors fetched by their GGUF names
+    /// (`token_embd.weight`, `blk.{i}.attn_q.weight`, …), with a KV cache for `ctx`
+    /// positions. `params.n_vocab` is taken from the embedding matrix.
+    pub fn from_tensors(
+        mut params: LlamaParams,
+        load_t: &mut dyn FnMut(&str) -> Result<QMatrix, TensorError>,
+        ctx: usize,
+    ) -> Result<Self, TensorError> {
+        let gemma = params.arch == "gemma3";
+        let embd = load_t("token_embd.weight")?;
+        let output = match load_t("output.weight") {
+            Ok(m) => Some(m),
+            Err(TensorError::Missing(_)) => None,
+            Err(e) => return Err(e),
+        };
+        params.n_vocab = embd.rows;
+        let mut layers = Vec::with_capacity(params.n_layer);
+        for i in 0..params.n_layer {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: load_t(&p("attn_norm"))?.to_f32(),
+                wq: load_t(&p("attn_q"))?,
+                wk: load_t(&p("attn_k"))?,
+                wv: load_t(&p("attn_v"))?,
+                wo: load_t(&p("attn_output"))?,
+                ffn_norm: load_t(&p("ffn_norm"))?.to_f32(),
+                w_gate: load_t(&p("ffn_gate"))?,
+                w_up: load_t(&p("ffn_up"))?,
+                w_down: load_t(&p("ffn_down"))?,
+                bq: optional(load_t(&format!("blk.{i}.attn_q.bias")))?,
+                bk: optional(load_t(&format!("blk.{i}.attn_k.bias")))?,
+                bv: optional(load_t(&format!("blk.{i}.attn_v.bias")))?,
+                q_norm: optional(load_t(&p("attn_q_norm")))?,
+                k_norm: optional(load_t(&p("attn_k_norm")))?,
+                post_attn_norm: optional(load_t(&p("post_attention_norm")))?,
+                post_ffn_norm: optional(load_t(&p("post_ffw_norm")))?,
+            });
+            if gemma && (layers[i].post_attn_norm.is_none() || layers[i].post_ffn_norm.is_none()) {
+                return Err(TensorError::Missing(format!(
+                    "blk.{i}.post_attention_norm / post_ffw_norm"
+                )));
+            }
+        }
+        let out_norm = load_t("output_norm.weight")?.to_f32();
+        Ok(Self {
+            params,
+            embd,
+            layers,
+            out_norm,
+            output,
+            ctx,
+        })
+    }
+
+    /// Positions each sequence's cache holds.
+    pub fn context_len(&self) -> usize {
+        self.ctx
+    }
+
+    /// An empty cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(&self.params, self.ctx)
+    }
+
+    /// Runs `tokens` at positions `pos..pos + n` of `cache` and returns the logits
+    /// of the last one.
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], pos: usize) -> Vec<f32> {
+        let mut steps = [Step { cache, tokens, pos }];
+        self.forward_batch(&mut steps).pop().unwrap_or_default()
+    }
+
+    /// One pass over several sequences at once: their rows go through every matmul
+    /// together (each weight block is read once for all of them), attention runs per
+    /// sequence over its own cache. Returns each step's last-token logits, in order.
+    /// A row's arithmetic does not depend on its neighbours, so a sequence gets the
+    /// same logits batched as alone.
+    pub fn forward_batch(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
+        let p = &self.params;
+        let kern = Kernels::active();
+        for s in steps.iter() {
+            assert!(!s.tokens.is_empty(), "a step without tokens");
+            assert!(s.pos + s.tokens.len() <= s.cache.ctx, "forward beyond the KV cache");
+        }
+        // Row r of the batch is token `tokens[t]` of step `owner[r]` at `positions[r]`.
+        let positions: Vec<usize> = steps.iter().flat_map(|s| s.pos..s.pos + s.tokens.len()).collect();
+        let n = positions.len();
+        let (d, hd) = (p.n_embd, p.head_dim);
+        let kv_d = p.n_head_kv * hd;
+        let q_d = p.q_dim();
+        let mut x = vec![0.0f32; n * d];
+        for (r, &tok) in steps.iter().flat_map(|s| s.tokens).enumerate() {
+            self.embd.row_f32(tok as usize, &mut x[r * d..(r + 1) * d]);
+        }
+        if let Some(s) = p.embd_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        let mut xn = vec![0.0f32; n * d];
+        let mut q = vec![0.0f32; n * q_d];
+        let mut k = vec![0.0f32; n * kv_d];
+        let mut v = vec![0.0f32; n * kv_d];
+        let mut attn = vec![0.0f32; n * q_d];
+        let mut proj = vec![0.0f32; n * d];
+        let mut normed = vec![0.0f32; n * d];
+        let mut gate = vec![0.0f32; n * p.n_ff];
+        let mut up = vec![0.0f32; n * p.n_ff];
+        let rope_global = RopeTable::new(p, p.rope_base, &positions);
+        let rope_local = (p.swa_window > 0).then(|| RopeTable::new(p, p.rope_base_swa, &positions));
+        for (li, layer) in self.layers.iter().enumerate() {
+            let swa = p.is_swa(li);
+            let rope = match (&rope_local, swa) {
+                (Some(r), true) => r,
+                _ => &rope_global,
+            };
+            rms_norm(&x, &layer.attn_norm, p.rms_eps, d, &mut xn);
+            let act = layer.wq.prepare(&xn, n);
+            layer.wq.matmul(&act, n, &mut q);
+            let act_k = if layer.wk.same_input_kind(&layer.wq) {
+                act
+            } else {
+                layer.wk.prepare(&xn, n)
+            };
+            layer.wk.matmul(&act_k, n, &mut k);
+            let act_v = if layer.wv.same_input_kind(&layer.wk) {
+                act_k
+            } else {
+                layer.wv.prepare(&xn, n)
+            };
+            layer.wv.matmul(&act_v, n, &mut v);
+            add_bias(&mut q, layer.bq.as_deref());
+            add_bias(&mut k, layer.bk.as_deref());
+            add_bias(&mut v, layer.bv.as_deref());
+            if let Some(w) = &layer.q_norm {
+                let rows = q.clone();
+                rms_norm(&rows, w, p.rms_eps, hd, &mut q);
+            }
+            if let Some(w) = &layer.k_norm {
+                let rows = k.clone();
+                rms_norm(&rows, w, p.rms_eps, hd, &mut k);
+            }
+            rope.apply(&mut q, p.n_head, hd);
+            rope.apply(&mut k, p.n_head_kv, hd);
+            let mut row = 0;
+            for s in steps.iter_mut() {
+                let (ctx, rows) = (s.cache.ctx, s.tokens.len());
+                let base = li * p.n_head_kv * ctx * hd;
+                for t in 0..rows {
+                    for h in 0..p.n_head_kv {
+                        let dst = base + (h * ctx + s.pos + t) * hd;
+                        let src = (row + t) * kv_d + h * hd;
+                        (kern.to_f16)(&k[src..src + hd], &mut s.cache.k[dst..dst + hd]);
+                        (kern.to_f16)(&v[src..src + hd], &mut s.cache.v[dst..dst + hd]);
+                    }
+                }
+                super::attention::attention(
+                    p,
+                    &q[row * q_d..(row + rows) * q_d],
+                    &s.cache.k[base..],
+                    &s.cache.v[base..],
+                    ctx,
+                    s.pos,
+                    if swa { p.swa_window } else { 0 },
+                    &mut attn[row * q_d..(row + rows) * q_d],
+                );
+                row += rows;
+            }
+            let act = layer.wo.prepare(&attn, n);
+            layer.wo.matmul(&act, n, &mut proj);
+            add_residual(
+                &mut x,
+                &mut proj,
+                layer.post_attn_norm.as_deref(),
+                p.rms_eps,
+                &mut normed,
+            );
+            rms_norm(&x, &layer.ffn_norm, p.rms_eps, d, &mut xn);
+            let act = layer.w_gate.prepare(&xn, n);
+            layer.w_gate.matmul(&act, n, &mut gate);
+            let act_u = if layer.w_up.same_input_kind(&layer.w_gate) {
+                act
+            } else {
+                layer.w_up.prepare(&xn, n)
+            };
+            layer.w_up.matmul(&act_u, n, &mut up);
+            match p.ffn_act {
+                FfnAct::Silu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.silu_mul),
+                FfnAct::Gelu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.gelu_mul),
+            }
+            let act = layer.w_down.prepare(&gate, n);
+            layer.w_down.matmul(&act, n, &mut proj);
+            add_residual(
+                &mut x,
+                &mut proj,
+                layer.post_ffn_norm.as_deref(),
+                p.rms_eps,
+                &mut normed,
+            );
+        }
+        // Only each step's last position needs logits.
+        let m = steps.len();
+        let mut last = vec![0.0f32; m * d];
+        let mut end = 0;
+        for (i, s) in steps.iter().enumerate() {
+            end += s.tokens.len();
+            last[i * d..(i + 1) * d].copy_from_slice(&x[(end - 1) * d..end * d]);
+        }
+        let mut normed = vec![0.0f32; m * d];
+        rms_norm(&last, &self.out_norm, p.rms_eps, d, &mut normed);
+        let output = self.output.as_ref().unwrap_or(&self.embd);
+        let act = output.prepare(&normed, m);
+        let mut logits = vec![0.0f32; m * output.rows];
+        output.matmul(&act, m, &mut logits);
+        logits.chunks_exact(output.rows).map(<[f32]>::to_vec).collect()
+    }
+}
+
+/// `f(gate_row, up_row)` for each of the `n` rows of `width` values, over the rayon
+/// pool when there are several (elementwise, so the split changes nothing).
+fn elementwise_rows(gate: &mut [f32], up: &[f32], width: usize, n: usize, f: fn(&mut [f32], &[f32])) {
+    use rayon::prelude::*;
+    if n < 4 {
+        f(gate, up);
+        return;
+    }
+    gate.par_chunks_mut(width)
+        .zip(up.par_chunks(width))
+        .for_each(|(g, u)| f(g, u));
+}
+
+/// A tensor that may be absent (biases, Qwen3's norms), as f32 values.
+fn optional(t: Result<QMatrix, TensorError>) -> Result<Option<Vec<f32>>, TensorError> {
+    match t {
+        Ok(m) => Ok(Some(m.to_f32())),
+        Err(TensorError::Missing(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Adds a per-column bias to every row.
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            for (v, bi) in row.iter_mut().zip(b) {
+                *v += bi;
+            }
+        }
+    }
+}
+
+/// `x += out`, with `out` first RMS-normalised by `norm` when the model has one
+/// (Gemma 3's post-attention and post-feed-forward norms).
+fn add_residual(x: &mut [f32], out: &mut [f32], norm: Option<&[f32]>, eps: f32, scratch: &mut [f32]) {
+    let out: &[f32] = match norm {
+        Some(w) => {
+            rms_norm(out, w, eps, w.len(), scratch);
+            &scratch[..out.len()]
+        }
+        None => out,
+    };
+    for (xi, oi) in x.iter_mut().zip(out) {
+        *xi += oi;
+    }
+}
+
+/// ggml's RMSNorm: the sum of squares in f64, the scale in f32, then the weight.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, d: usize, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let sum: f64 = xr.iter().map(|v| (v * v) as f64).sum();
+        let mean = (sum / d as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, v), wi) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v * scale) * wi;
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The decoder the CPU engine runs.
+//!
+//! ## Layout
+//! - [`llama`]: the forward pass (Llama, Qwen 2/3, Gemma 3) over prepared weights.
+//! - [`params`]: the shape (hyper-parameters); [`kv_cache`]: one sequence's f16
+//!   KV cache; `rope`: rotary embeddings.
+//! - `attention`: causal grouped-query attention over the f16 KV cache.
+//! - [`hf`]: Hugging Face directories (config.json + safetensors) onto that forward pass.
+//! - [`forward`]: the [`forward::Forward`] trait the serving side drives: independent
+//!   KV sequences (slots), batched steps, cache rows in and out.
+
+mod attention;
+pub mod forward;
+pub mod hf;
+pub mod kv_cache;
+pub mod llama;
+pub mod params;
+mod rope;

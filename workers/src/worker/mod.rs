@@ -1,0 +1,400 @@
+//! The WorkerActor: one per device, owning one loaded model. It announces itself
+//! (heartbeats, NATS micro service), serves `{p}.v1.worker.{wid}.*` through
+//! [`crate::worker::service`], and drains on shutdown.
+
+pub mod context;
+pub mod kv;
+pub mod recent;
+pub mod service;
+pub mod session;
+pub mod telemetry;
+
+use async_nats::service::ServiceExt;
+use futures::StreamExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use service::ServeContext;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_actors::{Admission, CancelRegistry};
+use switchyard_messages::{ServedModel, Subjects, TextModel, WorkerStatus, PROTOCOL_VERSION};
+use tokio::task::JoinHandle;
+
+/// How a worker presents itself and behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Unique id (one subject token).
+    pub worker_id: String,
+    /// Device: `cpu`, `cuda:0`, `rocm:1`, `metal`, `llama_cpp@URL`.
+    pub device: String,
+    /// Backend name: `cpu`, `llama_cpp`, `rocm`, `cuda`, `metal`.
+    pub backend: String,
+    /// Name requests use for the model.
+    pub model_name: String,
+    /// Where the model was loaded from.
+    pub model_path: PathBuf,
+    /// Subjects (prefix).
+    pub subjects: Subjects,
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+    /// Keep-alive period for busy streams.
+    pub keepalive: Duration,
+    /// Requests computed at once.
+    pub capacity: u32,
+    /// Requests that may wait.
+    pub queue_depth: u32,
+    /// A session with no calls for this long is closed.
+    pub session_idle: Duration,
+}
+
+/// Messages the WorkerActor handles.
+pub enum WorkerMsg {
+    /// Publish a heartbeat now (timer tick or a coordinator's discover).
+    Heartbeat,
+    /// Report the current status.
+    Status(RpcReplyPort<WorkerStatus>),
+    /// Stop taking requests and announce it.
+    Drain(RpcReplyPort<()>),
+}
+
+struct WorkerState {
+    client: async_nats::Client,
+    opts: WorkerOptions,
+    ctx: Arc<ServeContext>,
+    info: switchyard_messages::ModelInfo,
+    completed: Arc<AtomicU64>,
+    seq: u64,
+    started_at_ms: u64,
+    host: String,
+    tasks: Vec<JoinHandle<()>>,
+    service: Option<async_nats::service::Service>,
+}
+
+impl WorkerState {
+    fn status(&mut self) -> WorkerStatus {
+        self.seq += 1;
+        let (in_flight, queued) = self.ctx.admission.load();
+        WorkerStatus {
+            v: PROTOCOL_VERSION,
+            worker_id: self.opts.worker_id.clone(),
+            device: self.opts.device.clone(),
+            backend: self.opts.backend.clone(),
+            models: vec![ServedModel {
+                name: self.opts.model_name.clone(),
+                path: self.opts.model_path.display().to_string(),
+                info: self.info.clone(),
+            }],
+            capacity: self.ctx.admission.capacity(),
+            queue_capacity: self.ctx.admission.queue(),
+            in_flight,
+            queued,
+            available: self.ctx.model.healthy(),
+            draining: self.ctx.draining.load(Ordering::Acquire),
+            host: self.host.clone(),
+            pid: std::process::id(),
+            started_at_ms: self.started_at_ms,
+            seq: self.seq,
+            completed: self.completed.load(Ordering::Relaxed),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            kv: {
+                let recent = self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner());
+                switchyard_messages::KvUsage {
+                    hit_ratio: recent.hit_ratio(),
+                    ..self.ctx.model.kv_usage()
+                }
+            },
+            recent: self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).latency(),
+        }
+    }
+}
+
+struct WorkerActor;
+
+struct WorkerArgs {
+    client: async_nats::Client,
+    model: Arc<dyn TextModel>,
+    opts: WorkerOptions,
+}
+
+impl Actor for WorkerActor {
+    type Msg = WorkerMsg;
+    type State = WorkerState;
+    type Arguments = WorkerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<WorkerMsg>,
+        args: WorkerArgs,
+    ) -> Result<WorkerState, ActorProcessingErr> {
+        let WorkerArgs { client, model, opts } = args;
+        let completed = Arc::new(AtomicU64::new(0));
+        let counter = completed.clone();
+        let me = myself.clone();
+        let ctx = Arc::new(ServeContext {
+            client: client.clone(),
+            worker_id: opts.worker_id.clone(),
+            backend: opts.backend.clone(),
+            device: opts.device.clone(),
+            model_name: opts.model_name.clone(),
+            model: model.clone(),
+            admission: Admission::new(opts.capacity, opts.queue_depth),
+            cancels: CancelRegistry::default(),
+            draining: AtomicBool::new(false),
+            keepalive: opts.keepalive,
+            // A heartbeat at once after each request, so coordinators see the freed
+            // capacity (and route the next turn of a conversation back here) without
+            // waiting for the next period.
+            on_complete: Box::new(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+                let _ = me.cast(WorkerMsg::Heartbeat);
+            }),
+            // One resident sequence per slot, on the CPU engine as on a llama.cpp server.
+            kv: std::sync::Mutex::new(crate::worker::kv::KvTracker::new(
+                &opts.worker_id,
+                opts.capacity as usize,
+            )),
+            kv_subject: opts.subjects.kv(&opts.worker_id),
+            recent: std::sync::Mutex::default(),
+        });
+
+        let metadata = HashMap::from([
+            ("worker_id".to_string(), opts.worker_id.clone()),
+            ("device".to_string(), opts.device.clone()),
+            ("backend".to_string(), opts.backend.clone()),
+            ("model".to_string(), opts.model_name.clone()),
+        ]);
+        let service = client
+            .service_builder()
+            .description(format!(
+                "switchyard worker {} ({} on {})",
+                opts.worker_id, opts.model_name, opts.device
+            ))
+            .metadata(metadata)
+            .start("switchyard-worker", env!("CARGO_PKG_VERSION"))
+            .await
+            .map_err(|e| format!("registering the NATS micro service: {e}"))?;
+        let mut tasks = Vec::new();
+        // One endpoint per verb; streaming verbs and one-reply verbs differ only in
+        // the handler.
+        #[derive(Clone, Copy)]
+        enum Handler {
+            Stream { chat: bool },
+            Unary(service::Unary),
+            SessionOpen,
+        }
+        let sessions = crate::worker::session::SessionHost::new(ctx.clone(), opts.subjects.clone(), opts.session_idle);
+        crate::worker::telemetry::register_gauges(&ctx);
+        for (verb, handler) in [
+            ("generate", Handler::Stream { chat: false }),
+            ("chat", Handler::Stream { chat: true }),
+            ("classify", Handler::Unary(service::Unary::Classify)),
+            ("batch", Handler::Unary(service::Unary::Batch)),
+            ("session_open", Handler::SessionOpen),
+        ] {
+            let mut endpoint = service
+                .endpoint_builder()
+                .name(verb)
+                .add(opts.subjects.worker(&opts.worker_id, verb))
+                .await
+                .map_err(|e| format!("adding endpoint {verb}: {e}"))?;
+            let ctx = ctx.clone();
+            let sessions = sessions.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(request) = endpoint.next().await {
+                    match handler {
+                        Handler::Stream { chat } => tokio::spawn(service::handle(ctx.clone(), request, chat)),
+                        Handler::Unary(verb) => tokio::spawn(service::handle_unary(ctx.clone(), request, verb)),
+                        Handler::SessionOpen => {
+                            let sessions = sessions.clone();
+                            tokio::spawn(async move {
+                                let answer = sessions.handle_open(&request.message.payload).await;
+                                let _ = request.respond(Ok(answer.into())).await;
+                            })
+                        }
+                    };
+                }
+            }));
+        }
+        let mut cancels = client.subscribe(opts.subjects.cancel_all()).await?;
+        let registry = ctx.cancels.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(msg) = cancels.next().await {
+                if let Some(id) = msg.subject.rsplit('.').next() {
+                    if registry.cancel(id) {
+                        tracing::debug!(request = id, "cancelled by client");
+                    }
+                }
+            }
+        }));
+        let mut snapshots = client.subscribe(opts.subjects.kv_snapshot(&opts.worker_id)).await?;
+        let kv_ctx = ctx.clone();
+        let kv_client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(msg) = snapshots.next().await {
+                let snapshot = kv_ctx.kv.lock().unwrap_or_else(|p| p.into_inner()).snapshot();
+                if let Some(reply) = msg.reply {
+                    let _ = kv_client
+                        .publish(reply, switchyard_messages::encode(&snapshot).into())
+                        .await;
+                }
+            }
+        }));
+        let mut discover = client.subscribe(opts.subjects.discover()).await?;
+        let me = myself.clone();
+        tasks.push(tokio::spawn(async move {
+            while discover.next().await.is_some() {
+                let _ = me.cast(WorkerMsg::Heartbeat);
+            }
+        }));
+        tasks.push(tokio::spawn({
+            let me = myself.clone();
+            let period = opts.heartbeat;
+            let model = model.clone();
+            // A heartbeat every period, and one at once when the model's health
+            // changes, so coordinators stop (or resume) routing here without waiting.
+            async move {
+                let poll = period.min(Duration::from_millis(100));
+                let mut tick = tokio::time::interval(poll);
+                let mut last_beat = tokio::time::Instant::now() - period;
+                let mut healthy = model.healthy();
+                loop {
+                    tick.tick().await;
+                    let now_healthy = model.healthy();
+                    if now_healthy == healthy && last_beat.elapsed() + poll / 2 < period {
+                        continue;
+                    }
+                    healthy = now_healthy;
+                    last_beat = tokio::time::Instant::now();
+                    if me.cast(WorkerMsg::Heartbeat).is_err() {
+                        break;
+                    }
+                }
+            }
+        }));
+
+        Ok(WorkerState {
+            client,
+            info: model.info(),
+            opts,
+            ctx,
+            completed,
+            seq: 0,
+            started_at_ms: switchyard_actors::now_ms(),
+            host: hostname(),
+            tasks,
+            service: Some(service),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<WorkerMsg>,
+        msg: WorkerMsg,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            WorkerMsg::Heartbeat => {
+                let status = state.status();
+                let subject = state.opts.subjects.heartbeat(&state.opts.worker_id);
+                if let Err(e) = switchyard_actors::nats::publish(&state.client, subject, &status).await {
+                    tracing::warn!("heartbeat not sent: {e}");
+                }
+            }
+            WorkerMsg::Status(reply) => {
+                let _ = reply.send(state.status());
+            }
+            WorkerMsg::Drain(reply) => {
+                state.ctx.draining.store(true, Ordering::Release);
+                let status = state.status();
+                let subject = state.opts.subjects.heartbeat(&state.opts.worker_id);
+                let _ = switchyard_actors::nats::publish(&state.client, subject, &status).await;
+                let _ = state.client.flush().await;
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(&self, _myself: ActorRef<WorkerMsg>, state: &mut WorkerState) -> Result<(), ActorProcessingErr> {
+        state.ctx.cancels.cancel_all();
+        for t in state.tasks.drain(..) {
+            t.abort();
+        }
+        if let Some(service) = state.service.take() {
+            let _ = service.stop().await;
+        }
+        // Unsubscribe everything and flush, so coordinators get "no responders" for
+        // this worker at once instead of waiting for its heartbeats to expire.
+        let _ = state.client.drain().await;
+        Ok(())
+    }
+}
+
+/// The public face of a running worker.
+#[derive(Clone)]
+pub struct WorkerHandle {
+    actor: ActorRef<WorkerMsg>,
+    worker_id: String,
+}
+
+impl WorkerHandle {
+    /// Starts a worker serving `model` over `client`.
+    pub async fn start(
+        client: async_nats::Client,
+        model: Arc<dyn TextModel>,
+        opts: WorkerOptions,
+    ) -> anyhow::Result<Self> {
+        let worker_id = opts.worker_id.clone();
+        let (actor, _join) = Actor::spawn(None, WorkerActor, WorkerArgs { client, model, opts })
+            .await
+            .map_err(|e| anyhow::anyhow!("starting worker {worker_id}: {e}"))?;
+        let _ = actor.cast(WorkerMsg::Heartbeat);
+        Ok(Self { actor, worker_id })
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// The worker's current status (what its next heartbeat will say).
+    pub async fn status(&self) -> anyhow::Result<WorkerStatus> {
+        ractor::call_t!(self.actor, WorkerMsg::Status, 5_000).map_err(|e| anyhow::anyhow!("worker status: {e}"))
+    }
+
+    /// Stops taking requests, waits up to `grace` for in-flight ones, then stops.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = ractor::call_t!(self.actor, WorkerMsg::Drain, 5_000);
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline {
+            match self.status().await {
+                Ok(s) if s.in_flight + s.queued > 0 => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ => break,
+            }
+        }
+        // Wait for post_stop, which drains the NATS connection.
+        let _ = self.actor.stop_and_wait(None, Some(Duration::from_secs(10))).await;
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// A default worker id: `{backend}-{host}-{pid}`, reduced to subject-safe characters.
+pub fn default_worker_id(backend: &str) -> String {
+    let raw = format!("{backend}-{}-{}", hostname(), std::process::id());
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

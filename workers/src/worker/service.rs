@@ -1,0 +1,379 @@
+//! The worker's NATS side: one request from arrival to its last chunk.
+//!
+//! A request forwarded by a coordinator carries `Sy-Stream-To` (the client's inbox);
+//! the worker answers the coordinator on the NATS reply subject with an
+//! [`Admission`], and streams chunks to the client. A request sent straight to the
+//! worker (no header) streams to its reply subject and gets no admission message;
+//! refusals then go to the stream as a terminal error chunk.
+
+use async_nats::service::Request;
+use futures::StreamExt;
+use std::sync::Arc;
+use switchyard_actors::ChunkSink;
+use switchyard_messages::subjects::HEADER_STREAM_TO;
+use switchyard_messages::{
+    check_deadline, decode, encode, validate_head, validate_request, Admission as AdmissionMsg, BatchReply,
+    BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply, GenerateEvent, GenerateRequest,
+    Prompt, RequestHead, WireError, PROTOCOL_VERSION,
+};
+
+pub use super::context::ServeContext;
+
+/// Where a request's answer goes, and whether a coordinator waits for an
+/// [`AdmissionMsg`] on the NATS reply subject.
+struct Target {
+    to: String,
+    via_coordinator: bool,
+}
+
+/// `Sy-Stream-To` when a coordinator forwarded the request, else the reply subject;
+/// `None` (logged) when there is nowhere to answer.
+fn target(msg: &async_nats::Message) -> Option<Target> {
+    let header = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(HEADER_STREAM_TO))
+        .map(|v| v.as_str().to_string());
+    let via_coordinator = header.is_some();
+    match header.or_else(|| msg.reply.as_ref().map(|r| r.to_string())) {
+        Some(to) => Some(Target { to, via_coordinator }),
+        None => {
+            tracing::warn!(subject = %msg.subject, "request without a reply subject or Sy-Stream-To; dropped");
+            None
+        }
+    }
+}
+
+/// Tells the forwarding coordinator whether the request was admitted.
+async fn answer_admission(ctx: &ServeContext, request: &Request, refusal: Option<WireError>) {
+    let answer = AdmissionMsg {
+        v: PROTOCOL_VERSION,
+        worker_id: ctx.worker_id.clone(),
+        accepted: refusal.is_none(),
+        error: refusal,
+    };
+    let _ = request.respond(Ok(encode(&answer).into())).await;
+}
+
+/// Handles one request on the `generate` (`chat == false`) or `chat` endpoint.
+pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
+    let msg = &request.message;
+    let Some(Target {
+        to: stream_to,
+        via_coordinator,
+    }) = target(msg)
+    else {
+        return;
+    };
+
+    let parsed = decode::<GenerateRequest>(&msg.payload)
+        .map_err(|e| WireError::new(ErrorCode::BadRequest, e.to_string()))
+        .and_then(|req| validate_request(&req, chat).map(|()| req))
+        .and_then(|req| check_deadline(&req, switchyard_actors::now_ms()).map(|()| req));
+    let admitted = parsed.and_then(|req| {
+        if !req.model.is_empty() && req.model != ctx.model_name {
+            return Err(WireError::new(
+                ErrorCode::UnknownModel,
+                format!(
+                    "worker {} serves {:?}, not {:?}",
+                    ctx.worker_id, ctx.model_name, req.model
+                ),
+            ));
+        }
+        ctx.check_open()?;
+        ctx.admission.try_admit().map(|permit| (req, permit))
+    });
+
+    let (req, permit) = match admitted {
+        Ok(ok) => ok,
+        Err(error) => {
+            tracing::debug!(worker = %ctx.worker_id, code = %error.code, "refused: {}", error.message);
+            crate::worker::telemetry::record_rejection(&ctx.worker_id, error.code.as_str());
+            if via_coordinator {
+                answer_admission(&ctx, &request, Some(error)).await;
+            } else {
+                let request_id = decode::<serde_json::Value>(&msg.payload)
+                    .ok()
+                    .and_then(|v| v.get("request_id").and_then(|r| r.as_str()).map(str::to_string))
+                    .unwrap_or_default();
+                ChunkSink::new(ctx.client.clone(), stream_to, request_id, Some(ctx.worker_id.clone()))
+                    .error(error)
+                    .await;
+            }
+            return;
+        }
+    };
+
+    if via_coordinator {
+        answer_admission(&ctx, &request, None).await;
+    }
+    let sink = ChunkSink::new(
+        ctx.client.clone(),
+        stream_to,
+        req.request_id.clone(),
+        Some(ctx.worker_id.clone()),
+    );
+    sink.tokens(Vec::new()).await;
+    let cancel = ctx.cancels.insert(&req.request_id);
+    let prompt = if chat {
+        Prompt::Chat(req.messages.clone().unwrap_or_default())
+    } else {
+        Prompt::Text(req.prompt.clone().unwrap_or_default())
+    };
+    tracing::debug!(worker = %ctx.worker_id, request = %req.request_id, "admitted");
+    let blocks = switchyard_messages::kv::prefix_blocks(&switchyard_messages::kv::routing_key(
+        req.prompt.as_deref(),
+        req.messages.as_deref(),
+    ));
+    let op = if chat { "chat" } else { "text_completion" };
+    let model = if req.model.is_empty() {
+        &ctx.model_name
+    } else {
+        &req.model
+    };
+    let c = &req.config;
+    // One span per generation, named and attributed by the GenAI conventions, a
+    // child of the coordinator's span (trace context from the NATS headers).
+    let span = tracing::info_span!(
+        "gen_ai",
+        otel.name = %format!("{op} {model}"),
+        otel.kind = "server",
+        gen_ai.operation.name = op,
+        gen_ai.provider.name = crate::worker::telemetry::PROVIDER,
+        gen_ai.request.model = %model,
+        gen_ai.request.max_tokens = c.max_tokens,
+        gen_ai.request.temperature = f64::from(c.temperature),
+        gen_ai.request.top_p = f64::from(c.top_p),
+        gen_ai.request.top_k = c.top_k,
+        gen_ai.request.seed = c.seed.map(|s| s as i64),
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        switchyard.worker.id = %ctx.worker_id,
+        switchyard.device = %ctx.device,
+        switchyard.backend = %ctx.backend,
+        switchyard.request.id = %req.request_id,
+        switchyard.kv.cached_tokens = tracing::field::Empty,
+        switchyard.queue_us = tracing::field::Empty,
+    );
+    switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
+    let attrs = crate::worker::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
+    let run = async {
+        let events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
+        pump(&ctx, &sink, events, &cancel, req.deadline_ms, &attrs).await;
+    };
+    tracing::Instrument::instrument(run, span).await;
+    ctx.cancels.remove(&req.request_id);
+    ctx.record_kv(blocks).await;
+    drop(permit);
+    (ctx.on_complete)();
+}
+
+/// Streams a backend's events to `sink` until the end: keep-alives while the
+/// backend is quiet, cancel when the client is gone, `deadline_exceeded` when
+/// `deadline_ms` passes. Runs inside the generation's span: opens `prefill` (until
+/// the first token) and `decode` child spans, fills the span's usage fields, and
+/// records the GenAI metrics with `attrs`.
+pub async fn pump(
+    ctx: &ServeContext,
+    sink: &ChunkSink,
+    mut events: switchyard_messages::GenerateStream,
+    cancel: &switchyard_messages::CancelFlag,
+    deadline_ms: Option<u64>,
+    attrs: &[opentelemetry::KeyValue],
+) {
+    let started = std::time::Instant::now();
+    let span = tracing::Span::current();
+    // `decode` is a live span from the first token on; `queue` and `prefill` are
+    // written afterwards with their exact bounds (the queue wait is known only from
+    // the final metrics).
+    let admitted_at = std::time::SystemTime::now();
+    let mut first_token_at = None;
+    let mut phase: Option<tracing::Span> = None;
+    let fail = |code: ErrorCode| {
+        span.record("error.type", code.as_str());
+        crate::worker::telemetry::record_failure(attrs, started.elapsed().as_secs_f64(), code.as_str());
+    };
+    let mut keepalive = tokio::time::interval(ctx.keepalive);
+    keepalive.tick().await;
+    let mut sent_since_tick = false;
+    loop {
+        tokio::select! {
+            ev = events.next() => {
+                sent_since_tick = true;
+                match ev {
+                    Some(Ok(GenerateEvent::Token(t))) => {
+                        if first_token_at.is_none() {
+                            first_token_at = Some(std::time::SystemTime::now());
+                            phase = Some(tracing::info_span!("decode"));
+                        }
+                        if !sink.tokens(vec![t]).await {
+                            cancel.cancel();
+                        }
+                    }
+                    Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
+                        drop(phase.take());
+                        if let Some(first) = first_token_at {
+                            crate::worker::telemetry::record_phases(&span, admitted_at, metrics.queue_us, first);
+                        }
+                        ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
+                        span.record("gen_ai.usage.input_tokens", metrics.prompt_tokens);
+                        span.record("gen_ai.usage.output_tokens", metrics.generated_tokens);
+                        span.record("gen_ai.response.finish_reasons", finish_reason.as_str());
+                        span.record("switchyard.kv.cached_tokens", metrics.cached_tokens);
+                        span.record("switchyard.queue_us", metrics.queue_us);
+                        crate::worker::telemetry::record_success(attrs, &metrics);
+                        sink.done(Vec::new(), finish_reason, metrics).await;
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        fail(e.code());
+                        sink.error(e.to_wire()).await;
+                        break;
+                    }
+                    None => {
+                        fail(ErrorCode::Internal);
+                        sink.error(WireError::new(ErrorCode::Internal, "the backend ended the stream without a result")).await;
+                        break;
+                    }
+                }
+            }
+            _ = keepalive.tick() => {
+                if deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+                    fail(ErrorCode::DeadlineExceeded);
+                    cancel.cancel();
+                    sink.error(WireError::new(ErrorCode::DeadlineExceeded, "the request's deadline passed")).await;
+                    break;
+                }
+                if !sent_since_tick {
+                    sink.tokens(Vec::new()).await;
+                }
+                sent_since_tick = false;
+            }
+        }
+    }
+}
+
+/// The one-reply verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unary {
+    /// Prefill-only: [`ClassifyRequest`] → [`ClassifyReply`].
+    Classify,
+    /// Batch generation: [`BatchRequest`] → [`BatchReply`].
+    Batch,
+}
+
+enum UnaryRequest {
+    Classify(ClassifyRequest),
+    Batch(BatchRequest),
+}
+
+/// Handles one request on the `classify` or `batch` endpoint: admitted like a
+/// generation (same admission, same answer to a coordinator), answered with one
+/// reply to the stream target, or an [`ErrorReply`] when refused on a direct call.
+pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary) {
+    let msg = &request.message;
+    let Some(Target {
+        to: reply_to,
+        via_coordinator,
+    }) = target(msg)
+    else {
+        return;
+    };
+    let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
+    let parsed = decode::<RequestHead>(&msg.payload).map_err(bad).and_then(|head| {
+        let req = match verb {
+            Unary::Classify => UnaryRequest::Classify(decode(&msg.payload).map_err(bad)?),
+            Unary::Batch => UnaryRequest::Batch(decode(&msg.payload).map_err(bad)?),
+        };
+        let prompts = match &req {
+            UnaryRequest::Classify(r) => r.prompts.len(),
+            UnaryRequest::Batch(r) => r.prompts.len(),
+        };
+        validate_head(&head, prompts)?;
+        if head.deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+            return Err(WireError::new(
+                ErrorCode::DeadlineExceeded,
+                "the request's deadline passed",
+            ));
+        }
+        if !head.model.is_empty() && head.model != ctx.model_name {
+            return Err(WireError::new(
+                ErrorCode::UnknownModel,
+                format!(
+                    "worker {} serves {:?}, not {:?}",
+                    ctx.worker_id, ctx.model_name, head.model
+                ),
+            ));
+        }
+        ctx.check_open()?;
+        ctx.admission.try_admit().map(|permit| (head, req, permit))
+    });
+    let (head, req, permit) = match parsed {
+        Ok(ok) => ok,
+        Err(error) => {
+            if via_coordinator {
+                answer_admission(&ctx, &request, Some(error)).await;
+            } else {
+                let _ = ctx
+                    .client
+                    .publish(
+                        reply_to,
+                        encode(&ErrorReply {
+                            v: PROTOCOL_VERSION,
+                            error,
+                        })
+                        .into(),
+                    )
+                    .await;
+            }
+            return;
+        }
+    };
+    if via_coordinator {
+        answer_admission(&ctx, &request, None).await;
+    }
+    let body = match req {
+        UnaryRequest::Classify(r) => {
+            let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
+            let results = ctx
+                .model
+                .classify(prompts, r.return_logits)
+                .await
+                .into_iter()
+                .map(|res| match res {
+                    Ok(result) => ClassifyItem {
+                        result: Some(result),
+                        error: None,
+                    },
+                    Err(e) => ClassifyItem {
+                        result: None,
+                        error: Some(e.to_wire()),
+                    },
+                })
+                .collect();
+            encode(&ClassifyReply {
+                v: PROTOCOL_VERSION,
+                request_id: head.request_id.clone(),
+                worker_id: ctx.worker_id.clone(),
+                results,
+            })
+        }
+        UnaryRequest::Batch(r) => {
+            let cancel = ctx.cancels.insert(&head.request_id);
+            let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
+            let results = ctx.model.batch_generate(prompts, r.config, cancel).await;
+            ctx.cancels.remove(&head.request_id);
+            encode(&BatchReply {
+                v: PROTOCOL_VERSION,
+                request_id: head.request_id.clone(),
+                worker_id: ctx.worker_id.clone(),
+                results,
+            })
+        }
+    };
+    let _ = ctx.client.publish(reply_to, body.into()).await;
+    drop(permit);
+    (ctx.on_complete)();
+}
