@@ -274,7 +274,8 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         model: probe.clone(),
         path: "fabric-probe".into(),
         name: "fabric-probe".into(),
-        device: "cpu".into(),
+        backend: switchyard_messages::BackendKind::Cpu,
+        device: switchyard_messages::Device::Cpu,
         capacity: 1,
         supervisor: None,
     };

@@ -17,12 +17,7 @@ pub struct NatsServer {
 }
 
 /// The cache directory: `$SWITCHYARD_CACHE`, else `~/.cache/switchyard`.
-pub fn cache_dir() -> PathBuf {
-    match std::env::var_os("SWITCHYARD_CACHE") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".cache/switchyard"),
-    }
-}
+pub use switchyard_workers::local::cache_dir;
 
 /// Finds `nats-server`: `configured` if non-empty, `$SWITCHYARD_NATS_SERVER`, the
 /// cache's `bin/`, then `PATH`.

@@ -54,7 +54,7 @@ pub enum ConfigError {
 }
 
 /// The backends a worker can run.
-pub const WORKER_BACKENDS: &[&str] = &["cpu", "llama_cpp", "rocm"];
+pub const WORKER_BACKENDS: &[&str] = &["auto", "cpu", "llama_cpp", "rocm"];
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -164,8 +164,9 @@ pub struct WorkerConfig {
     /// Name requests use for the model; empty = the file name without `.gguf`.
     pub model_name: String,
     /// Backend: `cpu` (switchyard's own engine), `llama_cpp` (a llama.cpp server
-    /// already running at `llama_url`) or `rocm` (a `llama-server` child this worker
-    /// starts and supervises, pinned to GPU `gpu_device`).
+    /// already running at `llama_url`), `rocm` (a `llama-server` child this worker
+    /// starts and supervises, pinned to GPU `gpu_device`), or `auto` (the most
+    /// preferred one available here: rocm > llama_cpp > cpu).
     pub backend: String,
     /// `llama_cpp`: the server's base URL, e.g. `http://127.0.0.1:8080`.
     pub llama_url: String,
@@ -305,7 +306,7 @@ impl Config {
             return invalid(
                 "worker.backend",
                 self.worker.backend.clone(),
-                "must be one of: cpu, llama_cpp, rocm",
+                "must be one of: auto, cpu, llama_cpp, rocm",
             );
         }
         if self.worker.backend == "llama_cpp"

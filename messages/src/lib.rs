@@ -15,6 +15,8 @@
 //! - [`subjects`]: every NATS subject, under a configurable prefix.
 //! - [`codec`]: MessagePack with named fields (`encode` / `decode`).
 //! - [`backend`]: the `Backend` / `TextModel` traits backends implement.
+//! - [`fleet`]: [`BackendKind`] (with seed 000's preference order) and [`Device`],
+//!   typed; strings on the wire.
 //! - [`kv`]: prefix blocks for KV-aware routing.
 //! - [`session`]: seed 002's persistent sessions (open, ensure_prefix, …).
 //!
@@ -26,6 +28,7 @@
 pub mod backend;
 pub mod codec;
 pub mod error;
+pub mod fleet;
 pub mod kv;
 pub mod session;
 pub mod subjects;
@@ -38,6 +41,7 @@ pub use backend::{
 };
 pub use codec::{decode, encode, DecodeError};
 pub use error::{ErrorCode, WireError};
+pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
 pub use kv::{KvEvent, KvSnapshot};
 pub use subjects::Subjects;
 pub use types::*;

@@ -6,17 +6,39 @@ mod commands;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use switchyard::Config;
+use switchyard_workers::backends::Registry;
 
 pub use commands::run;
 
-/// switchyard: serve LLMs from a mixed fleet (CPU, CUDA, ROCm, Metal, llama.cpp) as
-/// one system over NATS.
-///
-/// Configuration is layered: built-in defaults, then the TOML file (--config or
-/// $SWITCHYARD_CONFIG), then SWITCHYARD_{SECTION}_{FIELD} environment variables
-/// (e.g. SWITCHYARD_WORKER_CAPACITY=2), then flags.
+/// The top of `--help`: what switchyard is, with the backends this build has (the
+/// list grows with the registry).
+fn about() -> String {
+    let kinds: Vec<String> = Registry::default().kinds().iter().map(|k| k.to_string()).collect();
+    format!(
+        "switchyard: serve LLMs from a mixed fleet as one system over NATS (backends in this build: {})",
+        kinds.join(", ")
+    )
+}
+
+fn long_about() -> String {
+    format!(
+        "{}.\n\nBackends, most preferred first:\n  {}\n\nConfiguration is layered: built-in defaults, then the TOML file (--config or \
+         $SWITCHYARD_CONFIG), then SWITCHYARD_{{SECTION}}_{{FIELD}} environment variables \
+         (e.g. SWITCHYARD_WORKER_CAPACITY=2), then flags.",
+        about(),
+        Registry::default().describe().join("\n  ")
+    )
+}
+
+/// `--backend` values: `auto` and the registry's kinds.
+fn backend_names() -> Vec<&'static str> {
+    std::iter::once("auto")
+        .chain(Registry::default().kinds().into_iter().map(|k| k.as_str()))
+        .collect()
+}
+
 #[derive(Parser, Debug)]
-#[command(name = "switchyard", version, about, long_about)]
+#[command(name = "switchyard", version, about = about(), long_about = long_about())]
 pub struct Cli {
     /// TOML configuration file (sections: nats, coordinator, worker, client).
     #[arg(long, global = true, env = "SWITCHYARD_CONFIG")]
@@ -192,8 +214,8 @@ pub struct WorkerFlags {
     /// Name requests use for the model (default: the file name without .gguf, or the directory name).
     #[arg(long)]
     pub model_name: Option<String>,
-    /// Backend: cpu (switchyard's own engine), llama_cpp (a llama.cpp server already running at --llama-url) or rocm (a llama-server child this worker starts, supervises and pins to --gpu-device).
-    #[arg(long, value_parser = ["cpu", "llama_cpp", "rocm"])]
+    /// Backend: cpu (switchyard's own engine), llama_cpp (a llama.cpp server already running at --llama-url), rocm (a llama-server child this worker starts, supervises and pins to --gpu-device), or auto (the most preferred one available here).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(backend_names()))]
     pub backend: Option<String>,
     /// llama_cpp: the server's base URL, e.g. http://127.0.0.1:8080.
     #[arg(long)]

@@ -8,6 +8,8 @@
 //! - [`worker`]: the `WorkerActor`, pinned to one device and one loaded model, with
 //!   its NATS service, sessions, KV events and telemetry.
 //! - [`discover`]: finding GGUF files and HF model directories on disk.
+//! - [`local`]: where switchyard keeps things on this machine (cache, demo model,
+//!   llama-server builds).
 //!
 //! A request arrives on `{p}.v1.worker.{wid}.generate` ([`worker::service`]), is
 //! admitted through the worker's bounded [`switchyard_actors::Admission`], runs on
@@ -17,6 +19,7 @@
 pub mod backends;
 pub mod discover;
 pub mod engine;
+pub mod local;
 pub mod worker;
 
 pub use backends::cpu::CpuBackend;

@@ -15,20 +15,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
-use switchyard_messages::{ErrorCode, KvEvent, KvSnapshot, ModelEntry, WireError, WorkerStatus, WorkerView};
+use switchyard_messages::{
+    BackendKind, ErrorCode, KvEvent, KvSnapshot, ModelEntry, WireError, WorkerStatus, WorkerView,
+};
 
 /// What one request to wait behind costs, in warm prefix blocks (4 × 256 bytes, about
 /// 250 tokens of prefill).
 pub const WAIT_BLOCKS: i64 = 4;
 
-/// Backends in order of preference (seed 000 `Default()`).
-pub const BACKEND_PREFERENCE: &[&str] = &["metal", "rocm", "llama_cpp", "cuda", "cpu"];
-
+/// Backends in order of preference (seed 000 `Default()`): [`BackendKind::rank`].
 fn backend_rank(backend: &str) -> usize {
-    BACKEND_PREFERENCE
-        .iter()
-        .position(|b| *b == backend)
-        .unwrap_or(BACKEND_PREFERENCE.len())
+    BackendKind::rank(backend)
 }
 
 /// What a request asks of routing.

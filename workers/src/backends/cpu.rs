@@ -1,9 +1,15 @@
 //! The `cpu` backend: switchyard's own engine ([`crate::engine`]).
 
+use super::worker_backend::{capacity, Loaded, WorkerBackend};
 use crate::engine::EngineModel;
-use std::path::Path;
+use crate::local;
+use anyhow::Context;
+use futures::future::BoxFuture;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use switchyard_messages::{Backend, BackendError, LoadConfig, TextModel};
+use std::time::Instant;
+use switchyard_config::WorkerConfig;
+use switchyard_messages::{Backend, BackendError, BackendKind, Device, LoadConfig, TextModel};
 
 /// The CPU engine as a backend (registry name `"cpu"`).
 #[derive(Debug, Default, Clone, Copy)]
@@ -21,4 +27,73 @@ impl Backend for CpuBackend {
     fn load_model(&self, path: &Path, config: &LoadConfig) -> Result<Arc<dyn TextModel>, BackendError> {
         Ok(Arc::new(EngineModel::load(path, config)?))
     }
+}
+
+impl WorkerBackend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn summary(&self) -> &'static str {
+        "switchyard's own CPU engine: GGUF or Hugging Face safetensors"
+    }
+
+    fn available(&self, _w: &WorkerConfig) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn load<'a>(&'a self, w: &'a WorkerConfig, _worker_id: &'a str) -> BoxFuture<'a, anyhow::Result<Loaded>> {
+        Box::pin(async move {
+            let (model, path, name) = load_model(w).await?;
+            Ok(Loaded {
+                capacity: capacity(w, model.parallel_slots()),
+                model,
+                path,
+                name,
+                backend: BackendKind::Cpu,
+                device: Device::Cpu,
+                supervisor: None,
+            })
+        })
+    }
+}
+
+/// Loads the worker's model on the CPU engine, printing progress to stderr.
+pub async fn load_model(w: &WorkerConfig) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
+    let path = local::model_path(w)?;
+    let name = local::model_name(w, &path);
+    let size = if path.is_dir() {
+        std::fs::read_dir(&path)
+            .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0)
+    } else {
+        std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
+    };
+    eprintln!("loading {} ({:.1} MB) on cpu …", path.display(), size as f64 / 1e6);
+    let started = Instant::now();
+    let load = LoadConfig {
+        backend: w.backend.clone(),
+        context_len: w.context_len,
+        threads: w.threads,
+        parallel_slots: w.parallel_slots,
+        kv_cache_mb: w.kv_cache_mb,
+        ..LoadConfig::default()
+    };
+    let p = path.clone();
+    let model = tokio::task::spawn_blocking(move || CpuBackend.load_model(&p, &load))
+        .await
+        .context("model loading task")??;
+    let info = model.info();
+    eprintln!(
+        "loaded {name}: {} layers, hidden {}, vocab {}, context {}, {}-bit, {} kernels \
+         (SWITCHYARD_CPU_ISA forces others), in {:.2} s",
+        info.num_layers,
+        info.hidden_size,
+        info.vocab_size,
+        info.context_len,
+        info.quant_bits,
+        info.kernels,
+        started.elapsed().as_secs_f64()
+    );
+    Ok((model, path, name))
 }

@@ -1,13 +1,24 @@
-//! The backends a worker can serve a model with, one folder or file each.
+//! The backends a worker can serve a model with, one folder or file each, and the
+//! registry that picks one (seed 000's `Backend` registry).
 //!
 //! ## Layout
 //! - [`cpu`]: switchyard's own CPU engine ([`crate::engine`]).
 //! - [`llama_cpp`]: an existing llama.cpp server over HTTP, and its sessions.
 //! - [`rocm`]: a llama-server this worker starts and supervises on an AMD GPU.
 //! - [`probe`]: `fabric-probe`, a compute-free fake model named as such, for
-//!   measuring the fabric's own overhead.
+//!   measuring the fabric's own overhead (not in the registry).
+//!
+//! A worker asks the [`Registry`] for its backend: `worker.backend` pins one by name;
+//! `auto` takes the most preferred one that is available here, in seed 000's order
+//! (`metal > rocm > llama_cpp > cuda > cpu`, [`BackendKind::BY_PREFERENCE`]). Kinds
+//! this build has no backend for are simply not in the registry.
 
 pub mod cpu;
 pub mod llama_cpp;
 pub mod probe;
+mod registry;
 pub mod rocm;
+pub(crate) mod worker_backend;
+
+pub use registry::Registry;
+pub use worker_backend::{Loaded, WorkerBackend};

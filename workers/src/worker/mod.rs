@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_actors::{Admission, CancelRegistry};
-use switchyard_messages::{ServedModel, Subjects, TextModel, WorkerStatus, PROTOCOL_VERSION};
+use switchyard_messages::{BackendKind, Device, ServedModel, Subjects, TextModel, WorkerStatus, PROTOCOL_VERSION};
 use tokio::task::JoinHandle;
 
 /// How a worker presents itself and behaves.
@@ -27,10 +27,10 @@ use tokio::task::JoinHandle;
 pub struct WorkerOptions {
     /// Unique id (one subject token).
     pub worker_id: String,
-    /// Device: `cpu`, `cuda:0`, `rocm:1`, `metal`, `llama_cpp@URL`.
-    pub device: String,
-    /// Backend name: `cpu`, `llama_cpp`, `rocm`, `cuda`, `metal`.
-    pub backend: String,
+    /// The device it computes on.
+    pub device: Device,
+    /// The backend serving its model.
+    pub backend: BackendKind,
     /// Name requests use for the model.
     pub model_name: String,
     /// Where the model was loaded from.
@@ -79,8 +79,8 @@ impl WorkerState {
         WorkerStatus {
             v: PROTOCOL_VERSION,
             worker_id: self.opts.worker_id.clone(),
-            device: self.opts.device.clone(),
-            backend: self.opts.backend.clone(),
+            device: self.opts.device.to_string(),
+            backend: self.opts.backend.to_string(),
             models: vec![ServedModel {
                 name: self.opts.model_name.clone(),
                 path: self.opts.model_path.display().to_string(),
@@ -135,8 +135,8 @@ impl Actor for WorkerActor {
         let ctx = Arc::new(ServeContext {
             client: client.clone(),
             worker_id: opts.worker_id.clone(),
-            backend: opts.backend.clone(),
-            device: opts.device.clone(),
+            backend: opts.backend.to_string(),
+            device: opts.device.to_string(),
             model_name: opts.model_name.clone(),
             model: model.clone(),
             admission: Admission::new(opts.capacity, opts.queue_depth),
@@ -161,8 +161,8 @@ impl Actor for WorkerActor {
 
         let metadata = HashMap::from([
             ("worker_id".to_string(), opts.worker_id.clone()),
-            ("device".to_string(), opts.device.clone()),
-            ("backend".to_string(), opts.backend.clone()),
+            ("device".to_string(), opts.device.to_string()),
+            ("backend".to_string(), opts.backend.to_string()),
             ("model".to_string(), opts.model_name.clone()),
         ]);
         let service = client

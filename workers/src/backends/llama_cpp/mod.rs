@@ -19,8 +19,11 @@
 //! The `rocm` backend ([`crate::backends::rocm`]) serves through this same type, pointed at the
 //! llama-server child it supervises.
 
-mod client;
+mod backend;
+pub mod client;
 pub mod session;
 mod text_model;
 
+pub(crate) use backend::served;
+pub use backend::LlamaCppBackend;
 pub use client::{completion_body, LlamaCppModel, ServerProps};

@@ -1,0 +1,112 @@
+//! The registry: which backend a worker loads its model with.
+
+use super::worker_backend::{Loaded, WorkerBackend};
+use super::{cpu, llama_cpp, rocm};
+use switchyard_config::WorkerConfig;
+use switchyard_messages::BackendKind;
+
+/// The backends this build has, most preferred first.
+pub struct Registry {
+    backends: Vec<Box<dyn WorkerBackend>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        let mut backends: Vec<Box<dyn WorkerBackend>> = vec![
+            Box::new(rocm::RocmBackend),
+            Box::new(llama_cpp::LlamaCppBackend),
+            Box::new(cpu::CpuBackend),
+        ];
+        backends.sort_by_key(|b| b.kind());
+        Self { backends }
+    }
+}
+
+impl Registry {
+    /// The kinds this build has, most preferred first (what `worker.backend` accepts
+    /// besides `auto`).
+    pub fn kinds(&self) -> Vec<BackendKind> {
+        self.backends.iter().map(|b| b.kind()).collect()
+    }
+
+    /// `name: summary` per backend, most preferred first, for `--help`.
+    pub fn describe(&self) -> Vec<String> {
+        self.backends
+            .iter()
+            .map(|b| format!("{} ({})", b.kind(), b.summary()))
+            .collect()
+    }
+
+    /// The backend for `worker.backend`: the pinned one (whether or not it reports
+    /// itself available: loading it then says what is missing), or for `auto` the
+    /// most preferred available one.
+    pub fn select(&self, w: &WorkerConfig) -> anyhow::Result<&dyn WorkerBackend> {
+        if w.backend == "auto" {
+            let mut why = Vec::new();
+            for b in &self.backends {
+                match b.available(w) {
+                    Ok(()) => return Ok(b.as_ref()),
+                    Err(e) => why.push(format!("{}: {e}", b.kind())),
+                }
+            }
+            anyhow::bail!("worker.backend = auto: no backend is available ({})", why.join("; "));
+        }
+        let kind: BackendKind = w.backend.parse().map_err(|e| anyhow::anyhow!("worker.backend: {e}"))?;
+        self.backends
+            .iter()
+            .find(|b| b.kind() == kind)
+            .map(|b| b.as_ref())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "worker.backend = {kind}: this build has no {kind} backend (it has: {})",
+                    self.kinds().iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            })
+    }
+
+    /// Loads the worker's model on the backend [`Self::select`] picks.
+    pub async fn load(&self, w: &WorkerConfig, worker_id: &str) -> anyhow::Result<Loaded> {
+        self.select(w)?.load(w, worker_id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_orders_by_seed_preference_and_pins_bypass_it() {
+        let r = Registry::default();
+        assert_eq!(
+            r.kinds(),
+            vec![BackendKind::Rocm, BackendKind::LlamaCpp, BackendKind::Cpu]
+        );
+        let mut w = WorkerConfig {
+            backend: "auto".into(),
+            ..WorkerConfig::default()
+        };
+        // No ROCm GPU and no llama.cpp URL here: auto falls through to the CPU.
+        if rocm::rocm_devices().is_err() {
+            assert_eq!(r.select(&w).unwrap().kind(), BackendKind::Cpu);
+        }
+        w.llama_url = "http://127.0.0.1:1".into();
+        if rocm::rocm_devices().is_err() {
+            assert_eq!(r.select(&w).unwrap().kind(), BackendKind::LlamaCpp);
+        }
+        w.backend = "cpu".into();
+        assert_eq!(r.select(&w).unwrap().kind(), BackendKind::Cpu);
+        w.backend = "metal".into();
+        let e = r.select(&w).err().unwrap().to_string();
+        assert!(
+            e.contains("no metal backend") && e.contains("rocm, llama_cpp, cpu"),
+            "{e}"
+        );
+        w.backend = "tpu".into();
+        assert!(r
+            .select(&w)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("unknown backend \"tpu\""));
+    }
+}
