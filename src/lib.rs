@@ -7,21 +7,12 @@
 //!   dead worker (`worker_lost`), cancel.
 //! - [`node`]: assembling coordinators and workers from a [`Config`] (what
 //!   `switchyard up`, `coordinator` and `worker` run).
-//! - [`nats_server`]: a local `nats-server` on a free port (for `up` and tests).
 //!
 //! The path of a request: [`Client::generate`] publishes to `{p}.v1.generate` →
 //! a coordinator ([`switchyard_coordinator`]) routes it → a worker
 //! ([`switchyard_workers`]) streams chunks straight back to the client's inbox.
 
-pub mod bench;
-pub mod bench_batch;
-pub mod bench_kv;
-pub mod bench_llama;
-pub mod bench_llama_cpp;
-pub mod bench_prefix;
 pub mod client;
-pub mod llama_server;
-pub mod nats_server;
 pub mod node;
 pub mod session;
 pub mod telemetry;

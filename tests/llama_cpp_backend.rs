@@ -40,7 +40,7 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
     let local = EngineModel::load(&path, &LoadConfig::default()).unwrap();
     assert_eq!(
         remote.info().context_len,
-        switchyard::llama_server::CONTEXT / 2,
+        switchyard_procs::llama_server::CONTEXT / 2,
         "n_ctx per slot from /props"
     );
 
@@ -141,7 +141,7 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_a_clear_retryable_error() {
-    let port = switchyard::nats_server::free_port().unwrap();
+    let port = switchyard_procs::nats_server::free_port().unwrap();
     let err = LlamaCppModel::connect(&format!("http://127.0.0.1:{port}"), Duration::from_millis(300))
         .await
         .err()

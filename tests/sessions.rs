@@ -263,7 +263,7 @@ async fn an_idle_session_expires_and_then_nothing_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_llama_cpp_worker_serves_sessions_on_a_pinned_slot() {
     let Some(bin) = llama_server_bin() else { return };
-    let server = switchyard::llama_server::LlamaServer::start_with(&bin, &demo_model(), 1, 2, &[])
+    let server = switchyard_procs::llama_server::LlamaServer::start_with(&bin, &demo_model(), 1, 2, &[])
         .await
         .unwrap();
     let url = server.url.clone();

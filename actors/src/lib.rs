@@ -7,6 +7,7 @@
 //! - [`admission`]: [`Admission`], a worker's bounded admission (capacity + queue);
 //!   a full queue is an immediate `overloaded`, never unbounded growth.
 //! - [`process`]: child processes that die with us, free loopback ports.
+//! - [`host`]: what `/proc` says (host name, available memory, resident sets).
 //! - [`cancel`]: [`CancelRegistry`], request id → cancel flag, fed by
 //!   `{p}.v1.cancel.{request_id}`.
 //!
@@ -15,6 +16,7 @@
 pub mod admission;
 pub mod cancel;
 pub mod chunks;
+pub mod host;
 pub mod nats;
 pub mod process;
 pub mod trace;

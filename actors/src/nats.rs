@@ -86,3 +86,30 @@ pub async fn publish_with_headers<T: Serialize>(
             reason: e.to_string(),
         })
 }
+
+/// Adds endpoint `name` on `subject` to a NATS micro `service` and serves it: every
+/// request runs `handle` in a task of its own, so a slow one never holds up the
+/// next. The returned task ends when the service stops; abort it to stop early.
+pub async fn serve_endpoint<F, Fut>(
+    service: &async_nats::service::Service,
+    name: &str,
+    subject: String,
+    handle: F,
+) -> Result<tokio::task::JoinHandle<()>, String>
+where
+    F: Fn(async_nats::service::Request) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use futures::StreamExt;
+    let mut endpoint = service
+        .endpoint_builder()
+        .name(name)
+        .add(subject)
+        .await
+        .map_err(|e| format!("adding endpoint {name}: {e}"))?;
+    Ok(tokio::spawn(async move {
+        while let Some(request) = endpoint.next().await {
+            tokio::spawn(handle(request));
+        }
+    }))
+}

@@ -362,3 +362,13 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+/// switchyard's cache directory on this machine: `$SWITCHYARD_CACHE`, else
+/// `~/.cache/switchyard` (nats-server, models, llama-server builds, the venv).
+pub fn cache_dir() -> std::path::PathBuf {
+    match std::env::var_os("SWITCHYARD_CACHE") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+            .join(".cache/switchyard"),
+    }
+}

@@ -23,6 +23,7 @@ use async_nats::service::ServiceExt;
 use futures::StreamExt;
 use ractor::{Actor, ActorRef};
 use std::time::Duration;
+use switchyard_actors::nats::serve_endpoint;
 use switchyard_messages::subjects::COORDINATOR_QUEUE;
 use switchyard_messages::{encode, FleetStatus, ModelsReply, Subjects};
 use tokio::task::JoinHandle;
@@ -130,59 +131,49 @@ impl CoordinatorHandle {
             (opts.subjects.classify(), Verb::Classify),
             (opts.subjects.batch(), Verb::Batch),
         ] {
-            let name = verb.name();
-            let mut endpoint = service
-                .endpoint_builder()
-                .name(name)
-                .add(subject)
-                .await
-                .map_err(|e| anyhow::anyhow!("endpoint {name}: {e}"))?;
             let ctx = ctx.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Some(request) = endpoint.next().await {
-                    tokio::spawn(service::forward(ctx.clone(), request.message, verb));
-                }
-            }));
-        }
-        let mut endpoint = service
-            .endpoint_builder()
-            .name("session_open")
-            .add(opts.subjects.session_open())
-            .await
-            .map_err(|e| anyhow::anyhow!("endpoint session_open: {e}"))?;
-        let session_ctx = ctx.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Some(request) = endpoint.next().await {
-                tokio::spawn(service::open_session(session_ctx.clone(), request));
-            }
-        }));
-        for (name, subject) in [("status", opts.subjects.status()), ("models", opts.subjects.models())] {
-            let mut endpoint = service
-                .endpoint_builder()
-                .name(name)
-                .add(subject)
+            tasks.push(
+                serve_endpoint(&service, verb.name(), subject, move |request| {
+                    service::forward(ctx.clone(), request.message, verb)
+                })
                 .await
-                .map_err(|e| anyhow::anyhow!("endpoint {name}: {e}"))?;
+                .map_err(anyhow::Error::msg)?,
+            );
+        }
+        let session_ctx = ctx.clone();
+        tasks.push(
+            serve_endpoint(&service, "session_open", opts.subjects.session_open(), move |request| {
+                service::open_session(session_ctx.clone(), request)
+            })
+            .await
+            .map_err(anyhow::Error::msg)?,
+        );
+        for (name, subject) in [("status", opts.subjects.status()), ("models", opts.subjects.models())] {
             let a = actor.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Some(request) = endpoint.next().await {
-                    let body = if name == "status" {
-                        ractor::call_t!(a, CoordinatorMsg::Status, 5_000).map(|s: FleetStatus| encode(&s))
-                    } else {
-                        ractor::call_t!(a, CoordinatorMsg::Models, 5_000).map(|m: ModelsReply| encode(&m))
-                    };
-                    let body = body.unwrap_or_else(|e| {
-                        encode(&switchyard_messages::ErrorReply {
-                            v: switchyard_messages::PROTOCOL_VERSION,
-                            error: switchyard_messages::WireError::new(
-                                switchyard_messages::ErrorCode::Internal,
-                                e.to_string(),
-                            ),
-                        })
-                    });
-                    let _ = request.respond(Ok(body.into())).await;
-                }
-            }));
+            tasks.push(
+                serve_endpoint(&service, name, subject, move |request| {
+                    let a = a.clone();
+                    async move {
+                        let body = if name == "status" {
+                            ractor::call_t!(a, CoordinatorMsg::Status, 5_000).map(|s: FleetStatus| encode(&s))
+                        } else {
+                            ractor::call_t!(a, CoordinatorMsg::Models, 5_000).map(|m: ModelsReply| encode(&m))
+                        };
+                        let body = body.unwrap_or_else(|e| {
+                            encode(&switchyard_messages::ErrorReply {
+                                v: switchyard_messages::PROTOCOL_VERSION,
+                                error: switchyard_messages::WireError::new(
+                                    switchyard_messages::ErrorCode::Internal,
+                                    e.to_string(),
+                                ),
+                            })
+                        });
+                        let _ = request.respond(Ok(body.into())).await;
+                    }
+                })
+                .await
+                .map_err(anyhow::Error::msg)?,
+            );
         }
         // Ask every worker to heartbeat now instead of waiting a period.
         let _ = client.publish(opts.subjects.discover(), bytes::Bytes::new()).await;
@@ -231,17 +222,9 @@ fn fetch_kv_snapshot(actor: ActorRef<CoordinatorMsg>, client: async_nats::Client
 
 /// A default coordinator id: `coord-{host}-{pid}`.
 pub fn default_coordinator_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    format!("coord-{host}-{}", std::process::id())
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    switchyard_actors::host::subject_token(&format!(
+        "coord-{}-{}",
+        switchyard_actors::host::hostname(),
+        std::process::id()
+    ))
 }

@@ -5,8 +5,8 @@ use anyhow::{bail, Context};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use switchyard::nats_server::{find_nats_server, NatsServer};
 use switchyard::{node, Client, ClientError, ClientOptions, Config, GenerateRequest, Message, StreamEvent};
+use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
 /// Exit code for a request the fleet answered with an error.
 const EXIT_REMOTE: u8 = 2;
@@ -77,47 +77,46 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(super::BenchCommand::Llama(args)) => {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);
-            let bin = switchyard::bench_llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
-            switchyard::bench_llama::llama(&model, &bin, args.threads, args.runs, args.max_tokens).await?;
+            let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
+            super::bench::llama::llama(&model, &bin, args.threads, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::LlamaCpp(args)) => {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);
-            let bin = switchyard::bench_llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
-            switchyard::bench_llama_cpp::llama_cpp(config, &bin, &model, args.threads, args.runs, args.max_tokens)
-                .await?;
+            let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
+            super::bench::llama_cpp::llama_cpp(config, &bin, &model, args.threads, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::KvRouting(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;
-            let w = switchyard::bench_kv::Workload {
+            let w = super::bench::kv::Workload {
                 workers: args.workers,
                 prefixes: args.prefixes,
                 conversations: args.conversations,
                 turns: args.turns,
                 concurrency: args.concurrency,
             };
-            switchyard::bench_kv::kv_routing(config, w).await?;
+            super::bench::kv::kv_routing(config, w).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Prefix(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;
-            switchyard::bench_prefix::prefix(config, args.runs, args.paragraphs).await?;
+            super::bench::prefix::prefix(config, args.runs, args.paragraphs).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Batch(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;
-            let bin = switchyard::bench_llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
-            switchyard::bench_batch::batch(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
+            let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
+            super::bench::batch::batch(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Fabric(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;
-            switchyard::bench::fabric(config, args.runs, args.max_tokens).await?;
+            super::bench::fabric(config, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
     }

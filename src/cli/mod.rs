@@ -1,6 +1,7 @@
 //! Command-line definitions (clap) and dispatch. Every flag is documented here so
 //! `--help` explains itself.
 
+mod bench;
 mod commands;
 
 use clap::{Args, Parser, Subcommand};

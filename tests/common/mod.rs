@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use switchyard::nats_server::{find_nats_server, kill_with_parent, NatsServer};
 use switchyard::{Client, ClientOptions};
+use switchyard_procs::nats_server::{find_nats_server, kill_with_parent, NatsServer};
 
 /// Starts a fresh nats-server on a free port.
 pub fn nats() -> NatsServer {
@@ -201,7 +201,7 @@ pub fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("SWITCHYARD_PYTHON") {
         return PathBuf::from(p);
     }
-    let p = switchyard::nats_server::cache_dir().join("venv/bin/python");
+    let p = switchyard_procs::nats_server::cache_dir().join("venv/bin/python");
     assert!(
         p.is_file(),
         "python venv missing at {} — run scripts/setup.sh",
@@ -327,7 +327,7 @@ fn build_llama_server(variant: &str) -> PathBuf {
 }
 
 #[allow(unused_imports)] // only the reference tests use it
-pub use switchyard::llama_server::LlamaServer;
+pub use switchyard_procs::llama_server::LlamaServer;
 
 /// Waits until every worker's heartbeat, sent after this call, shows nothing in
 /// flight or queued: routing then sees every worker free (the coordinator counts

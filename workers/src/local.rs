@@ -7,13 +7,7 @@ use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use switchyard_config::WorkerConfig;
 
-/// The cache directory: `$SWITCHYARD_CACHE`, else `~/.cache/switchyard`.
-pub fn cache_dir() -> PathBuf {
-    match std::env::var_os("SWITCHYARD_CACHE") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".cache/switchyard"),
-    }
-}
+pub use switchyard_config::cache_dir;
 
 /// File name of the demo model that `scripts/setup.sh` installs.
 pub const DEMO_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -56,7 +56,7 @@ impl Running {
         }
         let mut m = self.metrics.clone();
         m.total_us = self.started.elapsed().as_micros() as u64 + m.queue_us;
-        let (peak, active) = super::compute::process_memory();
+        let (peak, active) = switchyard_actors::host::process_memory(None);
         m.peak_memory_bytes = peak;
         m.active_memory_bytes = active;
         *engine.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = m.clone();

@@ -492,20 +492,3 @@ pub fn rate(n: u64, us: u64) -> f64 {
         n as f64 * 1e6 / us as f64
     }
 }
-
-/// (peak, current) resident set size of this process in bytes, from /proc.
-pub fn process_memory() -> (u64, u64) {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return (0, 0);
-    };
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .unwrap_or(0)
-    };
-    (field("VmHWM:"), field("VmRSS:"))
-}

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use switchyard_actors::nats::serve_endpoint;
 use switchyard_actors::{Admission, CancelRegistry};
 use switchyard_messages::{BackendKind, Device, ServedModel, Subjects, TextModel, WorkerStatus, PROTOCOL_VERSION};
 use tokio::task::JoinHandle;
@@ -193,29 +194,23 @@ impl Actor for WorkerActor {
             ("batch", Handler::Unary(service::Unary::Batch)),
             ("session_open", Handler::SessionOpen),
         ] {
-            let mut endpoint = service
-                .endpoint_builder()
-                .name(verb)
-                .add(opts.subjects.worker(&opts.worker_id, verb))
-                .await
-                .map_err(|e| format!("adding endpoint {verb}: {e}"))?;
             let ctx = ctx.clone();
             let sessions = sessions.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Some(request) = endpoint.next().await {
+            let subject = opts.subjects.worker(&opts.worker_id, verb);
+            let serve = move |request: async_nats::service::Request| {
+                let (ctx, sessions) = (ctx.clone(), sessions.clone());
+                async move {
                     match handler {
-                        Handler::Stream { chat } => tokio::spawn(service::handle(ctx.clone(), request, chat)),
-                        Handler::Unary(verb) => tokio::spawn(service::handle_unary(ctx.clone(), request, verb)),
+                        Handler::Stream { chat } => service::handle(ctx, request, chat).await,
+                        Handler::Unary(verb) => service::handle_unary(ctx, request, verb).await,
                         Handler::SessionOpen => {
-                            let sessions = sessions.clone();
-                            tokio::spawn(async move {
-                                let answer = sessions.handle_open(&request.message.payload).await;
-                                let _ = request.respond(Ok(answer.into())).await;
-                            })
+                            let answer = sessions.handle_open(&request.message.payload).await;
+                            let _ = request.respond(Ok(answer.into())).await;
                         }
-                    };
+                    }
                 }
-            }));
+            };
+            tasks.push(serve_endpoint(&service, verb, subject, serve).await?);
         }
         let mut cancels = client.subscribe(opts.subjects.cancel_all()).await?;
         let registry = ctx.cancels.clone();
@@ -282,7 +277,7 @@ impl Actor for WorkerActor {
             completed,
             seq: 0,
             started_at_ms: switchyard_actors::now_ms(),
-            host: hostname(),
+            host: switchyard_actors::host::hostname(),
             tasks,
             service: Some(service),
         })
@@ -379,22 +374,11 @@ impl WorkerHandle {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
 /// A default worker id: `{backend}-{host}-{pid}`, reduced to subject-safe characters.
 pub fn default_worker_id(backend: &str) -> String {
-    let raw = format!("{backend}-{}-{}", hostname(), std::process::id());
-    raw.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    switchyard_actors::host::subject_token(&format!(
+        "{backend}-{}-{}",
+        switchyard_actors::host::hostname(),
+        std::process::id()
+    ))
 }

@@ -236,7 +236,7 @@ impl SessionHost {
     pub fn describe(&self) -> SessionModelInfo {
         let mem = self.ctx.model.memory();
         let info = self.ctx.model.info();
-        let free = available_memory();
+        let free = switchyard_actors::host::available_memory();
         let ceiling = if mem.model_max_context > 0 {
             mem.model_max_context
         } else {
@@ -550,18 +550,4 @@ impl Session {
             closed: self.closed,
         }
     }
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes (0 when unknown).
-pub fn available_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }

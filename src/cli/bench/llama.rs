@@ -1,7 +1,7 @@
 //! `switchyard bench llama`: switchyard's CPU engine against llama.cpp's llama-server
 //! on the same GGUF, same prompt, same thread count, alternating runs.
 
-use crate::bench::{median, BENCH_PROMPT};
+use super::{median, BENCH_PROMPT};
 use futures::StreamExt;
 use std::path::Path;
 use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
@@ -28,8 +28,8 @@ pub async fn llama(
     runs: usize,
     max_tokens: u32,
 ) -> anyhow::Result<()> {
-    let cpu = crate::llama_server::cpu_features(server_bin);
-    let server = crate::llama_server::LlamaServer::start(server_bin, model, threads, 1).await?;
+    let cpu = switchyard_procs::llama_server::cpu_features(server_bin);
+    let server = switchyard_procs::llama_server::LlamaServer::start(server_bin, model, threads, 1).await?;
     let (url, pid) = (server.url.clone(), server.pid());
     let http = reqwest::Client::new();
     eprintln!("loading {} in switchyard's cpu engine …", model.display());
@@ -37,7 +37,7 @@ pub async fn llama(
     // same (already touched) cache memory.
     let load = LoadConfig {
         threads: threads as u32,
-        context_len: crate::llama_server::CONTEXT,
+        context_len: switchyard_procs::llama_server::CONTEXT,
         parallel_slots: 1,
         ..LoadConfig::default()
     };
@@ -144,8 +144,8 @@ pub async fn llama(
     let med = |xs: &[Sample], f: fn(&Sample) -> f64| median(&xs.iter().map(f).collect::<Vec<_>>());
     let (op, od) = (med(&ours, |s| s.prefill_tps), med(&ours, |s| s.decode_tps));
     let (lp, ld) = (med(&theirs, |s| s.prefill_tps), med(&theirs, |s| s.decode_tps));
-    let our_rss = switchyard_workers::engine::compute::process_memory().0;
-    let their_rss = peak_rss(pid);
+    let our_rss = switchyard_actors::host::process_memory(None).0;
+    let their_rss = switchyard_actors::host::process_memory(Some(pid)).0;
     println!(
         "switchyard cpu engine vs llama-server: {}, {threads} threads, {} prompt tokens (llama.cpp: {}), {max_tokens} greedy tokens \
          (switchyard generated {}, llama.cpp {}), {runs} alternating runs, medians",
@@ -177,17 +177,4 @@ pub async fn llama(
         our_rss as f64 / their_rss.max(1) as f64
     );
     Ok(())
-}
-
-fn peak_rss(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }

@@ -5,17 +5,17 @@
 //! Every run gets its own prompt prefix, so neither path reuses the other's cached
 //! prompt.
 
-use crate::bench::{median, LocalNode, BENCH_PROMPT};
-use crate::client::{Client, StreamEvent};
-use crate::llama_server::LlamaServer;
-use crate::node;
+use super::{median, LocalNode, BENCH_PROMPT};
 use anyhow::{bail, Context};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use switchyard::client::{Client, StreamEvent};
+use switchyard::node;
 use switchyard_config::Config;
 use switchyard_messages::{GenerateConfig, GenerateRequest};
+use switchyard_procs::llama_server::LlamaServer;
 use switchyard_workers::backends::llama_cpp::completion_body;
 
 /// One run as the caller saw it.

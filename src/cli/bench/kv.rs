@@ -5,14 +5,14 @@
 //! its KV cache (more than half the prompt came from `cached_tokens`). The first
 //! request of each document cannot hit anywhere, so the rate counts the others.
 
-use crate::client::{Client, ClientOptions};
-use crate::nats_server::{find_nats_server, NatsServer};
-use crate::node;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
+use switchyard::client::{Client, ClientOptions};
+use switchyard::node;
 use switchyard_config::Config;
 use switchyard_messages::GenerateRequest;
+use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
 /// The workload's shape.
 #[derive(Debug, Clone, Copy)]

@@ -4,14 +4,20 @@
 //! NATS + coordinator + worker (real TCP loopback, real nats-server), alternating, so
 //! the difference is the fabric's own cost.
 
-use crate::client::{Client, ClientOptions, StreamEvent};
-use crate::nats_server::{find_nats_server, NatsServer};
-use crate::node;
+pub mod batch;
+pub mod kv;
+pub mod llama;
+pub mod llama_cpp;
+pub mod prefix;
+
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard::client::{Client, ClientOptions, StreamEvent};
+use switchyard::node;
 use switchyard_config::Config;
 use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, GenerateRequest, Prompt, TextModel};
+use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
 /// A prompt of roughly 100 tokens that continues for a long time.
 pub const BENCH_PROMPT: &str = "The history of the city begins with a small settlement on the banks of a wide river. \

@@ -17,7 +17,7 @@ pub struct NatsServer {
 }
 
 /// The cache directory: `$SWITCHYARD_CACHE`, else `~/.cache/switchyard`.
-pub use switchyard_workers::local::cache_dir;
+pub use switchyard_config::cache_dir;
 
 /// Finds `nats-server`: `configured` if non-empty, `$SWITCHYARD_NATS_SERVER`, the
 /// cache's `bin/`, then `PATH`.

@@ -5,13 +5,13 @@
 //! round sends every stream at once (distinct prompts) and measures from the first
 //! send to the last token; rounds alternate between the two so drift hits both.
 
-use crate::bench::{median, LocalNode, BENCH_PROMPT};
-use crate::bench_llama_cpp::{direct, fabric, Run};
-use crate::client::Client;
-use crate::llama_server::LlamaServer;
+use super::llama_cpp::{direct, fabric, Run};
+use super::{median, LocalNode, BENCH_PROMPT};
 use std::path::Path;
 use std::time::Instant;
+use switchyard::client::Client;
 use switchyard_config::Config;
+use switchyard_procs::llama_server::LlamaServer;
 
 /// What one round of `n` concurrent streams did.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +52,7 @@ pub async fn batch(
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n as usize,
     };
-    let model = crate::node::model_path(&config)?;
+    let model = switchyard::node::model_path(&config)?;
     eprintln!(
         "starting llama-server ({threads} threads, --parallel {slots}) on {} …",
         model.display()

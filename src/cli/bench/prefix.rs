@@ -4,9 +4,9 @@
 //! questions about it: the first request pays the whole prefill (cold), the second
 //! reuses the document's keys and values and computes only its question (warm).
 
-use crate::bench::{median, LocalNode, BENCH_PROMPT};
-use crate::client::{Client, StreamEvent};
+use super::{median, LocalNode, BENCH_PROMPT};
 use std::time::{Duration, Instant};
+use switchyard::client::{Client, StreamEvent};
 use switchyard_config::Config;
 use switchyard_messages::{GenerateMetrics, GenerateRequest};
 
