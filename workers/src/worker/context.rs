@@ -1,6 +1,7 @@
 //! What every request handler of a worker shares: the NATS client, the model, the
 //! admission queue, cancels, KV announcements and recent latencies.
 
+use super::kv::KvMsg;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,24 +23,26 @@ pub struct ServeContext {
     pub keepalive: Duration,
     /// Called when a request finishes (counts completions, sends a heartbeat).
     pub on_complete: Box<dyn Fn() + Send + Sync>,
-    /// The prefixes this worker holds warm, announced on `kv_subject`.
-    pub kv: std::sync::Mutex<crate::worker::kv::KvTracker>,
-    /// `{p}.v1.kv.{wid}`.
-    pub kv_subject: String,
+    /// The KvCacheActor (replaced by the WorkerActor when it restarts one).
+    pub kv: std::sync::Mutex<Option<ractor::ActorRef<KvMsg>>>,
     /// Latencies and KV hits of recent generations.
     pub recent: std::sync::Mutex<crate::worker::recent::Recent>,
 }
 
 impl ServeContext {
-    /// A request over `blocks` finished: announce what is warm now.
+    /// A request over `blocks` finished: tell the KvCacheActor (which announces what
+    /// is warm now).
     pub(super) async fn record_kv(&self, blocks: Vec<u64>) {
-        let event = self.kv.lock().unwrap_or_else(|p| p.into_inner()).record(blocks);
-        if let Some(event) = event {
-            // Published under the lock's order; the sequence number lets a coordinator
-            // notice a lost or reordered event and ask for a snapshot.
-            if let Err(e) = switchyard_actors::nats::publish(&self.client, self.kv_subject.clone(), &event).await {
-                tracing::debug!("kv event not sent: {e}");
-            }
+        self.tell_kv(KvMsg::Record(blocks));
+    }
+
+    /// Sends the KvCacheActor a message; dropped (with a debug line) while it is being
+    /// restarted.
+    pub fn tell_kv(&self, msg: KvMsg) {
+        let kv = self.kv.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match kv {
+            Some(kv) if kv.cast(msg).is_ok() => {}
+            _ => tracing::debug!(worker = %self.worker_id, "kv cache actor not running; message dropped"),
         }
     }
 

@@ -3,8 +3,16 @@
 //! Each finished request leaves its prompt's prefix resident in one of the worker's
 //! slots (the CPU engine has one resident sequence; a llama.cpp server one per slot).
 //! [`KvTracker`] keeps the most recent `slots` requests' block lists and turns each
-//! change into a sequence-numbered [`KvEvent`].
+//! change into a sequence-numbered [`KvEvent`]; the [`KvCacheActor`] owns it,
+//! publishes the events and answers snapshot requests.
+//!
+//! The actor runs linked under the WorkerActor. If it dies, the WorkerActor starts a
+//! new one, which announces a fresh start (an event with `seq` 1 and nothing stored:
+//! coordinators drop what they knew of this worker, `docs/protocol.md` §KV) and then
+//! counts on from 2. The slots are still warm, but routing learns it again from the
+//! next requests; nothing else depends on it.
 
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::{HashMap, VecDeque};
 use switchyard_messages::{KvEvent, KvSnapshot, PROTOCOL_VERSION};
 
@@ -78,6 +86,99 @@ impl KvTracker {
             seq: self.seq,
             blocks: self.held.keys().copied().collect(),
         }
+    }
+}
+
+/// What the [`KvCacheActor`] is told.
+pub enum KvMsg {
+    /// A request over these prefix blocks finished on this worker.
+    Record(Vec<u64>),
+    /// Answer a snapshot request on this reply subject.
+    Snapshot(String),
+    /// Fault injection for the supervision tests: panic in the handler.
+    #[doc(hidden)]
+    Panic,
+}
+
+/// What a KvCacheActor needs.
+pub struct KvArgs {
+    pub client: async_nats::Client,
+    pub worker_id: String,
+    /// Resident sequences the worker keeps (its slots).
+    pub slots: usize,
+    /// `{p}.v1.kv.{wid}`.
+    pub subject: String,
+    /// Started again after its predecessor died: announce a fresh start.
+    pub restarted: bool,
+}
+
+/// The worker's prefix index: records finished requests, publishes the events,
+/// answers snapshots.
+pub struct KvCacheActor;
+
+/// Its state.
+pub struct KvState {
+    tracker: KvTracker,
+    client: async_nats::Client,
+    subject: String,
+}
+
+impl Actor for KvCacheActor {
+    type Msg = KvMsg;
+    type State = KvState;
+    type Arguments = KvArgs;
+
+    async fn pre_start(&self, _myself: ActorRef<KvMsg>, args: KvArgs) -> Result<KvState, ActorProcessingErr> {
+        let mut tracker = KvTracker::new(&args.worker_id, args.slots);
+        if args.restarted {
+            // seq 1 tells coordinators to start this worker's index over.
+            tracker.seq = 1;
+            let fresh = KvEvent {
+                v: PROTOCOL_VERSION,
+                worker_id: args.worker_id.clone(),
+                seq: 1,
+                stored: Vec::new(),
+                removed: Vec::new(),
+            };
+            if let Err(e) = switchyard_actors::nats::publish(&args.client, args.subject.clone(), &fresh).await {
+                tracing::warn!("kv fresh-start event not sent: {e}");
+            }
+            tracing::warn!(worker = %args.worker_id, "kv cache actor restarted; prefix index starts over");
+        }
+        Ok(KvState {
+            tracker,
+            client: args.client,
+            subject: args.subject,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<KvMsg>,
+        msg: KvMsg,
+        state: &mut KvState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            KvMsg::Record(blocks) => {
+                if let Some(event) = state.tracker.record(blocks) {
+                    // In order, one at a time: the sequence numbers let a coordinator
+                    // notice a lost or reordered event and ask for a snapshot.
+                    if let Err(e) = switchyard_actors::nats::publish(&state.client, state.subject.clone(), &event).await
+                    {
+                        tracing::debug!("kv event not sent: {e}");
+                    }
+                }
+            }
+            KvMsg::Snapshot(reply) => {
+                let snapshot = state.tracker.snapshot();
+                let _ = state
+                    .client
+                    .publish(reply, switchyard_messages::encode(&snapshot).into())
+                    .await;
+            }
+            KvMsg::Panic => panic!("fault injection: kv cache actor"),
+        }
+        Ok(())
     }
 }
 

@@ -11,8 +11,10 @@ pub mod telemetry;
 
 use async_nats::service::ServiceExt;
 use futures::StreamExt;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use kv::{KvArgs, KvCacheActor, KvMsg};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use service::ServeContext;
+use session::SessionHost;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,6 +60,19 @@ pub enum WorkerMsg {
     Status(RpcReplyPort<WorkerStatus>),
     /// Stop taking requests and announce it.
     Drain(RpcReplyPort<()>),
+    /// Fault injection for the supervision tests.
+    #[doc(hidden)]
+    Fault(Fault),
+}
+
+/// Faults the supervision tests inject into a running worker's actors.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// The KvCacheActor panics in its handler.
+    PanicKvCache,
+    /// This session's actor panics while handling its next call.
+    PanicSessionOnNextCall(String),
 }
 
 struct WorkerState {
@@ -71,6 +86,30 @@ struct WorkerState {
     host: String,
     tasks: Vec<JoinHandle<()>>,
     service: Option<async_nats::service::Service>,
+    /// The linked KvCacheActor now running.
+    kv: ActorRef<KvMsg>,
+    sessions: Arc<SessionHost>,
+}
+
+/// Starts a KvCacheActor linked under the WorkerActor and hands it to the request
+/// handlers.
+async fn spawn_kv(
+    myself: &ActorRef<WorkerMsg>,
+    ctx: &ServeContext,
+    opts: &WorkerOptions,
+    restarted: bool,
+) -> Result<ActorRef<KvMsg>, ActorProcessingErr> {
+    let args = KvArgs {
+        client: ctx.client.clone(),
+        worker_id: opts.worker_id.clone(),
+        // One resident sequence per slot, on the CPU engine as on a llama.cpp server.
+        slots: opts.capacity as usize,
+        subject: opts.subjects.kv(&opts.worker_id),
+        restarted,
+    };
+    let (kv, _) = Actor::spawn_linked(None, KvCacheActor, args, myself.get_cell()).await?;
+    *ctx.kv.lock().unwrap_or_else(|p| p.into_inner()) = Some(kv.clone());
+    Ok(kv)
 }
 
 impl WorkerState {
@@ -151,12 +190,7 @@ impl Actor for WorkerActor {
                 counter.fetch_add(1, Ordering::Relaxed);
                 let _ = me.cast(WorkerMsg::Heartbeat);
             }),
-            // One resident sequence per slot, on the CPU engine as on a llama.cpp server.
-            kv: std::sync::Mutex::new(crate::worker::kv::KvTracker::new(
-                &opts.worker_id,
-                opts.capacity as usize,
-            )),
-            kv_subject: opts.subjects.kv(&opts.worker_id),
+            kv: std::sync::Mutex::new(None),
             recent: std::sync::Mutex::default(),
         });
 
@@ -185,7 +219,7 @@ impl Actor for WorkerActor {
             Unary(service::Unary),
             SessionOpen,
         }
-        let sessions = crate::worker::session::SessionHost::new(ctx.clone(), opts.subjects.clone(), opts.session_idle);
+        let sessions = SessionHost::new(ctx.clone(), opts.subjects.clone(), opts.session_idle, myself.get_cell());
         crate::worker::telemetry::register_gauges(&ctx);
         for (verb, handler) in [
             ("generate", Handler::Stream { chat: false }),
@@ -225,14 +259,10 @@ impl Actor for WorkerActor {
         }));
         let mut snapshots = client.subscribe(opts.subjects.kv_snapshot(&opts.worker_id)).await?;
         let kv_ctx = ctx.clone();
-        let kv_client = client.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(msg) = snapshots.next().await {
-                let snapshot = kv_ctx.kv.lock().unwrap_or_else(|p| p.into_inner()).snapshot();
                 if let Some(reply) = msg.reply {
-                    let _ = kv_client
-                        .publish(reply, switchyard_messages::encode(&snapshot).into())
-                        .await;
+                    kv_ctx.tell_kv(KvMsg::Snapshot(reply.to_string()));
                 }
             }
         }));
@@ -269,7 +299,10 @@ impl Actor for WorkerActor {
             }
         }));
 
+        let kv = spawn_kv(&myself, &ctx, &opts, false).await?;
         Ok(WorkerState {
+            kv,
+            sessions,
             client,
             info: model.info(),
             opts,
@@ -307,6 +340,31 @@ impl Actor for WorkerActor {
                 let _ = switchyard_actors::nats::publish(&state.client, subject, &status).await;
                 let _ = state.client.flush().await;
                 let _ = reply.send(());
+            }
+            WorkerMsg::Fault(Fault::PanicKvCache) => {
+                let _ = state.kv.cast(KvMsg::Panic);
+            }
+            WorkerMsg::Fault(Fault::PanicSessionOnNextCall(id)) => state.sessions.arm_panic(&id),
+        }
+        Ok(())
+    }
+
+    /// The supervision tree: a failed KvCacheActor is started again (it announces a
+    /// fresh start); a failed SessionActor's session is closed and forgotten (its
+    /// caller already got an error reply). Neither takes the worker down.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<WorkerMsg>,
+        event: SupervisionEvent,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorFailed(cell, why) = event {
+            if cell.get_id() == state.kv.get_id() {
+                tracing::error!(worker = %state.opts.worker_id, "kv cache actor failed ({why}); starting a new one");
+                *state.ctx.kv.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                state.kv = spawn_kv(&myself, &state.ctx, &state.opts, true).await?;
+            } else if let Some(session) = state.sessions.actor_failed(cell.get_id()) {
+                tracing::error!(worker = %state.opts.worker_id, %session, "session actor failed ({why}); session closed");
             }
         }
         Ok(())
@@ -352,6 +410,12 @@ impl WorkerHandle {
     /// The worker's id.
     pub fn id(&self) -> &str {
         &self.worker_id
+    }
+
+    /// Injects a fault into one of the worker's actors (the supervision tests).
+    #[doc(hidden)]
+    pub fn inject_fault(&self, fault: Fault) {
+        let _ = self.actor.cast(WorkerMsg::Fault(fault));
     }
 
     /// The worker's current status (what its next heartbeat will say).
