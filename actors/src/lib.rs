@@ -4,8 +4,6 @@
 //! - [`nats`]: connecting to NATS and publishing contract types.
 //! - [`chunks`]: [`ChunkSink`], which numbers a response stream's chunks and sends
 //!   keep-alives while a request waits or computes.
-//! - [`admission`]: [`Admission`], a worker's bounded admission (capacity + queue);
-//!   a full queue is an immediate `overloaded`, never unbounded growth.
 //! - [`process`]: child processes that die with us, free loopback ports.
 //! - [`host`]: what `/proc` says (host name, available memory, resident sets).
 //! - [`cancel`]: [`CancelRegistry`], request id → cancel flag, fed by
@@ -13,7 +11,6 @@
 //!
 //! Workers and coordinators (their own crates) are built from these pieces.
 
-pub mod admission;
 pub mod cancel;
 pub mod chunks;
 pub mod host;
@@ -21,7 +18,6 @@ pub mod nats;
 pub mod process;
 pub mod trace;
 
-pub use admission::{Admission, AdmissionPermit};
 pub use cancel::CancelRegistry;
 pub use chunks::ChunkSink;
 

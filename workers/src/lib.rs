@@ -12,7 +12,7 @@
 //!   llama-server builds).
 //!
 //! A request arrives on `{p}.v1.worker.{wid}.generate` ([`worker::service`]), is
-//! admitted through the worker's bounded [`switchyard_actors::Admission`], runs on
+//! admitted by the worker's BatcherActor ([`worker::batcher`], bounded), runs on
 //! the model's backend (for `cpu`, the engine's compute thread) and streams back as
 //! numbered chunks.
 

@@ -17,7 +17,8 @@ pub struct ServeContext {
     pub device: String,
     pub model_name: String,
     pub model: Arc<dyn TextModel>,
-    pub admission: switchyard_actors::Admission,
+    /// The BatcherActor: admission (capacity + queue).
+    pub admission: super::batcher::Admission,
     pub cancels: CancelRegistry,
     pub draining: AtomicBool,
     pub keepalive: Duration,

@@ -2,6 +2,7 @@
 //! (heartbeats, NATS micro service), serves `{p}.v1.worker.{wid}.*` through
 //! [`crate::worker::service`], and drains on shutdown.
 
+pub mod batcher;
 pub mod context;
 pub mod kv;
 pub mod recent;
@@ -10,6 +11,7 @@ pub mod session;
 pub mod telemetry;
 
 use async_nats::service::ServiceExt;
+use batcher::Admission;
 use futures::StreamExt;
 use kv::{KvArgs, KvCacheActor, KvMsg};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -21,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_actors::nats::serve_endpoint;
-use switchyard_actors::{Admission, CancelRegistry};
+use switchyard_actors::CancelRegistry;
 use switchyard_messages::{BackendKind, Device, ServedModel, Subjects, TextModel, WorkerStatus, PROTOCOL_VERSION};
 use tokio::task::JoinHandle;
 
@@ -172,6 +174,7 @@ impl Actor for WorkerActor {
         let completed = Arc::new(AtomicU64::new(0));
         let counter = completed.clone();
         let me = myself.clone();
+        let admission = Admission::spawn_linked(opts.capacity, opts.queue_depth, myself.get_cell()).await?;
         let ctx = Arc::new(ServeContext {
             client: client.clone(),
             worker_id: opts.worker_id.clone(),
@@ -179,7 +182,7 @@ impl Actor for WorkerActor {
             device: opts.device.to_string(),
             model_name: opts.model_name.clone(),
             model: model.clone(),
-            admission: Admission::new(opts.capacity, opts.queue_depth),
+            admission,
             cancels: CancelRegistry::default(),
             draining: AtomicBool::new(false),
             keepalive: opts.keepalive,
@@ -363,6 +366,10 @@ impl Actor for WorkerActor {
                 tracing::error!(worker = %state.opts.worker_id, "kv cache actor failed ({why}); starting a new one");
                 *state.ctx.kv.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 state.kv = spawn_kv(&myself, &state.ctx, &state.opts, true).await?;
+            } else if cell.get_id() == state.ctx.admission.actor_id() {
+                // Nothing is admitted any more: every request is refused as retryable
+                // `unavailable`, so coordinators route elsewhere.
+                tracing::error!(worker = %state.opts.worker_id, "batcher actor failed ({why}); admitting nothing");
             } else if let Some(session) = state.sessions.actor_failed(cell.get_id()) {
                 tracing::error!(worker = %state.opts.worker_id, %session, "session actor failed ({why}); session closed");
             }

@@ -81,8 +81,12 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             ));
         }
         ctx.check_open()?;
-        ctx.admission.try_admit().map(|permit| (req, permit))
+        Ok(req)
     });
+    let admitted = match admitted {
+        Ok(req) => ctx.admission.admit().await.map(|permit| (req, permit)),
+        Err(e) => Err(e),
+    };
 
     let (req, permit) = match admitted {
         Ok(ok) => ok,
@@ -308,8 +312,12 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
             ));
         }
         ctx.check_open()?;
-        ctx.admission.try_admit().map(|permit| (head, req, permit))
+        Ok((head, req))
     });
+    let parsed = match parsed {
+        Ok((head, req)) => ctx.admission.admit().await.map(|permit| (head, req, permit)),
+        Err(e) => Err(e),
+    };
     let (head, req, permit) = match parsed {
         Ok(ok) => ok,
         Err(error) => {
