@@ -62,7 +62,7 @@ impl LlamaServer {
         let server = Self {
             child,
             url: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::new(),
+            http: http_client(),
         };
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -128,4 +128,15 @@ impl Drop for LlamaServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// An HTTP client for talking to llama-server in benchmarks and tests: a new
+/// connection per request (loopback connects cost microseconds), so no request ever
+/// goes out on a kept-alive connection the server is closing ("connection closed
+/// before message completed", seen from `bench batch` after streamed answers).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap_or_default()
 }

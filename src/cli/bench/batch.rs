@@ -64,7 +64,7 @@ pub async fn batch(
     config.validate()?;
     let local = LocalNode::start(config).await?;
     let (name, client) = (local.loaded.name.clone(), local.client.clone());
-    let http = reqwest::Client::new();
+    let http = switchyard_procs::llama_server::http_client();
 
     let direct_round = |ps: Vec<String>| {
         let (http, url) = (http.clone(), server.url.clone());

@@ -31,7 +31,7 @@ pub async fn llama(
     let cpu = switchyard_procs::llama_server::cpu_features(server_bin);
     let server = switchyard_procs::llama_server::LlamaServer::start(server_bin, model, threads, 1).await?;
     let (url, pid) = (server.url.clone(), server.pid());
-    let http = reqwest::Client::new();
+    let http = switchyard_procs::llama_server::http_client();
     eprintln!("loading {} in switchyard's cpu engine …", model.display());
     // One KV slot, like llama-server's `--parallel 1`: every run prefills into the
     // same (already touched) cache memory.

@@ -115,7 +115,7 @@ pub async fn llama_cpp(
     config.validate()?;
     let local = LocalNode::start(config).await?;
     let (name, client) = (local.loaded.name.clone(), local.client.clone());
-    let http = reqwest::Client::new();
+    let http = switchyard_procs::llama_server::http_client();
     let mut n = 0usize;
     let mut prompt = || {
         n += 1;
