@@ -6,7 +6,13 @@
 //! - [`client`]: [`Client`] — send a request, read the streamed answer, detect a
 //!   dead worker (`worker_lost`), cancel.
 //! - [`node`]: assembling coordinators and workers from a [`Config`] (what
-//!   `switchyard up`, `coordinator` and `worker` run).
+//!   `switchyard up`, `coordinator` and `worker` run); the worker's backend comes
+//!   from the registry in [`switchyard_workers::backends`].
+//! - [`session`]: seed 002's sessions from the client side.
+//! - [`telemetry`]: tracing and OpenTelemetry set-up for the binary.
+//!
+//! The benchmarks live in the binary (`src/cli/bench/`), the nats-server and
+//! llama-server spawners in `switchyard-procs`.
 //!
 //! The path of a request: [`Client::generate`] publishes to `{p}.v1.generate` →
 //! a coordinator ([`switchyard_coordinator`]) routes it → a worker

@@ -5,6 +5,7 @@
 //!   [`WorkerConfig`], [`ClientConfig`]) with their documented defaults.
 //! - [`Config::load`]: defaults → TOML file → `SWITCHYARD_{SECTION}_{FIELD}` env vars;
 //!   the CLI then applies its flags and calls [`Config::validate`].
+//! - [`cache_dir`]: where switchyard's cache lives on this machine.
 //!
 //! Every error names the field, and the file or variable it came from.
 
