@@ -156,10 +156,10 @@ impl Client {
         } else {
             "text_completion"
         };
-        let model = if req.model.is_empty() {
+        let model = if req.head.model.is_empty() {
             "any"
         } else {
-            req.model.as_str()
+            req.head.model.as_str()
         };
         // The client's span is the root of the request's trace; its context travels
         // in the NATS headers to the coordinator and on to the worker.
@@ -171,9 +171,10 @@ impl Client {
             gen_ai.provider.name = "switchyard",
             gen_ai.request.model = %model,
             gen_ai.request.max_tokens = req.config.max_tokens,
-            switchyard.request.id = %req.request_id,
+            switchyard.request.id = %req.head.request_id,
         );
-        self.start_encoded(subject, &req.request_id, encode(&req), span).await
+        self.start_encoded(subject, &req.head.request_id, encode(&req), span)
+            .await
     }
 
     /// Sends an encoded streaming request and returns its chunks.
@@ -214,13 +215,13 @@ impl Client {
     /// Prefill-only passes over `req.prompts`: the most likely next token (and the
     /// logits if asked) for each, or that prompt's own error.
     pub async fn classify(&self, req: ClassifyRequest) -> Result<ClassifyReply, ClientError> {
-        self.unary(self.subjects.classify(), &req.request_id, &req).await
+        self.unary(self.subjects.classify(), &req.head.request_id, &req).await
     }
 
     /// Generates for every prompt of `req` with the same settings; each result has its
     /// own tokens or error.
     pub async fn batch(&self, req: BatchRequest) -> Result<BatchReply, ClientError> {
-        self.unary(self.subjects.batch(), &req.request_id, &req).await
+        self.unary(self.subjects.batch(), &req.head.request_id, &req).await
     }
 
     /// Sends a one-reply request and waits up to `compute_timeout` for the answer.

@@ -115,7 +115,7 @@ async fn bad_input_gets_clear_errors_and_the_worker_keeps_serving() {
         (
             {
                 let mut r = greedy("hi", 4);
-                r.model = "no-such-model".into();
+                r.head.model = "no-such-model".into();
                 r
             },
             ErrorCode::UnknownModel,
@@ -133,7 +133,7 @@ async fn bad_input_gets_clear_errors_and_the_worker_keeps_serving() {
         (
             {
                 let mut r = greedy("hi", 4);
-                r.v = 99;
+                r.head.v = 99;
                 r
             },
             ErrorCode::UnsupportedVersion,
@@ -277,7 +277,7 @@ async fn cancel_and_stop_strings_end_generation() {
     sampled.config.top_p = 0.95;
     sampled.config.seed = Some(11);
     let a = client.generate(sampled.clone()).await.unwrap().collect().await.unwrap();
-    sampled.request_id = Client::new_request_id();
+    sampled.head.request_id = Client::new_request_id();
     let b = client.generate(sampled).await.unwrap().collect().await.unwrap();
     assert_eq!(a.tokens, b.tokens);
 }
@@ -355,14 +355,16 @@ async fn classify_and_batch_over_nats_answer_per_prompt() {
     ];
     let reply = client
         .classify(switchyard::ClassifyRequest {
-            v: 1,
-            request_id: Client::new_request_id(),
-            model: DEMO_NAME.into(),
+            head: switchyard_messages::RequestHead {
+                v: 1,
+                request_id: Client::new_request_id(),
+                model: DEMO_NAME.into(),
+                backend: None,
+                worker: None,
+                deadline_ms: None,
+            },
             prompts: prompts.clone(),
             return_logits: false,
-            backend: None,
-            worker: None,
-            deadline_ms: None,
         })
         .await
         .unwrap();
@@ -380,14 +382,9 @@ async fn classify_and_batch_over_nats_answer_per_prompt() {
     };
     let batch = client
         .batch(switchyard::BatchRequest {
-            v: 1,
-            request_id: Client::new_request_id(),
-            model: String::new(),
+            head: switchyard_messages::RequestHead::new(Client::new_request_id(), ""),
             prompts,
             config,
-            backend: None,
-            worker: None,
-            deadline_ms: None,
         })
         .await
         .unwrap();
@@ -405,14 +402,16 @@ async fn classify_and_batch_over_nats_answer_per_prompt() {
     // A failure of the whole request is an error reply with a code.
     let err = client
         .classify(switchyard::ClassifyRequest {
-            v: 1,
-            request_id: Client::new_request_id(),
-            model: "missing".into(),
+            head: switchyard_messages::RequestHead {
+                v: 1,
+                request_id: Client::new_request_id(),
+                model: "missing".into(),
+                backend: None,
+                worker: None,
+                deadline_ms: None,
+            },
             prompts: vec!["x".into()],
             return_logits: false,
-            backend: None,
-            worker: None,
-            deadline_ms: None,
         })
         .await
         .unwrap_err();

@@ -97,7 +97,7 @@ async fn wait_available(client: &Client, worker: &str, available: bool, limit: D
 fn request(prompt: &str, max_tokens: u32, backend: Option<&str>) -> GenerateRequest {
     let mut r = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
     r.config.max_tokens = max_tokens;
-    r.backend = backend.map(str::to_string);
+    r.head.backend = backend.map(str::to_string);
     r
 }
 
@@ -216,7 +216,7 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
             vec![Message::new("user", "Name a colour.")],
         );
         req.config.max_tokens = 8;
-        req.backend = Some(b.into());
+        req.head.backend = Some(b.into());
         chats.push(run(&client, req, true).await.1);
     }
     assert_eq!(chats[0], chats[1], "chat: cpu vs llama_cpp");
@@ -227,14 +227,16 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
     for b in backends {
         let reply = client
             .classify(ClassifyRequest {
-                v: PROTOCOL_VERSION,
-                request_id: Client::new_request_id(),
-                model: NAME.into(),
+                head: switchyard_messages::RequestHead {
+                    v: PROTOCOL_VERSION,
+                    request_id: Client::new_request_id(),
+                    model: NAME.into(),
+                    backend: Some(b.into()),
+                    worker: None,
+                    deadline_ms: None,
+                },
                 prompts: prompts.clone(),
                 return_logits: false,
-                backend: Some(b.into()),
-                worker: None,
-                deadline_ms: None,
             })
             .await
             .unwrap();
@@ -252,14 +254,12 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
         };
         let reply = client
             .batch(BatchRequest {
-                v: PROTOCOL_VERSION,
-                request_id: Client::new_request_id(),
-                model: NAME.into(),
+                head: switchyard_messages::RequestHead {
+                    backend: Some(b.into()),
+                    ..switchyard_messages::RequestHead::new(Client::new_request_id(), NAME)
+                },
                 prompts: vec![prompts[0].clone()],
                 config,
-                backend: Some(b.into()),
-                worker: None,
-                deadline_ms: None,
             })
             .await
             .unwrap();
@@ -297,7 +297,7 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
     let (worker, _) = run(&client, request("Hello", 4, Some("llama_cpp")), false).await;
     assert_eq!(worker, "w-llama");
     let mut req = request("Hello", 4, None);
-    req.worker = Some("w-cpu".into());
+    req.head.worker = Some("w-cpu".into());
     assert_eq!(run(&client, req, false).await.0, "w-cpu");
 
     rocm.stop().await;

@@ -7,12 +7,9 @@ use serde::{Deserialize, Serialize};
 /// (with `messages`), or straight to a worker's `generate` / `chat` endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenerateRequest {
-    /// Protocol version ([`crate::PROTOCOL_VERSION`]).
-    pub v: u32,
-    /// Client-chosen id, unique per request: letters, digits, `-`, `_`.
-    pub request_id: String,
-    /// Model name as workers announce it; `""` = any model the fleet serves.
-    pub model: String,
+    /// Version, id, model and routing: the same first fields as every request.
+    #[serde(flatten)]
+    pub head: RequestHead,
     /// The raw prompt (generate).
     #[serde(default)]
     pub prompt: Option<String>,
@@ -22,31 +19,16 @@ pub struct GenerateRequest {
     /// Generation settings; omitted fields take their defaults.
     #[serde(default)]
     pub config: GenerateConfig,
-    /// Only workers of this backend (`"cpu"`, `"llama_cpp"`, `"rocm"`, …).
-    #[serde(default)]
-    pub backend: Option<String>,
-    /// Only this worker id.
-    #[serde(default)]
-    pub worker: Option<String>,
-    /// Absolute deadline, Unix milliseconds; past it the worker stops with
-    /// `deadline_exceeded`.
-    #[serde(default)]
-    pub deadline_ms: Option<u64>,
 }
 
 impl GenerateRequest {
     /// A generate request for `prompt` with default settings.
     pub fn generate(request_id: impl Into<String>, model: impl Into<String>, prompt: impl Into<String>) -> Self {
         Self {
-            v: crate::PROTOCOL_VERSION,
-            request_id: request_id.into(),
-            model: model.into(),
+            head: RequestHead::new(request_id, model),
             prompt: Some(prompt.into()),
             messages: None,
             config: GenerateConfig::default(),
-            backend: None,
-            worker: None,
-            deadline_ms: None,
         }
     }
 
@@ -306,7 +288,7 @@ pub struct ErrorReply {
 
 /// Fails with `deadline_exceeded` when `req.deadline_ms` is at or before `now_ms`.
 pub fn check_deadline(req: &GenerateRequest, now_ms: u64) -> Result<(), WireError> {
-    match req.deadline_ms {
+    match req.head.deadline_ms {
         Some(d) if now_ms >= d => Err(WireError::new(
             ErrorCode::DeadlineExceeded,
             format!("the request's deadline passed {} ms ago", now_ms - d),
@@ -318,18 +300,7 @@ pub fn check_deadline(req: &GenerateRequest, now_ms: u64) -> Result<(), WireErro
 /// Checks the envelope-level rules every receiver applies before acting.
 pub fn validate_request(req: &GenerateRequest, chat: bool) -> Result<(), WireError> {
     let bad = |m: String| Err(WireError::new(ErrorCode::BadRequest, m));
-    if req.v > crate::PROTOCOL_VERSION {
-        return Err(WireError::new(
-            ErrorCode::UnsupportedVersion,
-            format!("protocol version {} is newer than {}", req.v, crate::PROTOCOL_VERSION),
-        ));
-    }
-    if !crate::subjects::is_valid_token(&req.request_id) {
-        return bad(format!(
-            "request_id {:?} must be 1-128 characters of letters, digits, '-' or '_'",
-            req.request_id
-        ));
-    }
+    check_head(&req.head)?;
     if chat {
         match &req.messages {
             None => return bad("chat request has no messages field".into()),
@@ -370,26 +341,14 @@ pub fn validate_request(req: &GenerateRequest, chat: bool) -> Result<(), WireErr
 /// fails.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClassifyRequest {
-    /// Protocol version.
-    pub v: u32,
-    /// Client-chosen id.
-    pub request_id: String,
-    /// Model name; `""` = any.
-    pub model: String,
+    /// Version, id, model and routing.
+    #[serde(flatten)]
+    pub head: RequestHead,
     /// Raw prompts (no chat template).
     pub prompts: Vec<String>,
     /// Return each prompt's next-token logits.
     #[serde(default)]
     pub return_logits: bool,
-    /// Only workers of this backend.
-    #[serde(default)]
-    pub backend: Option<String>,
-    /// Only this worker.
-    #[serde(default)]
-    pub worker: Option<String>,
-    /// Absolute deadline, Unix milliseconds.
-    #[serde(default)]
-    pub deadline_ms: Option<u64>,
 }
 
 /// One prompt's outcome in a [`ClassifyReply`]: a result or its own error.
@@ -420,26 +379,14 @@ pub struct ClassifyReply {
 /// settings. Answered by one [`BatchReply`], or an [`ErrorReply`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BatchRequest {
-    /// Protocol version.
-    pub v: u32,
-    /// Client-chosen id.
-    pub request_id: String,
-    /// Model name; `""` = any.
-    pub model: String,
+    /// Version, id, model and routing.
+    #[serde(flatten)]
+    pub head: RequestHead,
     /// Raw prompts (no chat template).
     pub prompts: Vec<String>,
     /// Settings for every prompt.
     #[serde(default)]
     pub config: GenerateConfig,
-    /// Only workers of this backend.
-    #[serde(default)]
-    pub backend: Option<String>,
-    /// Only this worker.
-    #[serde(default)]
-    pub worker: Option<String>,
-    /// Absolute deadline, Unix milliseconds.
-    #[serde(default)]
-    pub deadline_ms: Option<u64>,
 }
 
 /// Reply to a [`BatchRequest`].
@@ -455,29 +402,45 @@ pub struct BatchReply {
     pub results: Vec<crate::BatchResult>,
 }
 
-/// The fields every request carries that routing and admission need; decodes from
-/// any request envelope.
+/// The fields every request starts with — what routing and admission need. Each
+/// request envelope flattens it in (on the wire they are top-level fields), and it
+/// decodes from any of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestHead {
-    /// Protocol version.
+    /// Protocol version ([`crate::PROTOCOL_VERSION`]).
     pub v: u32,
-    /// Client-chosen id.
+    /// Client-chosen id, unique per request: letters, digits, `-`, `_`.
     pub request_id: String,
-    /// Model name.
+    /// Model name as workers announce it; `""` = any model the fleet serves.
     pub model: String,
-    /// Backend pin.
+    /// Only workers of this backend (`"cpu"`, `"llama_cpp"`, `"rocm"`, …).
     #[serde(default)]
     pub backend: Option<String>,
-    /// Worker pin.
+    /// Only this worker id.
     #[serde(default)]
     pub worker: Option<String>,
-    /// Deadline.
+    /// Absolute deadline, Unix milliseconds; past it the worker stops with
+    /// `deadline_exceeded`.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
 }
 
-/// Envelope checks for classify and batch requests (version, id, at least one prompt).
-pub fn validate_head(head: &RequestHead, prompts: usize) -> Result<(), WireError> {
+impl RequestHead {
+    /// This protocol version, `request_id`, `model`, no pins, no deadline.
+    pub fn new(request_id: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            v: crate::PROTOCOL_VERSION,
+            request_id: request_id.into(),
+            model: model.into(),
+            backend: None,
+            worker: None,
+            deadline_ms: None,
+        }
+    }
+}
+
+/// The head's own rules: a version this build speaks, a well-formed request id.
+fn check_head(head: &RequestHead) -> Result<(), WireError> {
     if head.v > crate::PROTOCOL_VERSION {
         return Err(WireError::new(
             ErrorCode::UnsupportedVersion,
@@ -493,6 +456,12 @@ pub fn validate_head(head: &RequestHead, prompts: usize) -> Result<(), WireError
             ),
         ));
     }
+    Ok(())
+}
+
+/// Envelope checks for classify and batch requests (version, id, at least one prompt).
+pub fn validate_head(head: &RequestHead, prompts: usize) -> Result<(), WireError> {
+    check_head(head)?;
     if prompts == 0 {
         return Err(WireError::new(ErrorCode::BadRequest, "prompts is empty"));
     }

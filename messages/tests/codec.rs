@@ -15,7 +15,7 @@ fn envelopes_roundtrip() {
     req.config.temperature = 0.7;
     req.config.seed = Some(42);
     req.config.stop = vec!["\n\n".into()];
-    req.backend = Some("cpu".into());
+    req.head.backend = Some("cpu".into());
     roundtrip(req);
     roundtrip(StreamChunk {
         v: 1,
@@ -103,13 +103,13 @@ fn validation_rejects_bad_envelopes() {
     empty.prompt = Some(String::new());
     assert_eq!(validate_request(&empty, false).unwrap_err().code, ErrorCode::BadRequest);
     let mut future = ok.clone();
-    future.v = 99;
+    future.head.v = 99;
     assert_eq!(
         validate_request(&future, false).unwrap_err().code,
         ErrorCode::UnsupportedVersion
     );
     let mut bad_id = ok.clone();
-    bad_id.request_id = "a.b".into();
+    bad_id.head.request_id = "a.b".into();
     assert_eq!(
         validate_request(&bad_id, false).unwrap_err().code,
         ErrorCode::BadRequest
@@ -118,4 +118,43 @@ fn validation_rejects_bad_envelopes() {
     let mut hot = ok;
     hot.config.temperature = f32::NAN;
     assert!(validate_request(&hot, false).is_err());
+}
+
+/// The request envelopes flatten their [`RequestHead`]: on the wire its fields stay
+/// top-level, byte for byte what the envelopes were before they shared the head.
+#[test]
+fn flattened_heads_keep_the_wire_shape() {
+    #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    struct FlatClassify {
+        v: u32,
+        request_id: String,
+        model: String,
+        prompts: Vec<String>,
+        return_logits: bool,
+        backend: Option<String>,
+        worker: Option<String>,
+        deadline_ms: Option<u64>,
+    }
+    let flat = FlatClassify {
+        v: 1,
+        request_id: "r-9".into(),
+        model: "m".into(),
+        prompts: vec!["a".into(), "b".into()],
+        return_logits: true,
+        backend: Some("cpu".into()),
+        worker: None,
+        deadline_ms: Some(123),
+    };
+    let ours: ClassifyRequest = decode(&encode(&flat)).expect("flat bytes decode");
+    assert_eq!(ours.head.request_id, "r-9");
+    assert_eq!(ours.head.backend.as_deref(), Some("cpu"));
+    assert_eq!(ours.head.deadline_ms, Some(123));
+    assert_eq!(ours.prompts.len(), 2);
+    let back: FlatClassify = decode(&encode(&ours)).expect("our bytes decode flat");
+    assert_eq!(back, flat);
+    // Any envelope decodes as a head (what coordinators read before routing).
+    let mut gen = GenerateRequest::generate("r-1", "m", "hello");
+    gen.head.worker = Some("w1".into());
+    let head: RequestHead = decode(&encode(&gen)).expect("head from a generate request");
+    assert_eq!(head, gen.head);
 }

@@ -240,8 +240,8 @@ fn request(s: &SamplingFlags, prompt: Option<String>, messages: Option<Vec<Messa
     c.repeat_penalty = s.repeat_penalty;
     c.seed = s.seed;
     c.stop = s.stop.clone();
-    req.backend = s.backend.clone();
-    req.worker = s.worker.clone();
+    req.head.backend = s.backend.clone();
+    req.head.worker = s.worker.clone();
     req
 }
 

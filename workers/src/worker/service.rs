@@ -71,12 +71,12 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         .and_then(|req| validate_request(&req, chat).map(|()| req))
         .and_then(|req| check_deadline(&req, switchyard_actors::now_ms()).map(|()| req));
     let admitted = parsed.and_then(|req| {
-        if !req.model.is_empty() && req.model != ctx.model_name {
+        if !req.head.model.is_empty() && req.head.model != ctx.model_name {
             return Err(WireError::new(
                 ErrorCode::UnknownModel,
                 format!(
                     "worker {} serves {:?}, not {:?}",
-                    ctx.worker_id, ctx.model_name, req.model
+                    ctx.worker_id, ctx.model_name, req.head.model
                 ),
             ));
         }
@@ -114,26 +114,26 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     let sink = ChunkSink::new(
         ctx.client.clone(),
         stream_to,
-        req.request_id.clone(),
+        req.head.request_id.clone(),
         Some(ctx.worker_id.clone()),
     );
     sink.tokens(Vec::new()).await;
-    let cancel = ctx.cancels.insert(&req.request_id);
+    let cancel = ctx.cancels.insert(&req.head.request_id);
     let prompt = if chat {
         Prompt::Chat(req.messages.clone().unwrap_or_default())
     } else {
         Prompt::Text(req.prompt.clone().unwrap_or_default())
     };
-    tracing::debug!(worker = %ctx.worker_id, request = %req.request_id, "admitted");
+    tracing::debug!(worker = %ctx.worker_id, request = %req.head.request_id, "admitted");
     let blocks = switchyard_messages::kv::prefix_blocks(&switchyard_messages::kv::routing_key(
         req.prompt.as_deref(),
         req.messages.as_deref(),
     ));
     let op = if chat { "chat" } else { "text_completion" };
-    let model = if req.model.is_empty() {
+    let model = if req.head.model.is_empty() {
         &ctx.model_name
     } else {
-        &req.model
+        &req.head.model
     };
     let c = &req.config;
     // One span per generation, named and attributed by the GenAI conventions, a
@@ -157,7 +157,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         switchyard.worker.id = %ctx.worker_id,
         switchyard.device = %ctx.device,
         switchyard.backend = %ctx.backend,
-        switchyard.request.id = %req.request_id,
+        switchyard.request.id = %req.head.request_id,
         switchyard.kv.cached_tokens = tracing::field::Empty,
         switchyard.queue_us = tracing::field::Empty,
     );
@@ -165,10 +165,10 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     let attrs = crate::worker::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
     let run = async {
         let events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
-        pump(&ctx, &sink, events, &cancel, req.deadline_ms, &attrs).await;
+        pump(&ctx, &sink, events, &cancel, req.head.deadline_ms, &attrs).await;
     };
     tracing::Instrument::instrument(run, span).await;
-    ctx.cancels.remove(&req.request_id);
+    ctx.cancels.remove(&req.head.request_id);
     ctx.record_kv(blocks).await;
     drop(permit);
     (ctx.on_complete)();
