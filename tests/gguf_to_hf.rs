@@ -11,30 +11,8 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
-use std::process::Command;
 use switchyard_messages::{Backend, LoadConfig, Prompt};
 use switchyard_workers::engine::text::tokenizer::GgufTokenizer;
-
-/// The converted demo model, made on first use.
-fn converted() -> PathBuf {
-    let dir = switchyard_procs::nats_server::cache_dir().join("models/SmolLM2-135M-Instruct-f32-hf");
-    if !dir.join("model.safetensors").is_file() {
-        let out = Command::new(python())
-            .arg(repo().join("scripts/gguf-to-hf.py"))
-            .arg(demo_model())
-            .arg(&dir)
-            .arg("f32")
-            .output()
-            .expect("run scripts/gguf-to-hf.py");
-        assert!(
-            out.status.success(),
-            "gguf-to-hf.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    dir
-}
 
 const TEXTS: &[&str] = &[
     "The capital of France is",
@@ -48,7 +26,7 @@ const TEXTS: &[&str] = &[
 
 #[test]
 fn the_converted_directory_tokenizes_templates_and_predicts_like_the_gguf() {
-    let dir = converted();
+    let dir = converted_demo_model();
     let gguf = GgufTokenizer::from_path(&demo_model()).expect("GGUF tokenizer");
     let hf = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer.json loads");
     for text in TEXTS {

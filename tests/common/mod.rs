@@ -358,3 +358,25 @@ pub async fn settle(client: &Client) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The demo GGUF as a Hugging Face directory with F32 weights
+/// (`scripts/gguf-to-hf.py`), made on first use and kept in the cache.
+#[allow(dead_code)] // only the HF-directory and MLX tests use it
+pub fn converted_demo_model() -> PathBuf {
+    let dir = switchyard_procs::nats_server::cache_dir().join("models/SmolLM2-135M-Instruct-f32-hf");
+    if !dir.join("model.safetensors").is_file() {
+        let out = std::process::Command::new(python())
+            .arg(repo().join("scripts/gguf-to-hf.py"))
+            .arg(demo_model())
+            .arg(&dir)
+            .arg("f32")
+            .output()
+            .expect("run scripts/gguf-to-hf.py");
+        assert!(
+            out.status.success(),
+            "gguf-to-hf.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    dir
+}

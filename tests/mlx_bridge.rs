@@ -1,0 +1,127 @@
+//! The MLX bridge script (`workers/src/backends/mlx/bridge.py`, the `metal` worker's
+//! child) driven over its JSON Lines protocol with real MLX (the CPU build from PyPI)
+//! on the demo model converted to F32 safetensors: greedy tokens agree with the CPU
+//! engine on the same weights; a cancel lands at a token boundary; errors come back
+//! as events with codes and the bridge lives on; `quit` ends it cleanly.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
+
+struct Bridge {
+    child: Child,
+    stdin: ChildStdin,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Bridge {
+    fn start() -> Self {
+        let mut child = Command::new(python())
+            .arg(repo().join("workers/src/backends/mlx/bridge.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the bridge");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut b = Bridge { child, stdin, lines };
+        assert_eq!(b.next()["event"], "ready");
+        b
+    }
+    fn send(&mut self, v: Value) {
+        writeln!(self.stdin, "{v}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+    fn next(&mut self) -> Value {
+        let line = self.lines.next().expect("a line from the bridge").unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+    /// Token ids until the request's `done` (returned) or `error` (panics).
+    fn tokens(&mut self, id: u64) -> (Vec<u64>, Value) {
+        let mut ids = Vec::new();
+        loop {
+            let ev = self.next();
+            assert_eq!(ev["id"], id, "{ev}");
+            match ev["event"].as_str() {
+                Some("token") => ids.push(ev["token"].as_u64().unwrap()),
+                Some("done") => return (ids, ev),
+                _ => panic!("unexpected event {ev}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_bridge_generates_like_the_cpu_engine_cancels_and_reports_errors() {
+    let dir = converted_demo_model();
+    let mut b = Bridge::start();
+    b.send(json!({"id": 1, "op": "load", "path": dir, "device": "cpu"}));
+    let loaded = b.next();
+    assert_eq!(loaded["event"], "loaded", "{loaded}");
+    assert_eq!(loaded["info"]["num_layers"], 30);
+    assert_eq!(loaded["info"]["vocab_size"], 49152);
+
+    // Greedy: the same 12 tokens as switchyard's CPU engine on the same F32 weights.
+    let prompt = "The capital of France is";
+    b.send(json!({"id": 2, "op": "generate", "prompt": prompt, "config": {"max_tokens": 12}}));
+    let (mlx, done) = b.tokens(2);
+    assert_eq!(done["finish"], "length");
+    assert_eq!(done["metrics"]["prompt_tokens"], 5);
+    assert!(done["metrics"]["peak_memory_bytes"].as_u64().unwrap() > 0, "{done}");
+    let load = LoadConfig {
+        context_len: 512,
+        threads: 1,
+        ..LoadConfig::default()
+    };
+    let cpu = switchyard_workers::CpuBackend
+        .load_model(&dir, &load)
+        .expect("HF directory loads");
+    let config = GenerateConfig {
+        max_tokens: 12,
+        ..GenerateConfig::default()
+    };
+    let ours: Vec<u64> = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut s = cpu.generate(Prompt::Text(prompt.into()), config, CancelFlag::default());
+        let mut ids = Vec::new();
+        while let Some(ev) = s.next().await {
+            if let GenerateEvent::Token(t) = ev.unwrap() {
+                ids.push(u64::from(t.id));
+            }
+        }
+        ids
+    });
+    assert_eq!(mlx, ours, "MLX vs the CPU engine, greedy");
+
+    // A cancel lands at the next token boundary.
+    b.send(json!({"id": 3, "op": "generate", "prompt": "Once upon a time", "config": {"max_tokens": 200}}));
+    let first = b.next();
+    assert_eq!(first["event"], "token", "{first}");
+    b.send(json!({"id": 9, "op": "cancel", "target": 3}));
+    let (rest, done) = b.tokens(3);
+    assert_eq!(done["finish"], "cancelled", "{done}");
+    assert!(rest.len() < 150, "{} tokens after the cancel", rest.len());
+
+    // Errors are events with codes; the bridge serves on.
+    b.send(json!({"id": 4, "op": "generate", "prompt": "", "config": {}}));
+    assert_eq!(b.next()["code"], "bad_request");
+    b.send(json!({"id": 5, "op": "generate", "prompt": "Hi", "config": {"max_tokens": 100000}}));
+    assert_eq!(b.next()["code"], "context_overflow");
+    b.send(json!({"id": 6, "op": "fly"}));
+    let e = b.next();
+    assert_eq!(
+        (e["event"].as_str(), e["code"].as_str()),
+        (Some("error"), Some("bad_request"))
+    );
+    b.send(json!({"id": 7, "op": "generate", "prompt": prompt, "config": {"max_tokens": 3}}));
+    assert_eq!(b.tokens(7).0, mlx[..3]);
+
+    b.send(json!({"id": 8, "op": "quit"}));
+    assert_eq!(b.next()["event"], "bye");
+    assert!(b.child.wait().unwrap().success());
+}
