@@ -55,7 +55,7 @@ pub enum ConfigError {
 }
 
 /// The backends a worker can run.
-pub const WORKER_BACKENDS: &[&str] = &["auto", "cpu", "llama_cpp", "rocm"];
+pub const WORKER_BACKENDS: &[&str] = &["auto", "cpu", "llama_cpp", "rocm", "metal"];
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -166,8 +166,9 @@ pub struct WorkerConfig {
     pub model_name: String,
     /// Backend: `cpu` (switchyard's own engine), `llama_cpp` (a llama.cpp server
     /// already running at `llama_url`), `rocm` (a `llama-server` child this worker
-    /// starts and supervises, pinned to GPU `gpu_device`), or `auto` (the most
-    /// preferred one available here: rocm > llama_cpp > cpu).
+    /// starts and supervises, pinned to GPU `gpu_device`), `metal` (MLX through a
+    /// supervised Python bridge; a Hugging Face directory as `model`), or `auto` (the
+    /// most preferred one available here: metal > rocm > llama_cpp > cpu).
     pub backend: String,
     /// `llama_cpp`: the server's base URL, e.g. `http://127.0.0.1:8080`.
     pub llama_url: String,
@@ -185,6 +186,12 @@ pub struct WorkerConfig {
     /// `rocm`: run the supervised llama-server without a ROCm GPU (on the CPU), for
     /// tests and machines without one.
     pub rocm_allow_cpu: bool,
+    /// `metal`: the Python that runs the MLX bridge (it needs `mlx-lm`); empty = the
+    /// cache's venv (`scripts/setup.sh` installs it there).
+    pub mlx_python: String,
+    /// `metal`: run MLX on the CPU where there is no Apple GPU (Linux, tests); the
+    /// worker then announces device `cpu`.
+    pub mlx_allow_cpu: bool,
     /// Compute threads; 0 = all cores.
     pub threads: u32,
     /// Context window in tokens; 0 = the model's own, capped by the backend.
@@ -220,6 +227,8 @@ impl Default for WorkerConfig {
             gpu_layers: -1,
             parallel_slots: 0,
             rocm_allow_cpu: false,
+            mlx_python: String::new(),
+            mlx_allow_cpu: false,
             threads: 0,
             context_len: 0,
             capacity: 0,
@@ -307,7 +316,7 @@ impl Config {
             return invalid(
                 "worker.backend",
                 self.worker.backend.clone(),
-                "must be one of: auto, cpu, llama_cpp, rocm",
+                "must be one of: auto, cpu, llama_cpp, rocm, metal",
             );
         }
         if self.worker.backend == "llama_cpp"

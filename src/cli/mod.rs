@@ -215,7 +215,7 @@ pub struct WorkerFlags {
     /// Name requests use for the model (default: the file name without .gguf, or the directory name).
     #[arg(long)]
     pub model_name: Option<String>,
-    /// Backend: cpu (switchyard's own engine), llama_cpp (a llama.cpp server already running at --llama-url), rocm (a llama-server child this worker starts, supervises and pins to --gpu-device), or auto (the most preferred one available here).
+    /// Backend: cpu (switchyard's own engine), llama_cpp (a llama.cpp server already running at --llama-url), rocm (a llama-server child this worker starts, supervises and pins to --gpu-device), metal (MLX through a supervised Python bridge, on a Hugging Face directory), or auto (the most preferred one available here).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(backend_names()))]
     pub backend: Option<String>,
     /// llama_cpp: the server's base URL, e.g. http://127.0.0.1:8080.
@@ -240,6 +240,12 @@ pub struct WorkerFlags {
     /// rocm: run the supervised llama-server on the CPU when no ROCm GPU is present (testing).
     #[arg(long)]
     pub rocm_allow_cpu: bool,
+    /// metal: the Python with mlx-lm that runs the MLX bridge (default: the cache's venv).
+    #[arg(long)]
+    pub mlx_python: Option<PathBuf>,
+    /// metal: run MLX on the CPU where there is no Apple GPU (Linux, testing); the worker announces device cpu.
+    #[arg(long)]
+    pub mlx_allow_cpu: bool,
     /// Worker id, one NATS subject token (default: {backend}-{host}-{pid}).
     #[arg(long)]
     pub worker_id: Option<String>,
@@ -459,6 +465,12 @@ impl WorkerFlags {
         }
         if self.rocm_allow_cpu {
             w.rocm_allow_cpu = true;
+        }
+        if let Some(v) = &self.mlx_python {
+            w.mlx_python = v.display().to_string();
+        }
+        if self.mlx_allow_cpu {
+            w.mlx_allow_cpu = true;
         }
         if let Some(v) = &self.worker_id {
             w.id = v.clone();

@@ -5,6 +5,7 @@
 //! - [`cpu`]: switchyard's own CPU engine ([`crate::engine`]).
 //! - [`llama_cpp`]: an existing llama.cpp server over HTTP, and its sessions.
 //! - [`rocm`]: a llama-server this worker starts and supervises on an AMD GPU.
+//! - [`mlx`]: MLX (Metal on Apple silicon) through a Python bridge child.
 //! - [`probe`]: `fabric-probe`, a compute-free fake model named as such, for
 //!   measuring the fabric's own overhead (not in the registry).
 //!
@@ -15,6 +16,7 @@
 
 pub mod cpu;
 pub mod llama_cpp;
+pub mod mlx;
 pub mod probe;
 mod registry;
 pub mod rocm;

@@ -1,7 +1,7 @@
 //! The registry: which backend a worker loads its model with.
 
 use super::worker_backend::{Loaded, WorkerBackend};
-use super::{cpu, llama_cpp, rocm};
+use super::{cpu, llama_cpp, mlx, rocm};
 use switchyard_config::WorkerConfig;
 use switchyard_messages::BackendKind;
 
@@ -13,6 +13,7 @@ pub struct Registry {
 impl Default for Registry {
     fn default() -> Self {
         let mut backends: Vec<Box<dyn WorkerBackend>> = vec![
+            Box::new(mlx::MlxBackend),
             Box::new(rocm::RocmBackend),
             Box::new(llama_cpp::LlamaCppBackend),
             Box::new(cpu::CpuBackend),
@@ -79,7 +80,12 @@ mod tests {
         let r = Registry::default();
         assert_eq!(
             r.kinds(),
-            vec![BackendKind::Rocm, BackendKind::LlamaCpp, BackendKind::Cpu]
+            vec![
+                BackendKind::Metal,
+                BackendKind::Rocm,
+                BackendKind::LlamaCpp,
+                BackendKind::Cpu
+            ]
         );
         let mut w = WorkerConfig {
             backend: "auto".into(),
@@ -95,10 +101,10 @@ mod tests {
         }
         w.backend = "cpu".into();
         assert_eq!(r.select(&w).unwrap().kind(), BackendKind::Cpu);
-        w.backend = "metal".into();
+        w.backend = "cuda".into();
         let e = r.select(&w).err().unwrap().to_string();
         assert!(
-            e.contains("no metal backend") && e.contains("rocm, llama_cpp, cpu"),
+            e.contains("no cuda backend") && e.contains("metal, rocm, llama_cpp, cpu"),
             "{e}"
         );
         w.backend = "tpu".into();

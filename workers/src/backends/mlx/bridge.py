@@ -7,7 +7,8 @@ docs/protocol.md §14 (the MLX bridge). Logs go to stderr, never stdout.
 
 Ops:
   load      {path, device}            -> {event: "loaded", info: {...}}
-  generate  {prompt | messages, config} -> {event: "token", token, text}* then
+  generate  {prompt | messages | tokens, config}
+                                      -> {event: "token", token, text}* then
                                          {event: "done", finish, metrics}
   cancel    {target}                  -> (the target ends with finish "cancelled")
   info      {}                        -> {event: "info", info: {...}}
@@ -89,7 +90,11 @@ class Bridge:
         if self.model is None:
             raise BridgeError("not_loaded", "no model is loaded")
         cfg = req.get("config", {})
-        if "messages" in req and req["messages"] is not None:
+        if req.get("tokens") is not None:
+            tokens = [int(t) for t in req["tokens"]]
+            if not tokens:
+                raise BridgeError("bad_request", "empty prompt")
+        elif "messages" in req and req["messages"] is not None:
             prompt = self.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=False)
             tokens = self.tokenizer.encode(prompt, add_special_tokens=False)
         else:
