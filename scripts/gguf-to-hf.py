@@ -14,12 +14,12 @@ usage: gguf-to-hf.py GGUF OUT_DIR [f32|f16]
 """
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
+from hf_dir import PRE_TOKENIZERS, write_bpe_tokenizer, write_safetensors
 
 if len(sys.argv) < 3:
     sys.exit(__doc__)
@@ -42,15 +42,8 @@ if arch != "llama":
 if field("tokenizer.ggml.model") != "gpt2":
     sys.exit(f"{src_path}: tokenizer model {field('tokenizer.ggml.model')!r} is not supported (gpt2 BPE only)")
 pre = field("tokenizer.ggml.pre", "default")
-# llama.cpp's pre-tokenizers, as tokenizers' JSON.
-GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-PRE = {
-    "smollm": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, GPT2]},
-    "gpt2": GPT2,
-    "default": GPT2,
-}
-if pre not in PRE:
-    sys.exit(f"{src_path}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE)})")
+if pre not in PRE_TOKENIZERS:
+    sys.exit(f"{src_path}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)})")
 
 n_head = field(f"{arch}.attention.head_count")
 n_head_kv = field(f"{arch}.attention.head_count_kv", n_head)
@@ -98,19 +91,9 @@ for t in r.tensors:
 tied = "lm_head.weight" not in hf
 
 os.makedirs(out_dir, exist_ok=True)
-header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-for name, a in hf.items():
-    data = a.astype(np.float16 if dtype == "f16" else np.float32).tobytes()
-    header[name] = {"dtype": dtype.upper(), "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
-    blobs.append(data)
-    offset += len(data)
-head = json.dumps(header).encode()
-head += b" " * (-len(head) % 8)
-with open(os.path.join(out_dir, "model.safetensors"), "wb") as f:
-    f.write(struct.pack("<Q", len(head)))
-    f.write(head)
-    for b in blobs:
-        f.write(b)
+write_safetensors(
+    out_dir, hf, lambda a: (dtype.upper(), a.astype(np.float16 if dtype == "f16" else np.float32).tobytes())
+)
 
 config = {
     "architectures": ["LlamaForCausalLM"],
@@ -133,20 +116,7 @@ config = {
 }
 json.dump(config, open(os.path.join(out_dir, "config.json"), "w"), indent=1)
 # Control (3) and user-defined (4) tokens are added tokens, matched before the BPE.
-added = [
-    {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-     "special": ty == 3}
-    for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (3, 4)
-]
-tokenizer = {
-    "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-    "pre_tokenizer": PRE[pre], "post_processor": None,
-    "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-              "vocab": {t: i for i, t in enumerate(tokens)}, "merges": list(merges)},
-}
-json.dump(tokenizer, open(os.path.join(out_dir, "tokenizer.json"), "w"))
+write_bpe_tokenizer(out_dir, tokens, merges, types, pre, added_types=(3, 4))
 json.dump({"chat_template": field("tokenizer.chat_template", ""), "bos_token": tokens[bos],
            "eos_token": tokens[eos], "add_bos_token": bool(field("tokenizer.ggml.add_bos_token", False)),
            "tokenizer_class": "PreTrainedTokenizerFast"},

@@ -16,11 +16,11 @@ the same values, as F16 for f16 and as F32 otherwise (bf16 → f32 is exact).
 """
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 from gguf import GGUFReader, GGUFWriter
+from hf_dir import write_bpe_tokenizer, write_safetensors
 
 vocab_path, out_dir, gguf_path, arch = sys.argv[1:5]
 dtype = sys.argv[5] if len(sys.argv) > 5 else "f32"
@@ -91,19 +91,7 @@ for i in range(n_layer):
     hf[f"{p}.mlp.down_proj.weight"] = mat(n_embd, n_ff, 0.1)
 
 # --- model.safetensors ---------------------------------------------------------------------
-header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-for name, a in hf.items():
-    st_dtype, data = raw(a)
-    header[name] = {"dtype": st_dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
-    blobs.append(data)
-    offset += len(data)
-head = json.dumps(header).encode()
-head += b" " * (-len(head) % 8)
-with open(os.path.join(out_dir, "model.safetensors"), "wb") as f:
-    f.write(struct.pack("<Q", len(head)))
-    f.write(head)
-    for b in blobs:
-        f.write(b)
+write_safetensors(out_dir, hf, raw)
 
 # --- config.json, tokenizer.json, tokenizer_config.json -------------------------------------
 model_type = arch
@@ -128,28 +116,7 @@ config = {
 }
 json.dump(config, open(os.path.join(out_dir, "config.json"), "w"), indent=1)
 
-added = [
-    {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-     "special": True}
-    for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 3
-]
-tokenizer = {
-    "version": "1.0",
-    "truncation": None,
-    "padding": None,
-    "added_tokens": added,
-    "normalizer": None,
-    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-    ]},
-    "post_processor": None,
-    "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-              "vocab": {t: i for i, t in enumerate(tokens)}, "merges": list(merges)},
-}
-json.dump(tokenizer, open(os.path.join(out_dir, "tokenizer.json"), "w"))
+write_bpe_tokenizer(out_dir, tokens, merges, types, "smollm")
 json.dump({"chat_template": template, "bos_token": tokens[1], "eos_token": tokens[eos],
            "add_bos_token": False}, open(os.path.join(out_dir, "tokenizer_config.json"), "w"))
 

@@ -3,10 +3,11 @@
 
 use super::rocm::supervisor::Supervisor;
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_config::WorkerConfig;
-use switchyard_messages::{BackendKind, Device, TextModel};
+use switchyard_messages::{BackendKind, BatchFuture, BatchResult, Device, GenerateEvent, GenerateStream, TextModel};
 
 /// A loaded model, ready for a worker: what it serves and how it announces itself.
 pub struct Loaded {
@@ -43,6 +44,28 @@ pub(crate) fn capacity(w: &WorkerConfig, own: u32) -> u32 {
     } else {
         own.max(1)
     }
+}
+
+/// `batch_generate` for backends that generate one stream per prompt: the streams
+/// run together, each prompt gets its tokens or its own error.
+pub(crate) fn batch_of_streams(streams: Vec<GenerateStream>) -> BatchFuture {
+    Box::pin(async move {
+        let jobs = streams.into_iter().map(|mut s| async move {
+            let mut result = BatchResult {
+                tokens: Vec::new(),
+                error: None,
+            };
+            while let Some(ev) = s.next().await {
+                match ev {
+                    Ok(GenerateEvent::Token(t)) => result.tokens.push(t),
+                    Ok(GenerateEvent::Done { .. }) => {}
+                    Err(e) => result.error = Some(e.to_wire()),
+                }
+            }
+            result
+        });
+        futures::future::join_all(jobs).await
+    })
 }
 
 /// A backend as a worker sees it.

@@ -2,12 +2,12 @@
 
 use super::client::LlamaCppModel;
 use super::session::LlamaCppSession;
-use futures::StreamExt;
+use crate::backends::worker_backend::batch_of_streams;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use switchyard_messages::{
-    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, ClassifyResult, GenerateConfig, GenerateEvent,
+    BackendError, BatchFuture, CancelFlag, ClassifyFuture, ClassifyResult, GenerateConfig, GenerateEvent,
     GenerateMetrics, GenerateStream, ModelInfo, Prompt, TextModel, Token,
 };
 
@@ -61,27 +61,12 @@ impl TextModel for LlamaCppModel {
     }
 
     fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
-        let streams: Vec<GenerateStream> = prompts
-            .into_iter()
-            .map(|p| self.generate(p, config.clone(), cancel.clone()))
-            .collect();
-        Box::pin(async move {
-            let jobs = streams.into_iter().map(|mut s| async move {
-                let mut result = BatchResult {
-                    tokens: Vec::new(),
-                    error: None,
-                };
-                while let Some(ev) = s.next().await {
-                    match ev {
-                        Ok(GenerateEvent::Token(t)) => result.tokens.push(t),
-                        Ok(GenerateEvent::Done { .. }) => {}
-                        Err(e) => result.error = Some(e.to_wire()),
-                    }
-                }
-                result
-            });
-            futures::future::join_all(jobs).await
-        })
+        batch_of_streams(
+            prompts
+                .into_iter()
+                .map(|p| self.generate(p, config.clone(), cancel.clone()))
+                .collect(),
+        )
     }
 
     fn open_session(&self) -> switchyard_messages::BackendFuture<Arc<dyn switchyard_messages::ModelSession>> {

@@ -60,7 +60,6 @@ class Bridge:
         path = req["path"]
         started = time.time()
         self.model, self.tokenizer = mlx_lm.load(path)
-        cfg = getattr(self.model, "args", None)
         quant = {}
         try:
             with open(f"{path}/config.json") as f:
@@ -142,15 +141,14 @@ class Bridge:
             n += 1
             send({"id": rid, "event": "token", "token": int(r.token), "text": r.text})
         done = time.time()
-        import mlx.core as mx2
         metrics = {
             "prompt_tokens": len(tokens),
             "generated_tokens": n,
             "prefill_us": int(((first or done) - started) * 1e6),
             "decode_us": int((done - (first or done)) * 1e6),
             "total_us": int((done - started) * 1e6),
-            "peak_memory_bytes": int(mx2.get_peak_memory()),
-            "active_memory_bytes": int(mx2.get_active_memory()),
+            "peak_memory_bytes": int(mx.get_peak_memory()),
+            "active_memory_bytes": int(mx.get_active_memory()),
         }
         return {"event": "done", "finish": finish, "metrics": metrics}
 

@@ -4,12 +4,13 @@
 //! One generation at a time (capacity 1, announced as such).
 
 use super::child::{Bridge, Events};
+use crate::backends::worker_backend::batch_of_streams;
 use crate::engine::stops::{StopCheck, StopFilter};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use switchyard_messages::{
-    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, ClassifyResult, FinishReason, GenerateConfig,
-    GenerateEvent, GenerateMetrics, GenerateStream, Message, ModelInfo, Prompt, TextModel, Token,
+    BackendError, BatchFuture, CancelFlag, ClassifyFuture, ClassifyResult, FinishReason, GenerateConfig, GenerateEvent,
+    GenerateMetrics, GenerateStream, Message, ModelInfo, Prompt, TextModel, Token,
 };
 
 /// A model loaded in MLX behind the bridge.
@@ -225,28 +226,12 @@ impl TextModel for MlxModel {
     }
 
     fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
-        let streams: Vec<GenerateStream> = prompts
-            .into_iter()
-            .map(|p| self.generate(p, config.clone(), cancel.clone()))
-            .collect();
-        Box::pin(async move {
-            let mut out = Vec::new();
-            for mut s in streams {
-                let mut r = BatchResult {
-                    tokens: Vec::new(),
-                    error: None,
-                };
-                while let Some(ev) = futures::StreamExt::next(&mut s).await {
-                    match ev {
-                        Ok(GenerateEvent::Token(t)) => r.tokens.push(t),
-                        Ok(GenerateEvent::Done { .. }) => {}
-                        Err(e) => r.error = Some(e.to_wire()),
-                    }
-                }
-                out.push(r);
-            }
-            out
-        })
+        batch_of_streams(
+            prompts
+                .into_iter()
+                .map(|p| self.generate(p, config.clone(), cancel.clone()))
+                .collect(),
+        )
     }
 
     fn healthy(&self) -> bool {
