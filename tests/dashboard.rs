@@ -24,7 +24,7 @@ const EXPORTED: &[&str] = &[
     "switchyard_model_weights_bytes",
     "switchyard_routing_decisions_total",
     "switchyard_heartbeats_missed_total",
-    "switchyard_llama_server_restarts_total",
+    "switchyard_backend_restarts_total",
 ];
 
 #[test]

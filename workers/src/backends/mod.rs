@@ -6,6 +6,8 @@
 //! - [`llama_cpp`]: an existing llama.cpp server over HTTP, and its sessions.
 //! - [`rocm`]: a llama-server this worker starts and supervises on an AMD GPU.
 //! - [`mlx`]: MLX (Metal on Apple silicon) through a Python bridge child.
+//! - [`backoff`]: the restart policy every supervised child (llama-server, the MLX
+//!   bridge) shares.
 //! - [`probe`]: `fabric-probe`, a compute-free fake model named as such, for
 //!   measuring the fabric's own overhead (not in the registry).
 //!
@@ -14,6 +16,7 @@
 //! (`metal > rocm > llama_cpp > cuda > cpu`, [`BackendKind::BY_PREFERENCE`]). Kinds
 //! this build has no backend for are simply not in the registry.
 
+pub mod backoff;
 pub mod cpu;
 pub mod llama_cpp;
 pub mod mlx;

@@ -126,17 +126,24 @@ pub fn record_failure(attrs: &[KeyValue], seconds: f64, error_type: &str) {
     instruments().duration.record(seconds, &a);
 }
 
-/// A supervised llama-server exited (it is restarted with backoff).
-pub fn record_restart(worker_id: &str) {
+/// A worker's supervised child (`llama-server`, `mlx-bridge`) exited; it is restarted
+/// with backoff.
+pub fn record_restart(worker_id: &str, child: &'static str) {
     static C: OnceLock<Counter<u64>> = OnceLock::new();
     C.get_or_init(|| {
         opentelemetry::global::meter("switchyard")
-            .u64_counter("switchyard.llama_server.restarts")
+            .u64_counter("switchyard.backend.restarts")
             .with_unit("{restart}")
-            .with_description("Exits of a supervised llama-server (each followed by a restart)")
+            .with_description("Exits of a worker's supervised child process (each followed by a restart)")
             .build()
     })
-    .add(1, &[KeyValue::new("switchyard.worker.id", worker_id.to_string())]);
+    .add(
+        1,
+        &[
+            KeyValue::new("switchyard.worker.id", worker_id.to_string()),
+            KeyValue::new("switchyard.backend.child", child),
+        ],
+    );
 }
 
 /// A request was refused at admission with `code`.

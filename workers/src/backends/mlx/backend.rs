@@ -1,6 +1,7 @@
 //! The `metal` entry of the registry.
 
-use super::child::Bridge;
+use super::child::BridgeOptions;
+use super::supervisor::Supervised;
 use super::text_model::MlxModel;
 use crate::backends::worker_backend::{capacity, Loaded, WorkerBackend};
 use crate::local;
@@ -48,7 +49,7 @@ impl WorkerBackend for MlxBackend {
         Ok(())
     }
 
-    fn load<'a>(&'a self, w: &'a WorkerConfig, _worker_id: &'a str) -> BoxFuture<'a, anyhow::Result<Loaded>> {
+    fn load<'a>(&'a self, w: &'a WorkerConfig, worker_id: &'a str) -> BoxFuture<'a, anyhow::Result<Loaded>> {
         Box::pin(async move {
             self.available(w).map_err(|e| anyhow::anyhow!("backend metal: {e}"))?;
             let path = local::model_path(w)?;
@@ -65,9 +66,16 @@ impl WorkerBackend for MlxBackend {
                 path.display()
             );
             let started = Instant::now();
-            let bridge =
-                Bridge::start(&python(w), &local::cache_dir(), &path, device, Duration::from_secs(300)).await?;
-            let model = MlxModel::new(bridge);
+            let opts = BridgeOptions {
+                python: python(w),
+                cache: local::cache_dir(),
+                model: path.clone(),
+                device: device.into(),
+                max_sessions: w.parallel_slots.max(8),
+                startup_timeout: Duration::from_secs(300),
+            };
+            let (bridge, info) = Supervised::start(opts, worker_id.to_string()).await?;
+            let model = MlxModel::new(bridge, &info);
             eprintln!(
                 "MLX loaded {} in {:.2} s",
                 path.display(),

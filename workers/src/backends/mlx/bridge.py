@@ -5,19 +5,32 @@ Python that has mlx-lm. Every request is one JSON object per line with an `id` a
 `op`; every answer is one JSON object per line carrying the same `id`. The protocol is
 docs/protocol.md §14 (the MLX bridge). Logs go to stderr, never stdout.
 
-Ops:
-  load      {path, device}            -> {event: "loaded", info: {...}}
-  generate  {prompt | messages | tokens, config}
-                                      -> {event: "token", token, text}* then
-                                         {event: "done", finish, metrics}
-  cancel    {target}                  -> (the target ends with finish "cancelled")
-  info      {}                        -> {event: "info", info: {...}}
-  quit      {}                        -> {event: "bye"}, then exit 0
-  anything that fails                 -> {event: "error", code, message}
+Ops (a prompt is one of `prompt` (text), `messages` (chat) or `tokens`):
+  load          {path, device, max_sessions}  -> {event: "loaded", info}
+  generate      {prompt.., config}            -> {event: "token", token, text}* then
+                                                 {event: "done", finish, metrics}
+  classify      {prompt.., logits}            -> {event: "classified", token, text, logits?}
+  inspect       {prompt..}                    -> {event: "inspected", seq_len, keys, ..}
+  tokenize      {text, bos}                   -> {event: "tokens", tokens}
+  session_open  {}                            -> {event: "session", session}
+  set_resident  {session, tokens, invalidate} -> {event: "resident", reused, computed, dropped}
+  decode        {session, config}             -> like generate
+  resident      {session}                     -> {event: "tokens", tokens}
+  session_close {session}                     -> {event: "closed"}
+  cancel        {target}                      -> (the target ends with finish "cancelled")
+  info          {}                            -> {event: "info", info}
+  quit          {}                            -> {event: "bye"}, then exit 0
+  anything that fails                         -> {event: "error", code, message}
 
-One generation runs at a time (the worker announces capacity 1); a reader thread keeps
-taking lines meanwhile, so a cancel lands at the next token boundary.
+Every event but `token` ends its request. One request runs at a time (the worker
+announces capacity 1); a reader thread keeps taking lines meanwhile, so a cancel lands
+at the next token boundary.
+
+Prefix reuse: plain generations share one prompt cache; a new prompt keeps the longest
+prefix it shares with what the cache holds (mlx-lm's trimmable KV cache) and computes
+only the rest (`cached_tokens` in the metrics). Each session owns its own cache.
 """
+import base64
 import json
 import queue
 import sys
@@ -40,6 +53,56 @@ def log(msg):
     sys.stderr.flush()
 
 
+def f32_base64(array):
+    """An MLX array as base64 of little-endian float32, row-major."""
+    import mlx.core as mx
+    import numpy as np
+
+    return base64.b64encode(np.array(array.astype(mx.float32)).astype("<f4").tobytes()).decode("ascii")
+
+
+class BridgeError(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Cache:
+    """A prompt cache and the tokens it holds, position by position."""
+
+    def __init__(self, model):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.layers = make_prompt_cache(model)
+        self.tokens = []
+
+    def offset(self):
+        return self.layers[0].offset if self.layers else 0
+
+    def keep(self, n):
+        """Keeps the first `n` tokens (trims the rest); returns how many are kept."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        held = self.offset()
+        n = min(n, held)
+        if n < held:
+            if not can_trim_prompt_cache(self.layers):
+                return None
+            trim_prompt_cache(self.layers, held - n)
+        self.tokens = self.tokens[:n]
+        return n
+
+
+def common_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class Bridge:
     def __init__(self):
         self.model = None
@@ -47,6 +110,10 @@ class Bridge:
         self.info = None
         self.cancelled = set()
         self.lock = threading.Lock()
+        self.shared = None
+        self.sessions = {}
+        self.next_session = 1
+        self.max_sessions = 8
 
     def load(self, req):
         import mlx.core as mx
@@ -57,6 +124,7 @@ class Bridge:
             mx.set_default_device(mx.cpu)
         elif device == "gpu":
             mx.set_default_device(mx.gpu)
+        self.max_sessions = int(req.get("max_sessions", 8))
         path = req["path"]
         started = time.time()
         self.model, self.tokenizer = mlx_lm.load(path)
@@ -67,46 +135,100 @@ class Bridge:
             quant = raw.get("quantization") or {}
         except OSError:
             raw = {}
+        args = getattr(self.model, "args", None)
+        heads = int(raw.get("num_attention_heads", 0))
+        hidden = int(raw.get("hidden_size", 0))
         self.info = {
             "architecture": raw.get("model_type", ""),
             "vocab_size": int(raw.get("vocab_size", 0)),
             "num_layers": int(raw.get("num_hidden_layers", 0)),
-            "hidden_size": int(raw.get("hidden_size", 0)),
+            "hidden_size": hidden,
             "context_len": int(raw.get("max_position_embeddings", 0)),
+            "kv_heads": int(raw.get("num_key_value_heads", heads)),
+            "head_dim": int(raw.get("head_dim", getattr(args, "head_dim", 0) or (hidden // heads if heads else 0))),
             "quant_bits": int(quant.get("bits", 0)),
             "quant_group": int(quant.get("group_size", 0)),
             "device": str(mx.default_device()),
             "eos": sorted(int(t) for t in self.tokenizer.eos_token_ids),
         }
+        self.shared = Cache(self.model)
         log(f"loaded {path} on {self.info['device']} in {time.time() - started:.2f} s")
         return {"event": "loaded", "info": self.info}
 
+    def need_model(self):
+        if self.model is None:
+            raise BridgeError("not_loaded", "no model is loaded")
+
+    def tokens_of(self, req):
+        """The prompt's token ids: given, a chat rendered by the model's template, or
+        text (with BOS as mlx-lm adds it)."""
+        if req.get("tokens") is not None:
+            tokens = [int(t) for t in req["tokens"]]
+        elif req.get("messages") is not None:
+            prompt = self.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=False)
+            tokens = self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            tokens = self.encode(req.get("prompt") or "", None)
+        if not tokens:
+            raise BridgeError("bad_request", "empty prompt")
+        vocab = self.info.get("vocab_size") or 0
+        if vocab and any(t < 0 or t >= vocab for t in tokens):
+            raise BridgeError("bad_request", f"a token id is outside the vocabulary of {vocab}")
+        return tokens
+
+    def encode(self, text, bos):
+        if bos is None:
+            bos_text = self.tokenizer.bos_token
+            bos = bos_text is not None and not text.startswith(bos_text)
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=bool(bos)))
+
+    def session(self, req):
+        s = self.sessions.get(req.get("session"))
+        if s is None:
+            raise BridgeError("bad_request", f"no session {req.get('session')!r} (closed, or the bridge restarted)")
+        return s
+
+    def check_context(self, n, max_tokens):
+        ctx = self.info.get("context_len") or 0
+        if ctx and n + max_tokens > ctx:
+            raise BridgeError("context_overflow", f"{n} prompt tokens + {max_tokens} exceed the context of {ctx}")
+
     def generate(self, rid, req):
+        self.need_model()
+        tokens = self.tokens_of(req)
+        max_tokens = int(req.get("config", {}).get("max_tokens", 256))
+        self.check_context(len(tokens), max_tokens)
+        # Keep what the shared cache shares with this prompt, but feed at least one
+        # token: the last prompt token's logits pick the first new token.
+        keep = self.shared.keep(min(common_prefix(self.shared.tokens, tokens), len(tokens) - 1))
+        if keep is None:
+            self.shared = Cache(self.model)
+            keep = 0
+        return self.run(rid, self.shared, tokens, keep, req.get("config", {}))
+
+    def decode(self, rid, req):
+        self.need_model()
+        s = self.session(req)
+        if not s.tokens:
+            raise BridgeError("bad_request", "the session holds no tokens to decode from")
+        cfg = req.get("config", {})
+        self.check_context(len(s.tokens), int(cfg.get("max_tokens", 256)))
+        tokens = list(s.tokens)
+        keep = s.keep(len(tokens) - 1)
+        if keep is None:
+            raise BridgeError("backend_error", "this model's cache cannot be trimmed; sessions need one that can")
+        return self.run(rid, s, tokens, keep, cfg)
+
+    def run(self, rid, cache, tokens, keep, cfg):
+        """Generates after `tokens`, of which `cache` already holds the first `keep`;
+        streams tokens, and leaves in `cache.tokens` exactly what its KV holds."""
         import mlx.core as mx
         import mlx_lm
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-        if self.model is None:
-            raise BridgeError("not_loaded", "no model is loaded")
-        cfg = req.get("config", {})
-        if req.get("tokens") is not None:
-            tokens = [int(t) for t in req["tokens"]]
-            if not tokens:
-                raise BridgeError("bad_request", "empty prompt")
-        elif "messages" in req and req["messages"] is not None:
-            prompt = self.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=False)
-            tokens = self.tokenizer.encode(prompt, add_special_tokens=False)
-        else:
-            prompt = req.get("prompt") or ""
-            if not prompt:
-                raise BridgeError("bad_request", "empty prompt")
-            tokens = self.tokenizer.encode(prompt, add_special_tokens=False)
-        ctx = self.info.get("context_len") or 0
         max_tokens = int(cfg.get("max_tokens", 256))
-        if ctx and len(tokens) + max_tokens > ctx:
-            raise BridgeError(
-                "context_overflow", f"{len(tokens)} prompt tokens + {max_tokens} exceed the context of {ctx}"
-            )
         seed = cfg.get("seed")
         if seed is not None:
             mx.random.seed(int(seed))
@@ -116,18 +238,26 @@ class Bridge:
             min_p=float(cfg.get("min_p", 0.0)),
             top_k=int(cfg.get("top_k", 0)),
         )
-        processors = make_logits_processors(
-            repetition_penalty=float(cfg["repeat_penalty"]) if cfg.get("repeat_penalty", 1.0) != 1.0 else None,
-        )
+        penalty = float(cfg.get("repeat_penalty") or 0.0)
+        processors = []
+        if penalty > 0.0 and penalty != 1.0:
+            # mlx-lm's processor sees only the tokens fed in this call; give it the
+            # cached prefix too, so reuse does not change what is penalised.
+            window = int(cfg.get("repeat_last_n", 64)) or 64
+            (inner,) = make_logits_processors(repetition_penalty=penalty, repetition_context_size=window)
+            prefix = mx.array(tokens[:keep]) if keep else None
+            processors = [lambda seen, logits: inner(seen if prefix is None else mx.concat([prefix, seen]), logits)]
         stop_ids = set(int(t) for t in cfg.get("stop_tokens", [])) | set(self.info["eos"])
         started = time.time()
         first = None
+        seen = list(tokens)
         n = 0
         finish = "length"
         for r in mlx_lm.stream_generate(
-            self.model, self.tokenizer, mx.array(tokens), max_tokens=max_tokens,
-            sampler=sampler, logits_processors=processors,
+            self.model, self.tokenizer, mx.array(tokens[keep:]), max_tokens=max_tokens,
+            sampler=sampler, logits_processors=processors or None, prompt_cache=cache.layers,
         ):
+            seen.append(int(r.token))
             with self.lock:
                 if rid in self.cancelled:
                     self.cancelled.discard(rid)
@@ -141,8 +271,13 @@ class Bridge:
             n += 1
             send({"id": rid, "event": "token", "token": int(r.token), "text": r.text})
         done = time.time()
+        # The KV holds the prompt and the generated tokens fed back so far (mlx-lm
+        # feeds each token one step ahead); a stop token or a cancelled step is cut.
+        cache.tokens = seen[: cache.offset()]
+        cache.keep(len(tokens) + n)
         metrics = {
             "prompt_tokens": len(tokens),
+            "cached_tokens": keep,
             "generated_tokens": n,
             "prefill_us": int(((first or done) - started) * 1e6),
             "decode_us": int((done - (first or done)) * 1e6),
@@ -152,12 +287,74 @@ class Bridge:
         }
         return {"event": "done", "finish": finish, "metrics": metrics}
 
+    def forward(self, tokens):
+        """A fresh cache with `tokens` computed; returns (cache, last-position logits)."""
+        import mlx.core as mx
 
-class BridgeError(Exception):
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        cache = Cache(self.model)
+        logits = self.model(mx.array(tokens)[None], cache=cache.layers)[0, -1, :]
+        mx.eval(logits)
+        cache.tokens = list(tokens)
+        return cache, logits
+
+    def classify(self, req):
+        import mlx.core as mx
+
+        self.need_model()
+        tokens = self.tokens_of(req)
+        self.check_context(len(tokens), 0)
+        _, logits = self.forward(tokens)
+        token = int(mx.argmax(logits).item())
+        out = {"event": "classified", "token": token, "text": self.tokenizer.decode([token])}
+        if req.get("logits"):
+            out["logits"] = f32_base64(logits)
+        return out
+
+    def inspect(self, req):
+        self.need_model()
+        tokens = self.tokens_of(req)
+        self.check_context(len(tokens), 0)
+        cache, _ = self.forward(tokens)
+        n = len(tokens)
+        keys = []
+        for layer in cache.layers:
+            k = getattr(layer, "keys", None)
+            if k is None:
+                raise BridgeError("backend_error", f"{type(layer).__name__} does not expose its keys")
+            keys.append(f32_base64(k[0, :, :n, :]))  # [kv_heads, seq, head_dim]
+        k0 = cache.layers[0].keys
+        return {"event": "inspected", "num_layers": len(keys), "num_heads": int(k0.shape[1]),
+                "seq_len": n, "head_dim": int(k0.shape[3]), "keys": keys}
+
+    def session_open(self):
+        self.need_model()
+        if len(self.sessions) >= self.max_sessions:
+            raise BridgeError("overloaded", f"all {self.max_sessions} MLX session caches are in use")
+        sid = f"s{self.next_session}"
+        self.next_session += 1
+        self.sessions[sid] = Cache(self.model)
+        return {"event": "session", "session": sid}
+
+    def set_resident(self, req):
+        import mlx.core as mx
+
+        s = self.session(req)
+        sid = req.get("session")
+        target = [int(t) for t in req.get("tokens", [])]
+        if not target:
+            raise BridgeError("bad_request", "empty prompt")
+        self.check_context(len(target), 0)
+        had = len(s.tokens)
+        keep = 0 if req.get("invalidate") else common_prefix(s.tokens, target)
+        kept = s.keep(keep)
+        if kept is None:  # a cache that cannot be trimmed starts again
+            s = self.sessions[sid] = Cache(self.model)
+            kept = 0
+        if kept < len(target):
+            self.model(mx.array(target[kept:])[None], cache=s.layers)
+            mx.eval([c.state for c in s.layers])
+        s.tokens = list(target)
+        return {"event": "resident", "reused": kept, "computed": len(target) - kept, "dropped": had - kept}
 
 
 def main():
@@ -191,18 +388,40 @@ def main():
                 send({"id": rid, "event": "bye"})
                 return
             elif op == "load":
-                send({"id": rid, **bridge.load(req)})
+                out = bridge.load(req)
             elif op == "info":
-                send({"id": rid, "event": "info", "info": bridge.info})
+                out = {"event": "info", "info": bridge.info}
             elif op == "generate":
-                send({"id": rid, **bridge.generate(rid, req)})
+                out = bridge.generate(rid, req)
+            elif op == "decode":
+                out = bridge.decode(rid, req)
+            elif op == "classify":
+                out = bridge.classify(req)
+            elif op == "inspect":
+                out = bridge.inspect(req)
+            elif op == "tokenize":
+                bridge.need_model()
+                out = {"event": "tokens", "tokens": bridge.encode(req.get("text", ""), bool(req.get("bos")))}
+            elif op == "session_open":
+                out = bridge.session_open()
+            elif op == "set_resident":
+                out = bridge.set_resident(req)
+            elif op == "resident":
+                out = {"event": "tokens", "tokens": bridge.session(req).tokens}
+            elif op == "session_close":
+                bridge.sessions.pop(req.get("session"), None)
+                out = {"event": "closed"}
             else:
                 raise BridgeError("bad_request", f"unknown op {op!r}")
+            send({"id": rid, **out})
         except BridgeError as e:
             send({"id": rid, "event": "error", "code": e.code, "message": e.message})
         except Exception as e:  # a bug or an MLX failure: this request fails, the bridge lives
             log(traceback.format_exc())
             send({"id": rid, "event": "error", "code": "backend_error", "message": f"{type(e).__name__}: {e}"})
+        finally:
+            with bridge.lock:
+                bridge.cancelled.discard(rid)
 
 
 if __name__ == "__main__":

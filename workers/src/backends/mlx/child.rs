@@ -1,12 +1,12 @@
 //! The bridge child: a Python process running `bridge.py`, spoken to in JSON Lines
 //! (docs/protocol.md §14). One task reads its stdout and routes each event to the
 //! request with its `id`; writes go through one lock. When the child exits, every
-//! request still waiting ends with a retryable `unavailable`, and the model reports
-//! itself unhealthy.
+//! request still waiting ends with a retryable `unavailable`, and [`Bridge::exited`]
+//! resolves (the supervisor then starts a new one).
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,15 +20,35 @@ pub const BRIDGE_PY: &str = include_str!("bridge.py");
 
 type Pending = Arc<Mutex<HashMap<u64, UnboundedSender<Value>>>>;
 
+/// How to start a bridge.
+#[derive(Debug, Clone)]
+pub struct BridgeOptions {
+    /// A Python with mlx-lm.
+    pub python: PathBuf,
+    /// Where the script is written.
+    pub cache: PathBuf,
+    /// The Hugging Face directory MLX loads.
+    pub model: PathBuf,
+    /// `cpu`, `gpu` or `""` (MLX's default).
+    pub device: String,
+    /// Session caches the bridge keeps at most.
+    pub max_sessions: u32,
+    /// How long starting and loading may take.
+    pub startup_timeout: Duration,
+}
+
 /// A running bridge with a loaded model.
 pub struct Bridge {
     stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
     pending: Pending,
     next_id: AtomicU64,
     alive: Arc<AtomicBool>,
+    exited: tokio::sync::watch::Receiver<bool>,
     child: Mutex<Option<tokio::process::Child>>,
     /// What `load` answered.
     pub info: Value,
+    /// The child's pid.
+    pub pid: u32,
 }
 
 /// A request's events, ending with `done` or `error` (or the bridge's exit).
@@ -48,16 +68,24 @@ fn gone(why: &str) -> BackendError {
     BackendError::Unavailable(format!("the MLX bridge {why}"))
 }
 
+/// An `error` event as the contract's error.
+pub fn error_from(ev: &Value) -> BackendError {
+    let message = ev["message"].as_str().unwrap_or("MLX failed").to_string();
+    match ev["code"].as_str() {
+        Some("bad_request") => BackendError::Invalid(message),
+        Some("context_overflow") => BackendError::Invalid(format!("context overflow: {message}")),
+        Some("unavailable") => BackendError::Unavailable(message),
+        Some("overloaded") => BackendError::Overloaded(message),
+        _ => BackendError::Compute(message),
+    }
+}
+
 impl Bridge {
-    /// Writes the bridge script under `cache`, starts it with `python`, and loads
-    /// `model` on `device` (`cpu`, `gpu` or `""`), waiting up to `timeout`.
-    pub async fn start(
-        python: &Path,
-        cache: &Path,
-        model: &Path,
-        device: &str,
-        timeout: Duration,
-    ) -> Result<Self, BackendError> {
+    /// Writes the bridge script under the cache, starts it, and loads the model,
+    /// waiting up to the startup timeout.
+    pub async fn start(opts: &BridgeOptions) -> Result<Self, BackendError> {
+        let (python, cache, model) = (&opts.python, &opts.cache, &opts.model);
+        let timeout = opts.startup_timeout;
         let script = cache.join("mlx-bridge.py");
         std::fs::create_dir_all(cache)
             .and_then(|_| std::fs::write(&script, BRIDGE_PY))
@@ -80,12 +108,14 @@ impl Bridge {
                 python.display()
             ),
         })?;
+        let pid = child.id().unwrap_or(0);
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let (ready_tx, mut ready_rx) = unbounded_channel::<Value>();
         let (p, a) = (pending.clone(), alive.clone());
+        let (exited_tx, exited) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -97,7 +127,7 @@ impl Bridge {
                     let _ = ready_tx.send(ev);
                     continue;
                 };
-                let last = matches!(ev["event"].as_str(), Some("done" | "error" | "loaded" | "info" | "bye"));
+                let last = ev["event"] != "token";
                 let mut map = p.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(tx) = map.get(&id) {
                     let _ = tx.send(ev);
@@ -111,15 +141,17 @@ impl Bridge {
             for (_, tx) in p.lock().unwrap_or_else(|e| e.into_inner()).drain() {
                 let _ = tx.send(json!({"event": "error", "code": "unavailable", "message": "the MLX bridge exited"}));
             }
-            tracing::warn!("mlx bridge exited");
+            let _ = exited_tx.send(true);
         });
         let mut bridge = Bridge {
             stdin: tokio::sync::Mutex::new(stdin),
             pending,
             next_id: AtomicU64::new(1),
             alive,
+            exited,
             child: Mutex::new(Some(child)),
             info: Value::Null,
+            pid,
         };
         let ready = tokio::time::timeout(timeout, ready_rx.recv()).await;
         if !matches!(ready, Ok(Some(ref v)) if v["event"] == "ready") {
@@ -131,7 +163,7 @@ impl Bridge {
             });
         }
         let mut ev = bridge
-            .request(json!({"op": "load", "path": model, "device": device}))
+            .request(json!({"op": "load", "path": model, "device": opts.device, "max_sessions": opts.max_sessions}))
             .await?;
         let loaded = tokio::time::timeout(timeout, ev.next()).await.ok().flatten();
         match loaded {
@@ -147,6 +179,23 @@ impl Bridge {
                 path: model.display().to_string(),
                 reason: format!("MLX did not load the model within {timeout:?}"),
             }),
+        }
+    }
+
+    /// Resolves once the child has exited (at once if it has).
+    pub async fn exited(&self) {
+        let mut rx = self.exited.clone();
+        let _ = rx.wait_for(|gone| *gone).await;
+    }
+
+    /// Sends a request that has one answer and waits for it; an `error` event (or
+    /// the bridge's exit) becomes the error.
+    pub async fn call(&self, body: Value) -> Result<Value, BackendError> {
+        let mut events = self.request(body).await?;
+        match events.next().await {
+            Some(ev) if ev["event"] == "error" => Err(error_from(&ev)),
+            Some(ev) => Ok(ev),
+            None => Err(gone("ended the request without an answer")),
         }
     }
 

@@ -4,17 +4,19 @@
 //! announces device `metal`; elsewhere it refuses unless `worker.mlx_allow_cpu`, and
 //! then runs MLX's CPU build and announces device `cpu`.
 //!
-//! - `child`: the bridge process (the script ships inside the binary), its reader
+//! - `child`: one bridge process (the script ships inside the binary), its reader
 //!   task, request ids, cancels; the child dies with the worker.
+//! - `supervisor`: restarts the child with the shared backoff when it exits.
 //! - `text_model`: the contract over the bridge (generation streaming with stop
-//!   strings and cancel, classify, batch).
+//!   strings and cancel, prefix reuse, classify with logits, batch, the attention
+//!   inspector).
+//! - `session`: seed 002's sessions, each on its own prompt cache in the child.
 //! - `backend`: the registry entry.
-//!
-//! Not built yet (issue 13): restarting the child with backoff, prompt-cache reuse
-//! and sessions, logits, the attention inspector, batched concurrency.
 
 mod backend;
 pub mod child;
+mod session;
+pub mod supervisor;
 mod text_model;
 
 pub use backend::MlxBackend;

@@ -1,33 +1,27 @@
 //! [`TextModel`] over the MLX bridge: a generation is one `generate` request whose
 //! token events become the stream; stop strings are held back and cut here (the same
 //! filter as the CPU engine's), a cancel is forwarded to the bridge between tokens.
-//! One generation at a time (capacity 1, announced as such).
+//! Classify and the attention inspector are one request each (logits and keys come
+//! as base64 float32). One request at a time (capacity 1, announced as such).
 
-use super::child::{Bridge, Events};
+use super::child::{error_from, Bridge, Events};
+use super::session::MlxSession;
+use super::supervisor::Supervised;
 use crate::backends::worker_backend::batch_of_streams;
 use crate::engine::stops::{StopCheck, StopFilter};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use switchyard_messages::{
-    BackendError, BatchFuture, CancelFlag, ClassifyFuture, ClassifyResult, FinishReason, GenerateConfig, GenerateEvent,
-    GenerateMetrics, GenerateStream, Message, ModelInfo, Prompt, TextModel, Token,
+    AttentionSnapshot, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, ClassifyResult,
+    FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, GenerateStream, InspectFuture, Message, ModelInfo,
+    ModelMemory, ModelSession, Prompt, TextModel, Token,
 };
 
-/// A model loaded in MLX behind the bridge.
+/// A model loaded in MLX behind the (supervised) bridge.
 pub struct MlxModel {
-    bridge: Arc<Bridge>,
+    bridge: Arc<Supervised>,
     info: ModelInfo,
     last: Arc<Mutex<GenerateMetrics>>,
-}
-
-fn error_from(ev: &Value) -> BackendError {
-    let message = ev["message"].as_str().unwrap_or("MLX failed").to_string();
-    match ev["code"].as_str() {
-        Some("bad_request") => BackendError::Invalid(message),
-        Some("context_overflow") => BackendError::Invalid(format!("context overflow: {message}")),
-        Some("unavailable") => BackendError::Unavailable(message),
-        _ => BackendError::Compute(message),
-    }
 }
 
 fn metrics_from(m: &Value) -> GenerateMetrics {
@@ -35,11 +29,12 @@ fn metrics_from(m: &Value) -> GenerateMetrics {
     let rate = |n: u64, us: u64| if us == 0 { 0.0 } else { n as f64 * 1e6 / us as f64 };
     GenerateMetrics {
         prompt_tokens: u("prompt_tokens") as u32,
+        cached_tokens: u("cached_tokens") as u32,
         generated_tokens: u("generated_tokens") as u32,
         prefill_us: u("prefill_us"),
         decode_us: u("decode_us"),
         total_us: u("total_us"),
-        prefill_tokens_per_sec: rate(u("prompt_tokens"), u("prefill_us")),
+        prefill_tokens_per_sec: rate(u("prompt_tokens") - u("cached_tokens"), u("prefill_us")),
         decode_tokens_per_sec: rate(u("generated_tokens"), u("decode_us")),
         peak_memory_bytes: u("peak_memory_bytes"),
         active_memory_bytes: u("active_memory_bytes"),
@@ -47,10 +42,63 @@ fn metrics_from(m: &Value) -> GenerateMetrics {
     }
 }
 
+/// Little-endian f32s from the bridge's base64.
+pub(super) fn floats(b64: &Value) -> Result<Vec<f32>, BackendError> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.as_str().unwrap_or_default())
+        .map_err(|e| BackendError::Compute(format!("the MLX bridge sent bad base64: {e}")))?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// The fields of a request that name its prompt.
+pub(super) fn prompt_fields(prompt: &Prompt) -> Value {
+    match prompt {
+        Prompt::Text(t) => json!({"prompt": t}),
+        Prompt::Chat(m) => {
+            let m: Vec<Value> = m
+                .iter()
+                .map(|Message { role, content }| json!({"role": role, "content": content}))
+                .collect();
+            json!({"messages": m})
+        }
+        Prompt::Tokens(t) => json!({"tokens": t}),
+    }
+}
+
+/// A request body: `op`, the prompt's fields (if any) and `extra`.
+pub(super) fn body(op: &str, prompt: Option<&Prompt>, extra: Value) -> Value {
+    let mut b = prompt.map(prompt_fields).unwrap_or_else(|| json!({}));
+    b["op"] = json!(op);
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            b[k] = v;
+        }
+    }
+    b
+}
+
+/// The `config` object of `generate` and `decode`.
+pub(super) fn config_json(config: &GenerateConfig) -> Value {
+    json!({
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "top_k": config.top_k,
+        "top_p": config.top_p,
+        "min_p": config.min_p,
+        "repeat_penalty": config.repeat_penalty,
+        "repeat_last_n": config.repeat_last_n,
+        "seed": config.seed,
+        "stop_tokens": config.stop_tokens,
+    })
+}
+
 impl MlxModel {
-    /// The model behind a started bridge.
-    pub fn new(bridge: Bridge) -> Self {
-        let i = &bridge.info;
+    /// The model behind a supervised bridge; `info` is what its first `load` said.
+    pub fn new(bridge: Arc<Supervised>, i: &Value) -> Self {
         let n = |k: &str| i[k].as_u64().unwrap_or(0) as u32;
         let info = ModelInfo {
             architecture: i["architecture"].as_str().unwrap_or_default().to_string(),
@@ -63,36 +111,45 @@ impl MlxModel {
             kernels: format!("mlx {}", i["device"].as_str().unwrap_or_default()),
         };
         Self {
-            bridge: Arc::new(bridge),
+            bridge,
             info,
             last: Arc::default(),
         }
     }
 
-    /// The `generate` request body for a prompt.
-    fn body(prompt: &Prompt, config: &GenerateConfig) -> Value {
-        let cfg = json!({
-            "max_tokens": config.max_tokens,
-            "temperature": config.temperature,
-            "top_k": config.top_k,
-            "top_p": config.top_p,
-            "min_p": config.min_p,
-            "repeat_penalty": config.repeat_penalty,
-            "seed": config.seed,
-            "stop_tokens": config.stop_tokens,
-        });
-        match prompt {
-            Prompt::Text(t) => json!({"op": "generate", "prompt": t, "config": cfg}),
-            Prompt::Chat(m) => {
-                let m: Vec<Value> = m
-                    .iter()
-                    .map(|Message { role, content }| json!({"role": role, "content": content}))
-                    .collect();
-                json!({"op": "generate", "messages": m, "config": cfg})
-            }
-            Prompt::Tokens(t) => json!({"op": "generate", "tokens": t, "config": cfg}),
-        }
+    /// The supervisor (tests and the worker's status read its pid and restarts).
+    pub fn supervisor(&self) -> &Arc<Supervised> {
+        &self.bridge
     }
+}
+
+/// Streams a generate-like request (`generate`, a session's `decode`): its token
+/// events, stop strings cut, the cancel forwarded.
+pub(super) fn stream(
+    bridge: &Supervised,
+    request: Value,
+    config: &GenerateConfig,
+    cancel: CancelFlag,
+    last: Arc<Mutex<GenerateMetrics>>,
+) -> GenerateStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let stops = config.stop.clone();
+    let bridge = bridge.bridge();
+    tokio::spawn(async move {
+        let started = match bridge {
+            Ok((b, _)) => b.request(request).await.map(|ev| (b, ev)),
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok((b, events)) => pump(b, events, stops, cancel, last, tx).await,
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+            }
+        }
+    });
+    Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (ev, rx))
+    }))
 }
 
 /// Forwards one request's events into `tx`, cutting stop strings and forwarding a
@@ -167,59 +224,32 @@ async fn pump(
 
 impl TextModel for MlxModel {
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let bridge = self.bridge.clone();
-        let last = self.last.clone();
-        tokio::spawn(async move {
-            match bridge.request(Self::body(&prompt, &config)).await {
-                Ok(events) => pump(bridge, events, config.stop.clone(), cancel, last, tx).await,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                }
-            }
-        });
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|ev| (ev, rx))
-        }))
+        let request = body("generate", Some(&prompt), json!({"config": config_json(&config)}));
+        stream(&self.bridge, request, &config, cancel, self.last.clone())
     }
 
     fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture {
-        let streams: Vec<GenerateStream> = prompts
-            .into_iter()
-            .map(|p| {
-                let config = GenerateConfig {
-                    max_tokens: 1,
-                    ..GenerateConfig::default()
-                };
-                self.generate(p, config, CancelFlag::default())
-            })
-            .collect();
+        let bridge = self.bridge.clone();
         Box::pin(async move {
-            let mut out = Vec::new();
-            for mut s in streams {
-                if return_logits {
-                    out.push(Err(BackendError::Invalid(
-                        "the MLX bridge does not return full logits yet; classify without return_logits".into(),
-                    )));
-                    continue;
-                }
-                let mut token = None;
-                let mut err = None;
-                while let Some(ev) = futures::StreamExt::next(&mut s).await {
-                    match ev {
-                        Ok(GenerateEvent::Token(t)) => token = Some(t),
-                        Ok(GenerateEvent::Done { .. }) => {}
-                        Err(e) => err = Some(e),
-                    }
-                }
-                out.push(match (token, err) {
-                    (_, Some(e)) => Err(e),
-                    (Some(token), None) => Ok(ClassifyResult {
-                        token,
-                        logits: Vec::new(),
-                    }),
-                    (None, None) => Err(BackendError::Compute("MLX produced no token".into())),
-                });
+            let mut out = Vec::with_capacity(prompts.len());
+            for p in prompts {
+                let one = async {
+                    let (b, _) = bridge.bridge()?;
+                    let ev = b
+                        .call(body("classify", Some(&p), json!({"logits": return_logits})))
+                        .await?;
+                    let token = Token {
+                        id: ev["token"].as_u64().unwrap_or(0) as u32,
+                        text: ev["text"].as_str().unwrap_or_default().to_string(),
+                    };
+                    let logits = if return_logits {
+                        floats(&ev["logits"])?
+                    } else {
+                        Vec::new()
+                    };
+                    Ok(ClassifyResult { token, logits })
+                };
+                out.push(one.await);
             }
             out
         })
@@ -234,8 +264,54 @@ impl TextModel for MlxModel {
         )
     }
 
+    fn inspect_attention(&self, prompt: Prompt) -> InspectFuture {
+        let bridge = self.bridge.clone();
+        let architecture = self.info.architecture.clone();
+        Box::pin(async move {
+            let (b, _) = bridge.bridge()?;
+            let ev = b.call(body("inspect", Some(&prompt), json!({}))).await?;
+            let n = |k: &str| ev[k].as_u64().unwrap_or(0) as u32;
+            let (heads, seq, dim) = (n("num_heads"), n("seq_len"), n("head_dim"));
+            let per_head = (seq * dim) as usize;
+            let mut keys = Vec::new();
+            for layer in ev["keys"].as_array().into_iter().flatten() {
+                let all = floats(layer)?;
+                if all.len() != per_head * heads as usize {
+                    return Err(BackendError::Compute(
+                        "the MLX bridge sent keys of the wrong size".into(),
+                    ));
+                }
+                keys.push(all.chunks(per_head).map(<[f32]>::to_vec).collect());
+            }
+            Ok(AttentionSnapshot {
+                num_layers: n("num_layers"),
+                num_heads: heads,
+                seq_len: seq,
+                head_dim: dim,
+                keys,
+                architecture,
+            })
+        })
+    }
+
     fn healthy(&self) -> bool {
         self.bridge.alive()
+    }
+
+    fn open_session(&self) -> BackendFuture<Arc<dyn ModelSession>> {
+        let bridge = self.bridge.clone();
+        let last = self.last.clone();
+        Box::pin(async move {
+            let s = MlxSession::open(bridge, last).await?;
+            Ok(Arc::new(s) as Arc<dyn ModelSession>)
+        })
+    }
+
+    fn memory(&self) -> ModelMemory {
+        ModelMemory {
+            model_max_context: self.info.context_len,
+            ..ModelMemory::default()
+        }
     }
 
     fn parallel_slots(&self) -> u32 {

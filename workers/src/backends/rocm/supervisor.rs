@@ -1,6 +1,7 @@
 //! The llama-server child of a `rocm` worker: started, watched, restarted with
 //! backoff, never orphaned.
 
+use crate::backends::backoff::Backoff;
 use crate::backends::llama_cpp::client::LlamaCppModel;
 use std::collections::VecDeque;
 use std::io::BufRead;
@@ -14,11 +15,6 @@ use switchyard_messages::BackendError;
 
 /// Log lines of the child kept for error messages.
 const LOG_TAIL: usize = 20;
-/// First restart delay; doubles per crash up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// A child that stayed up this long resets the backoff.
-const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// SIGTERM → SIGKILL grace on stop.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -252,7 +248,7 @@ impl Drop for Supervisor {
 
 /// The supervisor thread: run the child, restart it when it exits, until stopped.
 fn supervise(opts: &RocmOptions, port: u16, state: &State) {
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = Backoff::default();
     while !state.stopped() {
         let started = Instant::now();
         let why = match spawn(opts, port, state) {
@@ -282,23 +278,20 @@ fn supervise(opts: &RocmOptions, port: u16, state: &State) {
             Err(e) => format!("could not be started: {e}"),
         };
         state.exits.fetch_add(1, Ordering::AcqRel);
-        crate::worker::telemetry::record_restart(&opts.worker_id);
+        crate::worker::telemetry::record_restart(&opts.worker_id, "llama-server");
         if let Some(model) = state.on_exit.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             model.mark_down(&format!("llama-server {why}"));
         }
-        if started.elapsed() > STABLE_AFTER {
-            backoff = FIRST_BACKOFF;
-        }
+        let wait = backoff.after_exit(started.elapsed());
         let last = state.tail.lock().unwrap_or_else(|p| p.into_inner()).back().cloned();
         tracing::warn!(
             worker = %opts.worker_id,
-            "llama-server {why}; restarting in {backoff:.1?} (its last line: {})",
+            "llama-server {why}; restarting in {wait:.1?} (its last line: {})",
             last.as_deref().unwrap_or("-")
         );
-        if state.sleep(backoff) {
+        if state.sleep(wait) {
             return;
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
