@@ -76,6 +76,8 @@ fn every_flag_is_documented_in_help() {
         "bench llama-cpp",
         "bench prefix",
         "bench kv-routing",
+        "bench batch",
+        "bench mlx",
     ] {
         let mut args: Vec<&str> = cmd.split(' ').collect();
         args.push("--help");

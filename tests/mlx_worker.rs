@@ -234,3 +234,29 @@ async fn the_bridge_dies_with_its_worker_even_on_kill_9() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn bench_mlx_prints_both_sides_and_the_ratio() {
+    let dir = converted_demo_model();
+    let py = python();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["bench", "mlx", "--runs", "1", "--max-tokens", "6", "--threads", "1"])
+        .args(["--model", dir.to_str().unwrap(), "--mlx-python", py.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "mlx-lm direct",
+        "decode tok/s",
+        "prefill tok/s",
+        "time to first token",
+        "bridge + fabric cost",
+    ] {
+        assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
+    }
+}

@@ -8,6 +8,7 @@ pub mod batch;
 pub mod kv;
 pub mod llama;
 pub mod llama_cpp;
+pub mod mlx;
 pub mod prefix;
 
 use futures::StreamExt;
