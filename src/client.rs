@@ -79,6 +79,8 @@ pub struct ClientOptions {
     pub request_timeout: Duration,
     /// Timeout for one-reply compute calls (classify, batch).
     pub compute_timeout: Duration,
+    /// Credentials and TLS for the NATS connection (docs/security.md).
+    pub security: switchyard_config::NatsSecurity,
 }
 
 impl Default for ClientOptions {
@@ -88,6 +90,7 @@ impl Default for ClientOptions {
             stall_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             compute_timeout: Duration::from_secs(120),
+            security: switchyard_config::NatsSecurity::default(),
         }
     }
 }
@@ -119,7 +122,7 @@ impl Client {
 
     /// Connects with `opts`.
     pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<Self, ClientError> {
-        let nats = switchyard_actors::nats::connect(url, "switchyard-client", Duration::from_secs(5))
+        let nats = switchyard_actors::nats::connect(url, &opts.security, "switchyard-client", Duration::from_secs(5))
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))?;
         Ok(Self::from_nats(nats, opts))

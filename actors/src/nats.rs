@@ -3,6 +3,7 @@
 use async_nats::{Client, ConnectOptions, HeaderMap};
 use serde::Serialize;
 use std::time::Duration;
+use switchyard_config::NatsSecurity;
 
 /// Errors talking to NATS.
 #[derive(Debug, thiserror::Error)]
@@ -25,34 +26,125 @@ pub enum NatsError {
     },
 }
 
-/// Connects with a client name (shown by `nats server report connections`), retrying
-/// the first connection for up to `wait`.
-pub async fn connect(url: &str, name: &str, wait: Duration) -> Result<Client, NatsError> {
+/// `url` without the user info (`nats://user:secret@host` → `nats://***@host`), for
+/// messages.
+pub fn display_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &url[..scheme + 3], &url[at..]),
+        (None, Some(at)) => format!("***{}", &url[at..]),
+        _ => url.to_string(),
+    }
+}
+
+/// The connect options for `security` (credentials, TLS, inbox prefix).
+async fn options(security: &NatsSecurity, name: &str) -> Result<ConnectOptions, String> {
+    let mut opts = ConnectOptions::new().name(name).connection_timeout(Duration::from_secs(2));
+    if !security.user.is_empty() {
+        opts = opts.user_and_password(security.user.clone(), security.password.clone());
+    }
+    if !security.token.is_empty() {
+        opts = opts.token(security.token.clone());
+    }
+    if !security.nkey_file.is_empty() {
+        let seed = std::fs::read_to_string(&security.nkey_file)
+            .map_err(|e| format!("reading nats.nkey_file {}: {e}", security.nkey_file))?;
+        let seed = seed.trim().to_string();
+        if !seed.starts_with('S') || nkeys::KeyPair::from_seed(&seed).is_err() {
+            return Err(format!("nats.nkey_file {} holds no nkey seed (SU…)", security.nkey_file));
+        }
+        opts = opts.nkey(seed);
+    }
+    if !security.creds_file.is_empty() {
+        opts = opts
+            .credentials_file(&security.creds_file)
+            .await
+            .map_err(|e| format!("nats.creds_file {}: {e}", security.creds_file))?;
+    }
+    if !security.tls_ca_file.is_empty() {
+        opts = opts.add_root_certificates(security.tls_ca_file.clone().into());
+    }
+    if !security.tls_cert_file.is_empty() {
+        opts = opts.add_client_certificate(
+            security.tls_cert_file.clone().into(),
+            security.tls_key_file.clone().into(),
+        );
+    }
+    if security.tls() {
+        opts = opts.require_tls(true);
+    }
+    if !security.inbox_prefix.is_empty() {
+        opts = opts.custom_inbox_prefix(&security.inbox_prefix);
+    }
+    Ok(opts)
+}
+
+/// A failure that retrying cannot cure, explained with the settings to look at.
+fn fatal(e: &async_nats::ConnectError, security: &NatsSecurity) -> Option<String> {
+    use async_nats::ConnectErrorKind as K;
+    let methods = security.auth_methods();
+    let using = if methods.is_empty() {
+        "no credentials were given (set nats.user/nats.password, nats.token, nats.nkey_file or nats.creds_file)".to_string()
+    } else {
+        format!("check {}", methods.join(", "))
+    };
+    match e.kind() {
+        K::AuthorizationViolation => Some(format!("the server refused the credentials: {using}")),
+        K::Authentication => Some(format!("authentication failed ({e}): {using}")),
+        K::Tls => Some(format!(
+            "TLS failed: {} (check nats.tls_ca_file{}; the server's certificate must be signed by that CA and name this host)",
+            error_chain(e),
+            if security.tls_cert_file.is_empty() {
+                ", and nats.tls_cert_file/nats.tls_key_file if the server asks for a client certificate"
+            } else {
+                ", nats.tls_cert_file and nats.tls_key_file"
+            }
+        )),
+        K::ServerParse => Some(format!("{e} (check the URL, nats.url / --nats)")),
+        _ => None,
+    }
+}
+
+/// An error and its sources, joined.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// Connects with a client name (shown by `nats server report connections`) and the
+/// given credentials and TLS, retrying an unreachable server for up to `wait`. A
+/// refused credential, an untrusted certificate or a missing client certificate fails
+/// at once with the setting to look at; secrets never appear in the message.
+pub async fn connect(url: &str, security: &NatsSecurity, name: &str, wait: Duration) -> Result<Client, NatsError> {
+    let shown = display_url(url);
+    let fail = |reason: String| NatsError::Connect {
+        url: shown.clone(),
+        reason,
+    };
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let opts = ConnectOptions::new()
-            .name(name)
-            .connection_timeout(Duration::from_secs(2))
-            .retry_on_initial_connect();
+        let opts = options(security, name).await.map_err(fail)?;
         let attempt = tokio::time::timeout(Duration::from_secs(3), ConnectOptions::connect(opts, url)).await;
         let reason = match attempt {
-            Ok(Ok(client)) => {
-                // `retry_on_initial_connect` returns before the handshake; wait for it.
-                let ready = tokio::time::timeout(Duration::from_secs(3), client.flush()).await;
-                match ready {
-                    Ok(Ok(())) => return Ok(client),
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "no answer from the server".to_string(),
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(e)) => {
+                if let Some(reason) = fatal(&e, security) {
+                    return Err(fail(reason));
                 }
+                error_chain(&e)
             }
-            Ok(Err(e)) => e.to_string(),
             Err(_) => "timed out".to_string(),
         };
         if tokio::time::Instant::now() >= deadline {
-            return Err(NatsError::Connect {
-                url: url.to_string(),
-                reason,
-            });
+            return Err(fail(reason));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -105,8 +105,9 @@ impl TelemetryConfig {
     }
 }
 
-/// Connection to NATS.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Connection to NATS, with the credentials and TLS settings every process uses
+/// (docs/security.md). Secrets (`password`, `token`) never appear in `Debug`.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
     /// NATS server URL; empty = `switchyard up` starts a local server.
@@ -116,6 +117,27 @@ pub struct NatsConfig {
     /// Path to the `nats-server` binary `switchyard up` starts; empty = search
     /// `~/.cache/switchyard/bin` then `PATH`.
     pub server_bin: String,
+    /// User name for user/password authentication.
+    pub user: String,
+    /// Password for `user` (prefer `SWITCHYARD_NATS_PASSWORD` or the file to a flag).
+    pub password: String,
+    /// Token authentication.
+    pub token: String,
+    /// A file holding an nkey seed (`SU…`), for nkey authentication.
+    pub nkey_file: String,
+    /// A `.creds` file (user JWT and nkey seed), for decentralized JWT authentication.
+    pub creds_file: String,
+    /// PEM file of the CA(s) that signed the server's certificate (enables TLS).
+    pub tls_ca_file: String,
+    /// PEM client certificate for mutual TLS (with `tls_key_file`).
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: String,
+    /// Refuse to talk to a server that does not offer TLS.
+    pub tls_required: bool,
+    /// Inbox prefix for replies (default `_INBOX`); give each user its own
+    /// (e.g. `_INBOX_alice`) so the server can keep others from reading them.
+    pub inbox_prefix: String,
 }
 
 impl Default for NatsConfig {
@@ -124,7 +146,123 @@ impl Default for NatsConfig {
             url: String::new(),
             prefix: "sy".into(),
             server_bin: String::new(),
+            user: String::new(),
+            password: String::new(),
+            token: String::new(),
+            nkey_file: String::new(),
+            creds_file: String::new(),
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_required: false,
+            inbox_prefix: String::new(),
         }
+    }
+}
+
+/// `"<redacted>"` for a set secret, `""` for an empty one.
+fn redact(secret: &str) -> &'static str {
+    if secret.is_empty() {
+        ""
+    } else {
+        "<redacted>"
+    }
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .field("server_bin", &self.server_bin)
+            .field("security", &self.security())
+            .finish()
+    }
+}
+
+impl NatsConfig {
+    /// What a connection needs besides the URL.
+    pub fn security(&self) -> NatsSecurity {
+        NatsSecurity {
+            user: self.user.clone(),
+            password: self.password.clone(),
+            token: self.token.clone(),
+            nkey_file: self.nkey_file.clone(),
+            creds_file: self.creds_file.clone(),
+            tls_ca_file: self.tls_ca_file.clone(),
+            tls_cert_file: self.tls_cert_file.clone(),
+            tls_key_file: self.tls_key_file.clone(),
+            tls_required: self.tls_required,
+            inbox_prefix: self.inbox_prefix.clone(),
+        }
+    }
+}
+
+/// Credentials and TLS for one NATS connection (the `nats.*` settings of the same
+/// names). `Debug` never shows the password or token.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct NatsSecurity {
+    /// `nats.user`.
+    pub user: String,
+    /// `nats.password`.
+    pub password: String,
+    /// `nats.token`.
+    pub token: String,
+    /// `nats.nkey_file`.
+    pub nkey_file: String,
+    /// `nats.creds_file`.
+    pub creds_file: String,
+    /// `nats.tls_ca_file`.
+    pub tls_ca_file: String,
+    /// `nats.tls_cert_file`.
+    pub tls_cert_file: String,
+    /// `nats.tls_key_file`.
+    pub tls_key_file: String,
+    /// `nats.tls_required`.
+    pub tls_required: bool,
+    /// `nats.inbox_prefix`.
+    pub inbox_prefix: String,
+}
+
+impl std::fmt::Debug for NatsSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsSecurity")
+            .field("user", &self.user)
+            .field("password", &redact(&self.password))
+            .field("token", &redact(&self.token))
+            .field("nkey_file", &self.nkey_file)
+            .field("creds_file", &self.creds_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_required", &self.tls_required)
+            .field("inbox_prefix", &self.inbox_prefix)
+            .finish()
+    }
+}
+
+impl NatsSecurity {
+    /// The ways to authenticate that are set, by setting name.
+    pub fn auth_methods(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if !self.user.is_empty() || !self.password.is_empty() {
+            m.push("nats.user/nats.password");
+        }
+        if !self.token.is_empty() {
+            m.push("nats.token");
+        }
+        if !self.nkey_file.is_empty() {
+            m.push("nats.nkey_file");
+        }
+        if !self.creds_file.is_empty() {
+            m.push("nats.creds_file");
+        }
+        m
+    }
+
+    /// Whether the connection uses TLS.
+    pub fn tls(&self) -> bool {
+        self.tls_required || !self.tls_ca_file.is_empty() || !self.tls_cert_file.is_empty()
     }
 }
 
@@ -303,6 +441,48 @@ impl Config {
                 "nats.prefix",
                 self.nats.prefix.clone(),
                 "must be non-empty letters, digits, '-' or '_'",
+            );
+        }
+        let sec = self.nats.security();
+        let methods = sec.auth_methods();
+        if methods.len() > 1 {
+            return invalid(
+                "nats",
+                methods.join(" + "),
+                "set one way to authenticate: user/password, token, nkey_file or creds_file",
+            );
+        }
+        if sec.user.is_empty() != sec.password.is_empty() {
+            return invalid(
+                "nats.user",
+                sec.user.clone(),
+                "user and password go together (set both; SWITCHYARD_NATS_PASSWORD keeps the password off the command line)",
+            );
+        }
+        if sec.tls_cert_file.is_empty() != sec.tls_key_file.is_empty() {
+            return invalid(
+                "nats.tls_cert_file",
+                sec.tls_cert_file.clone(),
+                "a client certificate needs its key (nats.tls_key_file), and a key its certificate",
+            );
+        }
+        for (field, path) in [
+            ("nats.nkey_file", &sec.nkey_file),
+            ("nats.creds_file", &sec.creds_file),
+            ("nats.tls_ca_file", &sec.tls_ca_file),
+            ("nats.tls_cert_file", &sec.tls_cert_file),
+            ("nats.tls_key_file", &sec.tls_key_file),
+        ] {
+            if !path.is_empty() && !Path::new(path).is_file() {
+                return invalid(field, path.clone(), "no such file");
+            }
+        }
+        let subject_ok = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !subject_ok(&sec.inbox_prefix) || sec.inbox_prefix.starts_with('.') || sec.inbox_prefix.ends_with('.') {
+            return invalid(
+                "nats.inbox_prefix",
+                sec.inbox_prefix.clone(),
+                "must be a subject: letters, digits, '-', '_' and inner '.'",
             );
         }
         if !self.worker.id.is_empty() && !token_ok(&self.worker.id) {

@@ -47,21 +47,44 @@ impl NatsServer {
     /// Starts `bin` on a free loopback port and waits until it accepts connections.
     pub fn start(bin: &Path) -> anyhow::Result<Self> {
         let port = free_port().context("finding a free port")?;
+        Self::spawn(bin, &["-a", "127.0.0.1", "-p", &port.to_string()], port)
+    }
+
+    /// Starts `bin -c DIR/nats.conf` on a free loopback port, the file holding
+    /// `listen` and then `config` (authorization, accounts, TLS … as nats-server's
+    /// configuration format has them). Waits until it listens.
+    pub fn start_with_config(bin: &Path, config: &str, dir: &Path) -> anyhow::Result<Self> {
+        let port = free_port().context("finding a free port")?;
+        let file = dir.join("nats.conf");
+        std::fs::write(&file, format!("listen: 127.0.0.1:{port}\n{config}\n"))
+            .with_context(|| format!("writing {}", file.display()))?;
+        Self::spawn(bin, &["-c", &file.display().to_string()], port)
+    }
+
+    fn spawn(bin: &Path, args: &[&str], port: u16) -> anyhow::Result<Self> {
         let mut cmd = Command::new(bin);
-        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::piped());
         kill_with_parent(&mut cmd);
         let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
         let mut server = Self { child, port };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                // Keep draining its log so a chatty server never blocks on the pipe.
+                if let Some(err) = server.child.stderr.take() {
+                    std::thread::spawn(move || std::io::copy(&mut { err }, &mut std::io::sink()));
+                }
                 return Ok(server);
             }
             if let Some(status) = server.child.try_wait()? {
-                bail!("nats-server exited at start-up with {status}");
+                let mut log = String::new();
+                if let Some(mut err) = server.child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut err, &mut log);
+                }
+                bail!("nats-server exited at start-up with {status}: {}", log.trim());
             }
             if Instant::now() > deadline {
                 bail!("nats-server did not listen on port {port} within 10 s");

@@ -163,6 +163,7 @@ fn nats_url_for_client(config: &Config) -> String {
 async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Client> {
     let opts = ClientOptions {
         prefix: config.nats.prefix.clone(),
+        security: config.nats.security(),
         stall_timeout: Duration::from_millis(stall_ms.unwrap_or(config.client.stall_timeout_ms)),
         request_timeout: Duration::from_millis(config.client.request_timeout_ms),
         ..ClientOptions::default()
@@ -170,7 +171,7 @@ async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Client
     let url = nats_url_for_client(config);
     Client::connect_with(&url, opts)
         .await
-        .with_context(|| format!("connecting to {url}"))
+        .with_context(|| format!("connecting to {}", switchyard_actors::nats::display_url(&url)))
 }
 
 async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {

@@ -62,6 +62,7 @@ async fn run(mut config: Config, w: Workload, kv_routing: bool) -> anyhow::Resul
         &config.nats.url,
         ClientOptions {
             prefix: config.nats.prefix.clone(),
+            security: config.nats.security(),
             ..ClientOptions::default()
         },
     )

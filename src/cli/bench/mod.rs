@@ -145,6 +145,7 @@ impl LocalNode {
         let worker = node::start_worker(&config, &loaded).await?;
         let opts = ClientOptions {
             prefix: config.nats.prefix.clone(),
+            security: config.nats.security(),
             ..ClientOptions::default()
         };
         let client = Client::connect_with(&config.nats.url, opts).await?;
