@@ -49,7 +49,13 @@ pub fn worker_id(config: &Config) -> String {
 
 /// Starts a worker for a loaded model.
 pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<WorkerHandle> {
-    let nats = switchyard_actors::nats::connect(&config.nats.url, &config.nats.security(), "switchyard-worker", Duration::from_secs(10)).await?;
+    let nats = switchyard_actors::nats::connect(
+        &config.nats.url,
+        &config.nats.security(),
+        "switchyard-worker",
+        Duration::from_secs(10),
+    )
+    .await?;
     let opts = WorkerOptions {
         worker_id: worker_id(config),
         device: loaded.device.clone(),
@@ -68,13 +74,13 @@ pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<Wo
 
 /// Starts a coordinator.
 pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHandle> {
-    let nats =
-        switchyard_actors::nats::connect(
-            &config.nats.url,
-            &config.nats.security(),
-            "switchyard-coordinator",
-            Duration::from_secs(10),
-        ).await?;
+    let nats = switchyard_actors::nats::connect(
+        &config.nats.url,
+        &config.nats.security(),
+        "switchyard-coordinator",
+        Duration::from_secs(10),
+    )
+    .await?;
     let opts = CoordinatorOptions {
         coordinator_id: switchyard_coordinator::default_coordinator_id(),
         subjects: Subjects::new(&config.nats.prefix),

@@ -38,7 +38,9 @@ pub fn display_url(url: &str) -> String {
 
 /// The connect options for `security` (credentials, TLS, inbox prefix).
 async fn options(security: &NatsSecurity, name: &str) -> Result<ConnectOptions, String> {
-    let mut opts = ConnectOptions::new().name(name).connection_timeout(Duration::from_secs(2));
+    let mut opts = ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(2));
     if !security.user.is_empty() {
         opts = opts.user_and_password(security.user.clone(), security.password.clone());
     }
@@ -50,7 +52,10 @@ async fn options(security: &NatsSecurity, name: &str) -> Result<ConnectOptions, 
             .map_err(|e| format!("reading nats.nkey_file {}: {e}", security.nkey_file))?;
         let seed = seed.trim().to_string();
         if !seed.starts_with('S') || nkeys::KeyPair::from_seed(&seed).is_err() {
-            return Err(format!("nats.nkey_file {} holds no nkey seed (SU…)", security.nkey_file));
+            return Err(format!(
+                "nats.nkey_file {} holds no nkey seed (SU…)",
+                security.nkey_file
+            ));
         }
         opts = opts.nkey(seed);
     }
@@ -83,25 +88,37 @@ fn fatal(e: &async_nats::ConnectError, security: &NatsSecurity) -> Option<String
     use async_nats::ConnectErrorKind as K;
     let methods = security.auth_methods();
     let using = if methods.is_empty() {
-        "no credentials were given (set nats.user/nats.password, nats.token, nats.nkey_file or nats.creds_file)".to_string()
+        "no credentials were given (set nats.user/nats.password, nats.token, nats.nkey_file or nats.creds_file)"
+            .to_string()
     } else {
         format!("check {}", methods.join(", "))
     };
+    // A failed handshake (an unknown issuer, a certificate the server rejects) comes
+    // back as an IO error from rustls: recognise it by what it says.
+    let text = error_chain(e);
+    let lower = text.to_ascii_lowercase();
+    let tls_failure = ["certificate", "handshake", "tls", "peer sent"]
+        .iter()
+        .any(|w| lower.contains(w));
     match e.kind() {
+        K::Io if tls_failure => Some(tls_message(&text, security)),
         K::AuthorizationViolation => Some(format!("the server refused the credentials: {using}")),
         K::Authentication => Some(format!("authentication failed ({e}): {using}")),
-        K::Tls => Some(format!(
-            "TLS failed: {} (check nats.tls_ca_file{}; the server's certificate must be signed by that CA and name this host)",
-            error_chain(e),
-            if security.tls_cert_file.is_empty() {
-                ", and nats.tls_cert_file/nats.tls_key_file if the server asks for a client certificate"
-            } else {
-                ", nats.tls_cert_file and nats.tls_key_file"
-            }
-        )),
+        K::Tls => Some(tls_message(&text, security)),
         K::ServerParse => Some(format!("{e} (check the URL, nats.url / --nats)")),
         _ => None,
     }
+}
+
+fn tls_message(error: &str, security: &NatsSecurity) -> String {
+    format!(
+        "TLS failed: {error} (check nats.tls_ca_file{}; the server's certificate must be signed by that CA and name this host)",
+        if security.tls_cert_file.is_empty() {
+            ", and nats.tls_cert_file/nats.tls_key_file if the server asks for a client certificate"
+        } else {
+            ", nats.tls_cert_file and nats.tls_key_file"
+        }
+    )
 }
 
 /// An error and its sources, joined.
@@ -204,4 +221,16 @@ where
             tokio::spawn(handle(request));
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::display_url;
+
+    #[test]
+    fn urls_lose_their_user_info_when_shown() {
+        assert_eq!(display_url("nats://u:secret@10.0.0.5:4222"), "nats://***@10.0.0.5:4222");
+        assert_eq!(display_url("tls://tok@nats.lan"), "tls://***@nats.lan");
+        assert_eq!(display_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
 }

@@ -68,3 +68,53 @@ fn invalid_values_name_the_field() {
         .to_string()
         .contains("coordinator.worker_expiry_ms"));
 }
+
+#[test]
+fn nats_secrets_never_show_in_debug_and_one_auth_method_at_a_time() {
+    let mut c = Config::default();
+    c.nats.user = "fleet".into();
+    c.nats.password = "hunter2-secret".into();
+    let shown = format!("{c:?}");
+    assert!(
+        !shown.contains("hunter2-secret") && shown.contains("<redacted>"),
+        "{shown}"
+    );
+    c.validate().unwrap();
+
+    c.nats.token = "tok-secret".into();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("nats.token") && e.contains("nats.user/nats.password"), "{e}");
+    assert!(!e.contains("tok-secret") && !e.contains("hunter2-secret"), "{e}");
+
+    let mut c = Config::default();
+    c.nats.user = "fleet".into();
+    assert!(c.validate().unwrap_err().to_string().contains("nats.user"));
+    let mut c = Config::default();
+    c.nats.tls_cert_file = "/etc/hostname".into();
+    assert!(c.validate().unwrap_err().to_string().contains("nats.tls_cert_file"));
+    let mut c = Config::default();
+    c.nats.tls_ca_file = "/no/such/ca.pem".into();
+    assert!(c.validate().unwrap_err().to_string().contains("nats.tls_ca_file"));
+    let mut c = Config::default();
+    c.nats.inbox_prefix = "_INBOX.alice".into();
+    c.validate().unwrap();
+    c.nats.inbox_prefix = "_INBOX.*".into();
+    assert!(c.validate().unwrap_err().to_string().contains("nats.inbox_prefix"));
+}
+
+#[test]
+fn nats_security_comes_from_the_environment() {
+    let vars = [
+        ("SWITCHYARD_NATS_USER", "fleet"),
+        ("SWITCHYARD_NATS_PASSWORD", "pw"),
+        ("SWITCHYARD_NATS_TLS_REQUIRED", "true"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let c = Config::load(None, vars).unwrap();
+    let s = c.nats.security();
+    assert_eq!(
+        (s.user.as_str(), s.password.as_str(), s.tls_required),
+        ("fleet", "pw", true)
+    );
+    assert!(s.tls());
+}

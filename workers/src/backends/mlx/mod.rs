@@ -7,6 +7,8 @@
 //! - `child`: one bridge process (the script ships inside the binary), its reader
 //!   task, request ids, cancels; the child dies with the worker.
 //! - `supervisor`: restarts the child with the shared backoff when it exits.
+//! - `requests`: request bodies, base64 floats, the token stream with stop strings
+//!   cut and cancels forwarded.
 //! - `text_model`: the contract over the bridge (generation streaming with stop
 //!   strings and cancel, prefix reuse, classify with logits, batch, the attention
 //!   inspector).
@@ -15,6 +17,7 @@
 
 mod backend;
 pub mod child;
+mod requests;
 mod session;
 pub mod supervisor;
 mod text_model;

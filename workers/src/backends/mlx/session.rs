@@ -5,8 +5,8 @@
 //! after a restart its cache is gone and every call says so.
 
 use super::child::Bridge;
+use super::requests::{body, config_json, stream};
 use super::supervisor::Supervised;
-use super::text_model::{body, config_json, stream};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
