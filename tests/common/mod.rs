@@ -380,3 +380,31 @@ pub fn converted_demo_model() -> PathBuf {
     }
     dir
 }
+
+/// Pids of the processes whose parent is `parent` and whose command line has `needle`.
+#[allow(dead_code)] // the MLX supervision tests use it
+pub fn children_running(parent: u32, needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid …; comm may hold spaces, so split after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if ppid == Some(parent) && String::from_utf8_lossy(&cmdline).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[allow(dead_code)] // the MLX supervision tests use it
+pub fn alive(pid: u32) -> bool {
+    // A zombie has no command line left; count only live processes.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
