@@ -6,8 +6,8 @@ use futures::StreamExt;
 use std::time::Duration;
 use switchyard_messages::subjects::HEADER_REQUEST_ID;
 use switchyard_messages::{
-    decode, encode, BatchReply, BatchRequest, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply, FinishReason,
-    FleetStatus, GenerateMetrics, GenerateRequest, ModelsReply, StreamChunk, Subjects, Token, WireError,
+    decode, encode, BatchReply, BatchRequest, CancelRequest, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply,
+    FinishReason, FleetStatus, GenerateMetrics, GenerateRequest, ModelsReply, StreamChunk, Subjects, Token, WireError,
 };
 
 /// What can go wrong for a client.
@@ -197,11 +197,13 @@ impl Client {
         let mut headers = HeaderMap::new();
         headers.insert(HEADER_REQUEST_ID, request_id);
         switchyard_actors::trace::inject(&span, &mut headers);
+        let cancel_body = encode(&CancelRequest::new(inbox.as_str())).into();
         self.nats
             .publish_with_reply_and_headers(subject, inbox, headers, payload.into())
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))?;
         Ok(ResponseStream {
+            cancel_body,
             _span: span,
             sub,
             nats: self.nats.clone(),
@@ -240,14 +242,15 @@ impl Client {
             error,
             received: Vec::new(),
         };
-        let answer = self.ask(subject.clone(), Some(headers), encode(req)).await;
+        let inbox = self.nats.new_inbox();
+        let answer = self
+            .ask_on(inbox.clone(), subject.clone(), Some(headers), encode(req))
+            .await;
         let msg = match answer {
             Err(e) => {
                 if matches!(&e, ClientError::Remote { error, .. } if error.code == ErrorCode::WorkerLost) {
-                    let _ = self
-                        .nats
-                        .publish(self.subjects.cancel(request_id), bytes::Bytes::new())
-                        .await;
+                    let body = encode(&CancelRequest::new(inbox));
+                    let _ = self.nats.publish(self.subjects.cancel(request_id), body.into()).await;
                 }
                 return Err(e);
             }
@@ -273,7 +276,17 @@ impl Client {
         headers: Option<HeaderMap>,
         payload: Vec<u8>,
     ) -> Result<async_nats::Message, ClientError> {
-        let inbox = self.nats.new_inbox();
+        self.ask_on(self.nats.new_inbox(), subject, headers, payload).await
+    }
+
+    /// [`Client::ask`] with the reply inbox given.
+    async fn ask_on(
+        &self,
+        inbox: String,
+        subject: String,
+        headers: Option<HeaderMap>,
+        payload: Vec<u8>,
+    ) -> Result<async_nats::Message, ClientError> {
         let mut sub = self
             .nats
             .subscribe(inbox.clone())
@@ -342,6 +355,8 @@ pub struct ResponseStream {
     sub: Subscriber,
     nats: async_nats::Client,
     cancel_subject: String,
+    /// The cancel's body: names this stream's inbox, which ties it to us.
+    cancel_body: bytes::Bytes,
     stall: Duration,
     next_seq: u64,
     finished: bool,
@@ -428,9 +443,10 @@ impl ResponseStream {
     fn send_cancel(&self) {
         let nats = self.nats.clone();
         let subject = self.cancel_subject.clone();
+        let body = self.cancel_body.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = nats.publish(subject, bytes::Bytes::new()).await;
+                let _ = nats.publish(subject, body).await;
                 let _ = nats.flush().await;
             });
         }
@@ -439,7 +455,7 @@ impl ResponseStream {
     /// Asks the worker to stop; the stream then ends with `cancelled`.
     pub async fn cancel(&self) -> Result<(), ClientError> {
         self.nats
-            .publish(self.cancel_subject.clone(), bytes::Bytes::new())
+            .publish(self.cancel_subject.clone(), self.cancel_body.clone())
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))
     }

@@ -68,6 +68,7 @@ pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<Wo
         capacity: loaded.capacity,
         queue_depth: config.worker.queue_depth,
         session_idle: Duration::from_secs(config.worker.session_idle_secs),
+        limits: config.limits.clone(),
     };
     WorkerHandle::start(nats, loaded.model.clone(), opts).await
 }
@@ -88,6 +89,7 @@ pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHan
         admission_timeout: Duration::from_millis(config.coordinator.admission_timeout_ms),
         max_attempts: config.coordinator.max_attempts,
         kv_routing: config.coordinator.kv_routing,
+        limits: config.limits.clone(),
     };
     CoordinatorHandle::start(nats, opts).await
 }

@@ -121,7 +121,7 @@ async fn bad_input_gets_clear_errors_and_the_worker_keeps_serving() {
             ErrorCode::UnknownModel,
         ),
         (greedy("", 4), ErrorCode::BadRequest),
-        (greedy("hi", 100_000), ErrorCode::ContextOverflow),
+        (greedy("hi", 30_000), ErrorCode::ContextOverflow),
         (
             {
                 let mut r = greedy("hi", 4);

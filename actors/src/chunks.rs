@@ -17,6 +17,11 @@ pub struct ChunkSink {
 }
 
 impl ChunkSink {
+    /// The subject the chunks go to (the requester's inbox).
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
     /// A sink publishing to `subject` for `request_id`; `worker_id` is stamped on the
     /// first and last chunk.
     pub fn new(client: Client, subject: String, request_id: String, worker_id: Option<String>) -> Self {

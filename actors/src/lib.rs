@@ -6,7 +6,7 @@
 //!   keep-alives while a request waits or computes.
 //! - [`process`]: child processes that die with us, free loopback ports.
 //! - [`host`]: what `/proc` says (host name, available memory, resident sets).
-//! - [`cancel`]: [`CancelRegistry`], request id → cancel flag, fed by
+//! - [`cancel`]: [`CancelRegistry`] and [`Cancelled`], request id → cancel flag, fed by
 //!   `{p}.v1.cancel.{request_id}`.
 //!
 //! Workers and coordinators (their own crates) are built from these pieces.
@@ -18,7 +18,7 @@ pub mod nats;
 pub mod process;
 pub mod trace;
 
-pub use cancel::CancelRegistry;
+pub use cancel::{CancelRegistry, Cancelled};
 pub use chunks::ChunkSink;
 
 /// Unix time in milliseconds.

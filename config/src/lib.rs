@@ -71,6 +71,8 @@ pub struct Config {
     pub client: ClientConfig,
     /// OpenTelemetry export (the standard `OTEL_*` variables take precedence).
     pub telemetry: TelemetryConfig,
+    /// What one request may ask for (enforced by coordinators and workers).
+    pub limits: switchyard_messages::InputLimits,
 }
 
 /// OpenTelemetry export settings from the config file, used where the matching

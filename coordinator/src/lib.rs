@@ -43,6 +43,8 @@ pub struct CoordinatorOptions {
     pub max_attempts: u32,
     /// KV-aware routing on.
     pub kv_routing: bool,
+    /// What one request may ask for.
+    pub limits: switchyard_messages::InputLimits,
 }
 
 /// A running coordinator.
@@ -123,6 +125,7 @@ impl CoordinatorHandle {
             admission_timeout: opts.admission_timeout,
             max_attempts: opts.max_attempts,
             kv_routing: opts.kv_routing,
+            limits: std::sync::Arc::new(opts.limits.clone()),
         };
         use service::Verb;
         for (subject, verb) in [

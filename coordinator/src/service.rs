@@ -9,8 +9,9 @@ use std::time::Duration;
 use switchyard_messages::kv;
 use switchyard_messages::subjects::{HEADER_REQUEST_ID, HEADER_STREAM_TO};
 use switchyard_messages::{
-    decode, encode, validate_head, validate_request, Admission, BatchRequest, ClassifyRequest, ErrorCode, ErrorReply,
-    GenerateRequest, RequestHead, StreamChunk, Subjects, WireError, PROTOCOL_VERSION,
+    decode, encode, validate_batch, validate_classify, validate_request, Admission, BatchRequest, ClassifyRequest,
+    ErrorCode, ErrorReply, GenerateRequest, InputLimits, RequestHead, StreamChunk, Subjects, WireError,
+    PROTOCOL_VERSION,
 };
 
 /// What forwarding needs.
@@ -23,6 +24,8 @@ pub struct ForwardContext {
     pub max_attempts: u32,
     /// KV-aware routing on.
     pub kv_routing: bool,
+    /// What one request may ask for.
+    pub limits: std::sync::Arc<InputLimits>,
 }
 
 /// What a request asks for; decides validation and how a failure is answered.
@@ -56,7 +59,7 @@ impl Verb {
 
 /// Decodes and checks a request for `verb`, returning the routing fields and, for
 /// generate and chat, the prompt's prefix blocks (KV-aware routing).
-fn admit(verb: Verb, payload: &[u8]) -> Result<(RequestHead, Vec<u64>), (String, WireError)> {
+fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<(RequestHead, Vec<u64>), (String, WireError)> {
     let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
     let head: RequestHead = decode(payload).map_err(|e| (String::new(), bad(e)))?;
     let id = head.request_id.clone();
@@ -64,17 +67,17 @@ fn admit(verb: Verb, payload: &[u8]) -> Result<(RequestHead, Vec<u64>), (String,
     let checked = match verb {
         Verb::Generate | Verb::Chat => decode::<GenerateRequest>(payload)
             .map_err(bad)
-            .and_then(|r| validate_request(&r, verb == Verb::Chat).map(|()| r))
+            .and_then(|r| validate_request(&r, verb == Verb::Chat, limits).map(|()| r))
             .map(|r| {
                 let key = kv::routing_key(r.prompt.as_deref(), r.messages.as_deref());
                 blocks = kv::prefix_blocks(&key);
             }),
         Verb::Classify => decode::<ClassifyRequest>(payload)
             .map_err(bad)
-            .and_then(|r| validate_head(&head, r.prompts.len())),
+            .and_then(|r| validate_classify(&r, limits)),
         Verb::Batch => decode::<BatchRequest>(payload)
             .map_err(bad)
-            .and_then(|r| validate_head(&head, r.prompts.len())),
+            .and_then(|r| validate_batch(&r, limits)),
     };
     checked.map_err(|e| (id.clone(), e))?;
     if let Some(d) = head.deadline_ms {
@@ -138,7 +141,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             let _ = client.publish(inbox, body.into()).await;
         }
     };
-    let (req, blocks) = match admit(verb, &msg.payload) {
+    let (req, blocks) = match admit(verb, &msg.payload, &ctx.limits) {
         Ok(ok) => ok,
         Err((id, e)) => return fail(if id.is_empty() { header_id } else { id }, e).await,
     };

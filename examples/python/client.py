@@ -36,6 +36,14 @@ async def run(args: argparse.Namespace) -> int:
         await nc.drain()
 
 
+async def cancel(nc, prefix: str, request_id: str, inbox: str) -> None:
+    """Asks the worker to stop. The body names the request's inbox: a worker ignores
+    a cancel that does not, so nobody else can cancel our request."""
+    body = msgpack.packb({"v": PROTOCOL_VERSION, "inbox": inbox}, use_bin_type=True)
+    await nc.publish(f"{prefix}.v1.cancel.{request_id}", body)
+    await nc.flush()
+
+
 async def stream(nc, args: argparse.Namespace) -> int:
     request_id = uuid.uuid4().hex
     req = {"v": PROTOCOL_VERSION, "request_id": request_id, "model": args.model,
@@ -64,8 +72,7 @@ async def stream(nc, args: argparse.Namespace) -> int:
         except nats.errors.TimeoutError:
             fail("worker_lost", f"no chunk for {args.stall_ms} ms")
             # Tell the worker (if it is alive after all) to stop.
-            await nc.publish(f"{args.prefix}.v1.cancel.{request_id}", b"")
-            await nc.flush()
+            await cancel(nc, args.prefix, request_id, inbox)
             return 3
         # NATS "no responders" status (503, empty body): nobody listens on the subject.
         if msg.headers and msg.headers.get("Status") == "503":
@@ -77,7 +84,7 @@ async def stream(nc, args: argparse.Namespace) -> int:
         seq = chunk.get("seq")
         if seq != expected_seq:
             fail("protocol", f"seq gap: expected {expected_seq}, got {seq}")
-            await nc.publish(f"{args.prefix}.v1.cancel.{request_id}", b"")
+            await cancel(nc, args.prefix, request_id, inbox)
             return 2
         expected_seq += 1
         worker_id = chunk.get("worker_id") or worker_id

@@ -175,6 +175,23 @@ impl BackendError {
     }
 }
 
+/// Reads one prompt's stream to its end as a [`crate::BatchResult`]: its tokens, why
+/// it ended, its error — how every backend answers `batch_generate`.
+pub async fn collect_batch_result(mut stream: GenerateStream) -> crate::BatchResult {
+    let mut result = crate::BatchResult::default();
+    while let Some(ev) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+        match ev {
+            Ok(GenerateEvent::Token(t)) => result.tokens.push(t),
+            Ok(GenerateEvent::Done { finish_reason, .. }) => result.finish_reason = Some(finish_reason),
+            Err(e) => {
+                result.finish_reason = Some(FinishReason::Error);
+                result.error = Some(e.to_wire());
+            }
+        }
+    }
+    result
+}
+
 /// A backend: knows whether it can run here and loads models (seed 000 `Backend`).
 pub trait Backend: Send + Sync {
     /// Registry key: `"cpu"`, `"llama_cpp"`, `"rocm"`, `"cuda"`, `"metal"`.

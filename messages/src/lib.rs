@@ -19,6 +19,7 @@
 //!   typed; strings on the wire.
 //! - [`kv`]: prefix blocks for KV-aware routing.
 //! - [`session`]: seed 002's persistent sessions (open, ensure_prefix, …).
+//! - [`validate`]: what every receiver checks, against the [`InputLimits`].
 //!
 //! A request's path: a client encodes a [`GenerateRequest`] to
 //! [`Subjects::generate`]; a coordinator routes it on [`WorkerStatus`] heartbeats and
@@ -33,6 +34,7 @@ pub mod kv;
 pub mod session;
 pub mod subjects;
 pub mod types;
+pub mod validate;
 pub mod wire;
 
 pub use backend::{
@@ -45,8 +47,16 @@ pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
 pub use kv::{KvEvent, KvSnapshot};
 pub use subjects::Subjects;
 pub use types::*;
+pub use validate::*;
 pub use wire::*;
 
 /// The protocol version this build speaks. Every envelope carries it as `v`; a peer
 /// receiving a higher major version answers `unsupported_version`.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The minor version of the protocol (`docs/protocol.md` says what each changed).
+/// Minor versions only add fields or tighten checks; `v` stays the major version.
+/// 1.1: session calls require the owner's fence and check `v`; cancels name the
+/// requester's inbox; `BatchResult.finish_reason`; input limits; a session starts
+/// empty and keeps every generated token resident.
+pub const PROTOCOL_MINOR: u32 = 1;

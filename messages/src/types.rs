@@ -181,12 +181,17 @@ pub struct ClassifyResult {
     pub logits: Vec<f32>,
 }
 
-/// One prompt's outcome in a batch: its tokens or its own error.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One prompt's outcome in a batch: its tokens, why they ended, or its own error.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BatchResult {
     /// Tokens generated for this prompt.
     #[serde(default)]
     pub tokens: Vec<Token>,
+    /// Why this prompt's generation ended: `stop`, `length`, `cancelled` (the batch
+    /// was cancelled; `tokens` are what came before) or `error`. Absent only from
+    /// peers older than protocol 1.1.
+    #[serde(default)]
+    pub finish_reason: Option<crate::FinishReason>,
     /// This prompt's failure, if any; the other prompts are unaffected.
     #[serde(default)]
     pub error: Option<crate::WireError>,

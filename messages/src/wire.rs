@@ -1,6 +1,6 @@
 //! Envelopes: what travels on each subject (see `docs/protocol.md`).
 
-use crate::{ErrorCode, GenerateConfig, GenerateMetrics, Message, ModelInfo, Token, WireError};
+use crate::{GenerateConfig, GenerateMetrics, Message, ModelInfo, Token, WireError};
 use serde::{Deserialize, Serialize};
 
 /// A generation request, sent to `{p}.v1.generate` (with `prompt`) or `{p}.v1.chat`
@@ -117,6 +117,28 @@ impl StreamChunk {
             metrics: None,
             error: Some(error),
             worker_id: None,
+        }
+    }
+}
+
+/// The body of a cancel on `{p}.v1.cancel.{request_id}`: it must name the inbox the
+/// request's answer goes to (the reply subject the client sent it with), which only
+/// the requester knows; other cancels are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CancelRequest {
+    /// Protocol version.
+    pub v: u32,
+    /// The request's reply subject.
+    pub inbox: String,
+}
+
+impl CancelRequest {
+    /// A cancel for the request answered on `inbox`.
+    pub fn new(inbox: impl Into<String>) -> Self {
+        Self {
+            v: crate::PROTOCOL_VERSION,
+            inbox: inbox.into(),
         }
     }
 }
@@ -286,56 +308,6 @@ pub struct ErrorReply {
     pub error: WireError,
 }
 
-/// Fails with `deadline_exceeded` when `req.deadline_ms` is at or before `now_ms`.
-pub fn check_deadline(req: &GenerateRequest, now_ms: u64) -> Result<(), WireError> {
-    match req.head.deadline_ms {
-        Some(d) if now_ms >= d => Err(WireError::new(
-            ErrorCode::DeadlineExceeded,
-            format!("the request's deadline passed {} ms ago", now_ms - d),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Checks the envelope-level rules every receiver applies before acting.
-pub fn validate_request(req: &GenerateRequest, chat: bool) -> Result<(), WireError> {
-    let bad = |m: String| Err(WireError::new(ErrorCode::BadRequest, m));
-    check_head(&req.head)?;
-    if chat {
-        match &req.messages {
-            None => return bad("chat request has no messages field".into()),
-            Some(m) if m.is_empty() => return bad("chat request has an empty messages list".into()),
-            Some(_) => {}
-        }
-    } else {
-        match &req.prompt {
-            None => return bad("generate request has no prompt field".into()),
-            Some(p) if p.is_empty() => return bad("prompt is empty".into()),
-            Some(_) => {}
-        }
-    }
-    let c = &req.config;
-    if c.max_tokens == 0 {
-        return bad("config.max_tokens must be at least 1".into());
-    }
-    if !(c.temperature.is_finite() && c.temperature >= 0.0) {
-        return bad(format!("config.temperature {} must be finite and >= 0", c.temperature));
-    }
-    if !(c.top_p.is_finite() && (0.0..=1.0).contains(&c.top_p)) {
-        return bad(format!("config.top_p {} must be within [0, 1]", c.top_p));
-    }
-    if !(c.min_p.is_finite() && (0.0..=1.0).contains(&c.min_p)) {
-        return bad(format!("config.min_p {} must be within [0, 1]", c.min_p));
-    }
-    if !(c.repeat_penalty.is_finite() && c.repeat_penalty >= 0.0) {
-        return bad(format!(
-            "config.repeat_penalty {} must be finite and >= 0",
-            c.repeat_penalty
-        ));
-    }
-    Ok(())
-}
-
 /// A prefill-only request on `{p}.v1.classify` (or a worker's `classify` endpoint).
 /// Answered by one [`ClassifyReply`], or an [`ErrorReply`] when the whole request
 /// fails.
@@ -437,33 +409,4 @@ impl RequestHead {
             deadline_ms: None,
         }
     }
-}
-
-/// The head's own rules: a version this build speaks, a well-formed request id.
-fn check_head(head: &RequestHead) -> Result<(), WireError> {
-    if head.v > crate::PROTOCOL_VERSION {
-        return Err(WireError::new(
-            ErrorCode::UnsupportedVersion,
-            format!("protocol version {} is newer than {}", head.v, crate::PROTOCOL_VERSION),
-        ));
-    }
-    if !crate::subjects::is_valid_token(&head.request_id) {
-        return Err(WireError::new(
-            ErrorCode::BadRequest,
-            format!(
-                "request_id {:?} must be 1-128 characters of letters, digits, '-' or '_'",
-                head.request_id
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Envelope checks for classify and batch requests (version, id, at least one prompt).
-pub fn validate_head(head: &RequestHead, prompts: usize) -> Result<(), WireError> {
-    check_head(head)?;
-    if prompts == 0 {
-        return Err(WireError::new(ErrorCode::BadRequest, "prompts is empty"));
-    }
-    Ok(())
 }

@@ -52,6 +52,7 @@ fn envelopes_roundtrip() {
     });
     roundtrip(BatchResult {
         tokens: vec![],
+        finish_reason: Some(FinishReason::Cancelled),
         error: Some(WireError::new(ErrorCode::Cancelled, "x")),
     });
     roundtrip(AttentionSnapshot {
@@ -98,26 +99,38 @@ fn every_code_has_a_stable_spelling_and_retry_flag() {
 #[test]
 fn validation_rejects_bad_envelopes() {
     let ok = GenerateRequest::generate("r1", "m", "hi");
-    assert!(validate_request(&ok, false).is_ok());
+    assert!(validate_request(&ok, false, &InputLimits::default()).is_ok());
     let mut empty = ok.clone();
     empty.prompt = Some(String::new());
-    assert_eq!(validate_request(&empty, false).unwrap_err().code, ErrorCode::BadRequest);
+    assert_eq!(
+        validate_request(&empty, false, &InputLimits::default())
+            .unwrap_err()
+            .code,
+        ErrorCode::BadRequest
+    );
     let mut future = ok.clone();
     future.head.v = 99;
     assert_eq!(
-        validate_request(&future, false).unwrap_err().code,
+        validate_request(&future, false, &InputLimits::default())
+            .unwrap_err()
+            .code,
         ErrorCode::UnsupportedVersion
     );
     let mut bad_id = ok.clone();
     bad_id.head.request_id = "a.b".into();
     assert_eq!(
-        validate_request(&bad_id, false).unwrap_err().code,
+        validate_request(&bad_id, false, &InputLimits::default())
+            .unwrap_err()
+            .code,
         ErrorCode::BadRequest
     );
-    assert_eq!(validate_request(&ok, true).unwrap_err().code, ErrorCode::BadRequest);
+    assert_eq!(
+        validate_request(&ok, true, &InputLimits::default()).unwrap_err().code,
+        ErrorCode::BadRequest
+    );
     let mut hot = ok;
     hot.config.temperature = f32::NAN;
-    assert!(validate_request(&hot, false).is_err());
+    assert!(validate_request(&hot, false, &InputLimits::default()).is_err());
 }
 
 /// The request envelopes flatten their [`RequestHead`]: on the wire its fields stay

@@ -50,6 +50,7 @@ impl TextModel for FabricProbe {
         Box::pin(async move {
             (0..n)
                 .map(|_| BatchResult {
+                    finish_reason: Some(switchyard_messages::FinishReason::Error),
                     tokens: Vec::new(),
                     error: Some(BackendError::Unavailable("fabric-probe computes nothing".into()).to_wire()),
                 })

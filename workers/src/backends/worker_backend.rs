@@ -3,11 +3,10 @@
 
 use super::rocm::supervisor::Supervisor;
 use futures::future::BoxFuture;
-use futures::StreamExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_config::WorkerConfig;
-use switchyard_messages::{BackendKind, BatchFuture, BatchResult, Device, GenerateEvent, GenerateStream, TextModel};
+use switchyard_messages::{BackendKind, BatchFuture, Device, GenerateStream, TextModel};
 
 /// A loaded model, ready for a worker: what it serves and how it announces itself.
 pub struct Loaded {
@@ -50,20 +49,9 @@ pub(crate) fn capacity(w: &WorkerConfig, own: u32) -> u32 {
 /// run together, each prompt gets its tokens or its own error.
 pub(crate) fn batch_of_streams(streams: Vec<GenerateStream>) -> BatchFuture {
     Box::pin(async move {
-        let jobs = streams.into_iter().map(|mut s| async move {
-            let mut result = BatchResult {
-                tokens: Vec::new(),
-                error: None,
-            };
-            while let Some(ev) = s.next().await {
-                match ev {
-                    Ok(GenerateEvent::Token(t)) => result.tokens.push(t),
-                    Ok(GenerateEvent::Done { .. }) => {}
-                    Err(e) => result.error = Some(e.to_wire()),
-                }
-            }
-            result
-        });
+        let jobs = streams
+            .into_iter()
+            .map(switchyard_messages::backend::collect_batch_result);
         futures::future::join_all(jobs).await
     })
 }

@@ -87,7 +87,9 @@ impl Running {
         let next = self.sampler.sample(&mut logits, &self.history);
         let cfg = &self.job.config;
         if engine.tokenizer.eog_ids().contains(&next) || cfg.stop_tokens.contains(&next) {
-            self.finish(FinishReason::Stop, Vec::new(), engine);
+            // Text the stop-string filter held back (it might have begun a match)
+            // is the generation's end, not a match: send it.
+            self.finish_flushed(FinishReason::Stop, engine);
             return false;
         }
         self.history.push(next);
@@ -291,12 +293,37 @@ impl Batcher {
                 if run.advance(logits, &self.engine) {
                     self.running.push(run);
                 } else {
+                    self.settle(&run);
                     self.engine.release(slot);
                 }
             }
             Err(e) => {
                 fail(&run.job, e);
                 self.engine.release(slot);
+            }
+        }
+    }
+
+    /// A session's generated tokens all become resident: when its stream ended right
+    /// after sampling (length, cancel, a stop string), the last sampled token has not
+    /// been through the model yet, so it runs once, alone, for its keys and values.
+    /// (A stop token is never resident: it is not part of the history.)
+    fn settle(&mut self, run: &Running) {
+        if run.job.session_slot.is_none() {
+            return;
+        }
+        let have = self.engine.slots[run.slot].resident.len();
+        if have + 1 == run.history.len() && run.history[..have] == self.engine.slots[run.slot].resident[..] {
+            let step = SeqStep {
+                seq: run.slot,
+                tokens: &run.history[have..],
+                pos: have,
+            };
+            if let Err(e) = self.engine.forward(&[step]) {
+                tracing::warn!(
+                    slot = run.slot,
+                    "session decode: the last token could not be made resident: {e}"
+                );
             }
         }
     }
@@ -324,6 +351,7 @@ impl Batcher {
                     if run.advance(logits, &self.engine) {
                         self.running.push(run);
                     } else {
+                        self.settle(&run);
                         self.engine.release(run.slot);
                     }
                 }

@@ -211,8 +211,8 @@ impl Engine {
         self.slots.iter().filter(|s| !s.busy && !s.pinned).count()
     }
 
-    /// Pins a free slot for a session, the least recently used; `None` when that
-    /// would leave no unpinned slot for ordinary requests.
+    /// Pins a free slot for a session, the least recently used, emptied; `None` when
+    /// that would leave no unpinned slot for ordinary requests.
     pub fn pin(&mut self) -> Option<usize> {
         let unpinned = self.slots.iter().filter(|s| !s.pinned).count();
         if unpinned < 2 {
@@ -221,7 +221,10 @@ impl Engine {
         let slot = (0..self.slots.len())
             .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
             .min_by_key(|&i| self.slots[i].last_used)?;
+        // A session starts empty: what earlier requests left in the slot is theirs
+        // (its blocks may still sit in the store, keyed by hash, not by owner).
         self.slots[slot].pinned = true;
+        self.slots[slot].resident.clear();
         Some(slot)
     }
 

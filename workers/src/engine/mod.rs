@@ -37,8 +37,8 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 use switchyard_messages::{
-    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, GenerateConfig, GenerateMetrics,
-    GenerateStream, LoadConfig, ModelInfo, Prompt, TextModel,
+    BackendError, BatchFuture, CancelFlag, ClassifyFuture, GenerateConfig, GenerateMetrics, GenerateStream, LoadConfig,
+    ModelInfo, Prompt, TextModel,
 };
 use text::{template, tokenizer};
 
@@ -345,19 +345,8 @@ impl TextModel for EngineModel {
             .collect();
         Box::pin(async move {
             let mut results = Vec::with_capacity(streams.len());
-            for mut stream in streams {
-                let mut result = BatchResult {
-                    tokens: Vec::new(),
-                    error: None,
-                };
-                while let Some(ev) = futures::StreamExt::next(&mut stream).await {
-                    match ev {
-                        Ok(switchyard_messages::GenerateEvent::Token(t)) => result.tokens.push(t),
-                        Ok(switchyard_messages::GenerateEvent::Done { .. }) => {}
-                        Err(e) => result.error = Some(e.to_wire()),
-                    }
-                }
-                results.push(result);
+            for stream in streams {
+                results.push(switchyard_messages::backend::collect_batch_result(stream).await);
             }
             results
         })

@@ -22,6 +22,8 @@ pub struct ServeContext {
     pub cancels: CancelRegistry,
     pub draining: AtomicBool,
     pub keepalive: Duration,
+    /// What one request may ask for.
+    pub limits: switchyard_messages::InputLimits,
     /// Called when a request finishes (counts completions, sends a heartbeat).
     pub on_complete: Box<dyn Fn() + Send + Sync>,
     /// The KvCacheActor (replaced by the WorkerActor when it restarts one).

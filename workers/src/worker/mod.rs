@@ -52,6 +52,8 @@ pub struct WorkerOptions {
     pub queue_depth: u32,
     /// A session with no calls for this long is closed.
     pub session_idle: Duration,
+    /// What one request may ask for.
+    pub limits: switchyard_messages::InputLimits,
 }
 
 /// Messages the WorkerActor handles.
@@ -186,6 +188,7 @@ impl Actor for WorkerActor {
             cancels: CancelRegistry::default(),
             draining: AtomicBool::new(false),
             keepalive: opts.keepalive,
+            limits: opts.limits.clone(),
             // A heartbeat at once after each request, so coordinators see the freed
             // capacity (and route the next turn of a conversation back here) without
             // waiting for the next period.
@@ -253,10 +256,21 @@ impl Actor for WorkerActor {
         let registry = ctx.cancels.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(msg) = cancels.next().await {
-                if let Some(id) = msg.subject.rsplit('.').next() {
-                    if registry.cancel(id) {
-                        tracing::debug!(request = id, "cancelled by client");
+                let Some(id) = msg.subject.rsplit('.').next() else {
+                    continue;
+                };
+                let inbox = switchyard_messages::decode::<switchyard_messages::CancelRequest>(&msg.payload)
+                    .map(|c| c.inbox)
+                    .unwrap_or_default();
+                match registry.cancel(id, &inbox) {
+                    switchyard_actors::Cancelled::Yes => tracing::debug!(request = id, "cancelled by client"),
+                    switchyard_actors::Cancelled::NotRequester => {
+                        tracing::warn!(
+                            request = id,
+                            "a cancel that does not name the requester's inbox was ignored"
+                        )
                     }
+                    switchyard_actors::Cancelled::Unknown => {}
                 }
             }
         }));

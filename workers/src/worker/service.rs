@@ -12,9 +12,9 @@ use std::sync::Arc;
 use switchyard_actors::ChunkSink;
 use switchyard_messages::subjects::HEADER_STREAM_TO;
 use switchyard_messages::{
-    check_deadline, decode, encode, validate_head, validate_request, Admission as AdmissionMsg, BatchReply,
-    BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply, GenerateEvent, GenerateRequest,
-    Prompt, RequestHead, WireError, PROTOCOL_VERSION,
+    check_deadline, decode, encode, validate_batch, validate_classify, validate_request, Admission as AdmissionMsg,
+    BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply, GenerateEvent,
+    GenerateRequest, Prompt, RequestHead, WireError, PROTOCOL_VERSION,
 };
 
 pub use super::context::ServeContext;
@@ -68,7 +68,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
 
     let parsed = decode::<GenerateRequest>(&msg.payload)
         .map_err(|e| WireError::new(ErrorCode::BadRequest, e.to_string()))
-        .and_then(|req| validate_request(&req, chat).map(|()| req))
+        .and_then(|req| validate_request(&req, chat, &ctx.limits).map(|()| req))
         .and_then(|req| check_deadline(&req, switchyard_actors::now_ms()).map(|()| req));
     let admitted = parsed.and_then(|req| {
         if !req.head.model.is_empty() && req.head.model != ctx.model_name {
@@ -118,7 +118,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         Some(ctx.worker_id.clone()),
     );
     sink.tokens(Vec::new()).await;
-    let cancel = ctx.cancels.insert(&req.head.request_id);
+    let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
     let prompt = if chat {
         Prompt::Chat(req.messages.clone().unwrap_or_default())
     } else {
@@ -291,11 +291,10 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
             Unary::Classify => UnaryRequest::Classify(decode(&msg.payload).map_err(bad)?),
             Unary::Batch => UnaryRequest::Batch(decode(&msg.payload).map_err(bad)?),
         };
-        let prompts = match &req {
-            UnaryRequest::Classify(r) => r.prompts.len(),
-            UnaryRequest::Batch(r) => r.prompts.len(),
-        };
-        validate_head(&head, prompts)?;
+        match &req {
+            UnaryRequest::Classify(r) => validate_classify(r, &ctx.limits)?,
+            UnaryRequest::Batch(r) => validate_batch(r, &ctx.limits)?,
+        }
         if head.deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
             return Err(WireError::new(
                 ErrorCode::DeadlineExceeded,
@@ -369,7 +368,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
             })
         }
         UnaryRequest::Batch(r) => {
-            let cancel = ctx.cancels.insert(&head.request_id);
+            let cancel = ctx.cancels.insert(&head.request_id, &reply_to);
             let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
             let results = ctx.model.batch_generate(prompts, r.config, cancel).await;
             ctx.cancels.remove(&head.request_id);

@@ -219,9 +219,9 @@ class Bridge:
         keep = s.keep(len(tokens) - 1)
         if keep is None:
             raise BridgeError("backend_error", "this model's cache cannot be trimmed; sessions need one that can")
-        return self.run(rid, s, tokens, keep, cfg)
+        return self.run(rid, s, tokens, keep, cfg, settle=True)
 
-    def run(self, rid, cache, tokens, keep, cfg):
+    def run(self, rid, cache, tokens, keep, cfg, settle=False):
         """Generates after `tokens`, of which `cache` already holds the first `keep`;
         streams tokens, and leaves in `cache.tokens` exactly what its KV holds."""
         import mlx.core as mx
@@ -275,6 +275,13 @@ class Bridge:
         # feeds each token one step ahead); a stop token or a cancelled step is cut.
         cache.tokens = seen[: cache.offset()]
         cache.keep(len(tokens) + n)
+        if settle and len(cache.tokens) < len(tokens) + n:
+            # A session keeps every generated token (not a stop token) resident:
+            # feed what mlx-lm had not fed back yet.
+            rest = seen[len(cache.tokens): len(tokens) + n]
+            self.model(mx.array(rest)[None], cache=cache.layers)
+            mx.eval([c.state for c in cache.layers])
+            cache.tokens = seen[: len(tokens) + n]
         metrics = {
             "prompt_tokens": len(tokens),
             "cached_tokens": keep,

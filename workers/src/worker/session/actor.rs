@@ -20,7 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_actors::ChunkSink;
 use switchyard_messages::session::{ContextReport, DecodeRequest, SegmentRequest, SessionCall};
-use switchyard_messages::{decode, encode, BackendError, ErrorCode, ErrorReply, WireError, PROTOCOL_VERSION};
+use switchyard_messages::{
+    decode, encode, validate_decode, validate_segment, validate_session_call, BackendError, ErrorCode, ErrorReply,
+    WireError, PROTOCOL_VERSION,
+};
 
 /// What the SessionActor is told (by its forwarder).
 pub(super) enum SessionMsg {
@@ -262,26 +265,31 @@ async fn call(ctx: &ServeContext, s: &mut Session, verb: &str, payload: &[u8]) -
     match verb {
         "ensure_prefix" => {
             let req: SegmentRequest = decode(payload).map_err(bad)?;
+            validate_segment(&req, &ctx.limits)?;
             s.check(&req.fence)?;
             Ok(encode(&s.ensure_prefix(req).await?))
         }
         "prefill_suffix" => {
             let req: SegmentRequest = decode(payload).map_err(bad)?;
+            validate_segment(&req, &ctx.limits)?;
             s.check(&req.fence)?;
             Ok(encode(&s.prefill_suffix(req).await?))
         }
         "explain" => {
             let req: SessionCall = decode(payload).map_err(bad)?;
+            validate_session_call(req.v)?;
             s.check_owner(&req.fence)?;
             Ok(encode(&s.report().await))
         }
         "describe" => {
             let req: SessionCall = decode(payload).map_err(bad)?;
+            validate_session_call(req.v)?;
             s.check(&req.fence)?;
             Ok(encode(&describe(ctx)))
         }
         "close" => {
             let req: SessionCall = decode(payload).map_err(bad)?;
+            validate_session_call(req.v)?;
             s.check(&req.fence)?;
             let report = s.report().await;
             s.close();
@@ -306,7 +314,9 @@ async fn stream_decode(ctx: &ServeContext, s: &mut Session, payload: &[u8], repl
         Some(ctx.worker_id.clone()),
     );
     let checked = match req {
-        Ok(req) => s.check(&req.fence).map(|()| req),
+        Ok(req) => validate_decode(&req, &ctx.limits)
+            .and_then(|()| s.check(&req.fence))
+            .map(|()| req),
         Err(e) => Err(e),
     };
     let req = match checked {
@@ -341,7 +351,7 @@ async fn stream_decode(ctx: &ServeContext, s: &mut Session, payload: &[u8], repl
         return;
     }
     sink.tokens(Vec::new()).await;
-    let cancel = ctx.cancels.insert(&request_id);
+    let cancel = ctx.cancels.insert(&request_id, sink.subject());
     let events = s.backend.decode(req.config, cancel.clone());
     let attrs = crate::worker::telemetry::attributes("text_completion", &ctx.model_name, &ctx.worker_id, &ctx.backend);
     pump(ctx, &sink, events, &cancel, None, &attrs).await;

@@ -100,7 +100,7 @@ pub(super) fn describe(ctx: &ServeContext) -> SessionModelInfo {
 }
 
 impl Session {
-    /// The session is usable by `fence` (empty = unchecked).
+    /// The session is usable by `fence`: its owner's, not superseded, not closed.
     pub(super) fn check(&self, fence: &str) -> Result<(), WireError> {
         self.check_owner(fence)?;
         if self.stale.load(Ordering::Acquire) {
@@ -119,7 +119,16 @@ impl Session {
     }
 
     pub(super) fn check_owner(&self, fence: &str) -> Result<(), WireError> {
-        if !fence.is_empty() && fence != self.owner {
+        if fence.is_empty() {
+            return Err(err(
+                ErrorCode::NotOwner,
+                format!(
+                    "session {}: the call carries no fence; its owner's is required",
+                    self.id
+                ),
+            ));
+        }
+        if fence != self.owner {
             return Err(err(
                 ErrorCode::NotOwner,
                 format!("session {} belongs to {:?}, not {fence:?}", self.id, self.owner),
