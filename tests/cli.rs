@@ -36,6 +36,66 @@ fn up_starts_a_node_and_answers_a_prompt() {
 }
 
 #[test]
+fn up_secure_serves_over_tls_with_generated_users_and_refuses_strangers() {
+    demo_model();
+    let mut cmd_env: Vec<(&str, &str)> = Vec::new();
+    let mut p = switchyard_with_env("up-secure", &["up", "--secure", "--threads", "1"], &cmd_env);
+    let started = p.wait_for("started nats-server", Duration::from_secs(60));
+    assert!(started.contains("with TLS and generated users"), "{started}");
+    let url = started
+        .split(" at ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let try_line = p.wait_for("try:", Duration::from_secs(60));
+    let file = try_line
+        .split("--config ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "client.toml must be private ({mode:o})");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!started.contains(text.split("password = \"").nth(1).unwrap().split('"').next().unwrap()));
+
+    // A client with the written config is served (TLS, its user, its inbox prefix).
+    let (code, out, err) = run(
+        &[
+            "--config",
+            &file,
+            "generate",
+            "The capital of France is",
+            "--max-tokens",
+            "4",
+        ],
+        &cmd_env,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.trim().is_empty());
+    // Without credentials, or with TLS but no user, the server refuses: exit non-zero,
+    // named setting, no hang.
+    let (code, _, err) = run(&["--nats", &url, "status"], &cmd_env);
+    assert_ne!(code, 0);
+    assert!(err.contains("nats."), "{err}");
+    let ca = std::path::Path::new(&file).with_file_name("ca.pem");
+    cmd_env.push(("SWITCHYARD_NATS_TLS_CA_FILE", ca.to_str().unwrap()));
+    let (code, _, err) = run(&["--nats", &url, "status"], &cmd_env);
+    assert_ne!(code, 0);
+    assert!(err.contains("credentials") || err.contains("nats.user"), "{err}");
+
+    // Stopping `up` removes the keys and passwords.
+    assert!(p.terminate(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    assert!(!std::path::Path::new(&file).exists(), "{file} outlived up");
+}
+
+#[test]
 fn bad_configuration_names_the_field_and_source() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("sy.toml");

@@ -177,19 +177,46 @@ async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Client
 async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
     let stop = node::shutdown_signal();
     let started = Instant::now();
+    if args.secure && !config.nats.url.is_empty() {
+        bail!("--secure starts a local nats-server with its own credentials; it cannot be used with --nats / nats.url");
+    }
+    let secure = match args.secure {
+        true => {
+            let dir = switchyard_config::cache_dir().join(format!("secure-{}", std::process::id()));
+            Some(super::secure_up::prepare(&dir, &config.nats.prefix)?)
+        }
+        false => None,
+    };
     let _server = if config.nats.url.is_empty() {
         let bin = find_nats_server(&config.nats.server_bin)?;
-        let server = NatsServer::start(&bin)?;
+        let server = match &secure {
+            Some(s) => NatsServer::start_with_config(&bin, &s.server_config, &s.dir)?,
+            None => NatsServer::start(&bin)?,
+        };
         config.nats.url = server.url();
-        eprintln!("started nats-server (pid {}) at {}", server.pid(), server.url());
+        let tls = if secure.is_some() {
+            " with TLS and generated users"
+        } else {
+            ""
+        };
+        eprintln!("started nats-server (pid {}) at {}{tls}", server.pid(), server.url());
         Some(server)
     } else {
         None
     };
-    let coordinator = node::start_coordinator(&config).await?;
-    let mut loaded = node::load(&config).await?;
+    let url = config.nats.url.clone();
+    let (coordinator_config, worker_config, client_config) = match &secure {
+        Some(s) => (
+            s.coordinator(&config, &url),
+            s.worker(&config, &url),
+            s.client(&config, &url),
+        ),
+        None => (config.clone(), config.clone(), config.clone()),
+    };
+    let coordinator = node::start_coordinator(&coordinator_config).await?;
+    let mut loaded = node::load(&worker_config).await?;
     let name = loaded.name.clone();
-    let worker = node::start_worker(&config, &loaded).await?;
+    let worker = node::start_worker(&worker_config, &loaded).await?;
     // Report ready once the coordinator has seen the worker.
     let deadline = Instant::now() + Duration::from_secs(10);
     while coordinator.status().await?.workers.is_empty() {
@@ -204,14 +231,23 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         worker.id(),
         started.elapsed().as_secs_f64()
     );
-    println!(
-        "try:   switchyard --nats {} chat \"What is the capital of France?\"",
-        config.nats.url
-    );
+    match &secure {
+        Some(s) => {
+            let file = s.write_client_config(&url, &config.nats.prefix)?;
+            println!(
+                "try:   switchyard --config {} chat \"What is the capital of France?\"",
+                file.display()
+            );
+        }
+        None => println!(
+            "try:   switchyard --nats {} chat \"What is the capital of France?\"",
+            config.nats.url
+        ),
+    }
     std::io::stdout().flush().ok();
 
     if let Some(prompt) = &args.prompt {
-        let client = client(&config, None).await?;
+        let client = client(&client_config, None).await?;
         let req = GenerateRequest::chat(
             Client::new_request_id(),
             name.clone(),
@@ -248,6 +284,7 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
     worker.shutdown(Duration::from_secs(10)).await;
     loaded.stop();
     coordinator.shutdown().await;
+    drop(secure);
     Ok(ExitCode::SUCCESS)
 }
 

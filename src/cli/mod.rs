@@ -3,6 +3,7 @@
 
 mod bench;
 mod commands;
+mod secure_up;
 mod security;
 
 use clap::{Args, Parser, Subcommand};
@@ -333,6 +334,11 @@ pub struct UpArgs {
     /// With --prompt: exit after answering instead of staying up.
     #[arg(long, requires = "prompt")]
     pub exit_after_prompt: bool,
+    /// Start the local nats-server with TLS (a fresh CA) and generated passwords for
+    /// three users in the roles of docs/nats-roles.conf; writes a client.toml for
+    /// other commands' --config. Not with --nats.
+    #[arg(long)]
+    pub secure: bool,
 }
 
 /// `switchyard coordinator`.

@@ -106,8 +106,14 @@ impl Drop for Proc {
 
 /// Runs `switchyard ARGS…` as a child, collecting its output lines.
 pub fn switchyard(name: &str, args: &[&str]) -> Proc {
+    switchyard_with_env(name, args, &[])
+}
+
+/// [`switchyard`] with extra environment variables.
+pub fn switchyard_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
     cmd.args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "switchyard=info,warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
