@@ -188,6 +188,7 @@ impl Client {
         payload: Vec<u8>,
         span: tracing::Span,
     ) -> Result<ResponseStream, ClientError> {
+        self.fits(&subject, payload.len())?;
         let inbox = self.nats.new_inbox();
         let sub = self
             .nats
@@ -287,6 +288,7 @@ impl Client {
         headers: Option<HeaderMap>,
         payload: Vec<u8>,
     ) -> Result<async_nats::Message, ClientError> {
+        self.fits(&subject, payload.len())?;
         let mut sub = self
             .nats
             .subscribe(inbox.clone())
@@ -307,6 +309,25 @@ impl Client {
                 })
             }
         }
+    }
+
+    /// Refuses, before sending, a request the NATS server would drop for exceeding
+    /// its `max_payload` (the request body; headers add a few hundred bytes more).
+    fn fits(&self, subject: &str, len: usize) -> Result<(), ClientError> {
+        let max = self.nats.server_info().max_payload;
+        if max > 0 && len > max {
+            return Err(ClientError::Remote {
+                error: WireError::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the request to {subject} is {len} bytes, over the NATS server's max_payload of {max} bytes \
+                         (shorten the prompt, or raise max_payload in nats-server's configuration)"
+                    ),
+                ),
+                received: Vec::new(),
+            });
+        }
+        Ok(())
     }
 
     /// The fleet view from one coordinator.
