@@ -97,6 +97,13 @@ else
   "$PY" -m venv "$VENV" >&2 || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && "$PY" -m venv "$VENV" >&2; }
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nats-py>=2.6" "msgpack>=1.0" "gguf>=0.10" >&2
 fi
+# The official OpenAI client, for the gateway's tests (and as the reference client).
+if "$VENV/bin/python" -c 'import openai' 2>/dev/null; then
+  say "openai client: cached in $VENV"
+else
+  say "openai client: installing openai==2.8.1 into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "openai==2.8.1" >&2
+fi
 # MLX for the `metal` worker's bridge: Metal on macOS, MLX's CPU build on Linux (tests).
 if "$VENV/bin/python" -c 'import mlx.core, mlx_lm' 2>/dev/null; then
   say "mlx: cached in $VENV"

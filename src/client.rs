@@ -173,7 +173,7 @@ impl Client {
             gen_ai.operation.name = op,
             gen_ai.provider.name = "switchyard",
             gen_ai.request.model = %model,
-            gen_ai.request.max_tokens = req.config.max_tokens,
+            gen_ai.request.max_tokens = i64::from(req.config.max_tokens),
             switchyard.request.id = %req.head.request_id,
         );
         self.start_encoded(subject, &req.head.request_id, encode(&req), span)

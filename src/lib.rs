@@ -19,6 +19,7 @@
 //! ([`switchyard_workers`]) streams chunks straight back to the client's inbox.
 
 pub mod client;
+pub mod gateway;
 pub mod node;
 pub mod session;
 pub mod telemetry;

@@ -127,6 +127,7 @@ fn every_flag_is_documented_in_help() {
         "up",
         "coordinator",
         "worker",
+        "gateway",
         "generate",
         "chat",
         "status",

@@ -74,6 +74,20 @@ fn text(kv: &[KeyValue], key: &str) -> Option<String> {
         })
 }
 
+/// The attribute's value when it was exported as an OTLP `int_value`; `Err` names the
+/// type it arrived as instead (or that it is missing), so a failure shows what was sent.
+fn int(kv: &[KeyValue], key: &str) -> Result<i64, String> {
+    let value = kv
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.as_ref()?.value.as_ref())
+        .ok_or_else(|| format!("{key} missing"))?;
+    match value {
+        any_value::Value::IntValue(i) => Ok(*i),
+        other => Err(format!("{key} exported as {other:?}, not an int_value")),
+    }
+}
+
 /// Every exported span with its service name.
 fn spans(c: &Collected) -> Vec<(String, Span)> {
     let mut out = Vec::new();
@@ -208,6 +222,63 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         text(&route.attributes, "switchyard.routing.worker").as_deref(),
         Some("w-otel")
     );
+    // Integer attributes are OTLP ints (GenAI conventions), not strings: dashboards
+    // sum and compare them.
+    let ints = |kv: &[KeyValue], keys: &[&str]| -> std::collections::BTreeMap<String, i64> {
+        let (ok, bad): (Vec<_>, Vec<_>) = keys
+            .iter()
+            .map(|k| (k.to_string(), int(kv, k)))
+            .partition(|(_, v)| v.is_ok());
+        let bad: Vec<String> = bad.into_iter().map(|(_, v)| v.unwrap_err()).collect();
+        assert!(
+            bad.is_empty(),
+            "integer span attributes not exported as int_value: {bad:#?}"
+        );
+        ok.into_iter().map(|(k, v)| (k, v.unwrap())).collect()
+    };
+    assert_eq!(
+        int(&client_span.attributes, "gen_ai.request.max_tokens"),
+        Ok(8),
+        "the client span's max_tokens"
+    );
+    let g = ints(
+        a,
+        &[
+            "gen_ai.request.max_tokens",
+            "gen_ai.request.top_k",
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "switchyard.kv.cached_tokens",
+            "switchyard.queue_us",
+        ],
+    );
+    let sent = greedy("The capital of France is", 8).config;
+    assert_eq!(g["gen_ai.request.max_tokens"], 8);
+    assert_eq!(g["gen_ai.request.top_k"], i64::from(sent.top_k));
+    assert_eq!(g["gen_ai.usage.output_tokens"], 8);
+    assert!(g["gen_ai.usage.input_tokens"] > 3, "{g:?}");
+    assert!(
+        (0..=g["gen_ai.usage.input_tokens"]).contains(&g["switchyard.kv.cached_tokens"]),
+        "{g:?}"
+    );
+    assert!(g["switchyard.queue_us"] >= 0, "{g:?}");
+    let r = ints(
+        &route.attributes,
+        &["switchyard.routing.attempts", "switchyard.routing.kv_blocks"],
+    );
+    assert_eq!(r["switchyard.routing.attempts"], 1, "{r:?}");
+    assert!(r["switchyard.routing.kv_blocks"] >= 0, "{r:?}");
+    for key in ["gen_ai.request.temperature", "gen_ai.request.top_p"] {
+        assert!(
+            matches!(
+                a.iter()
+                    .find(|kv| kv.key == key)
+                    .and_then(|kv| kv.value.as_ref()?.value.as_ref()),
+                Some(any_value::Value::DoubleValue(_))
+            ),
+            "{key} is a double_value"
+        );
+    }
 
     // GenAI metrics from the worker: names, units, bucket boundaries, attributes.
     let metrics = collected.metrics.lock().unwrap().clone();

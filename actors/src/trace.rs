@@ -53,6 +53,15 @@ pub fn continue_from(span: &tracing::Span, headers: Option<&async_nats::HeaderMa
     let _ = span.set_parent(parent);
 }
 
+/// An unsigned integer as a span attribute value: `i64`, saturating at `i64::MAX`.
+/// tracing-opentelemetry exports `u64` (and `u32`/`usize`, which tracing widens to
+/// `u64`) as *string* attributes; `i64` is exported as an OTLP `int_value`, the type the
+/// GenAI semantic conventions give token counts and the like. Record every integer
+/// span field through this (or `i64::from` for `u32`).
+pub fn int(value: impl TryInto<i64>) -> i64 {
+    value.try_into().unwrap_or(i64::MAX)
+}
+
 /// The trace context of `span` as HTTP headers (`traceparent`, `tracestate`), for
 /// calls to llama.cpp servers.
 pub fn http_headers(span: &tracing::Span) -> Vec<(String, String)> {

@@ -10,6 +10,9 @@
 //! Every error names the field, and the file or variable it came from.
 
 mod env;
+mod gateway;
+
+pub use gateway::{ApiKey, GatewayConfig};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -73,6 +76,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// What one request may ask for (enforced by coordinators and workers).
     pub limits: switchyard_messages::InputLimits,
+    /// The OpenAI-compatible HTTP gateway.
+    pub gateway: GatewayConfig,
 }
 
 /// OpenTelemetry export settings from the config file, used where the matching
@@ -87,6 +92,10 @@ pub struct TelemetryConfig {
     pub service_name: String,
     /// Metric export period in milliseconds (`OTEL_METRIC_EXPORT_INTERVAL`); 0 = 60000.
     pub metric_interval_ms: u64,
+    /// `host:port` where the process serves its metrics for Prometheus to scrape
+    /// (`GET /metrics`, text format), e.g. `127.0.0.1:9464`; port 0 picks a free one.
+    /// Works beside OTLP export. Empty = off.
+    pub prometheus_listen: String,
 }
 
 impl TelemetryConfig {
@@ -103,6 +112,8 @@ impl TelemetryConfig {
         if self.metric_interval_ms > 0 {
             add("OTEL_METRIC_EXPORT_INTERVAL", self.metric_interval_ms.to_string());
         }
+        // Not an OTEL_* variable: carries the file's setting to the telemetry set-up.
+        add("SWITCHYARD_TELEMETRY_PROMETHEUS_LISTEN", self.prometheus_listen.clone());
         out
     }
 }
@@ -443,6 +454,19 @@ impl Config {
                 "nats.prefix",
                 self.nats.prefix.clone(),
                 "must be non-empty letters, digits, '-' or '_'",
+            );
+        }
+        self.gateway.validate()?;
+        let listen = &self.telemetry.prometheus_listen;
+        if !listen.is_empty()
+            && !listen
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        {
+            return invalid(
+                "telemetry.prometheus_listen",
+                listen.clone(),
+                "must be host:port, e.g. 127.0.0.1:9464 (empty = off)",
             );
         }
         let sec = self.nats.security();

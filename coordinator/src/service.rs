@@ -153,7 +153,10 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
     };
     let query_blocks = query.blocks.clone();
     span.record("gen_ai.request.model", req.model.as_str());
-    span.record("switchyard.routing.kv_blocks", query_blocks.len());
+    span.record(
+        "switchyard.routing.kv_blocks",
+        switchyard_actors::trace::int(query_blocks.len()),
+    );
     let candidates = match ractor::call_t!(ctx.actor, CoordinatorMsg::Route, 5_000, query) {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return fail(req.request_id, e).await,
@@ -172,7 +175,10 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         let mut headers = msg.headers.clone().unwrap_or_default();
         headers.insert(HEADER_STREAM_TO, inbox.as_str());
         switchyard_actors::trace::inject(&span, &mut headers);
-        span.record("switchyard.routing.attempts", attempt + 1);
+        span.record(
+            "switchyard.routing.attempts",
+            switchyard_actors::trace::int(attempt + 1),
+        );
         let request = async_nats::Request::new()
             .payload(msg.payload.clone())
             .headers(headers)

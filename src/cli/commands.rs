@@ -18,8 +18,26 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Up(args) => {
             args.worker.apply(&mut config);
             args.coordinator.apply(&mut config);
+            args.gateway.apply(&mut config);
             config.validate()?;
             up(config, args).await
+        }
+        Command::Gateway(args) => {
+            if let Some(key) = &args.hash_key {
+                println!("{}", switchyard::gateway::keys::hash_key(key));
+                return Ok(ExitCode::SUCCESS);
+            }
+            args.apply(&mut config);
+            config.validate()?;
+            require_nats(&config)?;
+            let stop = node::shutdown_signal();
+            let g =
+                switchyard::gateway::start(client(&config, None).await?, &config.nats.prefix, &config.gateway).await?;
+            println!("gateway listening on {} (OpenAI API at {}/v1)", g.url(), g.url());
+            std::io::stdout().flush().ok();
+            stop.await;
+            g.shutdown().await;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Coordinator(args) => {
             args.coordinator.apply(&mut config);
@@ -225,8 +243,16 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let gateway = match config.gateway.enabled {
+        true => Some(super::gateway::start_for_up(client(&client_config, None).await?, &client_config).await?),
+        false => None,
+    };
+    let api = gateway
+        .as_ref()
+        .map(|g| format!(" gateway={}/v1", g.url()))
+        .unwrap_or_default();
     println!(
-        "ready: nats={} model={name} worker={} in {:.2} s",
+        "ready: nats={} model={name} worker={}{api} in {:.2} s",
         config.nats.url,
         worker.id(),
         started.elapsed().as_secs_f64()
@@ -248,11 +274,12 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
 
     if let Some(prompt) = &args.prompt {
         let client = client(&client_config, None).await?;
-        let req = GenerateRequest::chat(
+        let mut req = GenerateRequest::chat(
             Client::new_request_id(),
             name.clone(),
             vec![Message::new("user", prompt.clone())],
         );
+        switchyard::gateway::openai::chat_defaults(&mut req.config, None, None, None, None);
         let mut stream = client.chat(req).await?;
         let mut text = String::new();
         let mut first_token = None;
@@ -281,6 +308,9 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         stop.await;
     }
     eprintln!("shutting down …");
+    if let Some(g) = gateway {
+        g.shutdown().await;
+    }
     worker.shutdown(Duration::from_secs(10)).await;
     loaded.stop();
     coordinator.shutdown().await;
@@ -292,12 +322,18 @@ fn request(s: &SamplingFlags, prompt: Option<String>, messages: Option<Vec<Messa
     let mut req = GenerateRequest::generate(Client::new_request_id(), s.model.clone(), "");
     req.prompt = prompt;
     req.messages = messages;
+    let chat = req.messages.is_some();
     let c = &mut req.config;
     c.max_tokens = s.max_tokens;
-    c.temperature = s.temperature;
-    c.top_k = s.top_k;
-    c.top_p = s.top_p;
-    c.min_p = s.min_p;
+    if chat {
+        // Chat samples by default (llama.cpp server's defaults); generate is greedy.
+        switchyard::gateway::openai::chat_defaults(c, s.temperature, s.top_k, s.top_p, s.min_p);
+    } else {
+        c.temperature = s.temperature.unwrap_or(0.0);
+        c.top_k = s.top_k.unwrap_or(0);
+        c.top_p = s.top_p.unwrap_or(0.0);
+        c.min_p = s.min_p.unwrap_or(0.0);
+    }
     c.repeat_penalty = s.repeat_penalty;
     c.seed = s.seed;
     c.stop = s.stop.clone();

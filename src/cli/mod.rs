@@ -3,6 +3,7 @@
 
 mod bench;
 mod commands;
+mod gateway;
 mod secure_up;
 mod security;
 
@@ -73,6 +74,8 @@ pub enum Command {
     Coordinator(CoordinatorArgs),
     /// Run a worker only, serving one model on one device.
     Worker(WorkerArgs),
+    /// Run an OpenAI-compatible HTTP gateway to the fleet (docs/gateway.md).
+    Gateway(gateway::GatewayArgs),
     /// Generate from a raw prompt; tokens stream to stdout as they arrive.
     Generate(GenerateArgs),
     /// Chat with a model (rendered with the model's chat template). With no message,
@@ -334,6 +337,8 @@ pub struct UpArgs {
     /// With --prompt: exit after answering instead of staying up.
     #[arg(long, requires = "prompt")]
     pub exit_after_prompt: bool,
+    #[command(flatten)]
+    pub gateway: gateway::UpGatewayFlags,
     /// Start the local nats-server with TLS (a fresh CA) and generated passwords for
     /// three users in the roles of docs/nats-roles.conf; writes a client.toml for
     /// other commands' --config. Not with --nats.
@@ -364,18 +369,20 @@ pub struct SamplingFlags {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: u32,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: u32,
-    /// Nucleus sampling mass (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub top_p: f32,
+    /// Sampling temperature; 0 = greedy. Default: 0 for generate, 0.8 for chat.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep only the K most likely tokens (0 = off). Default: off for generate and
+    /// greedy chat, 40 for chat.
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Nucleus sampling mass (0 = off). Default: off for generate, 0.95 for chat.
+    #[arg(long)]
+    pub top_p: Option<f32>,
     /// Drop tokens below this fraction of the best token's probability (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    /// Default: off for generate, 0.05 for chat.
+    #[arg(long)]
+    pub min_p: Option<f32>,
     /// Penalise tokens seen in the last 64 (1 or 0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub repeat_penalty: f32,

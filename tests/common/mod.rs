@@ -414,3 +414,83 @@ pub fn alive(pid: u32) -> bool {
     // A zombie has no command line left; count only live processes.
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
+
+/// Runs `cmd` as a child like [`switchyard`] does: output lines collected (and echoed
+/// with `name`), killed on drop and with this process.
+pub fn spawn_logged(name: &str, mut cmd: Command) -> Proc {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    kill_with_parent(&mut cmd);
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+    let (tx, rx) = mpsc::channel();
+    for stream in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        let name = name.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                eprintln!("[{name}] {line}");
+                let _ = tx.send(line);
+            }
+        });
+    }
+    Proc {
+        child,
+        name: name.to_string(),
+        lines: rx,
+    }
+}
+
+/// The `host:port` a switchyard process serves its metrics on for Prometheus
+/// (`telemetry.prometheus_listen`), from the line it prints at start.
+pub fn scrape_address(p: &Proc) -> String {
+    let line = p.wait_for("Prometheus scrape endpoint on http://", Duration::from_secs(30));
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/metrics").next())
+        .unwrap_or_else(|| panic!("{}: no address in {line:?}", p.name));
+    addr.to_string()
+}
+
+/// Debian's `prometheus` (scripts/setup.sh installs it): `$SWITCHYARD_PROMETHEUS`,
+/// else `/usr/bin/prometheus`, else `PATH`. When it is missing, installs the package
+/// with apt-get where that can work (root, apt-get present). `None`, with the reason
+/// printed, only when it is absent and cannot be installed.
+pub fn prometheus_bin() -> Option<PathBuf> {
+    let found = || -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("SWITCHYARD_PROMETHEUS") {
+            return Some(PathBuf::from(p));
+        }
+        let deb = PathBuf::from("/usr/bin/prometheus");
+        if deb.is_file() {
+            return Some(deb);
+        }
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join("prometheus"))
+                .find(|p| p.is_file())
+        })
+    };
+    if let Some(p) = found() {
+        return Some(p);
+    }
+    // SAFETY: geteuid(2) has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && std::path::Path::new("/usr/bin/apt-get").is_file() {
+        eprintln!("prometheus missing: installing Debian's package with apt-get");
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null")
+            .status();
+        if let Some(p) = found() {
+            return Some(p);
+        }
+    }
+    eprintln!(
+        "SKIPPED: no prometheus binary (looked at $SWITCHYARD_PROMETHEUS, /usr/bin/prometheus, PATH) and it could not be installed \
+         (apt-get as root) — run scripts/setup.sh or set SWITCHYARD_PROMETHEUS"
+    );
+    None
+}

@@ -145,10 +145,10 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         gen_ai.operation.name = op,
         gen_ai.provider.name = crate::worker::telemetry::PROVIDER,
         gen_ai.request.model = %model,
-        gen_ai.request.max_tokens = c.max_tokens,
+        gen_ai.request.max_tokens = i64::from(c.max_tokens),
         gen_ai.request.temperature = f64::from(c.temperature),
         gen_ai.request.top_p = f64::from(c.top_p),
-        gen_ai.request.top_k = c.top_k,
+        gen_ai.request.top_k = i64::from(c.top_k),
         gen_ai.request.seed = c.seed.map(|s| s as i64),
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
@@ -222,11 +222,14 @@ pub async fn pump(
                             crate::worker::telemetry::record_phases(&span, admitted_at, metrics.queue_us, first);
                         }
                         ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
-                        span.record("gen_ai.usage.input_tokens", metrics.prompt_tokens);
-                        span.record("gen_ai.usage.output_tokens", metrics.generated_tokens);
+                        span.record("gen_ai.usage.input_tokens", i64::from(metrics.prompt_tokens));
+                        span.record("gen_ai.usage.output_tokens", i64::from(metrics.generated_tokens));
                         span.record("gen_ai.response.finish_reasons", finish_reason.as_str());
-                        span.record("switchyard.kv.cached_tokens", metrics.cached_tokens);
-                        span.record("switchyard.queue_us", metrics.queue_us);
+                        span.record("switchyard.kv.cached_tokens", i64::from(metrics.cached_tokens));
+                        span.record(
+                            "switchyard.queue_us",
+                            switchyard_actors::trace::int(metrics.queue_us),
+                        );
                         crate::worker::telemetry::record_success(attrs, &metrics);
                         sink.done(Vec::new(), finish_reason, metrics).await;
                         break;

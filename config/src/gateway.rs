@@ -1,0 +1,93 @@
+//! The `[gateway]` section: the OpenAI-compatible HTTP gateway (docs/gateway.md).
+
+use serde::{Deserialize, Serialize};
+
+/// How the gateway listens and whom it lets in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to listen on, `host:port`. Beyond loopback it needs API keys (or
+    /// `allow_no_keys`).
+    pub listen: String,
+    /// Whether `up` starts a gateway.
+    pub enabled: bool,
+    /// A TOML file of API keys (`[[keys]]` tables like `gateway.keys`), read at start.
+    pub keys_file: String,
+    /// API keys, stored hashed (see [`ApiKey`]).
+    pub keys: Vec<ApiKey>,
+    /// Serve without API keys on a non-loopback address (anyone who reaches it can
+    /// use the fleet).
+    pub allow_no_keys: bool,
+    /// Largest request body, bytes; bigger is 413.
+    pub max_body_bytes: u32,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            enabled: true,
+            keys_file: String::new(),
+            keys: Vec::new(),
+            allow_no_keys: false,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+impl GatewayConfig {
+    pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
+        let invalid = |field, value: String, reason| Err(crate::ConfigError::Invalid { field, value, reason });
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return invalid(
+                "gateway.listen",
+                self.listen.clone(),
+                "must be host:port, e.g. 127.0.0.1:8080",
+            );
+        }
+        if !self.keys_file.is_empty() && !std::path::Path::new(&self.keys_file).is_file() {
+            return invalid("gateway.keys_file", self.keys_file.clone(), "no such file");
+        }
+        for k in &self.keys {
+            if k.sha256.len() != 64
+                || !k
+                    .sha256
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            {
+                return invalid(
+                    "gateway.keys.sha256",
+                    k.name.clone(),
+                    "must be 64 lowercase hex digits (switchyard gateway --hash-key KEY prints it)",
+                );
+            }
+        }
+        if self.max_body_bytes < 1024 {
+            return invalid(
+                "gateway.max_body_bytes",
+                self.max_body_bytes.to_string(),
+                "must be at least 1024",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One API key: its SHA-256 (never the key itself) and what it may do. `0` = no
+/// limit for the numeric fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiKey {
+    /// A name for logs and metrics (not secret).
+    pub name: String,
+    /// Lowercase hex SHA-256 of the key (`switchyard gateway --hash-key` prints it).
+    pub sha256: String,
+    /// Models this key may use; empty = all.
+    pub models: Vec<String>,
+    /// Requests per minute.
+    pub requests_per_min: u32,
+    /// Generated tokens per minute.
+    pub tokens_per_min: u32,
+    /// Streams open at once.
+    pub max_streams: u32,
+}

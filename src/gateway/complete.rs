@@ -1,0 +1,286 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: one switchyard request
+//! each, answered whole or streamed as server-sent events.
+
+use super::errors::ApiError;
+use super::keys::Admitted;
+use super::openai::{parse, ChatRequest, CompletionRequest, Sampling};
+use super::Gateway;
+use crate::{GenerateRequest, ResponseStream, StreamEvent};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use switchyard_messages::{FinishReason, GenerateMetrics};
+use tracing::Instrument;
+
+/// Which endpoint: the shapes of its answers.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// The body, or a 413/400 in OpenAI's shape.
+fn body(b: Result<Bytes, BytesRejection>, limit: u32) -> Result<Bytes, ApiError> {
+    b.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("request body over gateway.max_body_bytes = {limit}"),
+        ),
+        _ => ApiError::bad_request(None, format!("unreadable request body: {e}")),
+    })
+}
+
+pub async fn chat(
+    State(g): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(&body(b, g.max_body)?)?;
+    let admitted = g.keys.admit(&headers, &req.model)?;
+    let sy = req.to_request()?;
+    run(&g, &headers, sy, &req.sampling, Kind::Chat, admitted).await
+}
+
+pub async fn completion(
+    State(g): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body(b, g.max_body)?)?;
+    let admitted = g.keys.admit(&headers, &req.model)?;
+    let sy = req.to_request()?;
+    run(&g, &headers, sy, &req.sampling, Kind::Completion, admitted).await
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// OpenAI's `finish_reason`.
+fn finish(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(m: &GenerateMetrics) -> Value {
+    json!({
+        "prompt_tokens": m.prompt_tokens,
+        "completion_tokens": m.generated_tokens,
+        "total_tokens": m.prompt_tokens + m.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": m.cached_tokens},
+    })
+}
+
+/// What every answer of one request shares.
+struct Shape {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Shape {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A whole answer.
+    fn whole(&self, text: String, reason: FinishReason, m: &GenerateMetrics) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": finish(reason), "logprobs": null}),
+            Kind::Completion => json!({"index": 0, "text": text, "finish_reason": finish(reason), "logprobs": null}),
+        };
+        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
+               "choices": [choice], "usage": usage(m)})
+    }
+
+    /// A streamed chunk carrying `text` (and, at the end, the finish reason).
+    fn chunk(&self, text: Option<&str>, reason: Option<FinishReason>, first: bool) -> Value {
+        let reason = reason.map(finish);
+        let choice = match self.kind {
+            Kind::Chat => {
+                let delta = match (first, text) {
+                    (true, t) => json!({"role": "assistant", "content": t.unwrap_or("")}),
+                    (false, Some(t)) => json!({"content": t}),
+                    (false, None) => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "finish_reason": reason, "logprobs": null})
+            }
+            Kind::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": reason, "logprobs": null})
+            }
+        };
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
+               "choices": [choice]})
+    }
+
+    fn usage_chunk(&self, m: &GenerateMetrics) -> Value {
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
+               "choices": [], "usage": usage(m)})
+    }
+}
+
+/// Sends `req` and answers it: whole, or as server-sent events once the first
+/// tokens are there (so a refusal or an error before them is a proper HTTP status).
+async fn run(
+    g: &Gateway,
+    headers: &HeaderMap,
+    req: GenerateRequest,
+    sampling: &Sampling,
+    kind: Kind,
+    admitted: Admitted,
+) -> Result<Response, ApiError> {
+    let route = if kind == Kind::Chat {
+        "/v1/chat/completions"
+    } else {
+        "/v1/completions"
+    };
+    let span = tracing::info_span!(
+        "gateway",
+        otel.name = %format!("POST {route}"),
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = route,
+        switchyard.gateway.key = admitted.name(),
+    );
+    super::continue_trace(&span, headers);
+    let subject = match kind {
+        Kind::Chat => g.subjects.chat(),
+        Kind::Completion => g.subjects.generate(),
+    };
+    let shape = Shape {
+        kind,
+        id: format!(
+            "{}-{}",
+            if kind == Kind::Chat { "chatcmpl" } else { "cmpl" },
+            req.head.request_id
+        ),
+        created: now_secs(),
+        model: req.head.model.clone(),
+    };
+    let mut stream = g.client.start(subject, req).instrument(span.clone()).await?;
+    if !sampling.streams() {
+        let done = stream.collect().instrument(span).await?;
+        admitted.charge(done.metrics.generated_tokens);
+        return Ok(axum::Json(shape.whole(done.text, done.finish_reason, &done.metrics)).into_response());
+    }
+    // The first event decides the status: an error before any token is an HTTP error.
+    let first = match stream.next().instrument(span.clone()).await {
+        Some(Ok(ev)) => ev,
+        Some(Err(e)) => return Err(e.into()),
+        None => {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "api_error",
+                "worker_lost",
+                "the stream ended at once",
+            ))
+        }
+    };
+    let state = Streaming {
+        stream,
+        pending: Some(first),
+        shape,
+        include_usage: sampling.include_usage(),
+        admitted,
+        phase: Phase::Start,
+        _span: span,
+    };
+    let events = futures::stream::unfold(state, |mut s| async move {
+        let data = s.step().await?;
+        Some((Ok::<_, std::convert::Infallible>(Event::default().data(data)), s))
+    });
+    Ok(Sse::new(events).into_response())
+}
+
+enum Phase {
+    Start,
+    Body,
+    Usage(GenerateMetrics),
+    Done,
+    Over,
+}
+
+/// A streamed answer in progress. Dropping it (the HTTP client went away) drops the
+/// [`ResponseStream`], which cancels the request on its worker.
+struct Streaming {
+    stream: ResponseStream,
+    pending: Option<StreamEvent>,
+    shape: Shape,
+    include_usage: bool,
+    admitted: Admitted,
+    phase: Phase,
+    _span: tracing::Span,
+}
+
+impl Streaming {
+    /// The next SSE `data`, `None` at the end: a first chunk with the role, a chunk
+    /// per text, the finish chunk, the usage chunk if asked, `[DONE]`; or an error
+    /// event, which ends the stream.
+    async fn step(&mut self) -> Option<String> {
+        loop {
+            match std::mem::replace(&mut self.phase, Phase::Body) {
+                Phase::Start => return Some(self.shape.chunk(None, None, true).to_string()),
+                Phase::Usage(m) => {
+                    self.phase = Phase::Done;
+                    return Some(self.shape.usage_chunk(&m).to_string());
+                }
+                Phase::Done => {
+                    self.phase = Phase::Over;
+                    return Some("[DONE]".to_string());
+                }
+                Phase::Over => {
+                    self.phase = Phase::Over;
+                    return None;
+                }
+                Phase::Body => {}
+            }
+            let ev = match self.pending.take() {
+                Some(ev) => Some(Ok(ev)),
+                None => self.stream.next().await,
+            };
+            match ev {
+                Some(Ok(StreamEvent::Tokens(t))) => {
+                    let text: String = t.iter().map(|t| t.text.as_str()).collect();
+                    if !text.is_empty() {
+                        return Some(self.shape.chunk(Some(&text), None, false).to_string());
+                    }
+                }
+                Some(Ok(StreamEvent::Done { finish_reason, metrics })) => {
+                    self.admitted.charge(metrics.generated_tokens);
+                    self.phase = if self.include_usage {
+                        Phase::Usage(metrics)
+                    } else {
+                        Phase::Done
+                    };
+                    return Some(self.shape.chunk(None, Some(finish_reason), false).to_string());
+                }
+                Some(Err(e)) => {
+                    self.phase = Phase::Over;
+                    return Some(ApiError::from(e).body().to_string());
+                }
+                None => {
+                    self.phase = Phase::Over;
+                    return None;
+                }
+            }
+        }
+    }
+}

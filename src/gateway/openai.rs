@@ -1,0 +1,282 @@
+//! OpenAI's request bodies and how they become switchyard requests.
+//!
+//! Every field OpenAI defines is either honoured or refused with a 400 naming it —
+//! never silently ignored. switchyard's own knobs (`top_k`, `min_p`,
+//! `repeat_penalty`, `repeat_last_n`, `backend`, `worker`) are accepted as extra
+//! fields, the way llama.cpp's server and vLLM accept theirs.
+
+use super::errors::ApiError;
+use crate::{Client, GenerateRequest, Message};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Sampling defaults when a request does not say (llama.cpp server's, which Ollama's
+/// nearly match): varied but focused text that does not loop. `temperature: 0` asks
+/// for greedy decoding.
+pub const DEFAULT_TEMPERATURE: f32 = 0.8;
+/// See [`DEFAULT_TEMPERATURE`].
+pub const DEFAULT_TOP_K: u32 = 40;
+/// See [`DEFAULT_TEMPERATURE`].
+pub const DEFAULT_TOP_P: f32 = 0.95;
+/// See [`DEFAULT_TEMPERATURE`].
+pub const DEFAULT_MIN_P: f32 = 0.05;
+/// Tokens generated when a request gives neither `max_tokens` nor
+/// `max_completion_tokens`.
+pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+
+/// Fills the sampling knobs a request left out with the chat defaults above; with
+/// `temperature` 0 the others default to off (greedy). The gateway, `switchyard
+/// chat` and `up --prompt` use it.
+pub fn chat_defaults(
+    c: &mut switchyard_messages::GenerateConfig,
+    temperature: Option<f32>,
+    top_k: Option<u32>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+) {
+    c.temperature = temperature.unwrap_or(DEFAULT_TEMPERATURE);
+    let greedy = c.temperature == 0.0;
+    c.top_k = top_k.unwrap_or(if greedy { 0 } else { DEFAULT_TOP_K });
+    c.top_p = top_p.unwrap_or(if greedy { 0.0 } else { DEFAULT_TOP_P });
+    c.min_p = min_p.unwrap_or(if greedy { 0.0 } else { DEFAULT_MIN_P });
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The sampling fields both endpoints share, and everything else the body held.
+#[derive(Debug, Default, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub stop: Option<Stop>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub n: Option<u32>,
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<u32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+    // switchyard's extras
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<u32>,
+    pub backend: Option<String>,
+    pub worker: Option<String>,
+    /// Fields this gateway does not know.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    #[serde(default)]
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// One message; `content` is a string or a list of text parts.
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Value,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: String,
+    pub prompt: Value,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u32>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// Parses a JSON body, a parse failure being a 400 that says what was wrong.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(None, format!("invalid request body: {e}")))
+}
+
+fn refuse(param: &str, why: &str) -> ApiError {
+    ApiError::bad_request(Some(param.to_string()), format!("{param}: {why}"))
+}
+
+impl Sampling {
+    /// Whether the answer streams.
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Whether a streamed answer ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+
+    /// Refuses what cannot be honoured, then fills `req.config` and the pins.
+    pub fn apply(&self, req: &mut GenerateRequest) -> Result<(), ApiError> {
+        if let Some((k, _)) = self.rest.iter().find(|(_, v)| !v.is_null()) {
+            return Err(refuse(
+                k,
+                "not supported by this gateway (docs/gateway.md lists the fields it takes)",
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if v.is_some_and(|v| v != 0.0) {
+                return Err(refuse(
+                    name,
+                    "not supported; use repeat_penalty (e.g. 1.1), which penalises recently seen tokens",
+                ));
+            }
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(refuse("n", "only n = 1 is supported; send several requests instead"));
+        }
+        if matches!(&self.logprobs, Some(v) if !v.is_null() && v != &Value::Bool(false)) || self.top_logprobs.is_some()
+        {
+            return Err(refuse(
+                "logprobs",
+                "log-probabilities are not returned by switchyard's workers",
+            ));
+        }
+        if self.stream_options.is_some() && !self.streams() {
+            return Err(refuse("stream_options", "only with stream: true"));
+        }
+        let c = &mut req.config;
+        c.max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .unwrap_or(DEFAULT_MAX_TOKENS);
+        chat_defaults(c, self.temperature, self.top_k, self.top_p, self.min_p);
+        if let Some(p) = self.repeat_penalty {
+            c.repeat_penalty = p;
+        }
+        if let Some(n) = self.repeat_last_n {
+            c.repeat_last_n = n;
+        }
+        c.seed = match self.seed {
+            Some(s) => Some(s as u64),
+            None => None,
+        };
+        c.stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        req.head.backend = self.backend.clone().filter(|b| !b.is_empty());
+        req.head.worker = self.worker.clone().filter(|w| !w.is_empty());
+        Ok(())
+    }
+}
+
+/// A message's text: a string, or the concatenated `text` parts of a list.
+fn content_text(i: usize, content: &Value) -> Result<String, ApiError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for p in parts {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (kind, _) => {
+                        return Err(refuse(
+                            &format!("messages[{i}].content"),
+                            &format!("content part of type {kind:?} is not supported (text only)"),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(refuse(
+            &format!("messages[{i}].content"),
+            "must be a string or a list of text parts",
+        )),
+    }
+}
+
+impl ChatRequest {
+    /// The switchyard chat request.
+    pub fn to_request(&self) -> Result<GenerateRequest, ApiError> {
+        if self.messages.is_empty() {
+            return Err(refuse("messages", "must not be empty"));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                other => {
+                    return Err(refuse(
+                        &format!("messages[{i}].role"),
+                        &format!("{other:?} is not supported (system, developer, user, assistant)"),
+                    ))
+                }
+            };
+            messages.push(Message::new(role, content_text(i, &m.content)?));
+        }
+        let mut req = GenerateRequest::chat(Client::new_request_id(), self.model.clone(), messages);
+        self.sampling.apply(&mut req)?;
+        Ok(req)
+    }
+}
+
+impl CompletionRequest {
+    /// The switchyard generate request.
+    pub fn to_request(&self) -> Result<GenerateRequest, ApiError> {
+        let prompt = match &self.prompt {
+            Value::String(s) => s.clone(),
+            Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
+            Value::Array(_) => {
+                return Err(refuse(
+                    "prompt",
+                    "exactly one prompt string per request (a list of one is accepted)",
+                ))
+            }
+            _ => return Err(refuse("prompt", "must be a string")),
+        };
+        if self.echo == Some(true) {
+            return Err(refuse("echo", "not supported"));
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(refuse("suffix", "not supported (no fill-in-the-middle)"));
+        }
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err(refuse("best_of", "only 1 is supported"));
+        }
+        let mut req = GenerateRequest::generate(Client::new_request_id(), self.model.clone(), prompt);
+        self.sampling.apply(&mut req)?;
+        Ok(req)
+    }
+}

@@ -1,0 +1,211 @@
+//! The OpenAI-compatible gateway, tested the way users touch it: the official
+//! `openai` Python package against a real gateway → coordinator → CPU worker; `curl
+//! -N` for the raw SSE framing; bad bodies answered 4xx while it keeps serving; a
+//! client that hangs up cancels its request on the worker.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use switchyard::gateway::{self, keys::hash_key, GatewayHandle};
+use switchyard_config::{ApiKey, GatewayConfig};
+
+const GOOD: &str = "sk-switchyard-good-7f3a";
+const LIMITED: &str = "sk-switchyard-limited-19c2";
+
+async fn start(f: &Fleet) -> GatewayHandle {
+    let config = GatewayConfig {
+        listen: "127.0.0.1:0".into(),
+        keys: vec![
+            ApiKey {
+                name: "good".into(),
+                sha256: hash_key(GOOD),
+                ..ApiKey::default()
+            },
+            ApiKey {
+                name: "limited".into(),
+                sha256: hash_key(LIMITED),
+                requests_per_min: 1,
+                ..ApiKey::default()
+            },
+        ],
+        ..GatewayConfig::default()
+    };
+    gateway::start(f.client().await, "sy", &config)
+        .await
+        .expect("gateway starts")
+}
+
+fn curl(args: &[&str]) -> (String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-N", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
+    (code.to_string(), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_works_against_the_gateway() {
+    let f = fleet(|c| c.worker.capacity = 2).await;
+    let g = start(&f).await;
+    let base = format!("{}/v1", g.url());
+    let script = repo().join("tests/python/openai_check.py");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .args([&base, GOOD, LIMITED, DEMO_NAME])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "openai_check.py failed:\n{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!("{r:#}");
+
+    let chat = &r["chat"];
+    assert_eq!(chat["object"], "chat.completion");
+    assert!(!chat["content"].as_str().unwrap().trim().is_empty());
+    assert!(["stop", "length"].contains(&chat["finish"].as_str().unwrap()));
+    assert!(chat["prompt_tokens"].as_u64().unwrap() > 10);
+    assert!(chat["completion_tokens"].as_u64().unwrap() >= 1);
+    assert!(chat["cached"].is_u64());
+    assert_eq!(r["greedy_same"], true, "temperature 0 is greedy");
+    let s = &r["chat_stream"];
+    assert!(s["chunks"].as_u64().unwrap() >= 2, "{s}");
+    assert!(["stop", "length"].contains(&s["finish"].as_str().unwrap()));
+    assert!(s["usage"].as_u64().unwrap() >= 1, "stream_options.include_usage");
+    assert!(r["completion"]["completion_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(
+        r["completion_stream_same"], true,
+        "streamed and whole greedy completions agree"
+    );
+    assert_eq!(r["models"], serde_json::json!([DEMO_NAME]));
+
+    let err = |k: &str, class: &str, status: u64| {
+        assert_eq!(r[k]["class"], class, "{k}: {}", r[k]);
+        assert_eq!(r[k]["status"], status, "{k}: {}", r[k]);
+    };
+    err("bad_key", "AuthenticationError", 401);
+    err("unknown_model", "NotFoundError", 404);
+    err("presence_penalty", "BadRequestError", 400);
+    err("n2", "BadRequestError", 400);
+    err("overflow", "BadRequestError", 400);
+    assert!(r["limited_first"].is_null(), "{}", r["limited_first"]);
+    err("limited_second", "RateLimitError", 429);
+    g.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_http_sse_framing_bad_bodies_and_hangups() {
+    let f = fleet(|c| c.worker.capacity = 2).await;
+    let g = start(&f).await;
+    let url = format!("{}/v1/chat/completions", g.url());
+    let auth = format!("Authorization: Bearer {GOOD}");
+    let json = "Content-Type: application/json";
+
+    // SSE framing, with curl -N: `data: {json}` events separated by blank lines,
+    // ending with `data: [DONE]`.
+    let body = r#"{"model":"","messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"stream":true}"#;
+    let (code, text) = curl(&[&url, "-H", &auth, "-H", json, "-d", body]);
+    assert_eq!(code, "200", "{text}");
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
+    assert!(events.iter().all(|e| e.starts_with("data: ")), "{text}");
+    assert_eq!(events.last().unwrap().trim(), "data: [DONE]");
+    let first: serde_json::Value = serde_json::from_str(&events[0][6..]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+
+    // Bad bodies: 4xx in OpenAI's error shape, never a crash.
+    for (what, body, want) in [
+        ("malformed JSON", "{\"model\": ", "400"),
+        ("wrong type", r#"{"model":"","messages":"hello"}"#, "400"),
+        ("no messages", r#"{"model":""}"#, "400"),
+        ("bad role", r#"{"messages":[{"role":"tool","content":"x"}]}"#, "400"),
+        (
+            "unknown field",
+            r#"{"messages":[{"role":"user","content":"x"}],"tools":[{}]}"#,
+            "400",
+        ),
+        (
+            "NaN-like temperature",
+            r#"{"messages":[{"role":"user","content":"x"}],"temperature":-1}"#,
+            "400",
+        ),
+    ] {
+        let (code, text) = curl(&[&url, "-H", &auth, "-H", json, "-d", body]);
+        assert_eq!(code, want, "{what}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+        assert!(v["error"]["message"].is_string(), "{what}: {text}");
+    }
+    let big = format!(
+        r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "a".repeat(2 << 20)
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), big).unwrap();
+    let data = format!("@{}", file.path().display());
+    let (code, text) = curl(&[&url, "-H", &auth, "-H", json, "--data-binary", &data]);
+    assert_eq!(code, "413", "{text}");
+    let (code, _) = curl(&[&format!("{}/health", g.url())]);
+    assert_eq!(code, "200", "the gateway keeps serving");
+
+    // A client that hangs up mid-stream cancels its request on the worker.
+    let client = f.client().await;
+    let http = reqwest::Client::new();
+    let mut resp = http
+        .post(&url)
+        .header("Authorization", format!("Bearer {GOOD}"))
+        .json(
+            &serde_json::json!({"messages":[{"role":"user","content":"Tell me a long story."}],
+                                   "max_tokens": 4000, "stream": true, "temperature": 0.8}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let _first = resp.chunk().await.unwrap();
+    // Heartbeats carry in_flight; wait until one shows the stream running.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while client.status().await.unwrap().workers[0].status.in_flight != 1 {
+        assert!(Instant::now() < deadline, "the stream never showed as running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(resp);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = client.status().await.unwrap();
+        if s.workers[0].status.in_flight == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker still runs the abandoned stream");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    g.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_keys_means_loopback_only_unless_told() {
+    let f = fleet(|_| {}).await;
+    let open = GatewayConfig {
+        listen: "0.0.0.0:0".into(),
+        ..GatewayConfig::default()
+    };
+    let err = match gateway::start(f.client().await, "sy", &open).await {
+        Ok(_) => panic!("a keyless gateway listened beyond loopback"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("allow_no_keys"), "{err}");
+    let told = GatewayConfig {
+        allow_no_keys: true,
+        ..open
+    };
+    let g = gateway::start(f.client().await, "sy", &told)
+        .await
+        .expect("allowed explicitly");
+    g.shutdown().await;
+}

@@ -1,0 +1,74 @@
+"""The official OpenAI client against a switchyard gateway (run by tests/gateway.rs).
+
+Usage: openai_check.py BASE_URL GOOD_KEY LIMITED_KEY MODEL
+Prints one JSON object with what each call returned; the Rust test asserts on it.
+"""
+import json
+import sys
+
+import openai
+
+base, good, limited, model = sys.argv[1:5]
+c = openai.OpenAI(base_url=base, api_key=good, max_retries=0)
+out = {}
+
+r = c.chat.completions.create(model=model, messages=[
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"}], max_tokens=24)
+out["chat"] = {"content": r.choices[0].message.content, "finish": r.choices[0].finish_reason,
+               "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,
+               "cached": r.usage.prompt_tokens_details.cached_tokens, "object": r.object}
+
+greedy = [c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Name a color."}],
+                                    max_completion_tokens=8, temperature=0).choices[0].message.content
+          for _ in range(2)]
+out["greedy_same"] = greedy[0] == greedy[1]
+
+parts, finish, usage = [], None, None
+stream = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
+                                   max_tokens=12, stream=True, stream_options={"include_usage": True})
+for chunk in stream:
+    if chunk.usage:
+        usage = chunk.usage.completion_tokens
+    for ch in chunk.choices:
+        if ch.delta.content:
+            parts.append(ch.delta.content)
+        if ch.finish_reason:
+            finish = ch.finish_reason
+out["chat_stream"] = {"text": "".join(parts), "finish": finish, "usage": usage, "chunks": len(parts)}
+
+r = c.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0, stop=["\n"])
+out["completion"] = {"text": r.choices[0].text, "finish": r.choices[0].finish_reason,
+                     "completion_tokens": r.usage.completion_tokens}
+text = "".join(ch.choices[0].text for ch in c.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=6, temperature=0, stop=["\n"], stream=True)
+    if ch.choices)
+out["completion_stream_same"] = text == r.choices[0].text
+
+out["models"] = [m.id for m in c.models.list().data]
+
+
+def error_of(fn):
+    try:
+        fn()
+        return None
+    except openai.APIStatusError as e:
+        return {"class": type(e).__name__, "status": e.status_code, "code": (e.body or {}).get("code")
+                if isinstance(e.body, dict) else None}
+
+
+out["bad_key"] = error_of(lambda: openai.OpenAI(base_url=base, api_key="wrong", max_retries=0)
+                          .chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}]))
+out["unknown_model"] = error_of(lambda: c.chat.completions.create(
+    model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=2))
+out["presence_penalty"] = error_of(lambda: c.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, presence_penalty=0.5))
+out["n2"] = error_of(lambda: c.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=2))
+out["overflow"] = error_of(lambda: c.completions.create(model=model, prompt="word " * 9000, max_tokens=2))
+lim = openai.OpenAI(base_url=base, api_key=limited, max_retries=0)
+out["limited_first"] = error_of(lambda: lim.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2))
+out["limited_second"] = error_of(lambda: lim.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2))
+print(json.dumps(out))
