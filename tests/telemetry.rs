@@ -160,8 +160,26 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         .await
         .unwrap()
         .unwrap();
-    // SIGTERM: both processes drain and flush their exporters on the way out.
-    for proc in [&mut worker, &mut coordinator] {
+    // A gateway continues an HTTP caller's W3C trace into the NATS hops.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut gateway = switchyard("gateway", &["--nats", &url, "gateway", "--listen", &listen]);
+    gateway.wait_for("gateway listening", Duration::from_secs(20));
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let answer = reqwest::Client::new()
+        .post(format!("http://{listen}/v1/chat/completions"))
+        .header("traceparent", format!("00-{caller_trace}-00f067aa0ba902b7-01"))
+        .json(&serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    // SIGTERM: the processes drain and flush their exporters on the way out.
+    for proc in [&mut gateway, &mut worker, &mut coordinator] {
         let status = tokio::task::block_in_place(|| proc.terminate(Duration::from_secs(20)));
         assert!(status.is_some_and(|s| s.success()), "clean exit");
     }
@@ -169,9 +187,10 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
     let deadline = Instant::now() + Duration::from_secs(15);
     let (client_span, route, generation) = loop {
         let all = spans(&collected);
+        let caller = |sp: &Span| sp.trace_id.iter().map(|b| format!("{b:02x}")).collect::<String>() == caller_trace;
         let find = |service: &str, pred: &dyn Fn(&Span) -> bool| {
             all.iter()
-                .find(|(s, sp)| s == service && pred(sp))
+                .find(|(s, sp)| s == service && !caller(sp) && pred(sp))
                 .map(|(_, sp)| sp.clone())
         };
         let found = (
@@ -189,6 +208,16 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // The gateway's request: its span and the worker's carry the caller's trace id.
+    let all = spans(&collected);
+    let in_caller_trace = |service: &str| {
+        all.iter().any(|(s, sp)| {
+            s == service && sp.trace_id.iter().map(|b| format!("{b:02x}")).collect::<String>() == caller_trace
+        })
+    };
+    for service in ["switchyard-gateway", "switchyard-coordinator", "switchyard-worker"] {
+        assert!(in_caller_trace(service), "no {service} span in the HTTP caller's trace");
+    }
     // One trace: client → coordinator → worker → prefill/decode.
     assert_eq!(route.trace_id, client_span.trace_id);
     assert_eq!(generation.trace_id, client_span.trace_id);
@@ -299,6 +328,11 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
             }
         }
     }
+    let (unit, _, attrs) = seen
+        .get("gen_ai.client.operation.duration")
+        .expect("the gateway records gen_ai.client.operation.duration");
+    assert_eq!(unit, "s");
+    assert_eq!(text(attrs, "gen_ai.operation.name").as_deref(), Some("chat"));
     for (name, unit) in [
         ("gen_ai.server.time_to_first_token", "s"),
         ("gen_ai.server.time_per_output_token", "s"),
@@ -310,9 +344,12 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
             .unwrap_or_else(|| panic!("no {name}; seen {:?}", seen.keys()));
         assert_eq!(u, unit, "{name}");
         assert!(!bounds.is_empty(), "{name}");
-        assert_eq!(
-            text(attrs, "gen_ai.operation.name").as_deref(),
-            Some("text_completion"),
+        // The client's generate or the gateway's chat.
+        assert!(
+            matches!(
+                text(attrs, "gen_ai.operation.name").as_deref(),
+                Some("text_completion" | "chat")
+            ),
             "{name}"
         );
         assert_eq!(

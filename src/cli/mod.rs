@@ -460,6 +460,7 @@ impl Command {
             Command::Worker(_) => "switchyard-worker",
             Command::Coordinator(_) => "switchyard-coordinator",
             Command::Up(_) => "switchyard",
+            Command::Gateway(_) => "switchyard-gateway",
             _ => "switchyard-client",
         }
     }

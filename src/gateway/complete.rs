@@ -3,6 +3,7 @@
 
 use super::errors::ApiError;
 use super::keys::Admitted;
+use super::metrics::Operation;
 use super::openai::{parse, ChatRequest, CompletionRequest, Sampling};
 use super::Gateway;
 use crate::{GenerateRequest, ResponseStream, StreamEvent};
@@ -173,25 +174,48 @@ async fn run(
             req.head.request_id
         ),
         created: now_secs(),
-        model: req.head.model.clone(),
+        model: match req.head.model.as_str() {
+            // "any model": name the one the fleet serves, when it serves one.
+            "" => match g.client.models().await {
+                Ok(m) if m.models.len() == 1 => m.models[0].name.clone(),
+                _ => String::new(),
+            },
+            m => m.to_string(),
+        },
     };
-    let mut stream = g.client.start(subject, req).instrument(span.clone()).await?;
+    let mut op = Operation::start(
+        if kind == Kind::Chat { "chat" } else { "text_completion" },
+        &req.head.model,
+    );
+    let failed = |op: &mut Operation, e: ApiError| {
+        op.finish(Some(&e.code));
+        e
+    };
+    let mut stream = match g.client.start(subject, req).instrument(span.clone()).await {
+        Ok(s) => s,
+        Err(e) => return Err(failed(&mut op, e.into())),
+    };
     if !sampling.streams() {
-        let done = stream.collect().instrument(span).await?;
+        let done = match stream.collect().instrument(span).await {
+            Ok(d) => d,
+            Err(e) => return Err(failed(&mut op, e.into())),
+        };
+        op.finish(None);
         admitted.charge(done.metrics.generated_tokens);
         return Ok(axum::Json(shape.whole(done.text, done.finish_reason, &done.metrics)).into_response());
     }
     // The first event decides the status: an error before any token is an HTTP error.
     let first = match stream.next().instrument(span.clone()).await {
         Some(Ok(ev)) => ev,
-        Some(Err(e)) => return Err(e.into()),
+        Some(Err(e)) => return Err(failed(&mut op, e.into())),
         None => {
-            return Err(ApiError::new(
+            let e = ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "api_error",
                 "worker_lost",
                 "the stream ended at once",
-            ))
+            );
+            return Err(failed(&mut op, e));
         }
     };
     let state = Streaming {
@@ -200,6 +224,7 @@ async fn run(
         shape,
         include_usage: sampling.include_usage(),
         admitted,
+        op,
         phase: Phase::Start,
         _span: span,
     };
@@ -226,6 +251,7 @@ struct Streaming {
     shape: Shape,
     include_usage: bool,
     admitted: Admitted,
+    op: Operation,
     phase: Phase,
     _span: tracing::Span,
 }
@@ -265,6 +291,7 @@ impl Streaming {
                 }
                 Some(Ok(StreamEvent::Done { finish_reason, metrics })) => {
                     self.admitted.charge(metrics.generated_tokens);
+                    self.op.finish(None);
                     self.phase = if self.include_usage {
                         Phase::Usage(metrics)
                     } else {
@@ -274,7 +301,9 @@ impl Streaming {
                 }
                 Some(Err(e)) => {
                     self.phase = Phase::Over;
-                    return Some(ApiError::from(e).body().to_string());
+                    let e = ApiError::from(e);
+                    self.op.finish(Some(&e.code));
+                    return Some(e.body().to_string());
                 }
                 None => {
                     self.phase = Phase::Over;

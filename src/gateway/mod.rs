@@ -6,11 +6,13 @@
 //! - [`complete`]: chat and text completions, whole or streamed (SSE).
 //! - [`keys`]: API keys (hashed), per-key models and limits.
 //! - [`errors`]: errors in OpenAI's shape and status.
+//! - [`metrics`]: GenAI client metrics per relayed request.
 //! - `page.html`: the fleet page and chat playground at `/`.
 
 pub mod complete;
 pub mod errors;
 pub mod keys;
+pub mod metrics;
 pub mod openai;
 
 use crate::Client;
