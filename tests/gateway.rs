@@ -13,6 +13,7 @@ use switchyard_config::{ApiKey, GatewayConfig};
 
 const GOOD: &str = "sk-switchyard-good-7f3a";
 const LIMITED: &str = "sk-switchyard-limited-19c2";
+const RESTRICTED: &str = "sk-switchyard-restricted-44d0";
 
 async fn start(f: &Fleet) -> GatewayHandle {
     let config = GatewayConfig {
@@ -27,6 +28,12 @@ async fn start(f: &Fleet) -> GatewayHandle {
                 name: "limited".into(),
                 sha256: hash_key(LIMITED),
                 requests_per_min: 1,
+                ..ApiKey::default()
+            },
+            ApiKey {
+                name: "restricted".into(),
+                sha256: hash_key(RESTRICTED),
+                models: vec!["some-other-model".into()],
                 ..ApiKey::default()
             },
         ],
@@ -57,7 +64,7 @@ async fn the_official_openai_client_works_against_the_gateway() {
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python())
             .arg(script)
-            .args([&base, GOOD, LIMITED, DEMO_NAME])
+            .args([&base, GOOD, LIMITED, RESTRICTED, DEMO_NAME])
             .output()
             .unwrap()
     })
@@ -98,6 +105,7 @@ async fn the_official_openai_client_works_against_the_gateway() {
     err("overflow", "BadRequestError", 400);
     assert!(r["limited_first"].is_null(), "{}", r["limited_first"]);
     err("limited_second", "RateLimitError", 429);
+    err("restricted", "PermissionDeniedError", 403);
     g.shutdown().await;
 }
 
@@ -208,4 +216,45 @@ async fn no_keys_means_loopback_only_unless_told() {
         .await
         .expect("allowed explicitly");
     g.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_mid_stream_is_an_error_event_then_the_end() {
+    let nats = nats();
+    let url = nats.url();
+    let coordinator = switchyard::node::start_coordinator(&fleet_config(&url)).await.unwrap();
+    let mut worker = worker_proc(&url, "doomed");
+    let client = client(&url, Duration::from_secs(2)).await;
+    wait_for_workers(&client, &["doomed"], Duration::from_secs(20)).await;
+    let config = GatewayConfig {
+        listen: "127.0.0.1:0".into(),
+        ..GatewayConfig::default()
+    };
+    let g = gateway::start(client, "sy", &config).await.unwrap();
+    let mut resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", g.url()))
+        .json(
+            &serde_json::json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
+                                   "max_tokens": 4000, "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut text = String::from_utf8_lossy(&resp.chunk().await.unwrap().unwrap()).into_owned();
+    worker.kill9();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Some(c) = tokio::time::timeout_at(deadline.into(), resp.chunk())
+        .await
+        .expect("the stream ends after the worker is lost")
+        .unwrap()
+    {
+        text.push_str(&String::from_utf8_lossy(&c));
+    }
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
+    let last: serde_json::Value = serde_json::from_str(&events.last().unwrap()[6..]).unwrap();
+    assert_eq!(last["error"]["code"], "worker_lost", "{text}");
+    assert!(!text.contains("[DONE]"), "an error ends the stream without [DONE]");
+    g.shutdown().await;
+    coordinator.shutdown().await;
 }

@@ -1,6 +1,6 @@
 """The official OpenAI client against a switchyard gateway (run by tests/gateway.rs).
 
-Usage: openai_check.py BASE_URL GOOD_KEY LIMITED_KEY MODEL
+Usage: openai_check.py BASE_URL GOOD_KEY LIMITED_KEY RESTRICTED_KEY MODEL
 Prints one JSON object with what each call returned; the Rust test asserts on it.
 """
 import json
@@ -8,7 +8,7 @@ import sys
 
 import openai
 
-base, good, limited, model = sys.argv[1:5]
+base, good, limited, restricted, model = sys.argv[1:6]
 c = openai.OpenAI(base_url=base, api_key=good, max_retries=0)
 out = {}
 
@@ -71,4 +71,6 @@ out["limited_first"] = error_of(lambda: lim.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2))
 out["limited_second"] = error_of(lambda: lim.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2))
+out["restricted"] = error_of(lambda: openai.OpenAI(base_url=base, api_key=restricted, max_retries=0)
+                             .chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}]))
 print(json.dumps(out))
