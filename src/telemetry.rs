@@ -340,7 +340,57 @@ fn collector_name(name: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::collector_name;
+    use super::{collector_name, scrape_text};
+    use opentelemetry::metrics::MeterProvider as _;
+
+    #[test]
+    fn the_scrape_names_metrics_as_the_collector_does() {
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()
+            .unwrap();
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(exporter)
+            .build();
+        let m = provider.meter("switchyard");
+        let _bytes = m
+            .u64_observable_gauge("switchyard.kv.store.bytes")
+            .with_unit("By")
+            .with_callback(|o| o.observe(7, &[]))
+            .build();
+        let _ratio = m
+            .f64_observable_gauge("switchyard.kv.hit_ratio")
+            .with_unit("1")
+            .with_callback(|o| o.observe(0.5, &[]))
+            .build();
+        let _budget = m
+            .u64_observable_gauge("switchyard.kv.store.budget")
+            .with_unit("By")
+            .with_callback(|o| o.observe(9, &[]))
+            .build();
+        m.u64_counter("switchyard.routing.decisions")
+            .with_unit("{request}")
+            .build()
+            .add(1, &[]);
+        // The exporter alone repeats a unit the name already holds…
+        let raw: Vec<String> = registry.gather().iter().map(|f| f.name().to_string()).collect();
+        assert!(raw.contains(&"switchyard_kv_store_bytes_bytes".to_string()), "{raw:?}");
+        // …the endpoint serves the collector's names.
+        let text = scrape_text(&registry);
+        for name in [
+            "switchyard_kv_store_bytes{",
+            "switchyard_kv_hit_ratio{",
+            "switchyard_kv_store_budget_bytes{",
+            "switchyard_routing_decisions_total{",
+        ] {
+            assert!(text.contains(name), "{name} not in {text}");
+        }
+        assert!(
+            !text.contains("_bytes_bytes") && !text.contains("_ratio_ratio"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_unit_already_in_the_name_is_not_repeated() {

@@ -138,6 +138,7 @@ fn every_flag_is_documented_in_help() {
         "bench prefix",
         "bench kv-routing",
         "bench batch",
+        "bench gateway",
         "bench mlx",
     ] {
         let mut args: Vec<&str> = cmd.split(' ').collect();

@@ -1,6 +1,8 @@
 //! The Grafana dashboard in `dashboards/` is valid JSON and queries only metrics
 //! switchyard exports (under the Prometheus naming of the OTel collector: dots to
-//! underscores, unit suffixes, `_total` on counters).
+//! underscores, unit suffixes, `_total` on counters — the names switchyard's own scrape
+//! endpoint, `telemetry.prometheus_listen`, serves too). tests/prometheus.rs runs every
+//! query against a real Prometheus scraping a fleet.
 
 mod common;
 

@@ -131,6 +131,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             super::bench::batch::batch(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(super::BenchCommand::Gateway(args)) => {
+            args.worker.apply(&mut config);
+            config.validate()?;
+            let bin = super::bench::llama_cpp::llama_server_or_build(args.worker.llama_server.as_deref())?;
+            super::bench::gateway::gateway(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Mlx(args)) => {
             let cache = switchyard_workers::local::cache_dir();
             let model = args

@@ -122,6 +122,10 @@ pub enum BenchCommand {
     /// GGUF and threads, alternating rounds: ratios and time to first token. Starts
     /// its own nats-server unless --nats is given.
     Batch(BenchBatchArgs),
+    /// Concurrent streaming chats through the OpenAI gateway against llama-server's
+    /// own OpenAI endpoint (same GGUF, threads and slots): aggregate tok/s, TTFT
+    /// p50/p99, ratios; and the gateway's own cost against the NATS client.
+    Gateway(BenchGatewayArgs),
     /// MLX through switchyard (NATS + coordinator + a metal worker and its bridge)
     /// against mlx-lm called directly in Python, same Hugging Face directory, same
     /// cold prompts, alternating runs: decode and prefill tok/s, time to first token,
@@ -170,6 +174,23 @@ pub struct BenchBatchArgs {
     pub runs: usize,
     /// Tokens generated per stream.
     #[arg(long, default_value_t = 128)]
+    pub max_tokens: u32,
+}
+
+/// `switchyard bench gateway`.
+#[derive(Args, Debug)]
+pub struct BenchGatewayArgs {
+    /// The worker's settings; --llama-server names the peer's binary.
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    /// Concurrent stream counts, comma-separated; the largest is both sides' slots.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
+    pub streams: Vec<usize>,
+    /// Rounds per stream count and side.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Tokens generated per stream.
+    #[arg(long, default_value_t = 64)]
     pub max_tokens: u32,
 }
 
