@@ -198,3 +198,89 @@ impl Drop for Admitted {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bearer(key: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", format!("Bearer {key}").parse().unwrap());
+        h
+    }
+
+    fn store(keys: Vec<ApiKey>) -> KeyStore {
+        KeyStore::load(&GatewayConfig {
+            keys,
+            ..GatewayConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn keys_are_checked_with_their_limits() {
+        let s = store(vec![
+            ApiKey {
+                name: "a".into(),
+                sha256: hash_key("key-a"),
+                models: vec!["m1".into()],
+                tokens_per_min: 10,
+                max_streams: 1,
+                ..ApiKey::default()
+            },
+            ApiKey {
+                name: "b".into(),
+                sha256: hash_key("key-b"),
+                requests_per_min: 2,
+                ..ApiKey::default()
+            },
+        ]);
+        let status = |r: Result<Admitted, ApiError>| r.err().map(|e| e.status.as_u16());
+        assert_eq!(status(s.admit(&HeaderMap::new(), "m1")), Some(401));
+        assert_eq!(status(s.admit(&bearer("key-c"), "m1")), Some(401));
+        assert_eq!(status(s.admit(&bearer("key-a"), "m2")), Some(403));
+        // max_streams 1: a second concurrent request waits for the first to end.
+        let first = s.admit(&bearer("key-a"), "m1").unwrap();
+        assert_eq!(first.name(), "a");
+        assert_eq!(status(s.admit(&bearer("key-a"), "m1")), Some(429));
+        first.charge(10);
+        drop(first);
+        // tokens_per_min 10, all used: refused, with Retry-After.
+        let e = s.admit(&bearer("key-a"), "m1").err().unwrap();
+        assert_eq!(e.status.as_u16(), 429);
+        assert!(e.retry_after.is_some_and(|s| (1..=60).contains(&s)), "{e:?}");
+        // requests_per_min 2.
+        drop(s.admit(&bearer("key-b"), "any").unwrap());
+        drop(s.admit(&bearer("key-b"), "any").unwrap());
+        assert_eq!(status(s.admit(&bearer("key-b"), "any")), Some(429));
+    }
+
+    #[test]
+    fn a_keys_file_is_read_and_no_keys_admits_everyone() {
+        let dir = std::env::temp_dir().join(format!("sy-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("keys.toml");
+        std::fs::write(
+            &file,
+            format!("[[keys]]\nname = \"f\"\nsha256 = \"{}\"\n", hash_key("from-file")),
+        )
+        .unwrap();
+        let s = KeyStore::load(&GatewayConfig {
+            keys_file: file.display().to_string(),
+            ..GatewayConfig::default()
+        })
+        .unwrap();
+        assert!(s.admit(&bearer("from-file"), "x").is_ok());
+        assert!(s.admit(&bearer("other"), "x").is_err());
+        std::fs::write(&file, "[[keys]]\nname = \"bad\"\nsha256 = \"KEY\"\n").unwrap();
+        let e = KeyStore::load(&GatewayConfig {
+            keys_file: file.display().to_string(),
+            ..GatewayConfig::default()
+        })
+        .err()
+        .unwrap();
+        assert!(format!("{e:#}").contains("sha256"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(KeyStore::default().admit(&HeaderMap::new(), "x").is_ok());
+    }
+}

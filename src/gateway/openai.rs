@@ -180,10 +180,8 @@ impl Sampling {
         if let Some(n) = self.repeat_last_n {
             c.repeat_last_n = n;
         }
-        c.seed = match self.seed {
-            Some(s) => Some(s as u64),
-            None => None,
-        };
+        // OpenAI's seed is a signed integer; its bits are the sampler's seed.
+        c.seed = self.seed.map(|s| s as u64);
         c.stop = match &self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
