@@ -258,3 +258,52 @@ async fn a_worker_lost_mid_stream_is_an_error_event_then_the_end() {
     g.shutdown().await;
     coordinator.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_worker_is_503_and_a_full_worker_429_both_with_retry_after() {
+    let nats = nats();
+    let url = nats.url();
+    let mut config = fleet_config(&url);
+    config.worker.capacity = 1;
+    config.worker.queue_depth = 0;
+    let coordinator = switchyard::node::start_coordinator(&config).await.unwrap();
+    let listen = GatewayConfig {
+        listen: "127.0.0.1:0".into(),
+        ..GatewayConfig::default()
+    };
+    let g = gateway::start(client(&url, Duration::from_secs(5)).await, "sy", &listen)
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let chat = |max_tokens: u32, stream: bool| {
+        http.post(format!("{}/v1/chat/completions", g.url())).json(
+            &serde_json::json!({"messages": [{"role": "user", "content": "Tell me a story."}],
+                                "max_tokens": max_tokens, "stream": stream}),
+        )
+    };
+    // No worker yet: 503 with Retry-After, OpenAI's error shape.
+    let r = chat(2, false).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_worker", "{body}");
+
+    // One worker with room for one request: a second one at the same time is 429.
+    let loaded = switchyard::node::load(&config).await.unwrap();
+    let worker = switchyard::node::start_worker(&config, &loaded).await.unwrap();
+    let c = client(&url, Duration::from_secs(5)).await;
+    wait_for_workers(&c, &["w1"], Duration::from_secs(10)).await;
+    let mut long = chat(2000, true).send().await.unwrap();
+    assert_eq!(long.status(), 200);
+    let _ = long.chunk().await.unwrap();
+    let r = chat(2, false).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(wait >= 1);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+    drop(long);
+    g.shutdown().await;
+    worker.shutdown(Duration::from_secs(2)).await;
+    coordinator.shutdown().await;
+}
