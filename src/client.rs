@@ -188,16 +188,16 @@ impl Client {
         payload: Vec<u8>,
         span: tracing::Span,
     ) -> Result<ResponseStream, ClientError> {
-        self.fits(&subject, payload.len())?;
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_REQUEST_ID, request_id);
+        switchyard_actors::trace::inject(&span, &mut headers);
+        self.fits(&subject, Some(&headers), payload.len())?;
         let inbox = self.nats.new_inbox();
         let sub = self
             .nats
             .subscribe(inbox.clone())
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))?;
-        let mut headers = HeaderMap::new();
-        headers.insert(HEADER_REQUEST_ID, request_id);
-        switchyard_actors::trace::inject(&span, &mut headers);
         let cancel_body = encode(&CancelRequest::new(inbox.as_str())).into();
         self.nats
             .publish_with_reply_and_headers(subject, inbox, headers, payload.into())
@@ -288,7 +288,7 @@ impl Client {
         headers: Option<HeaderMap>,
         payload: Vec<u8>,
     ) -> Result<async_nats::Message, ClientError> {
-        self.fits(&subject, payload.len())?;
+        self.fits(&subject, headers.as_ref(), payload.len())?;
         let mut sub = self
             .nats
             .subscribe(inbox.clone())
@@ -311,11 +311,11 @@ impl Client {
         }
     }
 
-    /// Refuses, before sending, a request the NATS server would drop for exceeding
-    /// its `max_payload` (the request body; headers add a few hundred bytes more).
-    fn fits(&self, subject: &str, len: usize) -> Result<(), ClientError> {
-        let max = self.nats.server_info().max_payload;
-        if max > 0 && len > max {
+    /// Refuses, before sending, a request the NATS server would refuse for exceeding
+    /// its `max_payload` (headers and body together).
+    fn fits(&self, subject: &str, headers: Option<&HeaderMap>, payload: usize) -> Result<(), ClientError> {
+        let len = switchyard_actors::nats::message_size(headers, payload);
+        if let Err(max) = switchyard_actors::nats::fits(&self.nats, len) {
             return Err(ClientError::Remote {
                 error: WireError::new(
                     ErrorCode::BadRequest,

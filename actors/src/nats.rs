@@ -223,6 +223,61 @@ where
     }))
 }
 
+/// Bytes a message takes against the server's `max_payload`: NATS counts the header
+/// block (`NATS/1.0\r\n`, each `name: value\r\n`, a closing `\r\n`) with the payload.
+pub fn message_size(headers: Option<&HeaderMap>, payload_len: usize) -> usize {
+    let header_bytes = headers.map_or(0, |h| {
+        12 + h
+            .iter()
+            .map(|(name, values)| {
+                values
+                    .iter()
+                    .map(|v| AsRef::<[u8]>::as_ref(name).len() + v.as_str().len() + 4)
+                    .sum::<usize>()
+            })
+            .sum::<usize>()
+    });
+    header_bytes + payload_len
+}
+
+/// Whether a message of `size` bytes (see [`message_size`]) fits the connected
+/// server's `max_payload`.
+pub fn fits(client: &Client, size: usize) -> Result<(), usize> {
+    let max = client.server_info().max_payload;
+    if max > 0 && size > max {
+        Err(max)
+    } else {
+        Ok(())
+    }
+}
+
+/// A reply body that fits `max_payload`: `body` itself, or — when it does not fit —
+/// an encoded `ErrorReply` with `reply_too_large` saying how big it was, so the
+/// caller gets an answer instead of silence. `what` names the reply in the message.
+pub fn fit_reply(client: &Client, body: Vec<u8>, what: &str) -> Vec<u8> {
+    match fits(client, body.len()) {
+        Ok(()) => body,
+        Err(max) => {
+            tracing::warn!(
+                size = body.len(),
+                max,
+                "{what}: reply over max_payload; answering reply_too_large"
+            );
+            switchyard_messages::encode(&switchyard_messages::ErrorReply {
+                v: switchyard_messages::PROTOCOL_VERSION,
+                error: switchyard_messages::WireError::new(
+                    switchyard_messages::ErrorCode::ReplyTooLarge,
+                    format!(
+                        "the {what} reply is {} bytes, over the NATS server's max_payload of {max}; ask for less \
+                         (fewer prompts, no logits) or raise max_payload",
+                        body.len()
+                    ),
+                ),
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::display_url;

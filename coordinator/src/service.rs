@@ -179,6 +179,19 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             "switchyard.routing.attempts",
             switchyard_actors::trace::int(attempt + 1),
         );
+        // The forward adds headers to a payload that fitted: a request that no longer
+        // fits can never be delivered, to any worker — refuse it, do not retry it.
+        let size = switchyard_actors::nats::message_size(Some(&headers), msg.payload.len());
+        if let Err(max) = switchyard_actors::nats::fits(&ctx.client, size) {
+            let e = WireError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "the request is {size} bytes with the forwarding headers, over the NATS server's max_payload of \
+                     {max}; shorten the prompt (or raise max_payload)"
+                ),
+            );
+            return fail(req.request_id, e).await;
+        }
         let request = async_nats::Request::new()
             .payload(msg.payload.clone())
             .headers(headers)

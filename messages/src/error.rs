@@ -44,11 +44,14 @@ pub enum ErrorCode {
     SessionClosed,
     /// The model type is not one this worker's backend serves.
     BackendMismatch,
+    /// The answer was computed but is larger than the NATS server's `max_payload`
+    /// (e.g. classify logits for many prompts); ask for less (protocol 1.1).
+    ReplyTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownModel,
@@ -65,6 +68,7 @@ impl ErrorCode {
         ErrorCode::StaleFence,
         ErrorCode::SessionClosed,
         ErrorCode::BackendMismatch,
+        ErrorCode::ReplyTooLarge,
     ];
 
     /// Whether the same request may succeed if sent again (possibly to another worker).
@@ -82,7 +86,8 @@ impl ErrorCode {
             | ErrorCode::NotOwner
             | ErrorCode::StaleFence
             | ErrorCode::SessionClosed
-            | ErrorCode::BackendMismatch => false,
+            | ErrorCode::BackendMismatch
+            | ErrorCode::ReplyTooLarge => false,
         }
     }
 
@@ -105,6 +110,7 @@ impl ErrorCode {
             ErrorCode::StaleFence => "stale_fence",
             ErrorCode::SessionClosed => "session_closed",
             ErrorCode::BackendMismatch => "backend_mismatch",
+            ErrorCode::ReplyTooLarge => "reply_too_large",
         }
     }
 }

@@ -60,7 +60,9 @@ impl ApiError {
     /// `worker_lost` 502, the rest 500.
     pub fn from_wire(e: &WireError) -> Self {
         let (status, kind) = match e.code {
-            ErrorCode::BadRequest | ErrorCode::ContextOverflow => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            ErrorCode::BadRequest | ErrorCode::ContextOverflow | ErrorCode::ReplyTooLarge => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error")
+            }
             ErrorCode::UnknownModel => (StatusCode::NOT_FOUND, "invalid_request_error"),
             ErrorCode::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
             ErrorCode::NoWorker | ErrorCode::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "api_error"),

@@ -383,7 +383,14 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
             })
         }
     };
-    let _ = ctx.client.publish(reply_to, body.into()).await;
+    let what = match verb {
+        Unary::Classify => "classify",
+        Unary::Batch => "batch",
+    };
+    let body = switchyard_actors::nats::fit_reply(&ctx.client, body, what);
+    if let Err(e) = ctx.client.publish(reply_to, body.into()).await {
+        tracing::warn!(worker = %ctx.worker_id, "{what} reply not sent: {e}");
+    }
     drop(permit);
     (ctx.on_complete)();
 }

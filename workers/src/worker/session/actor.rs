@@ -208,7 +208,10 @@ impl Actor for SessionActor {
                             error,
                         })
                     });
-                    let _ = ctx.client.publish(reply.clone(), body.into()).await;
+                    let body = switchyard_actors::nats::fit_reply(&ctx.client, body, "session");
+                    if let Err(e) = ctx.client.publish(reply.clone(), body.into()).await {
+                        tracing::warn!("session {verb} reply not sent: {e}");
+                    }
                 };
                 if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
                     let why = switchyard_actors::panic_message(panic);
