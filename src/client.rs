@@ -1,72 +1,15 @@
 //! `switchyard::Client`: send requests to a switchyard fleet over NATS and read the
 //! streamed answer, with stall detection and cancellation.
 
-use async_nats::{HeaderMap, StatusCode, Subscriber};
+pub use crate::stream::{ClientError, Completion, ResponseStream, StreamEvent};
+use async_nats::{HeaderMap, StatusCode};
 use futures::StreamExt;
 use std::time::Duration;
 use switchyard_messages::subjects::HEADER_REQUEST_ID;
 use switchyard_messages::{
     decode, encode, BatchReply, BatchRequest, CancelRequest, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply,
-    FinishReason, FleetStatus, GenerateMetrics, GenerateRequest, ModelsReply, StreamChunk, Subjects, Token, WireError,
+    FleetStatus, GenerateRequest, ModelsReply, Subjects, WireError,
 };
-
-/// What can go wrong for a client.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The fleet answered with an error (or the client detected `worker_lost`).
-    #[error("{error}")]
-    Remote {
-        /// The error.
-        error: WireError,
-        /// Tokens received before the error.
-        received: Vec<Token>,
-    },
-    /// NATS failed.
-    #[error("NATS: {0}")]
-    Nats(String),
-    /// A peer broke the protocol (undecodable chunk, sequence gap).
-    #[error("protocol violation: {0}")]
-    Protocol(String),
-}
-
-impl ClientError {
-    /// The wire code, when the fleet (or stall detection) produced one.
-    pub fn code(&self) -> Option<ErrorCode> {
-        match self {
-            ClientError::Remote { error, .. } => Some(error.code),
-            _ => None,
-        }
-    }
-}
-
-/// A finished generation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
-    /// The generated text.
-    pub text: String,
-    /// The generated tokens.
-    pub tokens: Vec<Token>,
-    /// Why it ended.
-    pub finish_reason: FinishReason,
-    /// Metrics reported by the worker.
-    pub metrics: GenerateMetrics,
-    /// The worker that served it.
-    pub worker_id: String,
-}
-
-/// One step of a response stream.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StreamEvent {
-    /// New tokens.
-    Tokens(Vec<Token>),
-    /// The end.
-    Done {
-        /// Why it ended.
-        finish_reason: FinishReason,
-        /// Worker metrics.
-        metrics: GenerateMetrics,
-    },
-}
 
 /// Client settings.
 #[derive(Debug, Clone)]
@@ -81,6 +24,8 @@ pub struct ClientOptions {
     pub compute_timeout: Duration,
     /// Credentials and TLS for the NATS connection (docs/security.md).
     pub security: switchyard_config::NatsSecurity,
+    /// Times a stream whose worker is lost is resumed on another (0 = never).
+    pub resume_attempts: u32,
 }
 
 impl Default for ClientOptions {
@@ -91,6 +36,7 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(5),
             compute_timeout: Duration::from_secs(120),
             security: switchyard_config::NatsSecurity::default(),
+            resume_attempts: 2,
         }
     }
 }
@@ -175,9 +121,27 @@ impl Client {
             gen_ai.request.model = %model,
             gen_ai.request.max_tokens = i64::from(req.config.max_tokens),
             switchyard.request.id = %req.head.request_id,
+            switchyard.resumes = tracing::field::Empty,
         );
-        self.start_encoded(subject, &req.head.request_id, encode(&req), span)
-            .await
+        let mut stream = self
+            .start_encoded(subject.clone(), &req.head.request_id, encode(&req), span)
+            .await?;
+        if self.opts.resume_attempts > 0 {
+            let client = self.clone();
+            let restart: crate::stream::Restart = Box::new(move |req, span| {
+                let (client, subject) = (client.clone(), subject.clone());
+                Box::pin(async move {
+                    let id = req.head.request_id.clone();
+                    client.start_encoded(subject, &id, encode(&req), span).await
+                })
+            });
+            stream.resume = Some(Box::new(crate::stream::Resume::new(
+                restart,
+                req,
+                self.opts.resume_attempts,
+            )));
+        }
+        Ok(stream)
     }
 
     /// Sends an encoded streaming request and returns its chunks.
@@ -203,19 +167,14 @@ impl Client {
             .publish_with_reply_and_headers(subject, inbox, headers, payload.into())
             .await
             .map_err(|e| ClientError::Nats(e.to_string()))?;
-        Ok(ResponseStream {
-            cancel_body,
-            _span: span,
+        Ok(ResponseStream::new(
+            span,
             sub,
-            nats: self.nats.clone(),
-            cancel_subject: self.subjects.cancel(request_id),
-            stall: self.opts.stall_timeout,
-            next_seq: 0,
-            finished: false,
-            received: Vec::new(),
-            worker_id: String::new(),
-            pending_done: None,
-        })
+            self.nats.clone(),
+            self.subjects.cancel(request_id),
+            cancel_body,
+            self.opts.stall_timeout,
+        ))
     }
 
     /// Prefill-only passes over `req.prompts`: the most likely next token (and the
@@ -365,153 +324,5 @@ impl Client {
     /// The underlying NATS connection.
     pub fn nats(&self) -> &async_nats::Client {
         &self.nats
-    }
-}
-
-/// The chunks of one request, in order. Dropping it before the end cancels the
-/// request.
-pub struct ResponseStream {
-    /// The request's client span: it ends when the stream is dropped.
-    _span: tracing::Span,
-    sub: Subscriber,
-    nats: async_nats::Client,
-    cancel_subject: String,
-    /// The cancel's body: names this stream's inbox, which ties it to us.
-    cancel_body: bytes::Bytes,
-    stall: Duration,
-    next_seq: u64,
-    finished: bool,
-    received: Vec<Token>,
-    worker_id: String,
-    pending_done: Option<StreamEvent>,
-}
-
-impl ResponseStream {
-    /// The next event; `None` after the end.
-    pub async fn next(&mut self) -> Option<Result<StreamEvent, ClientError>> {
-        if let Some(done) = self.pending_done.take() {
-            return Some(Ok(done));
-        }
-        while !self.finished {
-            let msg = match tokio::time::timeout(self.stall, self.sub.next()).await {
-                Ok(Some(msg)) => msg,
-                Ok(None) => return Some(Err(self.end(ClientError::Nats("subscription closed".into())))),
-                Err(_) => {
-                    let error = WireError::new(
-                        ErrorCode::WorkerLost,
-                        format!(
-                            "no chunk for {} ms after {} chunks (worker {:?})",
-                            self.stall.as_millis(),
-                            self.next_seq,
-                            self.worker_id
-                        ),
-                    );
-                    self.send_cancel();
-                    let received = std::mem::take(&mut self.received);
-                    return Some(Err(self.end(ClientError::Remote { error, received })));
-                }
-            };
-            if msg.status == Some(StatusCode::NO_RESPONDERS) {
-                let error = WireError::new(ErrorCode::NoWorker, format!("nothing listens on {}", msg.subject));
-                return Some(Err(self.end(ClientError::Remote {
-                    error,
-                    received: Vec::new(),
-                })));
-            }
-            let chunk: StreamChunk = match decode(&msg.payload) {
-                Ok(c) => c,
-                Err(e) => return Some(Err(self.end(ClientError::Protocol(e.to_string())))),
-            };
-            if chunk.seq != self.next_seq {
-                let e = ClientError::Protocol(format!("sequence gap: expected {}, got {}", self.next_seq, chunk.seq));
-                return Some(Err(self.end(e)));
-            }
-            self.next_seq += 1;
-            if let Some(w) = &chunk.worker_id {
-                self.worker_id = w.clone();
-            }
-            if let Some(error) = chunk.error {
-                let received = std::mem::take(&mut self.received);
-                return Some(Err(self.end(ClientError::Remote { error, received })));
-            }
-            self.received.extend(chunk.tokens.iter().cloned());
-            if chunk.done {
-                self.finished = true;
-                let done = StreamEvent::Done {
-                    finish_reason: chunk.finish_reason.unwrap_or(FinishReason::Stop),
-                    metrics: chunk.metrics.unwrap_or_default(),
-                };
-                if chunk.tokens.is_empty() {
-                    return Some(Ok(done));
-                }
-                // Deliver the tail first; the next call returns Done.
-                self.pending_done = Some(done);
-                return Some(Ok(StreamEvent::Tokens(chunk.tokens)));
-            }
-            if !chunk.tokens.is_empty() {
-                return Some(Ok(StreamEvent::Tokens(chunk.tokens)));
-            }
-            // A keep-alive: keep waiting.
-        }
-        None
-    }
-
-    fn end(&mut self, e: ClientError) -> ClientError {
-        self.finished = true;
-        e
-    }
-
-    fn send_cancel(&self) {
-        let nats = self.nats.clone();
-        let subject = self.cancel_subject.clone();
-        let body = self.cancel_body.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = nats.publish(subject, body).await;
-                let _ = nats.flush().await;
-            });
-        }
-    }
-
-    /// Asks the worker to stop; the stream then ends with `cancelled`.
-    pub async fn cancel(&self) -> Result<(), ClientError> {
-        self.nats
-            .publish(self.cancel_subject.clone(), self.cancel_body.clone())
-            .await
-            .map_err(|e| ClientError::Nats(e.to_string()))
-    }
-
-    /// The worker serving this request (known after the first chunk).
-    pub fn worker_id(&self) -> &str {
-        &self.worker_id
-    }
-
-    /// Reads the stream to the end.
-    pub async fn collect(mut self) -> Result<Completion, ClientError> {
-        let mut tokens = Vec::new();
-        while let Some(ev) = self.next().await {
-            match ev? {
-                StreamEvent::Tokens(t) => tokens.extend(t),
-                StreamEvent::Done { finish_reason, metrics } => {
-                    let text = tokens.iter().map(|t| t.text.as_str()).collect();
-                    return Ok(Completion {
-                        text,
-                        tokens,
-                        finish_reason,
-                        metrics,
-                        worker_id: self.worker_id.clone(),
-                    });
-                }
-            }
-        }
-        Err(ClientError::Protocol("stream ended without a final chunk".into()))
-    }
-}
-
-impl Drop for ResponseStream {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.send_cancel();
-        }
     }
 }

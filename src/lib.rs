@@ -22,6 +22,7 @@ pub mod client;
 pub mod gateway;
 pub mod node;
 pub mod session;
+mod stream;
 pub mod telemetry;
 
 pub use client::{Client, ClientError, ClientOptions, Completion, ResponseStream, StreamEvent};

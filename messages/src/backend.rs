@@ -42,6 +42,16 @@ pub enum Prompt {
     Chat(Vec<Message>),
     /// Token ids, used as they are (a client that tokenizes itself).
     Tokens(Vec<u32>),
+    /// A resumed stream: `prompt`, then the tokens already generated for it
+    /// elsewhere (given to the client before its worker was lost). Generation goes
+    /// on after them; they are not emitted again. Only backends whose
+    /// [`TextModel::resumes`] is true get it.
+    Continue {
+        /// The original prompt.
+        prompt: Box<Prompt>,
+        /// The tokens generated so far.
+        generated: Vec<u32>,
+    },
 }
 
 /// One step of a generation.
@@ -225,6 +235,10 @@ pub trait TextModel: Send + Sync {
                 "{name}: attention inspection is not supported"
             )))
         })
+    }
+    /// Whether [`Prompt::Continue`] is supported (a lost stream resumes here).
+    fn resumes(&self) -> bool {
+        false
     }
     /// Whether the model can take requests now. A model behind another process (a
     /// llama.cpp server) says `false` while that process is down or restarting; the

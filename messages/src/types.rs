@@ -63,6 +63,10 @@ pub struct GenerateConfig {
     pub stop: Vec<String>,
     /// Return the logits with a classify result.
     pub return_logits: bool,
+    /// Draws already taken from the seeded sampler (a resumed stream: one per token
+    /// sampled before; protocol 1.1). The sampler skips them, so a seeded stream
+    /// resumed elsewhere continues exactly as it would have.
+    pub rng_position: u64,
 }
 
 impl Default for GenerateConfig {
@@ -79,6 +83,7 @@ impl Default for GenerateConfig {
             stop_tokens: Vec::new(),
             stop: Vec::new(),
             return_logits: false,
+            rng_position: 0,
         }
     }
 }
@@ -165,6 +170,10 @@ pub struct GenerateMetrics {
     pub prefill_tokens_per_sec: f64,
     /// Generated tokens per second during decode.
     pub decode_tokens_per_sec: f64,
+    /// Times the client resumed this stream on another worker after losing one
+    /// (set by the client library on the final metrics; protocol 1.1).
+    #[serde(default)]
+    pub resumes: u32,
     /// Peak resident memory of the process, bytes (0 if unknown).
     pub peak_memory_bytes: u64,
     /// Resident memory at the end, bytes (0 if unknown).

@@ -132,6 +132,12 @@ pub fn validate_config(c: &GenerateConfig, limits: &InputLimits) -> Result<(), W
         )));
     }
     within(
+        "config.rng_position",
+        usize::try_from(c.rng_position).unwrap_or(usize::MAX),
+        "max_tokens",
+        limits.max_tokens,
+    )?;
+    within(
         "config.stop has",
         c.stop.len(),
         "max_stop_strings",
@@ -180,6 +186,12 @@ pub fn validate_request(req: &GenerateRequest, chat: bool, limits: &InputLimits)
             Some(p) => within("prompt bytes", p.len(), "max_prompt_bytes", limits.max_prompt_bytes)?,
         }
     }
+    within(
+        "resume_tokens has",
+        req.resume_tokens.len(),
+        "max_tokens",
+        limits.max_tokens,
+    )?;
     validate_config(&req.config, limits)
 }
 

@@ -19,6 +19,11 @@ pub struct GenerateRequest {
     /// Generation settings; omitted fields take their defaults.
     #[serde(default)]
     pub config: GenerateConfig,
+    /// Resuming a lost stream (protocol 1.1): the tokens it already gave the client.
+    /// The worker continues after them (`config.max_tokens` counts only new tokens;
+    /// `config.rng_position` says how many sampler draws they took).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resume_tokens: Vec<u32>,
 }
 
 impl GenerateRequest {
@@ -29,6 +34,7 @@ impl GenerateRequest {
             prompt: Some(prompt.into()),
             messages: None,
             config: GenerateConfig::default(),
+            resume_tokens: Vec::new(),
         }
     }
 

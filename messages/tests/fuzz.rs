@@ -376,6 +376,7 @@ fn seed_config() -> GenerateConfig {
         stop_tokens: vec![2, 32_000],
         stop: vec!["\n\n".into(), "</s>".into()],
         return_logits: true,
+        rng_position: 3,
     }
 }
 
@@ -443,6 +444,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 queue_us: 3,
                 prefill_tokens_per_sec: 500.5,
                 decode_tokens_per_sec: 100.25,
+                resumes: 1,
                 peak_memory_bytes: 1 << 30,
                 active_memory_bytes: 1 << 29,
             }),

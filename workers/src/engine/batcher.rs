@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Instant;
-use switchyard_messages::{BackendError, FinishReason, GenerateEvent, GenerateMetrics, Token};
+use switchyard_messages::{BackendError, FinishReason, GenerateEvent, GenerateMetrics, Prompt, Token};
 
 /// A generation in progress: its slot and everything it samples with.
 struct Running {
@@ -274,6 +274,13 @@ impl Batcher {
             max_tokens: job.config.max_tokens as usize,
             job,
         };
+        // A resumed stream: its earlier tokens' bytes prime the UTF-8 decoder, so a
+        // character split across the break comes out whole.
+        if let Prompt::Continue { generated, .. } = &run.job.prompt {
+            for &t in generated {
+                run.decoder.push(self.engine.tokenizer.token_bytes(t));
+            }
+        }
         if run.job.cancel.is_cancelled() || run.job.events.is_closed() {
             run.finish(FinishReason::Cancelled, Vec::new(), &self.engine);
             self.engine.release(slot);

@@ -157,6 +157,11 @@ impl Engine {
                 }
                 return Ok(ids.clone());
             }
+            Prompt::Continue { prompt, generated } => {
+                let mut ids = self.tokenize(prompt)?;
+                ids.extend(self.tokenize(&Prompt::Tokens(generated.clone()))?);
+                return Ok(ids);
+            }
         };
         if text.is_empty() {
             return Err(BackendError::EmptyPrompt);

@@ -372,6 +372,10 @@ impl TextModel for EngineModel {
         })
     }
 
+    fn resumes(&self) -> bool {
+        true
+    }
+
     fn model_type(&self) -> &str {
         &self.architecture
     }

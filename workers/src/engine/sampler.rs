@@ -21,10 +21,17 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler for `config`; without a seed the RNG is seeded from the OS.
     pub fn new(config: &GenerateConfig) -> Self {
-        let rng = match config.seed {
+        let mut rng = match config.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_os_rng(),
         };
+        // A resumed stream: skip the draws its first part took (one per sampled
+        // token), so the continuation is the one it would have had.
+        if config.temperature > 0.0 {
+            for _ in 0..config.rng_position {
+                let _: f32 = rng.random();
+            }
+        }
         Self {
             temperature: config.temperature,
             top_k: config.top_k as usize,

@@ -81,6 +81,13 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             ));
         }
         ctx.check_open()?;
+        if !req.resume_tokens.is_empty() && !ctx.model.resumes() {
+            // Retryable: another worker (a cpu one) may take the resumed stream.
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("worker {} ({}) cannot resume a stream", ctx.worker_id, ctx.backend),
+            ));
+        }
         Ok(req)
     });
     let admitted = match admitted {
@@ -119,11 +126,17 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     );
     sink.tokens(Vec::new()).await;
     let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
-    let prompt = if chat {
+    let mut prompt = if chat {
         Prompt::Chat(req.messages.clone().unwrap_or_default())
     } else {
         Prompt::Text(req.prompt.clone().unwrap_or_default())
     };
+    if !req.resume_tokens.is_empty() {
+        prompt = Prompt::Continue {
+            prompt: Box::new(prompt),
+            generated: req.resume_tokens.clone(),
+        };
+    }
     tracing::debug!(worker = %ctx.worker_id, request = %req.head.request_id, "admitted");
     let blocks = switchyard_messages::kv::prefix_blocks(&switchyard_messages::kv::routing_key(
         req.prompt.as_deref(),

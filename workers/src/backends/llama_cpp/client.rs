@@ -222,6 +222,11 @@ impl LlamaCppModel {
             Prompt::Tokens(t) if t.is_empty() => return Err(BackendError::EmptyPrompt),
             Prompt::Text(t) => json!(t),
             Prompt::Tokens(t) => json!(t),
+            Prompt::Continue { .. } => {
+                return Err(BackendError::Invalid(
+                    "resuming a stream is not supported by llama.cpp workers".into(),
+                ))
+            }
             Prompt::Chat(messages) => {
                 let messages: Vec<Value> = messages
                     .iter()

@@ -55,6 +55,8 @@ pub(super) fn prompt_fields(prompt: &Prompt) -> Value {
             json!({"messages": m})
         }
         Prompt::Tokens(t) => json!({"tokens": t}),
+        // Not offered to this backend (`resumes()` is false); an empty prompt fails.
+        Prompt::Continue { .. } => json!({"tokens": []}),
     }
 }
 
