@@ -273,6 +273,17 @@ impl Client {
     /// Refuses, before sending, a request the NATS server would refuse for exceeding
     /// its `max_payload` (headers and body together).
     fn fits(&self, subject: &str, headers: Option<&HeaderMap>, payload: usize) -> Result<(), ClientError> {
+        // While the connection is down a publish would only be buffered and the
+        // request would stall: fail now, retryably.
+        if self.nats.connection_state() != async_nats::connection::State::Connected {
+            return Err(ClientError::Remote {
+                error: WireError::new(
+                    ErrorCode::Unavailable,
+                    "not connected to the NATS server (it is down or being reconnected to); retry shortly",
+                ),
+                received: Vec::new(),
+            });
+        }
         let len = switchyard_actors::nats::message_size(headers, payload);
         if let Err(max) = switchyard_actors::nats::fits(&self.nats, len) {
             return Err(ClientError::Remote {

@@ -332,6 +332,18 @@ pub(crate) async fn after(s: &mut ResponseStream, ev: Option<Result<StreamEvent,
             metrics.resumes = r.resumes;
             Next::Deliver(Some(Ok(StreamEvent::Done { finish_reason, metrics })))
         }
+        // A sequence gap (chunks lost, e.g. while the NATS server restarted): drop
+        // the rest of this worker's stream and resume from what arrived in order.
+        Some(Err(ClientError::Protocol(m))) if m.starts_with("sequence gap") => {
+            s.send_cancel();
+            match resume(s).await {
+                Ok(()) => Next::Resumed,
+                Err(why) => {
+                    tracing::debug!("stream not resumed after a gap: {why}");
+                    Next::Deliver(Some(Err(ClientError::Protocol(m))))
+                }
+            }
+        }
         Some(Err(ClientError::Remote { error, received })) => {
             let lost = error.code == ErrorCode::WorkerLost;
             if lost {

@@ -50,6 +50,17 @@ impl NatsServer {
         Self::spawn(bin, &["-a", "127.0.0.1", "-p", &port.to_string()], port)
     }
 
+    /// Starts `bin` on loopback `port` (e.g. to bring a stopped server back where
+    /// clients expect it).
+    pub fn start_on(bin: &Path, port: u16) -> anyhow::Result<Self> {
+        Self::spawn(bin, &["-a", "127.0.0.1", "-p", &port.to_string()], port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Starts `bin -c DIR/nats.conf` on a free loopback port, the file holding
     /// `listen` and then `config` (authorization, accounts, TLS … as nats-server's
     /// configuration format has them). Waits until it listens.

@@ -355,7 +355,8 @@ impl Actor for WorkerActor {
                 let status = state.status();
                 let subject = state.opts.subjects.heartbeat(&state.opts.worker_id);
                 let _ = switchyard_actors::nats::publish(&state.client, subject, &status).await;
-                let _ = state.client.flush().await;
+                // Bounded: with the NATS server gone a flush would wait for it.
+                let _ = tokio::time::timeout(Duration::from_secs(1), state.client.flush()).await;
                 let _ = reply.send(());
             }
             WorkerMsg::Fault(Fault::PanicKvCache) => {
@@ -396,12 +397,15 @@ impl Actor for WorkerActor {
         for t in state.tasks.drain(..) {
             t.abort();
         }
+        // With the NATS server gone there is no one to tell: do not wait for it.
+        let connected = state.client.connection_state() == async_nats::connection::State::Connected;
+        let bound = Duration::from_secs(if connected { 5 } else { 0 });
         if let Some(service) = state.service.take() {
-            let _ = service.stop().await;
+            let _ = tokio::time::timeout(bound, service.stop()).await;
         }
         // Unsubscribe everything and flush, so coordinators get "no responders" for
         // this worker at once instead of waiting for its heartbeats to expire.
-        let _ = state.client.drain().await;
+        let _ = tokio::time::timeout(bound, state.client.drain()).await;
         Ok(())
     }
 }
