@@ -139,6 +139,7 @@ fn every_flag_is_documented_in_help() {
         "bench kv-routing",
         "bench batch",
         "bench gateway",
+        "bench chaos",
         "bench mlx",
     ] {
         let mut args: Vec<&str> = cmd.split(' ').collect();

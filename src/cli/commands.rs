@@ -131,6 +131,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             super::bench::batch::batch(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(super::BenchCommand::Chaos(args)) => super::bench::chaos::run(config, args).await,
         Command::Bench(super::BenchCommand::Gateway(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;

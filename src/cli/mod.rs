@@ -126,6 +126,9 @@ pub enum BenchCommand {
     /// own OpenAI endpoint (same GGUF, threads and slots): aggregate tok/s, TTFT
     /// p50/p99, ratios; and the gateway's own cost against the NATS client.
     Gateway(BenchGatewayArgs),
+    /// Faults under load: workers, a coordinator and nats-server killed during a run
+    /// of short requests; outcome counts, recovery per fault, RSS (tests/chaos.rs, longer).
+    Chaos(bench::chaos::BenchChaosArgs),
     /// MLX through switchyard (NATS + coordinator + a metal worker and its bridge)
     /// against mlx-lm called directly in Python, same Hugging Face directory, same
     /// cold prompts, alternating runs: decode and prefill tok/s, time to first token,
