@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use std::process::Command;
+use std::time::Duration;
 use switchyard::FinishReason;
 use switchyard_messages::{decode, encode, ErrorCode, GenerateRequest, StreamChunk, Token, WireError};
 
@@ -148,4 +149,77 @@ async fn the_python_session_example_reuses_its_prefix_and_decodes_like_rust() {
     let ids: Vec<u32> = rust.tokens.iter().map(|t| t.id).collect();
     assert_eq!(py["token_ids"], serde_json::json!(ids));
     assert_eq!(py["closed"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_resumes_a_stream_whose_worker_dies() {
+    let nats = nats();
+    let url = nats.url();
+    let coordinator = switchyard::node::start_coordinator(&fleet_config(&url)).await.unwrap();
+    let mut procs: std::collections::HashMap<String, Proc> = ["pa", "pb"]
+        .iter()
+        .map(|id| (id.to_string(), worker_proc(&url, id)))
+        .collect();
+    let client = client(&url, Duration::from_secs(5)).await;
+    wait_for_workers(&client, &["pa", "pb"], Duration::from_secs(20)).await;
+    let prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,";
+    let reference = client
+        .generate(greedy(prompt, 500))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert!(
+        reference.tokens.len() >= 100,
+        "the reference run is long enough to interrupt"
+    );
+
+    let child = Command::new(python())
+        .arg(repo().join("examples/python/client.py"))
+        .args([
+            "--nats",
+            &url,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "500",
+            "--stall-ms",
+            "1500",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill whichever worker is running the Python client's request.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let victim = loop {
+        let s = client.status().await.unwrap();
+        if let Some(w) = s.workers.iter().find(|w| w.status.in_flight > 0) {
+            break w.status.worker_id.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Python request never showed up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    procs.get_mut(&victim).unwrap().kill9();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("resuming on another worker"), "{stderr}");
+    let py: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u32> = reference.tokens.iter().map(|t| t.id).collect();
+    assert_eq!(
+        py["token_ids"],
+        serde_json::json!(ids),
+        "the resumed stream equals the uninterrupted one"
+    );
+    assert_eq!(py["metrics"]["resumes"], 1);
+    assert_ne!(py["worker_id"], victim);
+    coordinator.shutdown().await;
 }
