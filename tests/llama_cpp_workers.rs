@@ -378,6 +378,20 @@ async fn a_llama_cpp_worker_follows_its_server_down_and_back_up() {
         .await
         .unwrap();
     wait_available(&client, "w-llama", true, Duration::from_secs(15)).await;
+    // A request refused while the server was down may still be winding down on the
+    // worker's single slot (its HTTP call to the dead server); wait for the slot.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while client
+        .status()
+        .await
+        .unwrap()
+        .workers
+        .iter()
+        .any(|w| w.status.in_flight + w.status.queued > 0)
+    {
+        assert!(Instant::now() < deadline, "the worker's slot never came free");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (worker, ids) = run(&client, request("The capital of France is", 8, None), false).await;
     assert_eq!((worker.as_str(), ids.len()), ("w-llama", 8));
     let metrics = llama.loaded.model.metrics();
