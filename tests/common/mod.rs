@@ -114,31 +114,8 @@ pub fn switchyard_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> P
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
     cmd.args(args)
         .envs(env.iter().copied())
-        .env("RUST_LOG", "switchyard=info,warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    kill_with_parent(&mut cmd);
-    let mut child = cmd.spawn().expect("spawn switchyard");
-    let (tx, rx) = mpsc::channel();
-    for stream in [
-        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().unwrap()),
-    ] {
-        let tx = tx.clone();
-        let name = name.to_string();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                eprintln!("[{name}] {line}");
-                let _ = tx.send(line);
-            }
-        });
-    }
-    Proc {
-        child,
-        name: name.to_string(),
-        lines: rx,
-    }
+        .env("RUST_LOG", "switchyard=info,warn");
+    spawn_logged(name, cmd)
 }
 
 /// A worker process serving the demo model, with fast heartbeats.
@@ -493,4 +470,16 @@ pub fn prometheus_bin() -> Option<PathBuf> {
          (apt-get as root) — run scripts/setup.sh or set SWITCHYARD_PROMETHEUS"
     );
     None
+}
+
+/// Asserts the fleet still answers a short greedy request with all its tokens.
+pub async fn assert_serves(client: &Client, what: &str) {
+    let done = client
+        .generate(greedy("The capital of France is", 3))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(done.tokens.len(), 3, "{what}");
 }

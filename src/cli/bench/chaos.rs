@@ -52,15 +52,7 @@ fn spawn(url: &str, args: &[&str]) -> anyhow::Result<Child> {
 }
 
 fn rss_mb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb / 1024)
+    switchyard_actors::host::process_memory(Some(pid)).1 >> 20
 }
 
 async fn wait_workers(client: &Client, n: usize) -> anyhow::Result<()> {
