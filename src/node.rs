@@ -65,6 +65,7 @@ pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<Wo
         subjects: Subjects::new(&config.nats.prefix),
         heartbeat: Duration::from_millis(config.worker.heartbeat_ms),
         keepalive: Duration::from_millis(config.worker.keepalive_ms),
+        coalesce: Duration::from_millis(config.worker.coalesce_ms),
         capacity: loaded.capacity,
         queue_depth: config.worker.queue_depth,
         session_idle: Duration::from_secs(config.worker.session_idle_secs),

@@ -1,16 +1,21 @@
 //! Numbered response chunks to one subject (a client's inbox).
 
-use async_nats::Client;
+use async_nats::{Client, Subject};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use switchyard_messages::{FinishReason, GenerateMetrics, StreamChunk, Token, WireError, PROTOCOL_VERSION};
 
 /// Sends one request's response stream: seq 0, 1, 2, … with the last chunk marked
 /// `done`. Cheap to clone; clones share the sequence counter.
+///
+/// A chunk may carry several tokens (the worker coalesces tokens that come close
+/// together, see `switchyard_workers::worker::coalesce`). Nothing here flushes: the
+/// NATS connection writes what is queued when its task next runs.
 #[derive(Clone)]
 pub struct ChunkSink {
     client: Client,
-    subject: String,
+    /// Shares its bytes between clones and chunks (no copy per publish).
+    subject: Subject,
     request_id: String,
     worker_id: Option<String>,
     seq: Arc<AtomicU64>,
@@ -19,7 +24,7 @@ pub struct ChunkSink {
 impl ChunkSink {
     /// The subject the chunks go to (the requester's inbox).
     pub fn subject(&self) -> &str {
-        &self.subject
+        self.subject.as_str()
     }
 
     /// A sink publishing to `subject` for `request_id`; `worker_id` is stamped on the
@@ -27,7 +32,7 @@ impl ChunkSink {
     pub fn new(client: Client, subject: String, request_id: String, worker_id: Option<String>) -> Self {
         Self {
             client,
-            subject,
+            subject: Subject::from(subject),
             request_id,
             worker_id,
             seq: Arc::new(AtomicU64::new(0)),
@@ -44,9 +49,8 @@ impl ChunkSink {
         if chunk.seq == 0 || chunk.done {
             chunk.worker_id = self.worker_id.clone();
         }
-        crate::nats::publish(&self.client, self.subject.clone(), &chunk)
-            .await
-            .is_ok()
+        let payload = switchyard_messages::encode(&chunk);
+        self.client.publish(self.subject.clone(), payload.into()).await.is_ok()
     }
 
     fn chunk(&self) -> StreamChunk {
@@ -63,7 +67,8 @@ impl ChunkSink {
         }
     }
 
-    /// Sends tokens (an empty list is a keep-alive). Returns false if NATS refused.
+    /// Sends tokens, one or several (an empty list is a keep-alive). Returns false if
+    /// NATS refused.
     pub async fn tokens(&self, tokens: Vec<Token>) -> bool {
         let mut c = self.chunk();
         c.tokens = tokens;

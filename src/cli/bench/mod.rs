@@ -215,13 +215,19 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
             req.config = cfg;
             let mut clock = RunClock::start();
             let mut stream = client.generate(req).await?;
+            // Chunks that carried tokens (the worker coalesces tokens that come
+            // close together, `worker.coalesce_ms`).
+            let mut chunks = 0u32;
             while let Some(ev) = stream.next().await {
                 match ev? {
-                    StreamEvent::Tokens(tokens) => clock.tokens(tokens.len() as u32),
+                    StreamEvent::Tokens(tokens) => {
+                        chunks += 1;
+                        clock.tokens(tokens.len() as u32)
+                    }
                     StreamEvent::Done { metrics, .. } => clock.done(&metrics),
                 }
             }
-            anyhow::Ok(clock.finish())
+            anyhow::Ok((clock.finish(), chunks))
         }
     };
     eprintln!("warming up …");
@@ -229,17 +235,21 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     fabric(gen_config.clone(), prompt(1)).await?;
     let mut d = Vec::new();
     let mut f = Vec::new();
+    let mut f_chunks = Vec::new();
     for i in 0..runs {
         eprintln!("run {}/{runs}", i + 1);
         let (pd, pf) = (prompt(2 + 2 * i), prompt(3 + 2 * i));
         // Alternate the order so drift on a shared machine hits both equally.
-        if i % 2 == 0 {
+        let (fr, chunks) = if i % 2 == 0 {
             d.push(direct(gen_config.clone(), pd).await?);
-            f.push(fabric(gen_config.clone(), pf).await?);
+            fabric(gen_config.clone(), pf).await?
         } else {
-            f.push(fabric(gen_config.clone(), pf).await?);
+            let fr = fabric(gen_config.clone(), pf).await?;
             d.push(direct(gen_config.clone(), pd).await?);
-        }
+            fr
+        };
+        f.push(fr);
+        f_chunks.push(f64::from(fr.tokens) / f64::from(chunks.max(1)));
     }
     let col = |xs: &[RunTiming], g: fn(&RunTiming) -> f64| median(&xs.iter().map(g).collect::<Vec<_>>());
     let (d_dec, f_dec) = (col(&d, RunTiming::decode_tps), col(&f, RunTiming::decode_tps));
@@ -282,6 +292,11 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         us_per_token,
         f_ttft - d_ttft
     );
+    println!(
+        "via NATS: {:.2} tokens per chunk (median; worker.coalesce_ms = {})",
+        median(&f_chunks),
+        config.worker.coalesce_ms
+    );
     // The fabric alone: a compute-free probe model behind a second worker.
     let mut probe_cfg = config.clone();
     probe_cfg.worker.id = "fabric-probe".into();
@@ -311,6 +326,7 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     };
     let mut per_token = Vec::new();
     let mut first_chunk = Vec::new();
+    let mut probe_chunk = Vec::new();
     for _ in 0..runs.max(3) {
         let mut req = GenerateRequest::generate(Client::new_request_id(), "fabric-probe", "x");
         req.config = probe_cfg_gen.clone();
@@ -318,16 +334,19 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         let mut stream = client.generate(req).await?;
         let mut first = None;
         let mut n = 0u32;
+        let mut chunks = 0u32;
         while let Some(ev) = stream.next().await {
             if let StreamEvent::Tokens(t) = ev? {
                 first.get_or_insert_with(Instant::now);
                 n += t.len() as u32;
+                chunks += 1;
             }
         }
         let total = start.elapsed();
         let first = first.map(|f| f - start).unwrap_or(total);
         first_chunk.push(first.as_secs_f64() * 1e6);
         per_token.push((total - first).as_secs_f64() * 1e6 / f64::from(n.max(2) - 1));
+        probe_chunk.push(f64::from(n) / f64::from(chunks.max(1)));
     }
     let mut in_process = Vec::new();
     for _ in 0..runs.max(3) {
@@ -339,10 +358,11 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     println!(
         "fabric alone (fabric-probe, a compute-free fake model; {probe_tokens} tokens, medians): \
          {:.1} µs/token via NATS + coordinator + worker vs {:.2} µs/token in-process; \
-         request to first token {:.0} µs",
+         request to first token {:.0} µs; {:.1} tokens per chunk (all are ready at once)",
         median(&per_token),
         median(&in_process),
-        median(&first_chunk)
+        median(&first_chunk),
+        median(&probe_chunk)
     );
     probe_worker.shutdown(Duration::from_secs(5)).await;
     local.stop().await;

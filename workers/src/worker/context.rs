@@ -22,6 +22,8 @@ pub struct ServeContext {
     pub cancels: CancelRegistry,
     pub draining: AtomicBool,
     pub keepalive: Duration,
+    /// How long a token may wait to share a chunk (`worker.coalesce_ms`).
+    pub coalesce: Duration,
     /// What one request may ask for.
     pub limits: switchyard_messages::InputLimits,
     /// Called when a request finishes (counts completions, sends a heartbeat).

@@ -3,6 +3,7 @@
 //! [`crate::worker::service`], and drains on shutdown.
 
 pub mod batcher;
+pub mod coalesce;
 pub mod context;
 pub mod kv;
 pub mod recent;
@@ -46,6 +47,9 @@ pub struct WorkerOptions {
     pub heartbeat: Duration,
     /// Keep-alive period for busy streams.
     pub keepalive: Duration,
+    /// Longest a token waits to share a chunk with the next ones (zero: never);
+    /// see [`coalesce`].
+    pub coalesce: Duration,
     /// Requests computed at once.
     pub capacity: u32,
     /// Requests that may wait.
@@ -188,6 +192,7 @@ impl Actor for WorkerActor {
             cancels: CancelRegistry::default(),
             draining: AtomicBool::new(false),
             keepalive: opts.keepalive,
+            coalesce: opts.coalesce,
             limits: opts.limits.clone(),
             // A heartbeat at once after each request, so coordinators see the freed
             // capacity (and route the next turn of a conversation back here) without

@@ -6,9 +6,11 @@
 //! worker (no header) streams to its reply subject and gets no admission message;
 //! refusals then go to the stream as a terminal error chunk.
 
+use super::coalesce::Coalescer;
 use async_nats::service::Request;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use std::sync::Arc;
+use std::time::Instant;
 use switchyard_actors::ChunkSink;
 use switchyard_messages::subjects::HEADER_STREAM_TO;
 use switchyard_messages::{
@@ -187,11 +189,11 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     (ctx.on_complete)();
 }
 
-/// Streams a backend's events to `sink` until the end: keep-alives while the
-/// backend is quiet, cancel when the client is gone, `deadline_exceeded` when
-/// `deadline_ms` passes. Runs inside the generation's span: opens `prefill` (until
-/// the first token) and `decode` child spans, fills the span's usage fields, and
-/// records the GenAI metrics with `attrs`.
+/// Streams a backend's events to `sink` until the end: tokens coalesced into chunks
+/// (see [`super::coalesce`]), keep-alives while the backend is quiet, cancel when the
+/// client is gone, `deadline_exceeded` when `deadline_ms` passes. Runs inside the
+/// generation's span: opens `prefill` (until the first token) and `decode` child
+/// spans, fills the span's usage fields, and records the GenAI metrics with `attrs`.
 pub async fn pump(
     ctx: &ServeContext,
     sink: &ChunkSink,
@@ -200,7 +202,7 @@ pub async fn pump(
     deadline_ms: Option<u64>,
     attrs: &[opentelemetry::KeyValue],
 ) {
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let span = tracing::Span::current();
     // `decode` is a live span from the first token on; `queue` and `prefill` are
     // written afterwards with their exact bounds (the queue wait is known only from
@@ -215,64 +217,97 @@ pub async fn pump(
     let mut keepalive = tokio::time::interval(ctx.keepalive);
     keepalive.tick().await;
     let mut sent_since_tick = false;
+    let mut out = Coalescer::new(ctx.coalesce);
     loop {
-        tokio::select! {
-            ev = events.next() => {
-                sent_since_tick = true;
-                match ev {
-                    Some(Ok(GenerateEvent::Token(t))) => {
-                        if first_token_at.is_none() {
-                            first_token_at = Some(std::time::SystemTime::now());
-                            phase = Some(tracing::info_span!("decode"));
-                        }
-                        if !sink.tokens(vec![t]).await {
-                            cancel.cancel();
-                        }
-                    }
-                    Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
-                        drop(phase.take());
-                        if let Some(first) = first_token_at {
-                            crate::worker::telemetry::record_phases(&span, admitted_at, metrics.queue_us, first);
-                        }
-                        ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
-                        span.record("gen_ai.usage.input_tokens", i64::from(metrics.prompt_tokens));
-                        span.record("gen_ai.usage.output_tokens", i64::from(metrics.generated_tokens));
-                        span.record("gen_ai.response.finish_reasons", finish_reason.as_str());
-                        span.record("switchyard.kv.cached_tokens", i64::from(metrics.cached_tokens));
-                        span.record(
-                            "switchyard.queue_us",
-                            switchyard_actors::trace::int(metrics.queue_us),
-                        );
-                        crate::worker::telemetry::record_success(attrs, &metrics);
-                        sink.done(Vec::new(), finish_reason, metrics).await;
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        fail(e.code());
-                        sink.error(e.to_wire()).await;
-                        break;
-                    }
-                    None => {
-                        fail(ErrorCode::Internal);
-                        sink.error(WireError::new(ErrorCode::Internal, "the backend ended the stream without a result")).await;
-                        break;
-                    }
-                }
+        let due = out.due();
+        let ev = tokio::select! {
+            ev = events.next() => ev,
+            () = tokio::time::sleep_until(due.unwrap_or(started).into()), if due.is_some() => {
+                sent_since_tick |= send_held(sink, &mut out, cancel).await;
+                continue;
             }
             _ = keepalive.tick() => {
                 if deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+                    send_held(sink, &mut out, cancel).await;
                     fail(ErrorCode::DeadlineExceeded);
                     cancel.cancel();
                     sink.error(WireError::new(ErrorCode::DeadlineExceeded, "the request's deadline passed")).await;
-                    break;
+                    return;
                 }
-                if !sent_since_tick {
+                if !send_held(sink, &mut out, cancel).await && !sent_since_tick {
                     sink.tokens(Vec::new()).await;
                 }
                 sent_since_tick = false;
+                continue;
+            }
+        };
+        // This event, then every one already waiting: those share the chunk at no
+        // cost in latency.
+        let mut next = Some(ev);
+        while let Some(ev) = next.take() {
+            match ev {
+                Some(Ok(GenerateEvent::Token(t))) => {
+                    if first_token_at.is_none() {
+                        first_token_at = Some(std::time::SystemTime::now());
+                        phase = Some(tracing::info_span!("decode"));
+                    }
+                    out.push(t, Instant::now());
+                    if out.has_room() {
+                        next = events.next().now_or_never();
+                    }
+                }
+                Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
+                    drop(phase.take());
+                    if let Some(first) = first_token_at {
+                        crate::worker::telemetry::record_phases(&span, admitted_at, metrics.queue_us, first);
+                    }
+                    ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
+                    span.record("gen_ai.usage.input_tokens", i64::from(metrics.prompt_tokens));
+                    span.record("gen_ai.usage.output_tokens", i64::from(metrics.generated_tokens));
+                    span.record("gen_ai.response.finish_reasons", finish_reason.as_str());
+                    span.record("switchyard.kv.cached_tokens", i64::from(metrics.cached_tokens));
+                    span.record("switchyard.queue_us", switchyard_actors::trace::int(metrics.queue_us));
+                    crate::worker::telemetry::record_success(attrs, &metrics);
+                    // The held tokens ride on the final chunk.
+                    sink.done(out.take(), finish_reason, metrics).await;
+                    return;
+                }
+                Some(Err(e)) => {
+                    // Tokens before an error reach the client (it resumes after them).
+                    send_held(sink, &mut out, cancel).await;
+                    fail(e.code());
+                    sink.error(e.to_wire()).await;
+                    return;
+                }
+                None => {
+                    send_held(sink, &mut out, cancel).await;
+                    fail(ErrorCode::Internal);
+                    sink.error(WireError::new(
+                        ErrorCode::Internal,
+                        "the backend ended the stream without a result",
+                    ))
+                    .await;
+                    return;
+                }
             }
         }
+        if out.ready(Instant::now()) {
+            sent_since_tick |= send_held(sink, &mut out, cancel).await;
+        }
     }
+}
+
+/// Sends the tokens `out` holds as one chunk; false when it held none. A refused
+/// publish cancels the generation (nobody can receive it).
+async fn send_held(sink: &ChunkSink, out: &mut Coalescer, cancel: &switchyard_messages::CancelFlag) -> bool {
+    let tokens = out.take();
+    if tokens.is_empty() {
+        return false;
+    }
+    if !sink.tokens(tokens).await {
+        cancel.cancel();
+    }
+    true
 }
 
 /// The one-reply verbs.

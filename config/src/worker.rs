@@ -1,0 +1,153 @@
+//! The `[worker]` section: how a worker serves its model.
+
+use crate::{ConfigError, WORKER_BACKENDS};
+use serde::{Deserialize, Serialize};
+
+/// Worker behaviour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Worker id (one subject token); empty = `{backend}-{host}-{pid}`.
+    pub id: String,
+    /// Model file (GGUF) to serve; empty = the demo model in the cache.
+    pub model: String,
+    /// Name requests use for the model; empty = the file name without `.gguf`.
+    pub model_name: String,
+    /// Backend: `cpu` (switchyard's own engine), `llama_cpp` (a llama.cpp server
+    /// already running at `llama_url`), `rocm` (a `llama-server` child this worker
+    /// starts and supervises, pinned to GPU `gpu_device`), `metal` (MLX through a
+    /// supervised Python bridge; a Hugging Face directory as `model`), or `auto` (the
+    /// most preferred one available here: metal > rocm > llama_cpp > cpu).
+    pub backend: String,
+    /// `llama_cpp`: the server's base URL, e.g. `http://127.0.0.1:8080`.
+    pub llama_url: String,
+    /// `rocm`: the `llama-server` binary; empty = `$SWITCHYARD_LLAMA_SERVER`, else the
+    /// one `scripts/build-llama-server.sh` built in the cache.
+    pub llama_server_bin: String,
+    /// `rocm`: more `llama-server` arguments, split on whitespace (e.g. `"-fa on"`).
+    pub llama_server_args: String,
+    /// `rocm`: the GPU index as HIP numbers them (`HIP_VISIBLE_DEVICES`).
+    pub gpu_device: u32,
+    /// `rocm`: layers to offload (`-ngl`); -1 = all.
+    pub gpu_layers: i32,
+    /// `rocm`: llama-server slots (`--parallel`); 0 = llama-server's default.
+    pub parallel_slots: u32,
+    /// `rocm`: run the supervised llama-server without a ROCm GPU (on the CPU), for
+    /// tests and machines without one.
+    pub rocm_allow_cpu: bool,
+    /// `metal`: the Python that runs the MLX bridge (it needs `mlx-lm`); empty = the
+    /// cache's venv (`scripts/setup.sh` installs it there).
+    pub mlx_python: String,
+    /// `metal`: run MLX on the CPU where there is no Apple GPU (Linux, tests); the
+    /// worker then announces device `cpu`.
+    pub mlx_allow_cpu: bool,
+    /// Compute threads; 0 = all cores.
+    pub threads: u32,
+    /// Context window in tokens; 0 = the model's own, capped by the backend.
+    pub context_len: u32,
+    /// Requests computed at once; 0 = the backend's own (the KV slots on `cpu`, the
+    /// server's slot count on `llama_cpp` and `rocm`).
+    pub capacity: u32,
+    /// Requests that may wait beyond `capacity`; more are refused with `overloaded`.
+    pub queue_depth: u32,
+    /// Heartbeat period, milliseconds.
+    pub heartbeat_ms: u64,
+    /// Keep-alive chunk period while a request is queued or computing, milliseconds.
+    pub keepalive_ms: u64,
+    /// Longest a generated token may wait to share a chunk (one NATS message) with
+    /// the tokens after it, milliseconds. Only tokens that come faster than one per
+    /// `coalesce_ms` wait; the first token of a stream never does; tokens already
+    /// waiting always share a chunk. 0 = every token is sent when it is read.
+    pub coalesce_ms: u64,
+    /// A session with no calls for this many seconds is closed and its KV slot given
+    /// back.
+    pub session_idle_secs: u64,
+    /// `cpu`: MiB of KV blocks kept after their slot moved on (restored by a memory
+    /// copy when a prompt starts with them again); 0 = none.
+    pub kv_cache_mb: u32,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            model: String::new(),
+            model_name: String::new(),
+            backend: "cpu".into(),
+            llama_url: String::new(),
+            llama_server_bin: String::new(),
+            llama_server_args: String::new(),
+            gpu_device: 0,
+            gpu_layers: -1,
+            parallel_slots: 0,
+            rocm_allow_cpu: false,
+            mlx_python: String::new(),
+            mlx_allow_cpu: false,
+            threads: 0,
+            context_len: 0,
+            capacity: 0,
+            queue_depth: 16,
+            session_idle_secs: 600,
+            kv_cache_mb: 256,
+            heartbeat_ms: 1_000,
+            keepalive_ms: 1_000,
+            coalesce_ms: 10,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Checks this section's own ranges; the error names the field.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, value: String, reason| Err(ConfigError::Invalid { field, value, reason });
+        let token_ok = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !self.id.is_empty() && !token_ok(&self.id) {
+            return invalid("worker.id", self.id.clone(), "must be letters, digits, '-' or '_'");
+        }
+        if !WORKER_BACKENDS.contains(&self.backend.as_str()) {
+            return invalid(
+                "worker.backend",
+                self.backend.clone(),
+                "must be one of: auto, cpu, llama_cpp, rocm, metal",
+            );
+        }
+        if self.backend == "llama_cpp"
+            && !(self.llama_url.starts_with("http://") || self.llama_url.starts_with("https://"))
+        {
+            return invalid(
+                "worker.llama_url",
+                format!("{:?}", self.llama_url),
+                "backend llama_cpp needs the server's http:// or https:// URL",
+            );
+        }
+        if self.gpu_layers < -1 {
+            return invalid(
+                "worker.gpu_layers",
+                self.gpu_layers.to_string(),
+                "must be -1 (all) or a layer count",
+            );
+        }
+        if self.heartbeat_ms < 50 {
+            return invalid(
+                "worker.heartbeat_ms",
+                self.heartbeat_ms.to_string(),
+                "must be at least 50",
+            );
+        }
+        if self.keepalive_ms < 50 {
+            return invalid(
+                "worker.keepalive_ms",
+                self.keepalive_ms.to_string(),
+                "must be at least 50",
+            );
+        }
+        if self.coalesce_ms > 100 || self.coalesce_ms >= self.keepalive_ms {
+            return invalid(
+                "worker.coalesce_ms",
+                self.coalesce_ms.to_string(),
+                "must be at most 100 and below worker.keepalive_ms",
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,79 @@
+//! Coalescing (`worker.coalesce_ms`, issue 17): tokens that are ready together travel
+//! in one chunk, and none is lost, duplicated or reordered on the way.
+//!
+//! The worker serves `fabric-probe`, a compute-free fake model whose tokens are all
+//! ready at once, so what is coalesced does not depend on timing: the worker drains
+//! every waiting token into the chunk it builds (up to `MAX_TOKENS`), whatever the
+//! window. The hold-while-tokens-come-fast rules are unit-tested on the `Coalescer`
+//! itself (`workers/src/worker/coalesce.rs`).
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard::{Client, FinishReason, GenerateRequest, StreamEvent};
+use switchyard_messages::TextModel;
+use switchyard_workers::backends::probe::FabricProbe;
+use switchyard_workers::worker::coalesce::MAX_TOKENS;
+
+/// Serves the probe behind a coordinator with `coalesce_ms`, generates `n` tokens
+/// and returns the sizes of the chunks that carried them, after checking that the
+/// ids are exactly 0..n in order and the stream ended normally.
+async fn chunk_sizes(coalesce_ms: u64, n: u32) -> Vec<usize> {
+    let nats = nats();
+    let mut config = fleet_config(&nats.url());
+    config.worker.id = "probe".into();
+    config.worker.coalesce_ms = coalesce_ms;
+    config.validate().expect("valid test config");
+    let coordinator = switchyard::node::start_coordinator(&config).await.expect("coordinator");
+    let model: Arc<dyn TextModel> = Arc::new(FabricProbe);
+    let loaded = switchyard::node::Loaded {
+        model,
+        path: "fabric-probe".into(),
+        name: "fabric-probe".into(),
+        backend: switchyard_messages::BackendKind::Cpu,
+        device: switchyard_messages::Device::Cpu,
+        capacity: 1,
+        supervisor: None,
+    };
+    let worker = switchyard::node::start_worker(&config, &loaded).await.expect("worker");
+    let client = client(&nats.url(), Duration::from_secs(5)).await;
+    wait_for_workers(&client, &["probe"], Duration::from_secs(10)).await;
+
+    let mut req = GenerateRequest::generate(Client::new_request_id(), "fabric-probe", "x");
+    req.config.max_tokens = n;
+    let mut stream = client.generate(req).await.expect("admitted");
+    let mut ids = Vec::new();
+    let mut sizes = Vec::new();
+    let (finish, metrics) = loop {
+        match stream.next().await.expect("a final chunk").expect("no error") {
+            StreamEvent::Tokens(t) => {
+                sizes.push(t.len());
+                ids.extend(t.iter().map(|t| t.id));
+            }
+            StreamEvent::Done { finish_reason, metrics } => break (finish_reason, metrics),
+        }
+    };
+    assert_eq!(finish, FinishReason::Length);
+    assert_eq!(metrics.generated_tokens, n);
+    assert_eq!(ids, (0..n).collect::<Vec<_>>(), "every token, once, in order");
+    worker.shutdown(Duration::from_secs(5)).await;
+    coordinator.shutdown().await;
+    sizes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_tokens_share_chunks_and_arrive_in_order() {
+    for coalesce_ms in [0, 10] {
+        let sizes = chunk_sizes(coalesce_ms, 500).await;
+        assert!(
+            sizes.iter().any(|&s| s > 1),
+            "coalesce_ms {coalesce_ms}: tokens ready together share a chunk: {sizes:?}"
+        );
+        assert!(
+            sizes.len() < 500 && sizes.iter().all(|&s| (1..=MAX_TOKENS).contains(&s)),
+            "coalesce_ms {coalesce_ms}: between 1 and {MAX_TOKENS} tokens per chunk: {sizes:?}"
+        );
+    }
+}
