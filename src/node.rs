@@ -90,6 +90,7 @@ pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHan
         admission_timeout: Duration::from_millis(config.coordinator.admission_timeout_ms),
         max_attempts: config.coordinator.max_attempts,
         kv_routing: config.coordinator.kv_routing,
+        routing: config.coordinator.routing,
         limits: config.limits.clone(),
     };
     CoordinatorHandle::start(nats, opts).await

@@ -11,9 +11,11 @@
 
 mod env;
 mod gateway;
+mod routing;
 mod worker;
 
 pub use gateway::{ApiKey, GatewayConfig};
+pub use routing::RoutingPolicy;
 pub use worker::WorkerConfig;
 
 use serde::{Deserialize, Serialize};
@@ -294,6 +296,9 @@ pub struct CoordinatorConfig {
     /// Prefer the worker holding the request's prefix warm (KV-aware routing); off =
     /// route by backend and load only.
     pub kv_routing: bool,
+    /// `ttft`: least predicted time to first token (from workers' measured speeds,
+    /// queues and warm blocks); `blocks`: backend, then warm blocks less queue.
+    pub routing: RoutingPolicy,
 }
 
 impl Default for CoordinatorConfig {
@@ -303,6 +308,7 @@ impl Default for CoordinatorConfig {
             admission_timeout_ms: 2_000,
             max_attempts: 3,
             kv_routing: true,
+            routing: RoutingPolicy::Ttft,
         }
     }
 }

@@ -118,3 +118,25 @@ fn nats_security_comes_from_the_environment() {
     );
     assert!(s.tls());
 }
+
+#[test]
+fn routing_policy_from_file_and_env_and_a_bad_one_named() {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    writeln!(f, "[coordinator]\nrouting = \"blocks\"").unwrap();
+    let c = Config::load(Some(f.path()), vars(&[])).unwrap();
+    assert_eq!(c.coordinator.routing, RoutingPolicy::Blocks);
+    assert_eq!(Config::default().coordinator.routing, RoutingPolicy::Ttft);
+    let c = Config::load(None, vars(&[("SWITCHYARD_COORDINATOR_ROUTING", "blocks")])).unwrap();
+    assert_eq!(c.coordinator.routing, RoutingPolicy::Blocks);
+    let err = Config::load(None, vars(&[("SWITCHYARD_COORDINATOR_ROUTING", "fastest")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("coordinator.routing") && err.contains("fastest"), "{err}");
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    writeln!(f, "[coordinator]\nrouting = \"fastest\"").unwrap();
+    let err = Config::load(Some(f.path()), vars(&[])).unwrap_err().to_string();
+    assert!(
+        err.contains("routing") && err.contains(&f.path().display().to_string()),
+        "{err}"
+    );
+}

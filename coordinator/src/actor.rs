@@ -1,15 +1,18 @@
 //! The CoordinatorActor: owns the [`Registry`]; fed by heartbeats and expiry ticks;
 //! answers routing queries. NATS plumbing lives in [`crate::service`].
 
-use crate::registry::{Registry, RouteQuery};
+use crate::registry::{Registry, RouteQuery, RoutingPolicy};
+use crate::stats::CoordinatorStats;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard_messages::{FleetStatus, KvEvent, KvSnapshot, ModelsReply, WireError, WorkerStatus, PROTOCOL_VERSION};
+use switchyard_messages::{FleetStatus, Heartbeat, KvEvent, KvSnapshot, ModelsReply, WireError, PROTOCOL_VERSION};
 
 /// Messages the CoordinatorActor handles.
 pub enum CoordinatorMsg {
-    /// A worker's heartbeat arrived; answers whether the worker is new here.
-    Heartbeat(WorkerStatus, RpcReplyPort<bool>),
+    /// Heartbeats arrived (as many as were waiting, in order); answers the workers
+    /// among them that are new here.
+    Heartbeats(Vec<Heartbeat>, RpcReplyPort<Vec<String>>),
     /// Drop workers whose heartbeats stopped.
     Expire,
     /// Candidate workers for a request, best first. The first counts as routed at
@@ -21,8 +24,9 @@ pub enum CoordinatorMsg {
     Routed(String, Vec<u64>),
     /// This worker did not answer; forget it until it heartbeats again.
     Remove(String),
-    /// A worker's KV event; answers whether events were lost (fetch a snapshot).
-    Kv(KvEvent, RpcReplyPort<bool>),
+    /// Workers' KV events, in order; answers the workers that lost events (fetch
+    /// their snapshots).
+    Kv(Vec<KvEvent>, RpcReplyPort<Vec<String>>),
     /// A worker's KV snapshot.
     KvSnapshot(KvSnapshot),
     /// The fleet view.
@@ -38,6 +42,8 @@ pub struct CoordinatorActor;
 pub struct CoordinatorState {
     registry: Registry,
     coordinator_id: String,
+    stats: Arc<CoordinatorStats>,
+    max_candidates: usize,
 }
 
 /// Start-up arguments.
@@ -46,6 +52,12 @@ pub struct CoordinatorArgs {
     pub coordinator_id: String,
     /// Heartbeat expiry.
     pub expiry: Duration,
+    /// Where the actor counts its work.
+    pub stats: Arc<CoordinatorStats>,
+    /// Candidates a `Route` answers with (the workers a request may try).
+    pub max_candidates: usize,
+    /// How candidates are ordered.
+    pub routing: RoutingPolicy,
 }
 
 impl Actor for CoordinatorActor {
@@ -61,8 +73,10 @@ impl Actor for CoordinatorActor {
         let tick = (args.expiry / 4).max(Duration::from_millis(50));
         myself.send_interval(tick, || CoordinatorMsg::Expire);
         Ok(CoordinatorState {
-            registry: Registry::new(args.expiry),
+            registry: Registry::with_policy(args.expiry, args.routing),
             coordinator_id: args.coordinator_id,
+            stats: args.stats,
+            max_candidates: args.max_candidates.max(1),
         })
     }
 
@@ -73,12 +87,18 @@ impl Actor for CoordinatorActor {
         state: &mut CoordinatorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            CoordinatorMsg::Heartbeat(status, reply) => {
-                let id = status.worker_id.clone();
-                let joined = state.registry.heartbeat(status, Instant::now());
-                if joined {
-                    tracing::info!(worker = %id, "worker joined");
+            CoordinatorMsg::Heartbeats(beats, reply) => {
+                let start = Instant::now();
+                let n = beats.len();
+                let mut joined = Vec::new();
+                for beat in beats {
+                    let id = beat.status.worker_id.clone();
+                    if state.registry.heartbeat(beat, start) {
+                        tracing::info!(worker = %id, "worker joined");
+                        joined.push(id);
+                    }
                 }
+                state.stats.heartbeats.add_many(n as u64, start.elapsed());
                 let _ = reply.send(joined);
             }
             CoordinatorMsg::Expire => {
@@ -88,25 +108,41 @@ impl Actor for CoordinatorActor {
                 }
             }
             CoordinatorMsg::Route(query, reply) => {
-                let route = state.registry.route(&query);
-                if let Ok(Some(first)) = route.as_ref().map(|c| c.first()) {
-                    let warm = state.registry.overlap(first, &query.blocks) > 0;
-                    routing_decisions().add(
-                        1,
-                        &[opentelemetry::KeyValue::new(
-                            "switchyard.routing.reason",
-                            if warm { "kv_warm" } else { "load" },
-                        )],
-                    );
-                    state.registry.routed(first, &query.blocks);
+                let start = Instant::now();
+                let route = state.registry.route_top(&query, state.max_candidates);
+                let mut warm = None;
+                if let Ok(r) = &route {
+                    if let Some(first) = r.workers.first() {
+                        warm = Some(r.warm > 0);
+                        state.registry.routed(first, &query.blocks);
+                    }
                 }
-                let _ = reply.send(route);
+                let took = start.elapsed();
+                state.stats.decisions.add(took);
+                state.stats.decision_latency.record(took);
+                if let Some(warm) = warm {
+                    let reason = if warm { "kv_warm" } else { "load" };
+                    routing_decisions().add(1, &[opentelemetry::KeyValue::new("switchyard.routing.reason", reason)]);
+                }
+                let _ = reply.send(route.map(|r| r.workers));
             }
             CoordinatorMsg::Routed(id, blocks) => state.registry.routed(&id, &blocks),
-            CoordinatorMsg::Kv(event, reply) => {
-                let _ = reply.send(state.registry.kv_event(&event));
+            CoordinatorMsg::Kv(events, reply) => {
+                let start = Instant::now();
+                let mut gaps: Vec<String> = Vec::new();
+                for e in &events {
+                    if state.registry.kv_event(e) && !gaps.contains(&e.worker_id) {
+                        gaps.push(e.worker_id.clone());
+                    }
+                }
+                state.stats.kv_events.add_many(events.len() as u64, start.elapsed());
+                let _ = reply.send(gaps);
             }
-            CoordinatorMsg::KvSnapshot(snapshot) => state.registry.kv_snapshot(snapshot),
+            CoordinatorMsg::KvSnapshot(snapshot) => {
+                let start = Instant::now();
+                state.registry.kv_snapshot(snapshot);
+                state.stats.snapshots.add(start.elapsed());
+            }
             CoordinatorMsg::Remove(id) => {
                 if state.registry.remove(&id) {
                     tracing::warn!(worker = %id, "worker removed: it did not answer a forward");

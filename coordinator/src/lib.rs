@@ -1,8 +1,11 @@
 //! # switchyard-coordinator — the CoordinatorActor
 //!
 //! ## Layout
-//! - [`registry`]: live workers from heartbeats, and the routing policy (plain data).
+//! - [`registry`]: live workers from heartbeats, and the routing policy (plain data):
+//!   `registry/prefix.rs` (who holds which prefix block), `registry/ttft.rs` (predicted
+//!   time to first token), `registry/brief.rs` (what a decision reads of each worker).
 //! - [`actor`]: the CoordinatorActor owning the registry.
+//! - [`stats`]: counters and a decision-latency histogram of the actor's work.
 //! - [`service`]: forwarding a client request to a worker with the client's inbox as
 //!   the stream target; tokens never pass through the coordinator.
 //! - [`CoordinatorHandle`]: starts all of it on a NATS connection.
@@ -17,6 +20,7 @@
 pub mod actor;
 pub mod registry;
 pub mod service;
+pub mod stats;
 
 use actor::{CoordinatorActor, CoordinatorArgs, CoordinatorMsg};
 use async_nats::service::ServiceExt;
@@ -27,6 +31,9 @@ use switchyard_actors::nats::serve_endpoint;
 use switchyard_messages::subjects::COORDINATOR_QUEUE;
 use switchyard_messages::{encode, FleetStatus, ModelsReply, Subjects};
 use tokio::task::JoinHandle;
+
+/// Heartbeats or KV events handed to the actor in one call, at most.
+const BATCH: usize = 256;
 
 /// How a coordinator behaves.
 #[derive(Debug, Clone)]
@@ -43,6 +50,8 @@ pub struct CoordinatorOptions {
     pub max_attempts: u32,
     /// KV-aware routing on.
     pub kv_routing: bool,
+    /// How candidate workers are ordered.
+    pub routing: registry::RoutingPolicy,
     /// What one request may ask for.
     pub limits: switchyard_messages::InputLimits,
 }
@@ -51,6 +60,7 @@ pub struct CoordinatorOptions {
 pub struct CoordinatorHandle {
     client: async_nats::Client,
     actor: ActorRef<CoordinatorMsg>,
+    stats: std::sync::Arc<stats::CoordinatorStats>,
     tasks: Vec<JoinHandle<()>>,
     service: Option<async_nats::service::Service>,
 }
@@ -58,56 +68,77 @@ pub struct CoordinatorHandle {
 impl CoordinatorHandle {
     /// Starts a coordinator on `client`.
     pub async fn start(client: async_nats::Client, opts: CoordinatorOptions) -> anyhow::Result<Self> {
+        let stats = std::sync::Arc::new(stats::CoordinatorStats::default());
         let (actor, _) = Actor::spawn(
             None,
             CoordinatorActor,
             CoordinatorArgs {
                 coordinator_id: opts.coordinator_id.clone(),
                 expiry: opts.worker_expiry,
+                stats: stats.clone(),
+                max_candidates: opts.max_attempts as usize,
+                routing: opts.routing,
             },
         )
         .await
         .map_err(|e| anyhow::anyhow!("starting the coordinator actor: {e}"))?;
         let mut tasks = Vec::new();
 
-        // Heartbeats; a worker seen for the first time (or again after expiring) gets
-        // its KV snapshot fetched, so a coordinator that starts after its workers
-        // routes to warm prefixes at once.
-        let mut heartbeats = client.subscribe(opts.subjects.heartbeat_all()).await?;
+        // Heartbeats, as many as are waiting per actor call (one round trip per batch,
+        // not per heartbeat, and still backpressure: the next batch waits for this
+        // one). A worker seen for the first time (or again after expiring) gets its
+        // KV snapshot fetched, so a coordinator that starts after its workers routes
+        // to warm prefixes at once.
+        let mut heartbeats = client
+            .subscribe(opts.subjects.heartbeat_all())
+            .await?
+            .ready_chunks(BATCH);
         let (a, kv_client, subjects) = (actor.clone(), client.clone(), opts.subjects.clone());
         tasks.push(tokio::spawn(async move {
-            while let Some(msg) = heartbeats.next().await {
-                match switchyard_messages::decode::<switchyard_messages::WorkerStatus>(&msg.payload) {
-                    Ok(status) => {
-                        let worker = status.worker_id.clone();
-                        if let Ok(true) = ractor::call_t!(a, CoordinatorMsg::Heartbeat, 5_000, status) {
-                            fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
-                        }
+            while let Some(batch) = heartbeats.next().await {
+                let beats: Vec<switchyard_messages::Heartbeat> = batch
+                    .iter()
+                    .filter_map(|msg| {
+                        switchyard_messages::decode(&msg.payload)
+                            .map_err(|e| tracing::warn!(subject = %msg.subject, "bad heartbeat: {e}"))
+                            .ok()
+                    })
+                    .collect();
+                if beats.is_empty() {
+                    continue;
+                }
+                if let Ok(joined) = ractor::call_t!(a, CoordinatorMsg::Heartbeats, 5_000, beats) {
+                    for worker in joined {
+                        fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
                     }
-                    Err(e) => tracing::warn!(subject = %msg.subject, "bad heartbeat: {e}"),
                 }
             }
         }));
 
         // KV events: applied in order; a gap (a lost event, or a coordinator that
         // started after the worker) fetches the worker's snapshot.
-        let mut kv_events = client.subscribe(opts.subjects.kv_all()).await?;
+        let mut kv_events = client.subscribe(opts.subjects.kv_all()).await?.ready_chunks(BATCH);
         let (a, kv_client, subjects) = (actor.clone(), client.clone(), opts.subjects.clone());
         tasks.push(tokio::spawn(async move {
-            while let Some(msg) = kv_events.next().await {
-                let event: switchyard_messages::KvEvent = match switchyard_messages::decode(&msg.payload) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        tracing::warn!(subject = %msg.subject, "bad kv event: {e}");
-                        continue;
-                    }
-                };
-                let worker = event.worker_id.clone();
-                if !matches!(ractor::call_t!(a, CoordinatorMsg::Kv, 5_000, event), Ok(true)) {
+            while let Some(batch) = kv_events.next().await {
+                let events: Vec<switchyard_messages::KvEvent> = batch
+                    .iter()
+                    .filter_map(|msg| {
+                        switchyard_messages::decode(&msg.payload)
+                            .map_err(|e| tracing::warn!(subject = %msg.subject, "bad kv event: {e}"))
+                            .ok()
+                    })
+                    .collect();
+                if events.is_empty() {
                     continue;
                 }
-                tracing::debug!(%worker, "kv events lost; fetching a snapshot");
-                fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
+                let Ok(gaps) = ractor::call_t!(a, CoordinatorMsg::Kv, 5_000, events) else {
+                    continue;
+                };
+                for worker in gaps {
+                    tracing::debug!(%worker, "kv events lost; fetching a snapshot");
+                    fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
+                }
             }
         }));
 
@@ -183,6 +214,7 @@ impl CoordinatorHandle {
         Ok(Self {
             client,
             actor,
+            stats,
             tasks,
             service: Some(service),
         })
@@ -192,6 +224,11 @@ impl CoordinatorHandle {
     pub async fn status(&self) -> anyhow::Result<FleetStatus> {
         ractor::call_t!(self.actor, CoordinatorMsg::Status, 5_000)
             .map_err(|e| anyhow::anyhow!("coordinator status: {e}"))
+    }
+
+    /// The actor's counters: decisions (and their latency), heartbeats, KV events.
+    pub fn stats(&self) -> std::sync::Arc<stats::CoordinatorStats> {
+        self.stats.clone()
     }
 
     /// Stops serving. When this returns, the NATS server has dropped this

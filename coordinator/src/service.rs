@@ -57,13 +57,20 @@ impl Verb {
     }
 }
 
-/// Decodes and checks a request for `verb`, returning the routing fields and, for
-/// generate and chat, the prompt's prefix blocks (KV-aware routing).
-fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<(RequestHead, Vec<u64>), (String, WireError)> {
+/// What routing needs of a request: its routing fields and, for generate and chat, the
+/// prompt's prefix blocks (KV-aware routing) and its length in bytes (predicted TTFT).
+struct Admitted {
+    head: RequestHead,
+    blocks: Vec<u64>,
+    prompt_bytes: usize,
+}
+
+/// Decodes and checks a request for `verb`.
+fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (String, WireError)> {
     let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
     let head: RequestHead = decode(payload).map_err(|e| (String::new(), bad(e)))?;
     let id = head.request_id.clone();
-    let mut blocks = Vec::new();
+    let (mut blocks, mut prompt_bytes) = (Vec::new(), 0);
     let checked = match verb {
         Verb::Generate | Verb::Chat => decode::<GenerateRequest>(payload)
             .map_err(bad)
@@ -71,6 +78,7 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<(RequestHea
             .map(|r| {
                 let key = kv::routing_key(r.prompt.as_deref(), r.messages.as_deref());
                 blocks = kv::prefix_blocks(&key);
+                prompt_bytes = key.len();
             }),
         Verb::Classify => decode::<ClassifyRequest>(payload)
             .map_err(bad)
@@ -90,7 +98,11 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<(RequestHea
             return Err((id, e));
         }
     }
-    Ok((head, blocks))
+    Ok(Admitted {
+        head,
+        blocks,
+        prompt_bytes,
+    })
 }
 
 /// Routes one client request to a worker, trying up to `max_attempts` candidates,
@@ -141,7 +153,11 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             let _ = client.publish(inbox, body.into()).await;
         }
     };
-    let (req, blocks) = match admit(verb, &msg.payload, &ctx.limits) {
+    let Admitted {
+        head: req,
+        blocks,
+        prompt_bytes,
+    } = match admit(verb, &msg.payload, &ctx.limits) {
         Ok(ok) => ok,
         Err((id, e)) => return fail(if id.is_empty() { header_id } else { id }, e).await,
     };
@@ -150,6 +166,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         backend: req.backend.clone(),
         worker: req.worker.clone(),
         blocks: if ctx.kv_routing { blocks } else { Vec::new() },
+        prompt_bytes,
     };
     let query_blocks = query.blocks.clone();
     span.record("gen_ai.request.model", req.model.as_str());
@@ -262,7 +279,7 @@ pub async fn open_session(ctx: ForwardContext, request: async_nats::service::Req
         model: req.model.clone(),
         backend: Some(req.backend.clone()).filter(|b| !b.is_empty()),
         worker: Some(req.worker_id.clone()).filter(|w| !w.is_empty()),
-        blocks: Vec::new(),
+        ..RouteQuery::default()
     };
     let candidates = match ractor::call_t!(ctx.actor, CoordinatorMsg::Route, 5_000, query) {
         Ok(Ok(c)) => c,

@@ -58,5 +58,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Minor versions only add fields or tighten checks; `v` stays the major version.
 /// 1.1: session calls require the owner's fence and check `v`; cancels name the
 /// requester's inbox; `BatchResult.finish_reason`; input limits; a session starts
-/// empty and keeps every generated token resident.
-pub const PROTOCOL_MINOR: u32 = 1;
+/// empty and keeps every generated token resident. 1.2: heartbeats may carry `speed`
+/// ([`Heartbeat`], [`WorkerSpeed`]).
+pub const PROTOCOL_MINOR: u32 = 2;

@@ -263,6 +263,51 @@ pub struct RecentLatency {
     pub tpot_ms: f64,
 }
 
+/// What a worker measured of its own speed over its recent requests: the heartbeat
+/// field `speed` (protocol 1.2), beside [`WorkerStatus`]'s fields. Coordinators
+/// routing by predicted time to first token read it; all zeros (an older worker, or
+/// one with no finished request yet) means "not measured".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerSpeed {
+    /// Requests the medians cover.
+    pub requests: u32,
+    /// Prompt tokens computed per second of prefill, cached tokens not counted (median).
+    pub prefill_tps: f64,
+    /// Milliseconds a request holds a slot, from its prefill's start to its last token
+    /// (median).
+    pub service_ms: f64,
+}
+
+impl WorkerSpeed {
+    /// Whether there is a measurement to predict from.
+    pub fn measured(&self) -> bool {
+        self.requests > 0 && self.prefill_tps > 0.0 && self.prefill_tps.is_finite() && self.service_ms.is_finite()
+    }
+}
+
+/// A heartbeat as published on `{p}.v1.heartbeat.{wid}`: the [`WorkerStatus`] fields
+/// and, beside them in the same map, `speed` (protocol 1.2). A heartbeat without
+/// `speed` decodes with zeros; a [`WorkerStatus`] decoder ignores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// Every field of the status.
+    #[serde(flatten)]
+    pub status: WorkerStatus,
+    /// The worker's measured speed.
+    #[serde(default)]
+    pub speed: WorkerSpeed,
+}
+
+impl From<WorkerStatus> for Heartbeat {
+    fn from(status: WorkerStatus) -> Self {
+        Self {
+            status,
+            speed: WorkerSpeed::default(),
+        }
+    }
+}
+
 /// One worker as a coordinator sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerView {
@@ -414,5 +459,54 @@ impl RequestHead {
             worker: None,
             deadline_ms: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode, encode};
+
+    #[test]
+    fn heartbeat_speed_travels_beside_the_status_and_old_peers_still_decode() {
+        let status = WorkerStatus {
+            v: crate::PROTOCOL_VERSION,
+            worker_id: "w-1".into(),
+            device: "cpu".into(),
+            backend: "cpu".into(),
+            models: Vec::new(),
+            capacity: 4,
+            queue_capacity: 8,
+            in_flight: 1,
+            queued: 0,
+            available: true,
+            draining: false,
+            host: "h".into(),
+            pid: 1,
+            started_at_ms: 5,
+            seq: 9,
+            completed: 3,
+            version: "t".into(),
+            kv: KvUsage::default(),
+            recent: RecentLatency::default(),
+        };
+        let beat = Heartbeat {
+            status: status.clone(),
+            speed: WorkerSpeed {
+                requests: 3,
+                prefill_tps: 812.5,
+                service_ms: 420.0,
+            },
+        };
+        let new = encode(&beat);
+        assert_eq!(decode::<Heartbeat>(&new).unwrap(), beat);
+        assert_eq!(
+            decode::<WorkerStatus>(&new).unwrap(),
+            status,
+            "an old coordinator ignores speed"
+        );
+        let old: Heartbeat = decode(&encode(&status)).unwrap();
+        assert_eq!(old, Heartbeat::from(status), "an old worker's heartbeat: speed zeros");
+        assert!(!old.speed.measured() && beat.speed.measured());
     }
 }

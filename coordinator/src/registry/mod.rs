@@ -2,31 +2,47 @@
 //!
 //! Workers enter on their heartbeats and leave when heartbeats stop for longer than
 //! the expiry. Routing filters the live workers (serves the model, available, not
-//! draining, matches the request's pins) and orders them: backend preference
-//! (seed 000 `Default()`: metal > rocm > llama_cpp > cuda > cpu), then free capacity,
-//! then a score: the warm prefix (KV-aware routing: how many leading prefix blocks of
-//! the request the worker announced holding) less [`WAIT_BLOCKS`] per request it would
-//! wait behind; then load, with saturated workers last so requests spill to the next
-//! backend. With no warm prefix anywhere this is "free capacity first, then least
-//! loaded". A prefix every worker holds (a common system prompt) scores the same
-//! everywhere, so load decides and it does not pull every request onto one worker; a
-//! popular prefix queues at its worker only while the wait is worth less than the
-//! reuse, then spills and becomes warm on a second worker.
+//! draining, matches the request's pins) and orders them, saturated workers last so
+//! requests spill, by one of two policies ([`RoutingPolicy`]):
+//!
+//! - `ttft` (default): the least predicted time to first token ([`ttft`]): the wait for
+//!   a slot plus the uncached part of the prompt at the worker's measured prefill speed,
+//!   from the `speed` its heartbeats report. Then backend preference, load. Workers
+//!   without a measurement are predicted at the median speed of the candidates that
+//!   have one; when none has, the decision falls back to `blocks`.
+//! - `blocks`: backend preference (seed 000 `Default()`: metal > rocm > llama_cpp >
+//!   cuda > cpu), then a score: the warm prefix (KV-aware routing: how many leading
+//!   prefix blocks of the request the worker announced holding) less [`WAIT_BLOCKS`]
+//!   per request it would wait behind; then load. With no warm prefix anywhere this is
+//!   "free capacity first, then least loaded". A prefix every worker holds (a common
+//!   system prompt) scores the same everywhere, so load decides and it does not pull
+//!   every request onto one worker; a popular prefix queues at its worker only while
+//!   the wait is worth less than the reuse, then spills and becomes warm on a second
+//!   worker.
+//!
+//! Ties go to the worker holding fewer blocks (a new prefix evicts the least there),
+//! then to the smaller id.
+//!
+//! Cost per decision with N workers: one pass over a contiguous slab of workers, one
+//! walk down the request's blocks for every worker's warm prefix at once
+//! ([`prefix::PrefixIndex::depths`]), and a bounded insertion for the few candidates a
+//! request will try; no allocation per worker. Heartbeats and KV events touch only
+//! their worker (and, for KV events, the blocks they name).
 
-use std::collections::{HashMap, HashSet};
+mod brief;
+pub mod prefix;
+pub mod ttft;
+
+use brief::Brief;
+pub use brief::WAIT_BLOCKS;
+use prefix::PrefixIndex;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
+pub use switchyard_config::RoutingPolicy;
 use switchyard_messages::{
-    BackendKind, ErrorCode, KvEvent, KvSnapshot, ModelEntry, WireError, WorkerStatus, WorkerView,
+    BackendKind, ErrorCode, Heartbeat, KvEvent, KvSnapshot, ModelEntry, WireError, WorkerStatus, WorkerView,
 };
-
-/// What one request to wait behind costs, in warm prefix blocks (4 × 256 bytes, about
-/// 250 tokens of prefill).
-pub const WAIT_BLOCKS: i64 = 4;
-
-/// Backends in order of preference (seed 000 `Default()`): [`BackendKind::rank`].
-fn backend_rank(backend: &str) -> usize {
-    BackendKind::rank(backend)
-}
+use ttft::Speed;
 
 /// What a request asks of routing.
 #[derive(Debug, Clone, Default)]
@@ -39,140 +55,197 @@ pub struct RouteQuery {
     pub worker: Option<String>,
     /// The request's prefix blocks (`switchyard_messages::kv`), for KV-aware routing.
     pub blocks: Vec<u64>,
+    /// Bytes of the request's routing key (its prompt as sent), for predicted TTFT.
+    pub prompt_bytes: usize,
+}
+
+/// A routing decision: the candidates, best first, and how many leading blocks of
+/// the request the first one holds warm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Worker ids, best first.
+    pub workers: Vec<String>,
+    /// Warm leading blocks of the first.
+    pub warm: usize,
 }
 
 #[derive(Debug, Clone)]
 struct Entry {
     status: WorkerStatus,
     seen: Instant,
-    /// Requests routed here since its last heartbeat (not yet reflected in it).
-    routed_since: u32,
 }
 
-impl Entry {
-    fn load(&self) -> u32 {
-        self.status.in_flight + self.status.queued + self.routed_since
-    }
-    fn limit(&self) -> u32 {
-        self.status.capacity + self.status.queue_capacity
-    }
-    fn serves(&self, model: &str) -> bool {
-        model.is_empty() || self.status.models.iter().any(|m| m.name == model)
-    }
+/// A worker id's place in the registry: its heartbeat (once one came) and, under
+/// the same index in `briefs` and the [`PrefixIndex`], what routing reads of it and
+/// its warm blocks.
+#[derive(Debug, Default)]
+struct Slot {
+    id: String,
+    worker: Option<Entry>,
 }
 
 /// Live workers as known from heartbeats.
+///
+/// Workers live in a slab of slots, so a routing decision scans contiguous vectors
+/// and the prefix index names workers by a small integer.
 #[derive(Debug)]
 pub struct Registry {
-    workers: HashMap<String, Entry>,
+    slots: Vec<Slot>,
+    briefs: Vec<Brief>,
+    ids: HashMap<String, u32>,
+    free: Vec<u32>,
+    live: usize,
+    /// Model names, interned: the first 64 are bits of [`Brief::models`].
+    model_ids: HashMap<String, u32>,
     expiry: Duration,
-    /// Per worker: the prefix blocks it holds warm, from its KV events.
-    kv: HashMap<String, KvIndex>,
-}
-
-/// One worker's warm blocks as of its event `seq`, and the prefix of the last request
-/// routed there (warm once it has run, before the worker's event says so).
-#[derive(Debug, Default)]
-struct KvIndex {
-    seq: u64,
-    blocks: HashSet<u64>,
-    pending: Vec<u64>,
+    policy: RoutingPolicy,
+    prefix: PrefixIndex,
 }
 
 impl Registry {
-    /// A registry that forgets a worker `expiry` after its last heartbeat.
+    /// A registry that forgets a worker `expiry` after its last heartbeat, routing by
+    /// the default policy.
     pub fn new(expiry: Duration) -> Self {
+        Self::with_policy(expiry, RoutingPolicy::default())
+    }
+
+    /// A registry routing by `policy`.
+    pub fn with_policy(expiry: Duration, policy: RoutingPolicy) -> Self {
         Self {
-            workers: HashMap::new(),
+            slots: Vec::new(),
+            briefs: Vec::new(),
+            ids: HashMap::new(),
+            free: Vec::new(),
+            live: 0,
+            model_ids: HashMap::new(),
             expiry,
-            kv: HashMap::new(),
+            policy,
+            prefix: PrefixIndex::default(),
         }
     }
 
-    /// Records a heartbeat received at `now`. Returns true for a new worker.
-    pub fn heartbeat(&mut self, status: WorkerStatus, now: Instant) -> bool {
-        match self.workers.get_mut(&status.worker_id) {
+    /// The slot of `id`, made if new.
+    fn slot_of(&mut self, id: &str) -> u32 {
+        if let Some(&s) = self.ids.get(id) {
+            return s;
+        }
+        let s = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(Slot::default());
+            self.briefs.push(Brief::default());
+            (self.slots.len() - 1) as u32
+        });
+        self.slots[s as usize].id = id.to_string();
+        self.ids.insert(id.to_string(), s);
+        s
+    }
+
+    /// Forgets the worker in `slot` and its blocks; the slot is reused.
+    fn release(&mut self, slot: u32) {
+        let s = std::mem::take(&mut self.slots[slot as usize]);
+        if s.worker.is_some() {
+            self.live -= 1;
+        }
+        self.briefs[slot as usize] = Brief::default();
+        self.ids.remove(&s.id);
+        self.prefix.clear(slot);
+        self.free.push(slot);
+    }
+
+    /// Records a heartbeat (a [`WorkerStatus`], with or without its `speed`) received
+    /// at `now`. Returns true for a new worker.
+    pub fn heartbeat(&mut self, beat: impl Into<Heartbeat>, now: Instant) -> bool {
+        let Heartbeat { status, speed } = beat.into();
+        let slot = self.slot_of(&status.worker_id);
+        let new = match &self.slots[slot as usize].worker {
             // Heartbeats can arrive out of order across reconnects; keep the newest.
-            Some(e) if e.status.started_at_ms == status.started_at_ms && e.status.seq > status.seq => false,
-            Some(e) => {
-                e.status = status;
-                e.seen = now;
-                e.routed_since = 0;
-                false
-            }
-            None => {
-                let id = status.worker_id.clone();
-                self.workers.insert(
-                    id,
-                    Entry {
-                        status,
-                        seen: now,
-                        routed_since: 0,
-                    },
-                );
-                true
+            Some(e) if e.status.started_at_ms == status.started_at_ms && e.status.seq > status.seq => return false,
+            Some(_) => false,
+            None => true,
+        };
+        let mut models = 0u64;
+        let mut more_models = false;
+        for m in &status.models {
+            let next = self.model_ids.len() as u32;
+            let id = *self.model_ids.entry(m.name.clone()).or_insert(next);
+            if id < 64 {
+                models |= 1 << id;
+            } else {
+                more_models = true;
             }
         }
+        let b = &mut self.briefs[slot as usize];
+        *b = Brief {
+            live: true,
+            routable: status.available && !status.draining,
+            models,
+            more_models,
+            rank: BackendKind::rank(&status.backend).min(127) as u8,
+            capacity: status.capacity,
+            limit: status.capacity + status.queue_capacity,
+            // Requests routed here since count until the heartbeat that reflects them.
+            load: status.in_flight + status.queued,
+            prefill_tps: if speed.measured() {
+                speed.prefill_tps as f32
+            } else {
+                0.0
+            },
+            service_ms: speed.service_ms as f32,
+            id_prefix: brief::id_prefix(&status.worker_id),
+            ..*b
+        };
+        self.slots[slot as usize].worker = Some(Entry { status, seen: now });
+        self.live += usize::from(new);
+        new
     }
 
     /// Drops workers not heard from within the expiry; returns their ids.
     pub fn expire(&mut self, now: Instant) -> Vec<String> {
         let expiry = self.expiry;
-        let dead: Vec<String> = self
-            .workers
-            .iter()
-            .filter(|(_, e)| now.duration_since(e.seen) > expiry)
-            .map(|(id, _)| id.clone())
+        let dead: Vec<u32> = (0..self.slots.len() as u32)
+            .filter(|&s| {
+                let w = &self.slots[s as usize].worker;
+                w.as_ref().is_some_and(|e| now.duration_since(e.seen) > expiry)
+            })
             .collect();
-        for id in &dead {
-            self.workers.remove(id);
-            self.kv.remove(id);
-        }
-        dead
+        dead.into_iter()
+            .map(|s| {
+                let id = self.slots[s as usize].id.clone();
+                self.release(s);
+                id
+            })
+            .collect()
     }
 
     /// Forgets a worker at once (it did not answer a forward).
     pub fn remove(&mut self, worker_id: &str) -> bool {
-        self.kv.remove(worker_id);
-        self.workers.remove(worker_id).is_some()
+        let Some(&slot) = self.ids.get(worker_id) else {
+            return false;
+        };
+        let was_live = self.slots[slot as usize].worker.is_some();
+        self.release(slot);
+        was_live
     }
 
     /// Applies a worker's KV event. Returns true when events were lost (a gap in
     /// `seq`): the caller should fetch a snapshot; the index keeps its old state until
     /// then. `seq` 1 starts over (the worker restarted).
     pub fn kv_event(&mut self, e: &KvEvent) -> bool {
-        let idx = self.kv.entry(e.worker_id.clone()).or_default();
-        if e.seq == 1 {
-            *idx = KvIndex::default();
-        } else if e.seq <= idx.seq {
-            return false; // a duplicate or a late one
-        } else if e.seq != idx.seq + 1 {
-            return true;
-        }
-        for b in &e.removed {
-            idx.blocks.remove(b);
-        }
-        idx.blocks.extend(&e.stored);
-        idx.seq = e.seq;
-        false
+        let slot = self.slot_of(&e.worker_id);
+        let gap = self.prefix.event(slot, e);
+        self.briefs[slot as usize].held = self.prefix.held(slot) as u32;
+        gap
     }
 
     /// Replaces a worker's KV index with a snapshot (unless it is older).
     pub fn kv_snapshot(&mut self, s: KvSnapshot) {
-        let idx = self.kv.entry(s.worker_id).or_default();
-        if s.seq >= idx.seq {
-            idx.seq = s.seq;
-            idx.blocks = s.blocks.into_iter().collect();
-        }
+        let slot = self.slot_of(&s.worker_id);
+        self.prefix.snapshot(slot, &s);
+        self.briefs[slot as usize].held = self.prefix.held(slot) as u32;
     }
 
     /// How many leading blocks of `blocks` the worker holds warm.
     pub fn overlap(&self, worker_id: &str, blocks: &[u64]) -> usize {
-        self.kv.get(worker_id).map_or(0, |idx| {
-            let held = switchyard_messages::kv::leading_overlap(blocks, |b| idx.blocks.contains(&b));
-            let pending = blocks.iter().zip(&idx.pending).take_while(|(a, b)| a == b).count();
-            held.max(pending)
-        })
+        self.ids.get(worker_id).map_or(0, |&s| self.prefix.overlap(s, blocks))
     }
 
     /// Notes that a request with prefix `blocks` was routed to `worker_id`. That
@@ -181,43 +254,64 @@ impl Registry {
     /// cold copy elsewhere. Only the latest routed prefix counts this way: a worker
     /// with one resident sequence keeps only the last one.
     pub fn routed(&mut self, worker_id: &str, blocks: &[u64]) {
-        if let Some(e) = self.workers.get_mut(worker_id) {
-            e.routed_since += 1;
+        let Some(&slot) = self.ids.get(worker_id) else { return };
+        let b = &mut self.briefs[slot as usize];
+        if b.live {
+            b.load += 1;
         }
-        if !blocks.is_empty() {
-            self.kv.entry(worker_id.to_string()).or_default().pending = blocks.to_vec();
+        if let Some(&first) = blocks.first() {
+            (b.pending, b.pending_first) = (true, first);
+            self.prefix.routed(slot, blocks);
         }
     }
 
     /// Candidate worker ids for `q`, best first, or why there are none.
     pub fn route(&self, q: &RouteQuery) -> Result<Vec<String>, WireError> {
-        if self.workers.is_empty() {
+        self.route_top(q, usize::MAX).map(|r| r.workers)
+    }
+
+    /// The best `limit` candidates for `q`, or why there are none.
+    pub fn route_top(&self, q: &RouteQuery, limit: usize) -> Result<Route, WireError> {
+        if self.live == 0 {
             return Err(WireError::new(
                 ErrorCode::NoWorker,
                 "no workers are registered with this coordinator",
             ));
         }
-        if !self.workers.values().any(|e| e.serves(&q.model)) {
-            let mut served: Vec<&str> = self
-                .workers
-                .values()
-                .flat_map(|e| e.status.models.iter().map(|m| m.name.as_str()))
-                .collect();
-            served.sort_unstable();
-            served.dedup();
-            return Err(WireError::new(
-                ErrorCode::UnknownModel,
-                format!("no worker serves model {:?}; served: {}", q.model, served.join(", ")),
-            ));
+        let model = match q.model.as_str() {
+            "" => None,
+            name => Some(*self.model_ids.get(name).ok_or_else(|| self.unknown_model(name))?),
+        };
+        let (mut serving, mut matching, mut measured) = (false, 0, 0);
+        let mut candidates: Vec<u32> = Vec::with_capacity(self.live);
+        for (i, b) in self.briefs.iter().enumerate() {
+            if !b.live {
+                continue;
+            }
+            let slot = &self.slots[i];
+            let status = || &slot.worker.as_ref().expect("a live slot has a heartbeat").status;
+            let serves = b
+                .serves(model)
+                .unwrap_or_else(|| status().models.iter().any(|m| m.name == q.model));
+            if !serves {
+                continue;
+            }
+            serving = true;
+            if q.backend.as_deref().is_some_and(|want| status().backend != want)
+                || q.worker.as_deref().is_some_and(|want| slot.id != want)
+            {
+                continue;
+            }
+            matching += 1;
+            if b.routable {
+                candidates.push(i as u32);
+                measured += usize::from(b.speed().is_some());
+            }
         }
-        let mut candidates: Vec<&Entry> = self
-            .workers
-            .values()
-            .filter(|e| e.serves(&q.model))
-            .filter(|e| q.backend.as_deref().is_none_or(|b| e.status.backend == b))
-            .filter(|e| q.worker.as_deref().is_none_or(|w| e.status.worker_id == w))
-            .collect();
-        if candidates.is_empty() {
+        if !serving {
+            return Err(self.unknown_model(&q.model));
+        }
+        if matching == 0 {
             return Err(WireError::new(
                 ErrorCode::NoWorker,
                 format!(
@@ -228,40 +322,68 @@ impl Registry {
                 ),
             ));
         }
-        candidates.retain(|e| e.status.available && !e.status.draining);
         if candidates.is_empty() {
             return Err(WireError::new(
                 ErrorCode::NoWorker,
                 format!("every worker serving {:?} is unavailable or draining", q.model),
             ));
         }
-        // Each key costs a prefix lookup per block: compute it once per candidate.
-        candidates.sort_by_cached_key(|e| {
-            let saturated = e.load() >= e.limit();
-            // Warm blocks, less WAIT_BLOCKS per request it would wait behind: a
-            // warm worker with a queue still wins when its head start is worth more
-            // than the wait, and spills otherwise.
-            let waits = (e.load() + 1).saturating_sub(e.status.capacity) as i64;
-            let score = self.overlap(&e.status.worker_id, &q.blocks) as i64 - WAIT_BLOCKS * waits;
-            (
-                saturated,
-                backend_rank(&e.status.backend),
-                std::cmp::Reverse(score),
-                e.load(),
-                // Among equals, the worker holding least: a new prefix lands where
-                // it evicts the least warm state.
-                self.kv.get(&e.status.worker_id).map_or(0, |idx| idx.blocks.len()),
-                e.status.worker_id.clone(),
-            )
-        });
-        Ok(candidates.iter().map(|e| e.status.worker_id.clone()).collect())
+        // Predicted TTFT needs a speed: a worker's own, else the candidates' median;
+        // with none measured, the block score decides.
+        let prior = match self.policy {
+            RoutingPolicy::Ttft if measured == candidates.len() => Some(None),
+            RoutingPolicy::Ttft if measured > 0 => Some(Speed::median(
+                candidates.iter().filter_map(|&s| self.briefs[s as usize].speed()),
+            )),
+            _ => None,
+        };
+        let mut depth = vec![0u32; if q.blocks.is_empty() { 0 } else { self.briefs.len() }];
+        self.prefix.depths(&q.blocks, &mut depth);
+        let warm = |s: u32| {
+            let held = depth.get(s as usize).map_or(0, |&d| d as usize);
+            let b = &self.briefs[s as usize];
+            if b.pending && q.blocks.first() == Some(&b.pending_first) {
+                held.max(self.prefix.pending_overlap(s, &q.blocks))
+            } else {
+                held
+            }
+        };
+        let keyed = candidates
+            .iter()
+            .map(|&s| (self.briefs[s as usize].key(prior, warm(s), q.prompt_bytes), s));
+        let id = |s: u32| self.slots[s as usize].id.as_str();
+        let by_id = |a: u32, b: u32| {
+            let (pa, pb) = (self.briefs[a as usize].id_prefix, self.briefs[b as usize].id_prefix);
+            pa < pb || (pa == pb && id(a) < id(b))
+        };
+        let best = brief::smallest(keyed, limit, |a, b| a.0 < b.0 || (a.0 == b.0 && by_id(a.1, b.1)));
+        Ok(Route {
+            warm: best.first().map_or(0, |&(_, s)| warm(s)),
+            workers: best.into_iter().map(|(_, s)| id(s).to_string()).collect(),
+        })
+    }
+
+    fn unknown_model(&self, model: &str) -> WireError {
+        let mut served: Vec<&str> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.worker.as_ref())
+            .flat_map(|e| e.status.models.iter().map(|m| m.name.as_str()))
+            .collect();
+        served.sort_unstable();
+        served.dedup();
+        WireError::new(
+            ErrorCode::UnknownModel,
+            format!("no worker serves model {model:?}; served: {}", served.join(", ")),
+        )
     }
 
     /// Every live worker, for `status`.
     pub fn views(&self, now: Instant) -> Vec<WorkerView> {
         let mut views: Vec<WorkerView> = self
-            .workers
-            .values()
+            .slots
+            .iter()
+            .filter_map(|s| s.worker.as_ref())
             .map(|e| WorkerView {
                 status: e.status.clone(),
                 age_ms: now.duration_since(e.seen).as_millis() as u64,
@@ -274,7 +396,7 @@ impl Registry {
     /// Models served by live workers, for `models`.
     pub fn models(&self) -> Vec<ModelEntry> {
         let mut by_name: HashMap<&str, ModelEntry> = HashMap::new();
-        for e in self.workers.values() {
+        for e in self.slots.iter().filter_map(|s| s.worker.as_ref()) {
             for m in &e.status.models {
                 let entry = by_name.entry(&m.name).or_insert_with(|| ModelEntry {
                     name: m.name.clone(),
@@ -298,12 +420,12 @@ impl Registry {
 
     /// Number of live workers.
     pub fn len(&self) -> usize {
-        self.workers.len()
+        self.live
     }
 
     /// Whether no worker is live.
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
+        self.live == 0
     }
 }
 

@@ -89,21 +89,21 @@ fn pins_are_honoured() {
         model: "m1".into(),
         backend: Some("cpu".into()),
         worker: None,
-        blocks: Vec::new(),
+        ..Default::default()
     };
     assert_eq!(r.route(&pinned).unwrap(), vec!["c"]);
     let pinned = RouteQuery {
         model: "m1".into(),
         backend: None,
         worker: Some("r".into()),
-        blocks: Vec::new(),
+        ..Default::default()
     };
     assert_eq!(r.route(&pinned).unwrap(), vec!["r"]);
     let none = RouteQuery {
         model: "m1".into(),
         backend: Some("metal".into()),
         worker: None,
-        blocks: Vec::new(),
+        ..Default::default()
     };
     assert_eq!(r.route(&none).unwrap_err().code, ErrorCode::NoWorker);
 }
@@ -257,4 +257,158 @@ fn warm_prefixes_attract_requests_but_not_past_busy() {
     // Backend preference still comes first.
     r.heartbeat(worker("g", "rocm", "m"), now);
     assert_eq!(r.route(&warm).unwrap()[0], "g");
+}
+
+fn measured(id: &str, prefill_tps: f64, service_ms: f64) -> Heartbeat {
+    Heartbeat {
+        status: WorkerStatus {
+            capacity: 2,
+            queue_capacity: 8,
+            ..worker(id, "cpu", "m")
+        },
+        speed: switchyard_messages::WorkerSpeed {
+            requests: 10,
+            prefill_tps,
+            service_ms,
+        },
+    }
+}
+
+fn prompt(blocks: &[u64], bytes: usize) -> RouteQuery {
+    RouteQuery {
+        model: "m".into(),
+        blocks: blocks.to_vec(),
+        prompt_bytes: bytes,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn ttft_prefers_the_fast_worker_until_its_queue_costs_more() {
+    let mut r = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    let now = Instant::now();
+    // 4,000 bytes ≈ 1,000 tokens: 0.25 s on fast, 2 s on slow.
+    r.heartbeat(measured("slow", 500.0, 3_000.0), now);
+    r.heartbeat(measured("fast", 4_000.0, 1_000.0), now);
+    let q = prompt(&[], 4_000);
+    assert_eq!(r.route(&q).unwrap(), vec!["fast", "slow"]);
+    // fast's 2 slots fill: still ahead while its wait (500 ms per request ahead) plus
+    // 250 ms of prefill beats slow's 2 s.
+    for expected in ["fast", "fast", "fast", "fast", "fast", "slow"] {
+        let first = r.route(&q).unwrap()[0].clone();
+        assert_eq!(first, expected);
+        r.routed(&first, &[]);
+    }
+    // A heartbeat that says fast's queue drained brings requests back.
+    let mut idle = measured("fast", 4_000.0, 1_000.0);
+    idle.status.seq = 2;
+    r.heartbeat(idle, now);
+    assert_eq!(r.route(&q).unwrap()[0], "fast");
+}
+
+#[test]
+fn ttft_weighs_warm_blocks_in_seconds() {
+    let mut r = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    let now = Instant::now();
+    r.heartbeat(measured("slow", 1_000.0, 1_000.0), now);
+    r.heartbeat(measured("fast", 4_000.0, 1_000.0), now);
+    let prefix: Vec<u64> = (1..=30).collect();
+    r.kv_event(&kv("slow", 1, &prefix, &[]));
+    // 30 of 31 blocks warm on slow: 64 tokens at 1,000/s (64 ms) beat 1,984 tokens at
+    // 4,000/s (496 ms) on fast.
+    let mostly_warm = prompt(&(1..=31).collect::<Vec<_>>(), 31 * 256);
+    assert_eq!(r.route(&mostly_warm).unwrap()[0], "slow");
+    // Warm for the first 30 of 100 blocks: 70 cold blocks cost slow 4.5 s, fast 1.6 s.
+    let long = prompt(&(1..=100).collect::<Vec<_>>(), 100 * 256);
+    assert_eq!(r.route(&long).unwrap()[0], "fast");
+    // The block score would have sent both to the warm worker.
+    let mut b = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Blocks);
+    b.heartbeat(measured("slow", 1_000.0, 1_000.0), now);
+    b.heartbeat(measured("fast", 4_000.0, 1_000.0), now);
+    b.kv_event(&kv("slow", 1, &prefix, &[]));
+    assert_eq!(b.route(&long).unwrap()[0], "slow");
+}
+
+#[test]
+fn unmeasured_workers_are_predicted_at_the_median_and_none_measured_is_the_block_score() {
+    let now = Instant::now();
+    let mut r = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    let q = prompt(&[7, 8], 4_000);
+    // Nobody measured: exactly the block score (backend preference first).
+    r.heartbeat(worker("c", "cpu", "m"), now);
+    r.heartbeat(worker("g", "rocm", "m"), now);
+    r.kv_event(&kv("c", 1, &[7, 8], &[]));
+    assert_eq!(r.route(&q).unwrap(), vec!["g", "c"]);
+    // One measured (slow): the other is predicted at that speed, so its warm prefix
+    // now counts in seconds and beats the backend preference.
+    r.heartbeat(
+        Heartbeat {
+            status: WorkerStatus {
+                seq: 2,
+                ..worker("g", "rocm", "m")
+            },
+            speed: switchyard_messages::WorkerSpeed {
+                requests: 3,
+                prefill_tps: 500.0,
+                service_ms: 800.0,
+            },
+        },
+        now,
+    );
+    assert_eq!(r.route(&q).unwrap(), vec!["c", "g"]);
+    // The same fleet under the block score keeps the backend first.
+    let mut b = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Blocks);
+    b.heartbeat(worker("c", "cpu", "m"), now);
+    b.heartbeat(worker("g", "rocm", "m"), now);
+    b.kv_event(&kv("c", 1, &[7, 8], &[]));
+    assert_eq!(b.route(&q).unwrap(), vec!["g", "c"]);
+}
+
+#[test]
+fn ttft_keeps_full_workers_last_and_breaks_ties_by_load_then_id() {
+    let mut r = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    let now = Instant::now();
+    let mut full = measured("a-full", 100_000.0, 10.0);
+    full.status.in_flight = 2;
+    full.status.queued = 8;
+    r.heartbeat(full, now);
+    for id in ["c", "b"] {
+        r.heartbeat(measured(id, 1_000.0, 500.0), now);
+    }
+    let q = prompt(&[], 1_000);
+    assert_eq!(r.route(&q).unwrap(), vec!["b", "c", "a-full"]);
+    r.routed("b", &[]);
+    assert_eq!(
+        r.route(&q).unwrap(),
+        vec!["c", "b", "a-full"],
+        "equal predictions: less loaded first"
+    );
+}
+
+#[test]
+fn the_few_candidates_tried_are_the_head_of_the_full_order() {
+    // A deterministic fleet with varied load, speed, backend and warm prefixes.
+    let now = Instant::now();
+    for policy in [RoutingPolicy::Ttft, RoutingPolicy::Blocks] {
+        let mut r = Registry::with_policy(Duration::from_secs(3), policy);
+        for i in 0..60u64 {
+            let id = format!("w{:02}", (i * 37) % 60);
+            let mut beat = measured(&id, 500.0 + (i % 7) as f64 * 300.0, 200.0 + (i % 5) as f64 * 100.0);
+            beat.status.backend = ["cpu", "rocm", "llama_cpp"][(i % 3) as usize].into();
+            beat.status.in_flight = (i % 4) as u32;
+            if i % 11 == 0 {
+                beat.speed = Default::default();
+            }
+            r.heartbeat(beat, now);
+            let held: Vec<u64> = (1..=(i % 9)).collect();
+            r.kv_event(&kv(&id, 1, &held, &[]));
+        }
+        for (n, blocks) in [(3, vec![1, 2, 3, 4, 5]), (1, vec![1, 2]), (5, vec![]), (60, vec![1])] {
+            let q = prompt(&blocks, 2_000);
+            let all = r.route(&q).unwrap();
+            let top = r.route_top(&q, n).unwrap();
+            assert_eq!(top.workers, all[..n], "{policy:?} top {n}");
+            assert_eq!(top.warm, r.overlap(&all[0], &blocks));
+        }
+    }
 }
