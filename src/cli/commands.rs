@@ -132,6 +132,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Chaos(args)) => super::bench::chaos::run(config, args).await,
+        Command::Bench(super::BenchCommand::Routing(args)) => super::bench::routing::run(config, args).await,
         Command::Bench(super::BenchCommand::Gateway(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;

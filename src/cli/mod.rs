@@ -129,6 +129,10 @@ pub enum BenchCommand {
     /// Faults under load: workers, a coordinator and nats-server killed during a run
     /// of short requests; outcome counts, recovery per fault, RSS (tests/chaos.rs, longer).
     Chaos(bench::chaos::BenchChaosArgs),
+    /// One coordinator and 1,000 simulated workers over nats-server: decisions/s and
+    /// their latency, coordinator RSS/CPU, heartbeat rate; `--fleet mixed`: TTFT under
+    /// predicted-TTFT vs block-score routing.
+    Routing(bench::routing::BenchRoutingArgs),
     /// MLX through switchyard (NATS + coordinator + a metal worker and its bridge)
     /// against mlx-lm called directly in Python, same Hugging Face directory, same
     /// cold prompts, alternating runs: decode and prefill tok/s, time to first token,

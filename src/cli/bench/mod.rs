@@ -12,6 +12,7 @@ pub mod llama;
 pub mod llama_cpp;
 pub mod mlx;
 pub mod prefix;
+pub mod routing;
 
 use futures::StreamExt;
 use std::sync::Arc;
