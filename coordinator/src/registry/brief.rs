@@ -3,7 +3,7 @@
 //! decision over 1,000 workers scans ~64 KB in one pass instead of chasing each
 //! worker's status, model names and block set through the heap.
 
-use super::ttft::{self, Speed};
+use super::ttft::{self, Cost, Speed};
 
 /// What one request to wait behind costs under the block score, in warm prefix blocks
 /// (4 × 256 bytes, about 250 tokens of prefill).
@@ -30,17 +30,37 @@ pub struct Brief {
     pub load: u32,
     /// Blocks it holds warm.
     pub held: u32,
-    /// Its measured prefill speed, tokens/s (0: not measured).
-    pub prefill_tps: f32,
-    /// Its measured slot time, ms.
-    pub service_ms: f32,
+    /// Its measured prefill cost, ms per uncached prompt byte (0: not measured).
+    pub ms_per_byte: f32,
+    /// Its measured slot time ÷ its slots, ms.
+    pub slot_ms: f32,
     /// The first 8 bytes of its id, big-endian: ties are broken by id, and this
     /// settles most of them without reading the id.
     pub id_prefix: u64,
-    /// The first block of the last prefix routed here (with `pending`).
-    pub pending_first: u64,
-    /// A prefix was routed here.
-    pub pending: bool,
+    /// The blocks of the last prefix routed here, one bit each ([`block_bit`]); 0 when
+    /// none was. A request shares at most as many leading blocks with that prefix as
+    /// it has leading blocks whose bits are all here: an upper bound read without
+    /// touching the prefix itself.
+    pub pending_bits: u64,
+    /// Blocks in that prefix.
+    pub pending_len: u16,
+}
+
+/// A block's bit in a 64-bit signature.
+pub fn block_bit(block: u64) -> u64 {
+    1 << ((block ^ (block >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58)
+}
+
+/// For each `i`, the bits of `blocks[..=i]`.
+pub fn leading_bits(blocks: &[u64]) -> Vec<u64> {
+    let mut acc = 0;
+    blocks
+        .iter()
+        .map(|&b| {
+            acc |= block_bit(b);
+            acc
+        })
+        .collect()
 }
 
 /// The first 8 bytes of `id`, zero-padded, as a big-endian number: ordered like `id`
@@ -69,12 +89,40 @@ fn biased(v: i64) -> u64 {
 }
 
 impl Brief {
+    /// Notes a measured speed (or none).
+    pub fn set_speed(&mut self, speed: Option<Speed>) {
+        let cost = speed.map(|s| Cost::of(s, self.capacity)).unwrap_or_default();
+        (self.ms_per_byte, self.slot_ms) = (cost.ms_per_byte as f32, cost.slot_ms as f32);
+    }
+
     /// Its measured speed, if any.
     pub fn speed(&self) -> Option<Speed> {
-        (self.prefill_tps > 0.0).then(|| Speed {
-            prefill_tps: f64::from(self.prefill_tps),
-            service_ms: f64::from(self.service_ms),
+        (self.ms_per_byte > 0.0).then(|| Speed {
+            prefill_tps: 1e3 / (ttft::BYTES_PER_TOKEN * f64::from(self.ms_per_byte)),
+            service_ms: f64::from(self.slot_ms) * f64::from(self.capacity.max(1)),
         })
+    }
+
+    /// Notes the prefix routed here.
+    pub fn set_pending(&mut self, blocks: &[u64]) {
+        self.pending_bits = blocks.iter().fold(0, |acc, &b| acc | block_bit(b));
+        self.pending_len = blocks.len().min(usize::from(u16::MAX)) as u16;
+    }
+
+    /// At most how many leading blocks of a request (whose [`leading_bits`] are
+    /// `leading`) the prefix routed here shares with it.
+    pub fn pending_bound(&self, leading: &[u64]) -> usize {
+        if self.pending_bits == 0 {
+            return 0;
+        }
+        let n = leading.partition_point(|&m| m & !self.pending_bits == 0);
+        n.min(usize::from(self.pending_len))
+    }
+
+    /// Whether the prefix routed here may share more than `held` leading blocks with
+    /// the request: one test, where [`Brief::pending_bound`] searches.
+    pub fn pending_may_exceed(&self, held: usize, leading: &[u64]) -> bool {
+        held < usize::from(self.pending_len) && leading.get(held).is_some_and(|m| m & !self.pending_bits == 0)
     }
 
     /// Whether requests for interned model `id` (`None`: any model) may come here;
@@ -91,16 +139,29 @@ impl Brief {
     /// The sort key: by predicted TTFT when `prior` is `Some` (the speed to assume for a
     /// worker without its own measurement, or `None` when every candidate has one),
     /// else by block score. `warm`: leading blocks of the request it holds.
+    #[inline]
     pub fn key(&self, prior: Option<Option<Speed>>, warm: usize, prompt_bytes: usize) -> u128 {
         let saturated = u64::from(self.load >= self.limit);
         let (rank, load, held) = (u64::from(self.rank), u64::from(self.load), u64::from(self.held));
         match prior {
             Some(prior) => {
-                let speed = self.speed().or(prior).unwrap_or(Speed {
-                    prefill_tps: 1.0,
-                    service_ms: 0.0,
-                });
-                let ms = ttft::predict_ms(prompt_bytes, warm, self.load, self.capacity, speed);
+                let cost = if self.ms_per_byte > 0.0 {
+                    Cost {
+                        ms_per_byte: f64::from(self.ms_per_byte),
+                        slot_ms: f64::from(self.slot_ms),
+                    }
+                } else {
+                    // Not measured: predicted at `prior` (every candidate unmeasured
+                    // never gets here: that decision uses the block score).
+                    Cost::of(
+                        prior.unwrap_or(Speed {
+                            prefill_tps: 1.0,
+                            service_ms: 0.0,
+                        }),
+                        self.capacity,
+                    )
+                };
+                let ms = cost.predict_ms(prompt_bytes, warm, self.load, self.capacity);
                 let us = (ms * 1e3).clamp(0.0, 1e15) as u64;
                 pack(&[(saturated, 1), (us, 48), (rank, 7), (load, 32), (held, 40)])
             }
@@ -115,39 +176,6 @@ impl Brief {
             }
         }
     }
-}
-
-/// The `limit` smallest of `items` by `before`, in order: a bounded insertion when
-/// `limit` is small next to `items` (the few candidates a request will try), a sort
-/// otherwise.
-pub fn smallest<T: Copy>(
-    items: impl ExactSizeIterator<Item = T>,
-    limit: usize,
-    before: impl Fn(&T, &T) -> bool,
-) -> Vec<T> {
-    let n = items.len();
-    let mut best: Vec<T> = Vec::with_capacity(limit.min(n) + 1);
-    if limit >= n {
-        best.extend(items);
-        best.sort_unstable_by(|a, b| {
-            if before(a, b) {
-                std::cmp::Ordering::Less
-            } else if before(b, a) {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        });
-        return best;
-    }
-    for x in items {
-        if best.len() < limit || best.last().is_some_and(|worst| before(&x, worst)) {
-            let at = best.partition_point(|b| before(b, &x));
-            best.insert(at, x);
-            best.truncate(limit);
-        }
-    }
-    best
 }
 
 #[cfg(test)]
@@ -184,27 +212,34 @@ mod tests {
             prefill_tps: 500.0,
             service_ms: 800.0,
         };
-        let f = Brief {
-            prefill_tps: 4000.0,
-            service_ms: 100.0,
-            ..idle
-        };
-        let s = Brief {
-            prefill_tps: 500.0,
-            service_ms: 800.0,
-            ..metal
-        };
+        let mut f = idle;
+        f.set_speed(Some(fast));
+        let mut s = metal;
+        s.set_speed(Some(slow));
         assert!(f.key(Some(None), 0, 8000) < s.key(Some(None), 0, 8000));
         assert!(
             s.key(Some(None), 30, 8000) < f.key(Some(None), 0, 8000),
             "warm on slow beats cold on fast"
         );
         let unmeasured = idle;
-        assert_eq!(slow, s.speed().unwrap());
+        let back = s.speed().unwrap();
+        assert!((back.prefill_tps - 500.0).abs() < 0.01 && (back.service_ms - 800.0).abs() < 0.01);
         assert_eq!(unmeasured.key(Some(Some(fast)), 0, 8000), f.key(Some(None), 0, 8000));
+        let mut p = idle;
+        p.set_pending(&[1, 2, 3, 4]);
+        let q = leading_bits(&[1, 2, 3, 9, 4]);
+        assert!(
+            (3..=4).contains(&p.pending_bound(&q)),
+            "the first 3 are shared: at least 3"
+        );
+        assert_eq!(
+            p.pending_bound(&leading_bits(&[1, 2, 3, 4, 5])),
+            4,
+            "never past its length"
+        );
+        assert_eq!(idle.pending_bound(&q), 0);
+        assert!(p.pending_may_exceed(2, &q) && !p.pending_may_exceed(4, &q) && !idle.pending_may_exceed(0, &q));
         assert!(id_prefix("a") < id_prefix("b") && id_prefix("sim-0009") < id_prefix("sim-0010"));
         assert_eq!(id_prefix("worker-a-1"), id_prefix("worker-a-2"), "then the ids decide");
-        assert_eq!(smallest([5, 1, 4, 2, 3].into_iter(), 2, |a, b| a < b), vec![1, 2]);
-        assert_eq!(smallest([5, 1, 4].into_iter(), 9, |a, b| a < b), vec![1, 4, 5]);
     }
 }

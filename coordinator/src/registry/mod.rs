@@ -165,8 +165,14 @@ impl Registry {
         let mut models = 0u64;
         let mut more_models = false;
         for m in &status.models {
-            let next = self.model_ids.len() as u32;
-            let id = *self.model_ids.entry(m.name.clone()).or_insert(next);
+            let id = match self.model_ids.get(&m.name) {
+                Some(&id) => id,
+                None => {
+                    let id = self.model_ids.len() as u32;
+                    self.model_ids.insert(m.name.clone(), id);
+                    id
+                }
+            };
             if id < 64 {
                 models |= 1 << id;
             } else {
@@ -184,15 +190,10 @@ impl Registry {
             limit: status.capacity + status.queue_capacity,
             // Requests routed here since count until the heartbeat that reflects them.
             load: status.in_flight + status.queued,
-            prefill_tps: if speed.measured() {
-                speed.prefill_tps as f32
-            } else {
-                0.0
-            },
-            service_ms: speed.service_ms as f32,
             id_prefix: brief::id_prefix(&status.worker_id),
             ..*b
         };
+        b.set_speed(speed.measured().then(|| speed.into()));
         self.slots[slot as usize].worker = Some(Entry { status, seen: now });
         self.live += usize::from(new);
         new
@@ -259,8 +260,8 @@ impl Registry {
         if b.live {
             b.load += 1;
         }
-        if let Some(&first) = blocks.first() {
-            (b.pending, b.pending_first) = (true, first);
+        if !blocks.is_empty() {
+            b.set_pending(blocks);
             self.prefix.routed(slot, blocks);
         }
     }
@@ -339,24 +340,58 @@ impl Registry {
         };
         let mut depth = vec![0u32; if q.blocks.is_empty() { 0 } else { self.briefs.len() }];
         self.prefix.depths(&q.blocks, &mut depth);
+        // The last prefix routed to a worker counts as warm there too; its bits bound
+        // how much of it this request shares before it is read.
+        let leading = brief::leading_bits(&q.blocks);
+        let pending_bound = |b: &Brief| b.pending_bound(&leading);
+        let held = |s: u32| depth.get(s as usize).map_or(0, |&d| d as usize);
         let warm = |s: u32| {
-            let held = depth.get(s as usize).map_or(0, |&d| d as usize);
-            let b = &self.briefs[s as usize];
-            if b.pending && q.blocks.first() == Some(&b.pending_first) {
-                held.max(self.prefix.pending_overlap(s, &q.blocks))
+            let h = held(s);
+            if self.briefs[s as usize].pending_may_exceed(h, &leading) {
+                h.max(self.prefix.pending_overlap(s, &q.blocks))
             } else {
-                held
+                h
             }
         };
-        let keyed = candidates
-            .iter()
-            .map(|&s| (self.briefs[s as usize].key(prior, warm(s), q.prompt_bytes), s));
         let id = |s: u32| self.slots[s as usize].id.as_str();
         let by_id = |a: u32, b: u32| {
             let (pa, pb) = (self.briefs[a as usize].id_prefix, self.briefs[b as usize].id_prefix);
             pa < pb || (pa == pb && id(a) < id(b))
         };
-        let best = brief::smallest(keyed, limit, |a, b| a.0 < b.0 || (a.0 == b.0 && by_id(a.1, b.1)));
+        let before = |a: &(u128, u32), b: &(u128, u32)| a.0 < b.0 || (a.0 == b.0 && by_id(a.1, b.1));
+        let key = |s: u32, warm: usize| (self.briefs[s as usize].key(prior, warm, q.prompt_bytes), s);
+        let best: Vec<(u128, u32)> = if limit >= candidates.len() {
+            let mut all: Vec<(u128, u32)> = candidates.iter().map(|&s| key(s, warm(s))).collect();
+            all.sort_unstable_by(|a, b| match (before(a, b), before(b, a)) {
+                (true, _) => std::cmp::Ordering::Less,
+                (_, true) => std::cmp::Ordering::Greater,
+                _ => std::cmp::Ordering::Equal,
+            });
+            all
+        } else {
+            // The few a request will try: a bounded insertion, not a sort of them all.
+            let mut best: Vec<(u128, u32)> = Vec::with_capacity(limit + 1);
+            let enters = |k: &(u128, u32), best: &Vec<(u128, u32)>| {
+                best.len() < limit || best.last().is_some_and(|worst| before(k, worst))
+            };
+            for &s in &candidates {
+                let (h, b) = (held(s), &self.briefs[s as usize]);
+                // More warm blocks only lower a key: read the routed prefix only when
+                // its most could bring this worker among the best.
+                let w = if b.pending_may_exceed(h, &leading) && enters(&key(s, pending_bound(b)), &best) {
+                    warm(s)
+                } else {
+                    h
+                };
+                let k = key(s, w);
+                if enters(&k, &best) {
+                    let at = best.partition_point(|b| before(b, &k));
+                    best.insert(at, k);
+                    best.truncate(limit);
+                }
+            }
+            best
+        };
         Ok(Route {
             warm: best.first().map_or(0, |&(_, s)| warm(s)),
             workers: best.into_iter().map(|(_, s)| id(s).to_string()).collect(),

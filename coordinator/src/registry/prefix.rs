@@ -239,6 +239,10 @@ impl PrefixIndex {
     /// lookup per block, then a word per 64 slots (or a step per holder, for a block
     /// few hold); a slot's depth is written once, when it drops out.
     pub fn depths(&self, blocks: &[u64], depth: &mut [u32]) {
+        // The lookups first, up to the first block nobody holds: they do not depend on
+        // one another, so their cache misses overlap instead of queueing behind each
+        // step's intersection (on a 1,000-worker index the misses are most of the cost).
+        let found: Vec<&Holders> = blocks.iter().map_while(|b| self.holders.get(b)).collect();
         let n = depth.len();
         let words = n.div_ceil(64);
         let mut alive = vec![!0u64; words];
@@ -246,8 +250,8 @@ impl PrefixIndex {
             alive[words - 1] = (1 << (n % 64)) - 1;
         }
         let mut next = vec![0u64; words];
-        for (i, b) in blocks.iter().enumerate() {
-            match self.holders.get(b) {
+        for i in 0..blocks.len() {
+            match found.get(i) {
                 Some(h) => h.intersect(&alive, &mut next),
                 None => next.fill(0),
             }

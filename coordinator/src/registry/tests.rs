@@ -403,7 +403,18 @@ fn the_few_candidates_tried_are_the_head_of_the_full_order() {
             let held: Vec<u64> = (1..=(i % 9)).collect();
             r.kv_event(&kv(&id, 1, &held, &[]));
         }
-        for (n, blocks) in [(3, vec![1, 2, 3, 4, 5]), (1, vec![1, 2]), (5, vec![]), (60, vec![1])] {
+        // Prefixes routed since (warm before any event says so), some past what is held.
+        for (i, id) in ["w03", "w17", "w42", "w08"].iter().enumerate() {
+            let routed: Vec<u64> = (1..=(3 + 4 * i as u64)).collect();
+            r.routed(id, &routed);
+        }
+        for (n, blocks) in [
+            (3, vec![1, 2, 3, 4, 5]),
+            (1, vec![1, 2]),
+            (5, vec![]),
+            (60, vec![1]),
+            (2, (1..=20).collect()),
+        ] {
             let q = prompt(&blocks, 2_000);
             let all = r.route(&q).unwrap();
             let top = r.route_top(&q, n).unwrap();

@@ -60,14 +60,36 @@ impl Speed {
     }
 }
 
+/// A worker's speed as the two rates a prediction multiplies by (computed once per
+/// heartbeat, so a decision over many workers does no division).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Cost {
+    /// Milliseconds of prefill per uncached prompt byte.
+    pub ms_per_byte: f64,
+    /// Milliseconds between slots freeing up: slot time ÷ slots.
+    pub slot_ms: f64,
+}
+
+impl Cost {
+    /// The rates of a worker with `speed` and `capacity` slots.
+    pub fn of(speed: Speed, capacity: u32) -> Self {
+        Self {
+            ms_per_byte: 1e3 / (BYTES_PER_TOKEN * speed.prefill_tps.max(1e-3)),
+            slot_ms: speed.service_ms.max(0.0) / f64::from(capacity.max(1)),
+        }
+    }
+
+    /// Predicted time to first token, milliseconds.
+    pub fn predict_ms(&self, prompt_bytes: usize, warm_blocks: usize, load: u32, capacity: u32) -> f64 {
+        let ahead = (load + 1).saturating_sub(capacity.max(1));
+        let uncached = prompt_bytes.saturating_sub(warm_blocks * BLOCK_BYTES);
+        f64::from(ahead) * self.slot_ms + uncached as f64 * self.ms_per_byte
+    }
+}
+
 /// Predicted time to first token, milliseconds.
 pub fn predict_ms(prompt_bytes: usize, warm_blocks: usize, load: u32, capacity: u32, speed: Speed) -> f64 {
-    let capacity = capacity.max(1);
-    let ahead = (load + 1).saturating_sub(capacity);
-    let wait = f64::from(ahead) * speed.service_ms.max(0.0) / f64::from(capacity);
-    let uncached = prompt_bytes.saturating_sub(warm_blocks * BLOCK_BYTES) as f64;
-    let prefill = uncached / BYTES_PER_TOKEN / speed.prefill_tps.max(1e-3) * 1e3;
-    wait + prefill
+    Cost::of(speed, capacity).predict_ms(prompt_bytes, warm_blocks, load, capacity)
 }
 
 #[cfg(test)]
