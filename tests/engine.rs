@@ -321,3 +321,85 @@ async fn a_prefix_evicted_from_its_slot_comes_back_from_the_block_store() {
         assert_eq!(m.cached_tokens, 0, "kv_cache_mb {mb}: {m:?}");
     }
 }
+
+/// A long prompt that arrives while another request generates is prefilled in
+/// chunks between that request's decode steps: the running stream keeps getting
+/// tokens during the prefill, and both get exactly the tokens they get alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_is_prefilled_in_chunks_between_decode_steps() {
+    let load = LoadConfig {
+        parallel_slots: 2,
+        prefill_chunk: 16,
+        ..LoadConfig::default()
+    };
+    let runner = "Once upon a time, in a small village by the sea, there lived an old fisherman who";
+    let long: String = (0..12)
+        .map(|i| format!("Paragraph {i}. The river flows past the old mill, and the town grows around it. "))
+        .collect();
+    let model = EngineModel::load(&demo_model(), &load).unwrap();
+    let solo_runner = alone(&model, runner, 96).await;
+    let long_tokens = model.tokenizer().encode(&long).unwrap().len();
+    assert!(long_tokens > 160, "{long_tokens} prompt tokens");
+
+    let cfg = |n| GenerateConfig {
+        max_tokens: n,
+        ..GenerateConfig::default()
+    };
+    // A different first word, so nothing of the long prompt is resident.
+    let long2 = format!("Notes. {long}");
+    let solo_long2 = {
+        let fresh = EngineModel::load(&demo_model(), &load).unwrap();
+        alone(&fresh, &long2, 8).await
+    };
+    let mut a = model.generate(Prompt::Text(runner.into()), cfg(96), CancelFlag::new());
+    // Let the runner get going, then send the long prompt.
+    let mut a_ids = Vec::new();
+    while a_ids.len() < 4 {
+        if let Some(GenerateEvent::Token(t)) = a.next().await.map(Result::unwrap) {
+            a_ids.push(t.id);
+        }
+    }
+    let mut b = model.generate(Prompt::Text(long2.clone()), cfg(8), CancelFlag::new());
+    // Count the runner's tokens that arrive before the long prompt's first token.
+    let (mut b_ids, mut a_during, mut b_metrics) = (Vec::new(), None, None);
+    let mut a_done = false;
+    loop {
+        if a_done && b_metrics.is_some() {
+            break;
+        }
+        tokio::select! {
+            ev = b.next(), if b_metrics.is_none() => match ev.map(Result::unwrap) {
+                Some(GenerateEvent::Token(t)) => {
+                    if b_ids.is_empty() {
+                        // Everything the runner produced before this token is already
+                        // in its channel (one compute thread sends both, in order).
+                        while let Some(Some(ev)) = futures::FutureExt::now_or_never(a.next()) {
+                            match ev.unwrap() {
+                                GenerateEvent::Token(t) => a_ids.push(t.id),
+                                GenerateEvent::Done { .. } => a_done = true,
+                            }
+                        }
+                        a_during = Some(a_ids.len());
+                    }
+                    b_ids.push(t.id);
+                }
+                Some(GenerateEvent::Done { metrics, .. }) => b_metrics = Some(metrics),
+                None => panic!("the long prompt's stream ended without Done"),
+            },
+            ev = a.next(), if !a_done => match ev.map(Result::unwrap) {
+                Some(GenerateEvent::Token(t)) => a_ids.push(t.id),
+                Some(GenerateEvent::Done { .. }) | None => a_done = true,
+            },
+            else => break,
+        }
+    }
+    assert_eq!(a_ids, solo_runner, "the running stream, interleaved vs alone");
+    assert_eq!(b_ids, solo_long2, "the chunked prompt vs prefilled at once");
+    let during = a_during.expect("the long prompt produced tokens") - 4;
+    let chunks = long_tokens / 16;
+    // Every chunk step also advanced the runner (a stall would show ~0 here).
+    assert!(
+        during + 2 >= chunks,
+        "{during} runner tokens during a prefill of {long_tokens} tokens in chunks of 16"
+    );
+}

@@ -107,6 +107,9 @@ pub struct LoadConfig {
     /// MiB for KV blocks saved from slots before they are overwritten (the CPU
     /// engine's block store); `0` = none.
     pub kv_cache_mb: u32,
+    /// Prompt tokens a new request prefills per decode step while others generate;
+    /// `0` = chosen per step from measured speeds.
+    pub prefill_chunk: u32,
 }
 
 impl Default for LoadConfig {
@@ -119,6 +122,7 @@ impl Default for LoadConfig {
             adapter_path: None,
             threads: 0,
             kv_cache_mb: 0,
+            prefill_chunk: 0,
         }
     }
 }

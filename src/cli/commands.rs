@@ -96,7 +96,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(super::BenchCommand::Llama(args)) => {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);
             let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
-            super::bench::llama::llama(&model, &bin, args.threads, args.runs, args.max_tokens).await?;
+            let shape = (args.threads, args.runs, args.max_tokens, args.paragraphs);
+            super::bench::llama::llama(&model, &bin, shape).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::LlamaCpp(args)) => {

@@ -21,12 +21,12 @@ const OPENERS: [&str; 12] = [
 ];
 
 /// Runs the comparison and prints the report.
+/// `shape` is (threads, runs, tokens generated per run, paragraphs of ~100 tokens per
+/// prompt).
 pub async fn llama(
     model: &Path,
     server_bin: &Path,
-    threads: usize,
-    runs: usize,
-    max_tokens: u32,
+    (threads, runs, max_tokens, paragraphs): (usize, usize, u32, usize),
 ) -> anyhow::Result<()> {
     let cpu = switchyard_procs::llama_server::cpu_features(server_bin);
     let server = switchyard_procs::llama_server::LlamaServer::start(server_bin, model, threads, 1).await?;
@@ -49,7 +49,18 @@ pub async fn llama(
     // switchyard's third run start warm: it then computed one token and reported the
     // fixed cost of that as a very low prefill rate, so the median depended on --runs.)
     // A run that still reused anything is an error, not a sample.
-    let prompt = |i: usize| format!("{} {i}. {BENCH_PROMPT}", OPENERS[i % OPENERS.len()]);
+    let paragraphs = paragraphs.max(1);
+    let prompt = |i: usize| {
+        let mut text = format!("{} {i}.", OPENERS[i % OPENERS.len()]);
+        for p in 0..paragraphs {
+            if paragraphs > 1 {
+                text.push_str(&format!("\n\nPart {}.", p + 1));
+            }
+            text.push(' ');
+            text.push_str(BENCH_PROMPT);
+        }
+        text
+    };
     let llama_once = |i: usize| {
         let http = http.clone();
         let url = url.clone();

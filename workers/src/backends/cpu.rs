@@ -77,6 +77,7 @@ pub async fn load_model(w: &WorkerConfig) -> anyhow::Result<(Arc<dyn TextModel>,
         threads: w.threads,
         parallel_slots: w.parallel_slots,
         kv_cache_mb: w.kv_cache_mb,
+        prefill_chunk: w.prefill_chunk,
         ..LoadConfig::default()
     };
     let p = path.clone();

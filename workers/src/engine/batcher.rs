@@ -6,6 +6,15 @@
 //! token, each with its own sampler, stop strings, limits, deadline and cancel flag.
 //! A generation that finishes frees its slot before the next step. Jobs that find no
 //! free slot wait in arrival order; the worker's admission bounds how many can.
+//!
+//! Chunked prefill: a prompt that arrives while others generate is not prefilled in
+//! one go (which would stall every running stream for the whole prefill). It is fed
+//! a chunk per step, its chunk riding in the same forward pass as the running
+//! streams' tokens, until its last chunk yields its first token. The chunk is sized
+//! so it costs about one decode step ([`ChunkBudget`]), so a running stream's
+//! inter-token time at most about doubles while a long prompt comes in. Chunking
+//! changes no result: a row's arithmetic does not depend on the rows beside it, and
+//! attention over the cache gives the same bits whatever the split.
 
 use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp};
 use super::model::forward::SeqStep;
@@ -124,28 +133,96 @@ impl Running {
     }
 }
 
+/// A generation whose prompt is being fed a chunk per step.
+struct Prefill {
+    run: Running,
+    /// Prompt tokens already in its slot.
+    fed: usize,
+    began: Instant,
+}
+
+/// How many prompt tokens a chunk gets: fixed, or so that a chunk costs about one
+/// decode step, from running averages of what steps took.
+struct ChunkBudget {
+    /// Tokens per chunk; 0 = from the averages.
+    fixed: usize,
+    /// Microseconds of a step with no chunk (exponential average).
+    step_us: f64,
+    /// Microseconds per prompt token (exponential average).
+    token_us: f64,
+}
+
+impl ChunkBudget {
+    /// Bounds of a measured chunk: small enough to matter, large enough that the
+    /// prompt's matmuls still run as tiles.
+    const MIN: usize = 16;
+    const MAX: usize = 512;
+
+    fn new(fixed: usize) -> Self {
+        Self {
+            fixed,
+            step_us: 0.0,
+            token_us: 0.0,
+        }
+    }
+
+    fn tokens(&self) -> usize {
+        if self.fixed > 0 {
+            return self.fixed;
+        }
+        if self.step_us <= 0.0 || self.token_us <= 0.0 {
+            return 64;
+        }
+        ((self.step_us / self.token_us) as usize).clamp(Self::MIN, Self::MAX)
+    }
+
+    fn average(avg: &mut f64, sample: f64) {
+        *avg = if *avg <= 0.0 { sample } else { 0.8 * *avg + 0.2 * sample };
+    }
+
+    /// A step of `rows` decode rows and `chunk` prompt tokens took `us`.
+    fn observe(&mut self, rows: usize, chunk: usize, us: f64) {
+        if chunk == 0 {
+            if rows > 0 {
+                Self::average(&mut self.step_us, us);
+            }
+        } else if rows == 0 {
+            Self::average(&mut self.token_us, us / chunk as f64);
+        } else if self.step_us > 0.0 {
+            let extra = (us - self.step_us).max(us * 0.1);
+            Self::average(&mut self.token_us, extra / chunk as f64);
+        }
+    }
+}
+
 /// The compute thread's scheduler.
 pub struct Batcher {
     engine: Engine,
     jobs: mpsc::Receiver<Job>,
     waiting: VecDeque<Job>,
     running: Vec<Running>,
+    /// Generations whose prompts are fed a chunk per step, first come first.
+    prefilling: VecDeque<Prefill>,
+    budget: ChunkBudget,
 }
 
 impl Batcher {
     pub fn new(engine: Engine, jobs: mpsc::Receiver<Job>) -> Self {
+        let budget = ChunkBudget::new(engine.prefill_chunk);
         Self {
             engine,
             jobs,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            prefilling: VecDeque::new(),
+            budget,
         }
     }
 
     /// Runs until every job sender is gone and the last generation has finished.
     pub fn run(mut self) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.running.is_empty() && self.prefilling.is_empty() && self.waiting.is_empty() {
                 match self.jobs.recv() {
                     Ok(job) => self.accept(job),
                     Err(_) => return,
@@ -155,7 +232,7 @@ impl Batcher {
                 self.accept(job);
             }
             self.admit();
-            if !self.running.is_empty() {
+            if !self.running.is_empty() || !self.prefilling.is_empty() {
                 self.step();
             }
             self.engine.publish_usage();
@@ -286,29 +363,66 @@ impl Batcher {
             self.engine.release(slot);
             return;
         }
+        run.metrics.cached_tokens = reused as u32;
         let t0 = Instant::now();
+        let prefill = Prefill {
+            run,
+            fed: reused,
+            began: t0,
+        };
+        if !self.running.is_empty() || !self.prefilling.is_empty() {
+            // Others are generating: this prompt goes in chunks between their steps.
+            self.prefilling.push_back(prefill);
+            return;
+        }
+        let Prefill { run, .. } = prefill;
         let logits = self.engine.forward(&[SeqStep {
             seq: slot,
             tokens: &run.history[reused..],
             pos: reused,
         }]);
-        run.metrics.cached_tokens = reused as u32;
-        run.metrics.prefill_us = t0.elapsed().as_micros() as u64;
+        let fed = run.history.len() - reused;
+        self.budget.observe(0, fed, t0.elapsed().as_micros() as f64);
+        self.prefilled(run, t0, logits.map(|mut l| l.pop().unwrap_or_default()));
+    }
+
+    /// A generation's prompt is all in its slot and `logits` are its last token's:
+    /// samples the first token, and the generation runs (or ends).
+    fn prefilled(&mut self, mut run: Running, began: Instant, logits: Result<Vec<f32>, BackendError>) {
+        run.metrics.prefill_us = began.elapsed().as_micros() as u64;
         run.decode_start = Instant::now();
-        match logits.map(|mut l| l.pop().unwrap_or_default()) {
+        match logits {
             Ok(logits) => {
                 if run.advance(logits, &self.engine) {
                     self.running.push(run);
                 } else {
                     self.settle(&run);
-                    self.engine.release(slot);
+                    self.engine.release(run.slot);
                 }
             }
             Err(e) => {
-                fail(&run.job, e);
-                self.engine.release(slot);
+                let _ = run.job.events.send(Err(e));
+                self.engine.release(run.slot);
             }
         }
+    }
+
+    /// Ends prefills that were cancelled, abandoned or ran past their deadline.
+    fn drop_stale_prefills(&mut self) {
+        let mut keep = VecDeque::with_capacity(self.prefilling.len());
+        while let Some(mut p) = self.prefilling.pop_front() {
+            let job = &p.run.job;
+            if job.cancel.is_cancelled() || job.events.is_closed() {
+                p.run.finish(FinishReason::Cancelled, Vec::new(), &self.engine);
+                self.engine.release(p.run.slot);
+            } else if job.deadline_ms.is_some_and(|d| now_ms() >= d) {
+                let _ = job.events.send(Err(BackendError::DeadlineExceeded));
+                self.engine.release(p.run.slot);
+            } else {
+                keep.push_back(p);
+            }
+        }
+        self.prefilling = keep;
     }
 
     /// A session's generated tokens all become resident: when its stream ended right
@@ -335,9 +449,11 @@ impl Batcher {
         }
     }
 
-    /// One decode step: every running generation's last token in one forward pass.
+    /// One decode step: every running generation's last token, and the next chunk of
+    /// the first prompt being prefilled, in one forward pass.
     fn step(&mut self) {
-        let steps: Vec<SeqStep<'_>> = self
+        self.drop_stale_prefills();
+        let mut steps: Vec<SeqStep<'_>> = self
             .running
             .iter()
             .map(|r| SeqStep {
@@ -346,12 +462,41 @@ impl Batcher {
                 pos: r.history.len() - 1,
             })
             .collect();
+        let rows = steps.len();
+        let mut chunk = 0;
+        if let Some(p) = self.prefilling.front() {
+            let end = (p.fed + self.budget.tokens()).min(p.run.history.len());
+            chunk = end - p.fed;
+            steps.push(SeqStep {
+                seq: p.run.slot,
+                tokens: &p.run.history[p.fed..end],
+                pos: p.fed,
+            });
+        }
+        if steps.is_empty() {
+            return;
+        }
         let stats = &self.engine.stats;
         stats.steps.fetch_add(1, Ordering::Relaxed);
-        stats.rows.fetch_add(steps.len() as u64, Ordering::Relaxed);
-        stats.peak.fetch_max(steps.len() as u64, Ordering::Relaxed);
+        stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        stats.peak.fetch_max(rows as u64, Ordering::Relaxed);
+        let t0 = Instant::now();
         let outcome = self.engine.forward(&steps);
+        self.budget.observe(rows, chunk, t0.elapsed().as_micros() as f64);
         let running = std::mem::take(&mut self.running);
+        if chunk > 0 {
+            let mut p = self.prefilling.pop_front().expect("the chunk's prefill");
+            p.fed += chunk;
+            let logits = match &outcome {
+                Ok(all) => Ok(all.last().cloned().unwrap_or_default()),
+                Err(e) => Err(e.clone()),
+            };
+            if p.fed == p.run.history.len() || logits.is_err() {
+                self.prefilled(p.run, p.began, logits);
+            } else {
+                self.prefilling.push_front(p);
+            }
+        }
         match outcome {
             Ok(all) => {
                 for (mut run, logits) in running.into_iter().zip(all) {

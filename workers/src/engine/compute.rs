@@ -116,6 +116,11 @@ pub struct Engine {
     pub kv_seed: u64,
     /// What the slots and the store hold, refreshed by the batcher for heartbeats.
     pub usage: Arc<Mutex<switchyard_messages::KvUsage>>,
+    /// Prompt tokens per decode step for a request prefilled while others generate;
+    /// 0 = chosen from measured speeds ([`LoadConfig::prefill_chunk`]).
+    ///
+    /// [`LoadConfig::prefill_chunk`]: switchyard_messages::LoadConfig::prefill_chunk
+    pub prefill_chunk: usize,
     clock: u64,
 }
 
@@ -189,6 +194,7 @@ impl Engine {
             store: KvStore::new(0),
             kv_seed: 0,
             usage: Arc::default(),
+            prefill_chunk: 0,
             clock: 0,
         }
     }

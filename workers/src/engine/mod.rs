@@ -223,6 +223,7 @@ impl EngineModel {
             last_metrics.clone(),
         );
         engine.store = kvstore::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
+        engine.prefill_chunk = config.prefill_chunk as usize;
         // Block hashes are only comparable within one model: seed them with its identity.
         engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), limits.1).as_bytes());
         let stats = engine.stats.clone();

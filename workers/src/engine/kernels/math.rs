@@ -17,16 +17,19 @@ pub fn expf(x: f32) -> f32 {
         .mul_add(b, c(0x3d2b_9f17))
         .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
         .mul_add(u, c(0x3f7f_fff6) * b);
-    if n.abs() <= 126.0 {
-        return j.mul_add(k, k);
-    }
+    // Every case is computed and one is selected (as ggml's vector code blends), so
+    // the loop over a block vectorises.
     let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
     let s1 = c(g.wrapping_add(0x7f00_0000));
     let s2 = c(e.wrapping_sub(g));
-    if n.abs() > 192.0 {
-        s1 * s1
+    let huge = s1 * s1;
+    let large = s2.mul_add(j, s2) * s1;
+    let usual = j.mul_add(k, k);
+    let other = if n.abs() > 192.0 { huge } else { large };
+    if n.abs() <= 126.0 {
+        usual
     } else {
-        s2.mul_add(j, s2) * s1
+        other
     }
 }
 

@@ -9,6 +9,7 @@
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
 //! is what makes calling the `#[target_feature]` functions behind it sound.
 
+mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod elementwise;
@@ -71,6 +72,10 @@ pub struct Kernels {
     pub axpy_f16: fn(&mut [f32], &[u16], f32),
     /// `acc[i] = fma(x[i], w, acc[i])`.
     pub axpy_f32: fn(&mut [f32], &[f32], f32),
+    /// `out[j] = dot_f32(keys[j], q) * scale` for key rows of `q.len()` values.
+    pub attend_scores: fn(keys: &[f32], q: &[f32], scale: f32, out: &mut [f32]),
+    /// `axpy_f32(acc, rows[j], w[j])` for each row `j` in order (rows of `acc.len()`).
+    pub attend_values: fn(rows: &[f32], w: &[f32], acc: &mut [f32]),
     /// Activations quantized for Q4_0/Q5_0/Q8_0 weights (ggml's `quantize_row_q8_0`).
     pub quantize_q8_0: fn(&[f32], &mut [BlockQ8_0]),
     /// ... for Q4_1 weights (`quantize_row_q8_1`).
@@ -195,6 +200,8 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     dot_f32: portable::dot_f32,
     dot_f16_f32: portable::dot_f16_f32,
     axpy_f16: portable::axpy_f16,
+    attend_scores: attend::portable::scores,
+    attend_values: attend::portable::values,
 });
 
 /// A table of safe wrappers around one x86 module's `unsafe` kernels. SAFETY (of
@@ -231,6 +238,8 @@ macro_rules! x86_table {
             dot_f32: |a, b| unsafe { k::dot_f32(a, b) },
             dot_f16_f32: |a, b| unsafe { k::dot_f16_f32(a, b) },
             axpy_f16: |acc, v, w| unsafe { k::axpy_f16(acc, v, w) },
+            attend_scores: |k, q, s, o| unsafe { attend::avx2::scores(k, q, s, o) },
+            attend_values: |r, w, a| unsafe { attend::avx2::values(r, w, a) },
         })
     }};
     (@x8 pairs, $x4:ident, $x8:ident, |$($a:ident),+|) => {
@@ -285,6 +294,8 @@ static AVX512: Kernels = {
         dot_f32: |a, b| unsafe { v::dot_f32(a, b) },
         dot_f16_f32: |a, b| unsafe { v::dot_f16_f32(a, b) },
         axpy_f16: |acc, v_, w| unsafe { v::axpy_f16(acc, v_, w) },
+        attend_scores: |k, q, s, o| unsafe { attend::avx512::scores(k, q, s, o) },
+        attend_values: |r, w, a| unsafe { attend::avx512::values(r, w, a) },
     })
 };
 

@@ -321,3 +321,42 @@ fn four_row_tiles_compute_the_portable_bits() {
     }
     eprintln!("{tiled} four-row tiles checked");
 }
+
+/// The attention tiles give exactly the one-row kernels' bits: each score is
+/// `dot_f32 * scale`, each value sum `axpy_f32` row after row, for head sizes that
+/// are and are not multiples of 8 and of the 64-column register block, and key
+/// counts that are and are not multiples of 4.
+#[test]
+fn attention_tiles_compute_the_one_row_bits() {
+    let mut rng = Rng(11);
+    let p = Kernels::get(Isa::Portable).unwrap();
+    for hd in [64, 80, 100, 128, 256, 12] {
+        for n in [1, 3, 4, 7, 64, 65] {
+            let keys: Vec<f32> = (0..n * hd).map(|_| rng.f32()).collect();
+            let q: Vec<f32> = (0..hd).map(|_| rng.f32()).collect();
+            let w: Vec<f32> = (0..n).map(|_| rng.f32().abs() / 2.0).collect();
+            let start: Vec<f32> = (0..hd).map(|_| rng.f32()).collect();
+            let scale = 0.125f32;
+            let want_scores: Vec<u32> = keys
+                .chunks_exact(hd)
+                .map(|k| ((p.dot_f32)(k, &q) * scale).to_bits())
+                .collect();
+            let mut want_acc = start.clone();
+            for (r, &wj) in keys.chunks_exact(hd).zip(&w) {
+                (p.axpy_f32)(&mut want_acc, r, wj);
+            }
+            for isa in Isa::available() {
+                let k = Kernels::get(isa).unwrap();
+                let mut got = vec![0.0f32; n];
+                (k.attend_scores)(&keys, &q, scale, &mut got);
+                let got: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(got, want_scores, "{isa} scores, head {hd}, {n} keys");
+                let mut acc = start.clone();
+                (k.attend_values)(&keys, &w, &mut acc);
+                let acc: Vec<u32> = acc.iter().map(|x| x.to_bits()).collect();
+                let want: Vec<u32> = want_acc.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(acc, want, "{isa} values, head {hd}, {n} rows");
+            }
+        }
+    }
+}
