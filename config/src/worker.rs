@@ -65,6 +65,11 @@ pub struct WorkerConfig {
     /// `cpu`: MiB of KV blocks kept after their slot moved on (restored by a memory
     /// copy when a prompt starts with them again); 0 = none.
     pub kv_cache_mb: u32,
+    /// `cpu`: prompt tokens a new request prefills per decode step while other
+    /// requests are generating (chunked prefill, so running streams keep flowing);
+    /// 0 = chosen per step from measured speeds (a chunk costs about one decode
+    /// step). A request that arrives at an idle worker is prefilled at once.
+    pub prefill_chunk: u32,
 }
 
 impl Default for WorkerConfig {
@@ -89,6 +94,7 @@ impl Default for WorkerConfig {
             queue_depth: 16,
             session_idle_secs: 600,
             kv_cache_mb: 256,
+            prefill_chunk: 0,
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
             coalesce_ms: 10,

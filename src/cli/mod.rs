@@ -255,6 +255,9 @@ pub struct BenchLlamaArgs {
     /// Tokens generated per run.
     #[arg(long, default_value_t = 128)]
     pub max_tokens: u32,
+    /// Paragraphs of ~100 tokens per prompt (15 gives the ~1,500-token long prompt).
+    #[arg(long, default_value_t = 1)]
+    pub paragraphs: usize,
 }
 
 /// `switchyard bench fabric`.
