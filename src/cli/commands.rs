@@ -141,29 +141,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             super::bench::gateway::gateway(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench(super::BenchCommand::Mlx(args)) => {
-            let cache = switchyard_workers::local::cache_dir();
-            let model = args
-                .model
-                .clone()
-                .unwrap_or_else(|| cache.join("models/SmolLM2-135M-Instruct-f32-hf"));
-            anyhow::ensure!(
-                model.join("config.json").is_file(),
-                "{} is not a Hugging Face model directory; make the demo one with: \
-                 ~/.cache/switchyard/venv/bin/python scripts/gguf-to-hf.py {} {} f32",
-                model.display(),
-                node::demo_model_path().display(),
-                model.display()
-            );
-            let python = args.mlx_python.clone().unwrap_or_else(|| cache.join("venv/bin/python"));
-            config.worker.backend = "metal".into();
-            config.worker.model = model.display().to_string();
-            config.worker.mlx_python = python.display().to_string();
-            config.worker.mlx_allow_cpu = true; // a benchmark runs MLX wherever it can
-            config.validate()?;
-            super::bench::mlx::mlx(config, &python, args.runs, args.max_tokens, args.threads).await?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Bench(super::BenchCommand::Mlx(args)) => super::bench::mlx::run(config, &args).await,
+        Command::Bench(super::BenchCommand::Stall(args)) => super::bench::stall::run(&args).await,
         Command::Bench(super::BenchCommand::Fabric(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;

@@ -138,30 +138,10 @@ pub enum BenchCommand {
     /// cold prompts, alternating runs: decode and prefill tok/s, time to first token,
     /// ratios; the CPU engine on the same weights for context. Runs MLX on the CPU
     /// where there is no Apple GPU. Starts its own nats-server unless --nats is given.
-    Mlx(BenchMlxArgs),
-}
-
-/// `switchyard bench mlx`.
-#[derive(Args, Debug)]
-pub struct BenchMlxArgs {
-    /// Hugging Face model directory (default: the demo model as F32 safetensors,
-    /// ~/.cache/switchyard/models/SmolLM2-135M-Instruct-f32-hf, which
-    /// scripts/gguf-to-hf.py makes and the test suite caches).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// The Python with mlx-lm, for the bridge and the direct peer (default: the
-    /// cache's venv, which scripts/setup.sh makes).
-    #[arg(long)]
-    pub mlx_python: Option<PathBuf>,
-    /// Threads for the CPU engine's context figures.
-    #[arg(long, default_value_t = 2)]
-    pub threads: usize,
-    /// Measured runs of each side (after one warm-up each).
-    #[arg(long, default_value_t = 5)]
-    pub runs: usize,
-    /// Tokens generated per run (greedy; fewer if the model ends its answer).
-    #[arg(long, default_value_t = 128)]
-    pub max_tokens: u32,
+    Mlx(bench::mlx::BenchMlxArgs),
+    /// Inter-token latency of running streams while a ~1,500-token prompt arrives:
+    /// chunked prefill vs whole-prompt prefill vs llama-server.
+    Stall(bench::stall::BenchStallArgs),
 }
 
 /// `switchyard bench batch`.

@@ -6,15 +6,41 @@
 //! context. The goal it checks: the bridge and fabric cost ≤ 3% of decode throughput.
 
 use super::{median, LocalNode, RunClock, RunTiming, BENCH_PROMPT};
+use clap::Args;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use switchyard::client::{Client, StreamEvent};
 use switchyard_config::Config;
 use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, GenerateRequest, LoadConfig, Prompt};
+
+/// `switchyard bench mlx`.
+#[derive(Args, Debug)]
+pub struct BenchMlxArgs {
+    /// Hugging Face model directory (default: the demo model as F32 safetensors,
+    /// ~/.cache/switchyard/models/SmolLM2-135M-Instruct-f32-hf, which
+    /// scripts/gguf-to-hf.py makes and the test suite caches).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The Python with mlx-lm, for the bridge and the direct peer (default: the
+    /// cache's venv, which scripts/setup.sh makes).
+    #[arg(long)]
+    pub mlx_python: Option<PathBuf>,
+    /// Threads for the CPU engine's context figures.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Measured runs of each side (after one warm-up each).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Tokens generated per run (greedy; fewer if the model ends its answer).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: u32,
+}
 
 const PEER_PY: &str = include_str!("mlx_peer.py");
 
@@ -107,6 +133,32 @@ fn seen_prefill_tps(t: &RunTiming) -> f64 {
 }
 
 /// Runs the benchmark and prints the report.
+/// `switchyard bench mlx`: checks the model directory and the worker settings, then
+/// runs [`mlx`].
+pub async fn run(mut config: Config, args: &BenchMlxArgs) -> anyhow::Result<ExitCode> {
+    let cache = switchyard_workers::local::cache_dir();
+    let model = args
+        .model
+        .clone()
+        .unwrap_or_else(|| cache.join("models/SmolLM2-135M-Instruct-f32-hf"));
+    anyhow::ensure!(
+        model.join("config.json").is_file(),
+        "{} is not a Hugging Face model directory; make the demo one with: \
+         ~/.cache/switchyard/venv/bin/python scripts/gguf-to-hf.py {} {} f32",
+        model.display(),
+        switchyard::node::demo_model_path().display(),
+        model.display()
+    );
+    let python = args.mlx_python.clone().unwrap_or_else(|| cache.join("venv/bin/python"));
+    config.worker.backend = "metal".into();
+    config.worker.model = model.display().to_string();
+    config.worker.mlx_python = python.display().to_string();
+    config.worker.mlx_allow_cpu = true; // a benchmark runs MLX wherever it can
+    config.validate()?;
+    mlx(config, &python, args.runs, args.max_tokens, args.threads).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn mlx(config: Config, python: &Path, runs: usize, max_tokens: u32, threads: usize) -> anyhow::Result<()> {
     let model_dir = std::path::PathBuf::from(&config.worker.model);
     eprintln!("starting a fleet with a metal worker on {} …", model_dir.display());

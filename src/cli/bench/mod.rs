@@ -13,6 +13,7 @@ pub mod llama_cpp;
 pub mod mlx;
 pub mod prefix;
 pub mod routing;
+pub mod stall;
 
 use futures::StreamExt;
 use std::sync::Arc;
