@@ -58,6 +58,19 @@ async fn greedy_output_is_fixed_and_coherent() {
         "system prompt from the template is included"
     );
 
+    // Heartbeats carry the measured speed (routing by predicted time to first token):
+    // the chat's prefill (its system prompt included) was long enough to tell a rate.
+    let nc = async_nats::connect(fleet.url.as_str()).await.unwrap();
+    let mut beats = nc.subscribe(Subjects::default().heartbeat("w1")).await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(5), futures::StreamExt::next(&mut beats))
+        .await
+        .expect("a heartbeat within 5 s")
+        .unwrap();
+    let beat: switchyard_messages::Heartbeat = decode(&msg.payload).unwrap();
+    assert!(beat.speed.measured(), "{:?}", beat.speed);
+    assert!(beat.speed.prefill_tps > 0.0 && beat.speed.service_ms > 0.0, "{:?}", beat.speed);
+    assert_eq!(beat.status.worker_id, "w1");
+
     fleet.worker.shutdown(Duration::from_secs(5)).await;
     fleet.coordinator.shutdown().await;
 }

@@ -156,6 +156,14 @@ impl WorkerState {
             recent: self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).latency(),
         }
     }
+
+    /// What a heartbeat carries: the status and the measured speed.
+    fn heartbeat(&mut self) -> switchyard_messages::Heartbeat {
+        switchyard_messages::Heartbeat {
+            status: self.status(),
+            speed: self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).speed(),
+        }
+    }
 }
 
 struct WorkerActor;
@@ -346,9 +354,9 @@ impl Actor for WorkerActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             WorkerMsg::Heartbeat => {
-                let status = state.status();
+                let beat = state.heartbeat();
                 let subject = state.opts.subjects.heartbeat(&state.opts.worker_id);
-                if let Err(e) = switchyard_actors::nats::publish(&state.client, subject, &status).await {
+                if let Err(e) = switchyard_actors::nats::publish(&state.client, subject, &beat).await {
                     tracing::warn!("heartbeat not sent: {e}");
                 }
             }
@@ -357,9 +365,9 @@ impl Actor for WorkerActor {
             }
             WorkerMsg::Drain(reply) => {
                 state.ctx.draining.store(true, Ordering::Release);
-                let status = state.status();
+                let beat = state.heartbeat();
                 let subject = state.opts.subjects.heartbeat(&state.opts.worker_id);
-                let _ = switchyard_actors::nats::publish(&state.client, subject, &status).await;
+                let _ = switchyard_actors::nats::publish(&state.client, subject, &beat).await;
                 // Bounded: with the NATS server gone a flush would wait for it.
                 let _ = tokio::time::timeout(Duration::from_secs(1), state.client.flush()).await;
                 let _ = reply.send(());

@@ -2,7 +2,7 @@
 //! `switchyard status`.
 
 use std::collections::VecDeque;
-use switchyard_messages::{GenerateMetrics, RecentLatency};
+use switchyard_messages::{GenerateMetrics, RecentLatency, WorkerSpeed};
 
 /// How many finished requests the medians cover.
 pub const WINDOW: usize = 64;
@@ -14,7 +14,15 @@ struct Sample {
     tpot_ms: Option<f64>,
     prompt: u32,
     cached: u32,
+    /// Uncached prompt tokens per second of prefill; `None` for a prefill too short to
+    /// tell a rate from its fixed costs.
+    prefill_tps: Option<f64>,
+    /// Prefill + decode, milliseconds: how long the request held its slot.
+    service_ms: f64,
 }
+
+/// Fewest computed prompt tokens a prefill rate is taken from.
+const MIN_PREFILL_TOKENS: u32 = 16;
 
 /// The last [`WINDOW`] finished generations.
 #[derive(Debug, Default)]
@@ -39,6 +47,12 @@ impl Recent {
             tpot_ms,
             prompt: m.prompt_tokens,
             cached: m.cached_tokens,
+            prefill_tps: {
+                let computed = m.prompt_tokens.saturating_sub(m.cached_tokens);
+                (computed >= MIN_PREFILL_TOKENS && m.prefill_us > 0)
+                    .then(|| f64::from(computed) / (m.prefill_us as f64 / 1e6))
+            },
+            service_ms: (m.prefill_us + m.decode_us) as f64 / 1e3,
         });
         while self.samples.len() > WINDOW {
             self.samples.pop_front();
@@ -51,6 +65,20 @@ impl Recent {
             requests: self.samples.len() as u32,
             ttft_ms: median(self.samples.iter().map(|s| s.ttft_ms).collect()),
             tpot_ms: median(self.samples.iter().filter_map(|s| s.tpot_ms).collect()),
+        }
+    }
+
+    /// Medians of the prefill rate and the time a request holds its slot, for
+    /// routing by predicted time to first token (zero when nothing was measured).
+    pub fn speed(&self) -> WorkerSpeed {
+        let rates: Vec<f64> = self.samples.iter().filter_map(|s| s.prefill_tps).collect();
+        if rates.is_empty() {
+            return WorkerSpeed::default();
+        }
+        WorkerSpeed {
+            requests: rates.len() as u32,
+            prefill_tps: median(rates),
+            service_ms: median(self.samples.iter().map(|s| s.service_ms).collect()),
         }
     }
 
@@ -91,5 +119,34 @@ mod tests {
         assert_eq!(l.ttft_ms, 1.0 + 10.0 + 32.0);
         assert_eq!(l.tpot_ms, 1.0);
         assert_eq!(r.hit_ratio(), 0.5);
+    }
+
+    #[test]
+    fn speed_from_prefills_long_enough_to_tell() {
+        let mut r = Recent::default();
+        assert!(!r.speed().measured());
+        // A prefill of 2 computed tokens says nothing about the rate.
+        r.record(&GenerateMetrics {
+            prefill_us: 5_000,
+            decode_us: 5_000,
+            prompt_tokens: 10,
+            cached_tokens: 8,
+            ..Default::default()
+        });
+        assert!(!r.speed().measured());
+        for (tokens, us) in [(100u32, 200_000u64), (200, 200_000), (400, 200_000)] {
+            r.record(&GenerateMetrics {
+                prefill_us: us,
+                decode_us: 800_000,
+                prompt_tokens: tokens + 20,
+                cached_tokens: 20,
+                ..Default::default()
+            });
+        }
+        let s = r.speed();
+        assert!(s.measured(), "{s:?}");
+        assert_eq!(s.requests, 3);
+        assert_eq!(s.prefill_tps, 1_000.0); // 500, 1000, 2000 tok/s
+        assert_eq!(s.service_ms, 1_000.0); // 10 ms once, 1,000 ms three times
     }
 }
