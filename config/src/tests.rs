@@ -36,6 +36,22 @@ fn unknown_key_in_file_names_it_and_the_file() {
 }
 
 #[test]
+fn gpu_allow_cpu_is_also_read_under_its_old_name_rocm_allow_cpu() {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    writeln!(f, "[worker]\nrocm_allow_cpu = true").unwrap();
+    assert!(Config::load(Some(f.path()), vars(&[])).unwrap().worker.gpu_allow_cpu);
+    let c = Config::load(None, vars(&[("SWITCHYARD_WORKER_ROCM_ALLOW_CPU", "1")])).unwrap();
+    assert!(c.worker.gpu_allow_cpu);
+    let c = Config::load(None, vars(&[("SWITCHYARD_WORKER_GPU_ALLOW_CPU", "yes")])).unwrap();
+    assert!(c.worker.gpu_allow_cpu);
+    // Both names at once is ambiguous, and named.
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    writeln!(f, "[worker]\nrocm_allow_cpu = true\ngpu_allow_cpu = false").unwrap();
+    let err = Config::load(Some(f.path()), vars(&[])).unwrap_err().to_string();
+    assert!(err.contains("gpu_allow_cpu"), "{err}");
+}
+
+#[test]
 fn wrong_type_in_env_names_the_variable() {
     let err = Config::load(None, vars(&[("SWITCHYARD_WORKER_CAPACITY", "many")]))
         .unwrap_err()
@@ -48,8 +64,10 @@ fn invalid_values_name_the_field() {
     let mut c = Config::default();
     c.worker.capacity = 0;
     c.validate().expect("capacity 0 = the backend's own");
-    c.worker.backend = "cuda".into();
+    c.worker.backend = "tpu".into();
     assert!(c.validate().unwrap_err().to_string().contains("worker.backend"));
+    c.worker.backend = "cuda".into();
+    c.validate().expect("cuda is a backend");
     c.worker.backend = "llama_cpp".into();
     assert!(c.validate().unwrap_err().to_string().contains("worker.llama_url"));
     c.worker.llama_url = "http://127.0.0.1:8080".into();

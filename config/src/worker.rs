@@ -14,27 +14,34 @@ pub struct WorkerConfig {
     /// Name requests use for the model; empty = the file name without `.gguf`.
     pub model_name: String,
     /// Backend: `cpu` (switchyard's own engine), `llama_cpp` (a llama.cpp server
-    /// already running at `llama_url`), `rocm` (a `llama-server` child this worker
-    /// starts and supervises, pinned to GPU `gpu_device`), `metal` (MLX through a
-    /// supervised Python bridge; a Hugging Face directory as `model`), or `auto` (the
-    /// most preferred one available here: metal > rocm > llama_cpp > cpu).
+    /// already running at `llama_url`), `rocm` / `cuda` (a `llama-server` child this
+    /// worker starts and supervises, pinned to AMD / NVIDIA GPU `gpu_device`), `metal`
+    /// (MLX through a supervised Python bridge; a Hugging Face directory as `model`),
+    /// or `auto` (the most preferred one available here: metal > rocm > llama_cpp >
+    /// cuda > cpu).
     pub backend: String,
     /// `llama_cpp`: the server's base URL, e.g. `http://127.0.0.1:8080`.
     pub llama_url: String,
-    /// `rocm`: the `llama-server` binary; empty = `$SWITCHYARD_LLAMA_SERVER`, else the
-    /// one `scripts/build-llama-server.sh` built in the cache.
+    /// `rocm`/`cuda`: the `llama-server` binary (built for that GPU); empty =
+    /// `$SWITCHYARD_LLAMA_SERVER`, else the one `scripts/build-llama-server.sh` built
+    /// in the cache (a CPU build), else `PATH`.
     pub llama_server_bin: String,
-    /// `rocm`: more `llama-server` arguments, split on whitespace (e.g. `"-fa on"`).
+    /// `rocm`/`cuda`: more `llama-server` arguments, split on whitespace (e.g.
+    /// `"-fa on"`).
     pub llama_server_args: String,
-    /// `rocm`: the GPU index as HIP numbers them (`HIP_VISIBLE_DEVICES`).
+    /// `rocm`/`cuda`: the GPU index, as the child's `HIP_VISIBLE_DEVICES` /
+    /// `CUDA_VISIBLE_DEVICES` takes it (for `cuda` in `nvidia-smi`'s order); when the
+    /// worker itself runs with that variable set, an index into its list.
     pub gpu_device: u32,
-    /// `rocm`: layers to offload (`-ngl`); -1 = all.
+    /// `rocm`/`cuda`: layers to offload (`-ngl`); -1 = all.
     pub gpu_layers: i32,
-    /// `rocm`: llama-server slots (`--parallel`); 0 = llama-server's default.
+    /// `rocm`/`cuda`: llama-server slots (`--parallel`); 0 = llama-server's default.
     pub parallel_slots: u32,
-    /// `rocm`: run the supervised llama-server without a ROCm GPU (on the CPU), for
-    /// tests and machines without one.
-    pub rocm_allow_cpu: bool,
+    /// `rocm`/`cuda`: run the supervised llama-server even where the GPU is missing
+    /// (then on the CPU; the device is announced as e.g. `cuda:0(cpu)`), for tests
+    /// and machines without one. Also read under its old name `rocm_allow_cpu`.
+    #[serde(alias = "rocm_allow_cpu")]
+    pub gpu_allow_cpu: bool,
     /// `metal`: the Python that runs the MLX bridge (it needs `mlx-lm`); empty = the
     /// cache's venv (`scripts/setup.sh` installs it there).
     pub mlx_python: String,
@@ -46,7 +53,7 @@ pub struct WorkerConfig {
     /// Context window in tokens; 0 = the model's own, capped by the backend.
     pub context_len: u32,
     /// Requests computed at once; 0 = the backend's own (the KV slots on `cpu`, the
-    /// server's slot count on `llama_cpp` and `rocm`).
+    /// server's slot count on `llama_cpp`, `rocm` and `cuda`).
     pub capacity: u32,
     /// Requests that may wait beyond `capacity`; more are refused with `overloaded`.
     pub queue_depth: u32,
@@ -85,7 +92,7 @@ impl Default for WorkerConfig {
             gpu_device: 0,
             gpu_layers: -1,
             parallel_slots: 0,
-            rocm_allow_cpu: false,
+            gpu_allow_cpu: false,
             mlx_python: String::new(),
             mlx_allow_cpu: false,
             threads: 0,
@@ -114,7 +121,7 @@ impl WorkerConfig {
             return invalid(
                 "worker.backend",
                 self.backend.clone(),
-                "must be one of: auto, cpu, llama_cpp, rocm, metal",
+                "must be one of: auto, cpu, llama_cpp, rocm, cuda, metal",
             );
         }
         if self.backend == "llama_cpp"

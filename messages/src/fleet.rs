@@ -76,10 +76,10 @@ pub enum Device {
     Cpu,
     /// Apple silicon's GPU (`metal`).
     Metal,
-    /// NVIDIA GPU `N` (`cuda:N`).
-    Cuda(u32),
-    /// AMD GPU `N` (`rocm:N`); `on_cpu` when its llama-server was told to run on the
-    /// CPU instead (`rocm:N(cpu)`, for tests on machines without the GPU).
+    /// NVIDIA GPU `N` (`cuda:N`); `on_cpu` when its llama-server was told to run on
+    /// the CPU instead (`cuda:N(cpu)`, for tests on machines without the GPU).
+    Cuda { index: u32, on_cpu: bool },
+    /// AMD GPU `N` (`rocm:N`); `on_cpu` as for [`Device::Cuda`] (`rocm:N(cpu)`).
     Rocm { index: u32, on_cpu: bool },
     /// Whatever an llama.cpp server this worker does not own runs on (`llama_cpp`).
     LlamaCppServer,
@@ -90,7 +90,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Metal => f.write_str("metal"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
+            Device::Cuda { index, on_cpu } => write!(f, "cuda:{index}{}", if *on_cpu { "(cpu)" } else { "" }),
             Device::Rocm { index, on_cpu } => write!(f, "rocm:{index}{}", if *on_cpu { "(cpu)" } else { "" }),
             Device::LlamaCppServer => f.write_str("llama_cpp"),
         }
@@ -99,32 +99,29 @@ impl fmt::Display for Device {
 
 /// A device string that is not one [`Device`] writes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown device {0:?} (known: cpu, metal, cuda:N, rocm:N, rocm:N(cpu), llama_cpp)")]
+#[error("unknown device {0:?} (known: cpu, metal, cuda:N, cuda:N(cpu), rocm:N, rocm:N(cpu), llama_cpp)")]
 pub struct UnknownDevice(pub String);
 
 impl FromStr for Device {
     type Err = UnknownDevice;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || UnknownDevice(s.to_string());
-        let index = |t: &str| t.parse::<u32>().map_err(|_| bad());
+        // `N` or `N(cpu)`.
+        let gpu = |t: &str| match t.strip_suffix("(cpu)") {
+            Some(n) => n.parse::<u32>().map(|i| (i, true)).map_err(|_| bad()),
+            None => t.parse::<u32>().map(|i| (i, false)).map_err(|_| bad()),
+        };
         match s {
             "cpu" => Ok(Device::Cpu),
             "metal" => Ok(Device::Metal),
             "llama_cpp" => Ok(Device::LlamaCppServer),
             _ => {
                 if let Some(n) = s.strip_prefix("cuda:") {
-                    Ok(Device::Cuda(index(n)?))
+                    let (index, on_cpu) = gpu(n)?;
+                    Ok(Device::Cuda { index, on_cpu })
                 } else if let Some(n) = s.strip_prefix("rocm:") {
-                    match n.strip_suffix("(cpu)") {
-                        Some(n) => Ok(Device::Rocm {
-                            index: index(n)?,
-                            on_cpu: true,
-                        }),
-                        None => Ok(Device::Rocm {
-                            index: index(n)?,
-                            on_cpu: false,
-                        }),
-                    }
+                    let (index, on_cpu) = gpu(n)?;
+                    Ok(Device::Rocm { index, on_cpu })
                 } else {
                     Err(bad())
                 }
@@ -148,7 +145,11 @@ mod tests {
         for d in [
             Device::Cpu,
             Device::Metal,
-            Device::Cuda(1),
+            Device::Cuda {
+                index: 1,
+                on_cpu: false,
+            },
+            Device::Cuda { index: 0, on_cpu: true },
             Device::Rocm { index: 0, on_cpu: true },
             Device::Rocm {
                 index: 2,
@@ -159,5 +160,6 @@ mod tests {
             assert_eq!(d.to_string().parse::<Device>(), Ok(d.clone()), "{d}");
         }
         assert!("cuda:x".parse::<Device>().is_err());
+        assert!("cuda:(cpu)".parse::<Device>().is_err());
     }
 }

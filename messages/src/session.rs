@@ -80,7 +80,7 @@ pub struct OpenSessionRequest {
     pub path: String,
     /// Runtime configuration.
     pub config: SessionConfig,
-    /// Pin a backend (`cpu`, `llama_cpp`, `rocm`); empty = any.
+    /// Pin a backend (`cpu`, `llama_cpp`, `rocm`, `cuda`, `metal`); empty = any.
     pub backend: String,
     /// Pin a worker; empty = the coordinator chooses.
     pub worker_id: String,

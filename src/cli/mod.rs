@@ -262,31 +262,31 @@ pub struct WorkerFlags {
     /// Name requests use for the model (default: the file name without .gguf, or the directory name).
     #[arg(long)]
     pub model_name: Option<String>,
-    /// Backend: cpu (switchyard's own engine), llama_cpp (a llama.cpp server already running at --llama-url), rocm (a llama-server child this worker starts, supervises and pins to --gpu-device), metal (MLX through a supervised Python bridge, on a Hugging Face directory), or auto (the most preferred one available here).
+    /// Backend: cpu (switchyard's own engine), llama_cpp (a llama.cpp server already running at --llama-url), rocm / cuda (a llama-server child this worker starts, supervises and pins to AMD / NVIDIA GPU --gpu-device), metal (MLX through a supervised Python bridge, on a Hugging Face directory), or auto (the most preferred one available here).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(backend_names()))]
     pub backend: Option<String>,
     /// llama_cpp: the server's base URL, e.g. http://127.0.0.1:8080.
     #[arg(long)]
     pub llama_url: Option<String>,
-    /// rocm: the llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, else the cache's build, else PATH).
+    /// rocm/cuda: the llama-server binary, built for that GPU (default: $SWITCHYARD_LLAMA_SERVER, else the cache's CPU build, else PATH).
     #[arg(long)]
     pub llama_server: Option<PathBuf>,
-    /// rocm: more llama-server arguments, split on whitespace (e.g. "-fa on").
+    /// rocm/cuda: more llama-server arguments, split on whitespace (e.g. "-fa on").
     #[arg(long, allow_hyphen_values = true)]
     pub llama_server_args: Option<String>,
-    /// rocm: GPU index as HIP numbers them (sets HIP_VISIBLE_DEVICES for the child).
+    /// rocm/cuda: GPU index (sets HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES for the child; cuda counts in nvidia-smi's order).
     #[arg(long)]
     pub gpu_device: Option<u32>,
-    /// rocm: layers to offload to the GPU (-ngl); -1 = all.
+    /// rocm/cuda: layers to offload to the GPU (-ngl); -1 = all.
     #[arg(long, allow_hyphen_values = true)]
     pub gpu_layers: Option<i32>,
-    /// Sequences computed together: the cpu engine's KV slots (default 4), or the rocm
+    /// Sequences computed together: the cpu engine's KV slots (default 4), or the rocm/cuda
     /// llama-server's --parallel (default: llama-server's own).
     #[arg(long)]
     pub parallel_slots: Option<u32>,
-    /// rocm: run the supervised llama-server on the CPU when no ROCm GPU is present (testing).
-    #[arg(long)]
-    pub rocm_allow_cpu: bool,
+    /// rocm/cuda: run the supervised llama-server on the CPU when the GPU is missing (testing; also --rocm-allow-cpu).
+    #[arg(long, alias = "rocm-allow-cpu")]
+    pub gpu_allow_cpu: bool,
     /// metal: the Python with mlx-lm that runs the MLX bridge (default: the cache's venv).
     #[arg(long)]
     pub mlx_python: Option<PathBuf>,
@@ -302,7 +302,7 @@ pub struct WorkerFlags {
     /// Context window in tokens (default: the model's own, capped at 8192 on cpu; the KV cache is allocated up front).
     #[arg(long)]
     pub context_len: Option<u32>,
-    /// Requests computed at once (default: the KV slots on cpu, the server's slot count on llama_cpp and rocm).
+    /// Requests computed at once (default: the KV slots on cpu, the server's slot count on llama_cpp, rocm and cuda).
     #[arg(long)]
     pub capacity: Option<u32>,
     /// Requests that may wait beyond --capacity; more are refused with `overloaded`.
@@ -521,8 +521,8 @@ impl WorkerFlags {
         if let Some(v) = self.parallel_slots {
             w.parallel_slots = v;
         }
-        if self.rocm_allow_cpu {
-            w.rocm_allow_cpu = true;
+        if self.gpu_allow_cpu {
+            w.gpu_allow_cpu = true;
         }
         if let Some(v) = &self.mlx_python {
             w.mlx_python = v.display().to_string();

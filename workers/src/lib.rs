@@ -3,8 +3,8 @@
 //! ## Layout
 //! - [`engine`]: switchyard's own CPU inference engine — kernels, the decoder,
 //!   tokenizers and templates, and the serving side (slots, batcher, KV store).
-//! - [`backends`]: one folder per backend (`cpu` = the engine, `llama_cpp`, `rocm`)
-//!   and the registry that picks one by priority or pin.
+//! - [`backends`]: one folder per backend (`cpu` = the engine, `llama_cpp`,
+//!   `llama_server` = `rocm` and `cuda`, `mlx` = `metal`) and the registry that picks one by priority or pin.
 //! - [`worker`]: the `WorkerActor`, pinned to one device and one loaded model, with
 //!   its NATS service, sessions, KV events and telemetry.
 //! - [`discover`]: finding GGUF files and HF model directories on disk.

@@ -1,4 +1,4 @@
-//! The restart policy every supervised child shares (a `rocm` worker's llama-server,
+//! The restart policy every supervised child shares (a `rocm`/`cuda` worker's llama-server,
 //! a `metal` worker's MLX bridge): the first restart waits [`FIRST`], each crash
 //! after a short run doubles the wait up to [`MAX`], and a child that stayed up
 //! [`STABLE_AFTER`] starts again from [`FIRST`].

@@ -4,7 +4,8 @@
 //! ## Layout
 //! - [`cpu`]: switchyard's own CPU engine ([`crate::engine`]).
 //! - [`llama_cpp`]: an existing llama.cpp server over HTTP, and its sessions.
-//! - [`rocm`]: a llama-server this worker starts and supervises on an AMD GPU.
+//! - [`llama_server`]: a llama-server this worker starts and supervises on a GPU:
+//!   `rocm` (AMD) and `cuda` (NVIDIA), one supervisor parameterised by the vendor.
 //! - [`mlx`]: MLX (Metal on Apple silicon) through a Python bridge child.
 //! - [`backoff`]: the restart policy every supervised child (llama-server, the MLX
 //!   bridge) shares.
@@ -19,10 +20,10 @@
 pub mod backoff;
 pub mod cpu;
 pub mod llama_cpp;
+pub mod llama_server;
 pub mod mlx;
 pub mod probe;
 mod registry;
-pub mod rocm;
 pub(crate) mod worker_backend;
 
 pub use registry::Registry;

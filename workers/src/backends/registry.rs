@@ -1,7 +1,7 @@
 //! The registry: which backend a worker loads its model with.
 
 use super::worker_backend::{Loaded, WorkerBackend};
-use super::{cpu, llama_cpp, mlx, rocm};
+use super::{cpu, llama_cpp, llama_server, mlx};
 use switchyard_config::WorkerConfig;
 use switchyard_messages::BackendKind;
 
@@ -14,7 +14,8 @@ impl Default for Registry {
     fn default() -> Self {
         let mut backends: Vec<Box<dyn WorkerBackend>> = vec![
             Box::new(mlx::MlxBackend),
-            Box::new(rocm::RocmBackend),
+            Box::new(llama_server::LlamaServerBackend::ROCM),
+            Box::new(llama_server::LlamaServerBackend::CUDA),
             Box::new(llama_cpp::LlamaCppBackend),
             Box::new(cpu::CpuBackend),
         ];
@@ -74,6 +75,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backends::llama_server::GpuVendor;
 
     #[test]
     fn registry_orders_by_seed_preference_and_pins_bypass_it() {
@@ -84,6 +86,7 @@ mod tests {
                 BackendKind::Metal,
                 BackendKind::Rocm,
                 BackendKind::LlamaCpp,
+                BackendKind::Cuda,
                 BackendKind::Cpu
             ]
         );
@@ -91,22 +94,27 @@ mod tests {
             backend: "auto".into(),
             ..WorkerConfig::default()
         };
-        // No ROCm GPU and no llama.cpp URL here: auto falls through to the CPU.
-        if rocm::rocm_devices().is_err() {
+        let no_gpu = GpuVendor::ALL.iter().all(|v| v.gpus().is_err());
+        // No GPU and no llama.cpp URL here: auto falls through to the CPU.
+        if no_gpu {
             assert_eq!(r.select(&w).unwrap().kind(), BackendKind::Cpu);
+            let e = r.backends[3].available(&w).unwrap_err();
+            assert!(e.contains("cuda: no /dev/nvidiactl"), "{e}");
         }
         w.llama_url = "http://127.0.0.1:1".into();
-        if rocm::rocm_devices().is_err() {
+        if no_gpu {
             assert_eq!(r.select(&w).unwrap().kind(), BackendKind::LlamaCpp);
         }
         w.backend = "cpu".into();
         assert_eq!(r.select(&w).unwrap().kind(), BackendKind::Cpu);
+        // A pin is taken even where the backend is not available (loading says why).
         w.backend = "cuda".into();
-        let e = r.select(&w).err().unwrap().to_string();
-        assert!(
-            e.contains("no cuda backend") && e.contains("metal, rocm, llama_cpp, cpu"),
-            "{e}"
-        );
+        assert_eq!(r.select(&w).unwrap().kind(), BackendKind::Cuda);
+        let cpu_only = Registry {
+            backends: vec![Box::new(cpu::CpuBackend)],
+        };
+        let e = cpu_only.select(&w).err().unwrap().to_string();
+        assert!(e.contains("no cuda backend (it has: cpu)"), "{e}");
         w.backend = "tpu".into();
         assert!(r
             .select(&w)

@@ -1,7 +1,7 @@
 //! What every backend gives the worker: [`WorkerBackend`] (kind, availability,
 //! loading) and the [`Loaded`] model.
 
-use super::rocm::supervisor::Supervisor;
+use super::llama_server::supervisor::Supervisor;
 use futures::future::BoxFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,12 +22,12 @@ pub struct Loaded {
     pub device: Device,
     /// Requests computed at once: `worker.capacity`, else the backend's own.
     pub capacity: u32,
-    /// The supervised llama-server of a `rocm` worker; stop it after the worker.
+    /// The supervised llama-server of a `rocm` or `cuda` worker; stop it after the worker.
     pub supervisor: Option<Supervisor>,
 }
 
 impl Loaded {
-    /// Stops what the model owns (a `rocm` worker's llama-server child). Call after
+    /// Stops what the model owns (a `rocm`/`cuda` worker's llama-server child). Call after
     /// the worker has shut down.
     pub fn stop(&mut self) {
         if let Some(mut s) = self.supervisor.take() {

@@ -1,8 +1,8 @@
 //! The `llama_cpp` entry of the registry, and what a worker announces for a model
-//! behind any llama.cpp server (also the `rocm` backend's own).
+//! behind any llama.cpp server (also the `rocm` and `cuda` backends' own).
 
 use super::client::LlamaCppModel;
-use crate::backends::rocm::supervisor::Supervisor;
+use crate::backends::llama_server::supervisor::Supervisor;
 use crate::backends::worker_backend::{Loaded, WorkerBackend};
 use futures::future::BoxFuture;
 use std::path::PathBuf;

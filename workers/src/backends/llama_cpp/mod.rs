@@ -16,8 +16,8 @@
 //!   retryable `unavailable` and its heartbeat says `available: false`), and the first
 //!   good check with the same model behind it marks it healthy again.
 //!
-//! The `rocm` backend ([`crate::backends::rocm`]) serves through this same type, pointed at the
-//! llama-server child it supervises.
+//! The `rocm` and `cuda` backends ([`crate::backends::llama_server`]) serve through this
+//! same type, pointed at the llama-server child they supervise.
 
 mod backend;
 pub mod client;

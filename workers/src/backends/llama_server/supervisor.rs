@@ -1,6 +1,8 @@
-//! The llama-server child of a `rocm` worker: started, watched, restarted with
-//! backoff, never orphaned.
+//! The llama-server child of a `rocm` or `cuda` worker: started, watched, restarted
+//! with backoff, never orphaned. The [`GpuVendor`] only decides how the child is
+//! pinned and how a missing GPU is found; the rest is the same for both.
 
+use super::vendor::{check_binary_sees_gpu, GpuVendor};
 use crate::backends::backoff::Backoff;
 use crate::backends::llama_cpp::client::LlamaCppModel;
 use std::collections::VecDeque;
@@ -20,12 +22,15 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How to run the supervised llama-server.
 #[derive(Debug, Clone)]
-pub struct RocmOptions {
+pub struct ServerOptions {
+    /// Whose GPU it runs on: decides the pinning variable and the GPU check.
+    pub vendor: GpuVendor,
     /// The `llama-server` binary.
     pub bin: PathBuf,
     /// The GGUF it serves.
     pub model: PathBuf,
-    /// GPU index as HIP numbers them (`HIP_VISIBLE_DEVICES`).
+    /// GPU index as the vendor numbers them (the child's `HIP_VISIBLE_DEVICES` or
+    /// `CUDA_VISIBLE_DEVICES`, see [`GpuVendor::pin_env`]).
     pub device: u32,
     /// Layers to offload (`-ngl`); `-1` = all.
     pub gpu_layers: i32,
@@ -37,38 +42,13 @@ pub struct RocmOptions {
     pub threads: u32,
     /// More arguments, passed last.
     pub extra_args: Vec<String>,
-    /// Run without a ROCm GPU (a CPU llama-server under the same supervisor), for
-    /// tests and for machines without one.
+    /// Run without the vendor's GPU (a CPU llama-server under the same supervisor),
+    /// for tests and for machines without one.
     pub allow_cpu: bool,
     /// The worker id, for log lines.
     pub worker_id: String,
     /// How long the first start may take (model load).
     pub startup_timeout: Duration,
-}
-
-/// The ROCm GPUs the kernel driver reports: `/dev/kfd` must exist, and each KFD
-/// topology node with SIMD units is a GPU. An error says what is missing.
-pub fn rocm_devices() -> Result<u32, String> {
-    if !Path::new("/dev/kfd").exists() {
-        return Err("no /dev/kfd (the amdgpu kernel driver is not loaded, or this is not an AMD GPU machine)".into());
-    }
-    let nodes = std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes")
-        .map_err(|e| format!("reading /sys/class/kfd/kfd/topology/nodes: {e}"))?;
-    let gpus = nodes
-        .flatten()
-        .filter_map(|n| std::fs::read_to_string(n.path().join("properties")).ok())
-        .filter(|props| {
-            props.lines().any(|l| {
-                l.strip_prefix("simd_count ")
-                    .and_then(|v| v.trim().parse::<u32>().ok())
-                    .is_some_and(|v| v > 0)
-            })
-        })
-        .count() as u32;
-    if gpus == 0 {
-        return Err("/dev/kfd exists but the KFD topology lists no GPU".into());
-    }
-    Ok(gpus)
 }
 
 /// Checks that `bin` is an executable file.
@@ -131,19 +111,16 @@ pub struct Supervisor {
 
 impl Supervisor {
     /// Starts the child and waits until it serves; returns the supervisor and the
-    /// model behind it. Fails with a clear error when the binary is missing, no ROCm
-    /// GPU is present (without `allow_cpu`), or the child exits or stays unhealthy
-    /// during start-up.
-    pub async fn start(opts: RocmOptions) -> Result<(Self, LlamaCppModel), BackendError> {
+    /// model behind it. Fails with a clear error when the binary is missing, the
+    /// vendor's GPU is not present or the binary cannot use it (without
+    /// `allow_cpu`: `unavailable`, naming the backend), or the child exits or stays
+    /// unhealthy during start-up.
+    pub async fn start(opts: ServerOptions) -> Result<(Self, LlamaCppModel), BackendError> {
         check_binary(&opts.bin)?;
+        let env = pin_env(&opts)?;
         if !opts.allow_cpu {
-            let gpus = rocm_devices().map_err(|e| BackendError::Unavailable(format!("rocm: {e}")))?;
-            if opts.device >= gpus {
-                return Err(BackendError::Unavailable(format!(
-                    "rocm: device {} asked for, but only {gpus} GPU(s) are present",
-                    opts.device
-                )));
-            }
+            opts.vendor.check(opts.device)?;
+            check_binary_sees_gpu(&opts.bin, opts.vendor, &env).await?;
         }
         let port = free_port().map_err(|e| BackendError::Unavailable(format!("finding a free port: {e}")))?;
         let url = format!("http://127.0.0.1:{port}");
@@ -168,7 +145,7 @@ impl Supervisor {
             thread: Some(thread),
             url,
         };
-        tracing::info!(worker = %opts.worker_id, url = %sup.url, model = %opts.model.display(), "starting llama-server");
+        tracing::info!(worker = %opts.worker_id, url = %sup.url, model = %opts.model.display(), vendor = opts.vendor.label(), "starting llama-server");
 
         // Wait for the first good /health, failing fast if the child exits.
         let http = reqwest::Client::new();
@@ -247,7 +224,7 @@ impl Drop for Supervisor {
 }
 
 /// The supervisor thread: run the child, restart it when it exits, until stopped.
-fn supervise(opts: &RocmOptions, port: u16, state: &State) {
+fn supervise(opts: &ServerOptions, port: u16, state: &State) {
     let mut backoff = Backoff::default();
     while !state.stopped() {
         let started = Instant::now();
@@ -304,8 +281,17 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// The child's command line.
-pub fn command(opts: &RocmOptions, port: u16) -> Command {
+/// The pinning environment for `opts`' child: [`GpuVendor::pin_env`] against this
+/// process's own pinning variable.
+fn pin_env(opts: &ServerOptions) -> Result<Vec<(&'static str, String)>, BackendError> {
+    let inherited = std::env::var(opts.vendor.pin_var()).ok();
+    opts.vendor
+        .pin_env(opts.device, inherited.as_deref())
+        .map_err(|e| BackendError::Unavailable(format!("{}: {e}", opts.vendor.kind())))
+}
+
+/// The child's command line, pinned to the GPU ([`GpuVendor::pin_env`]).
+pub fn command(opts: &ServerOptions, port: u16) -> Result<Command, BackendError> {
     let mut cmd = Command::new(&opts.bin);
     cmd.arg("-m")
         .arg(&opts.model)
@@ -328,12 +314,12 @@ pub fn command(opts: &RocmOptions, port: u16) -> Command {
         cmd.args(["-t", &t, "-tb", &t]);
     }
     cmd.args(&opts.extra_args);
-    cmd.env("HIP_VISIBLE_DEVICES", opts.device.to_string());
-    cmd
+    cmd.envs(pin_env(opts)?);
+    Ok(cmd)
 }
 
-fn spawn(opts: &RocmOptions, port: u16, state: &State) -> std::io::Result<Child> {
-    let mut cmd = command(opts, port);
+fn spawn(opts: &ServerOptions, port: u16, state: &State) -> std::io::Result<Child> {
+    let mut cmd = command(opts, port).map_err(std::io::Error::other)?;
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // Called on the supervisor thread, which lives as long as the child should.
     kill_with_parent(&mut cmd);
@@ -361,9 +347,9 @@ fn forward_logs(stream: Box<dyn std::io::Read + Send>, worker: &str, tail: &Mute
         }
         let lower = line.to_ascii_lowercase();
         if lower.contains("error") || lower.contains("failed") {
-            tracing::warn!(target: "switchyard_workers::backends::rocm::child", worker, "{line}");
+            tracing::warn!(target: "switchyard_workers::backends::llama_server::child", worker, "{line}");
         } else {
-            tracing::debug!(target: "switchyard_workers::backends::rocm::child", worker, "{line}");
+            tracing::debug!(target: "switchyard_workers::backends::llama_server::child", worker, "{line}");
         }
         let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
         if tail.len() == LOG_TAIL {

@@ -1,0 +1,106 @@
+//! The `rocm` and `cuda` entries of the registry: start the supervised llama-server
+//! on the worker's GPU, then serve through it like any llama.cpp server.
+
+use super::supervisor::{ServerOptions, Supervisor};
+use super::vendor::GpuVendor;
+use crate::backends::llama_cpp::served;
+use crate::backends::worker_backend::{Loaded, WorkerBackend};
+use crate::local;
+use futures::future::BoxFuture;
+use std::time::{Duration, Instant};
+use switchyard_config::WorkerConfig;
+use switchyard_messages::BackendKind;
+
+/// A llama-server this worker starts and supervises on one GPU of `vendor`
+/// (registry names `rocm` and `cuda`).
+#[derive(Debug, Clone, Copy)]
+pub struct LlamaServerBackend {
+    vendor: GpuVendor,
+}
+
+impl LlamaServerBackend {
+    /// On an AMD GPU (`rocm`, pinned with `HIP_VISIBLE_DEVICES`).
+    pub const ROCM: Self = Self {
+        vendor: GpuVendor::Rocm,
+    };
+    /// On an NVIDIA GPU (`cuda`, pinned with `CUDA_VISIBLE_DEVICES`).
+    pub const CUDA: Self = Self {
+        vendor: GpuVendor::Cuda,
+    };
+
+    /// Whose GPU it runs on.
+    pub fn vendor(&self) -> GpuVendor {
+        self.vendor
+    }
+}
+
+impl WorkerBackend for LlamaServerBackend {
+    fn kind(&self) -> BackendKind {
+        self.vendor.kind()
+    }
+
+    fn summary(&self) -> &'static str {
+        match self.vendor {
+            GpuVendor::Rocm => "a llama-server child this worker starts, supervises and pins to AMD GPU --gpu-device",
+            GpuVendor::Cuda => {
+                "a llama-server child this worker starts, supervises and pins to NVIDIA GPU --gpu-device"
+            }
+        }
+    }
+
+    /// The GPU is there (or `gpu_allow_cpu`), and a llama-server binary is found.
+    fn available(&self, w: &WorkerConfig) -> Result<(), String> {
+        if !w.gpu_allow_cpu {
+            self.vendor.check(w.gpu_device).map_err(|e| e.to_string())?;
+        }
+        local::find_llama_server(&w.llama_server_bin)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn load<'a>(&'a self, w: &'a WorkerConfig, worker_id: &'a str) -> BoxFuture<'a, anyhow::Result<Loaded>> {
+        Box::pin(async move {
+            let vendor = self.vendor;
+            let path = local::model_path(w)?;
+            let bin = local::find_llama_server(&w.llama_server_bin)?;
+            // Allowed onto the CPU and the GPU is not there: say so in the device.
+            let on_cpu = w.gpu_allow_cpu && vendor.check(w.gpu_device).is_err();
+            let opts = ServerOptions {
+                vendor,
+                bin,
+                model: path.clone(),
+                device: w.gpu_device,
+                gpu_layers: w.gpu_layers,
+                context_len: w.context_len,
+                parallel_slots: w.parallel_slots,
+                threads: w.threads,
+                extra_args: w.llama_server_args.split_whitespace().map(str::to_string).collect(),
+                allow_cpu: w.gpu_allow_cpu,
+                worker_id: worker_id.to_string(),
+                startup_timeout: Duration::from_secs(300),
+            };
+            eprintln!(
+                "starting llama-server on {} for {} …",
+                if on_cpu {
+                    format!("the CPU (gpu_allow_cpu, no {} GPU {})", vendor.label(), w.gpu_device)
+                } else {
+                    format!("{} GPU {}", vendor.label(), w.gpu_device)
+                },
+                opts.model.display()
+            );
+            let started = Instant::now();
+            let (supervisor, model) = Supervisor::start(opts).await?;
+            eprintln!(
+                "llama-server up at {} (pid {}) in {:.2} s",
+                supervisor.url(),
+                supervisor.pid().unwrap_or(0),
+                started.elapsed().as_secs_f64()
+            );
+            let device = vendor.device(w.gpu_device, on_cpu);
+            let mut loaded = served(w, model, vendor.kind(), device, Some(supervisor));
+            loaded.name = local::model_name(w, &path);
+            loaded.path = path;
+            Ok(loaded)
+        })
+    }
+}
