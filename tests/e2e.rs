@@ -68,7 +68,11 @@ async fn greedy_output_is_fixed_and_coherent() {
         .unwrap();
     let beat: switchyard_messages::Heartbeat = decode(&msg.payload).unwrap();
     assert!(beat.speed.measured(), "{:?}", beat.speed);
-    assert!(beat.speed.prefill_tps > 0.0 && beat.speed.service_ms > 0.0, "{:?}", beat.speed);
+    assert!(
+        beat.speed.prefill_tps > 0.0 && beat.speed.service_ms > 0.0,
+        "{:?}",
+        beat.speed
+    );
     assert_eq!(beat.status.worker_id, "w1");
 
     fleet.worker.shutdown(Duration::from_secs(5)).await;

@@ -149,7 +149,11 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
     let Some(bin) = llama_server_bin() else { return };
     let nats = nats();
     let url = nats.url();
-    let coordinator = node::start_coordinator(&fleet_config(&url)).await.unwrap();
+    // The backend-priority policy: the default (`ttft`) ranks workers by their measured
+    // speed instead, which would send the unpinned request to the fastest worker.
+    let mut blocks = fleet_config(&url);
+    blocks.coordinator.routing = switchyard_config::RoutingPolicy::Blocks;
+    let coordinator = node::start_coordinator(&blocks).await.unwrap();
     let external = LlamaServer::start_with(&bin, &demo_model(), 1, 1, &["-fa", "off"])
         .await
         .unwrap();
