@@ -465,7 +465,10 @@ impl Batcher {
         let rows = steps.len();
         let mut chunk = 0;
         if let Some(p) = self.prefilling.front() {
-            let end = (p.fed + self.budget.tokens()).min(p.run.history.len());
+            // With nothing else running there is nothing to keep flowing: the rest of
+            // the prompt goes at once.
+            let budget = if rows == 0 { usize::MAX } else { self.budget.tokens() };
+            let end = p.fed.saturating_add(budget).min(p.run.history.len());
             chunk = end - p.fed;
             steps.push(SeqStep {
                 seq: p.run.slot,
