@@ -104,7 +104,7 @@ impl Default for WorkerConfig {
             prefill_chunk: 0,
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
-            coalesce_ms: 10,
+            coalesce_ms: 20,
         }
     }
 }

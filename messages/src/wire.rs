@@ -90,7 +90,8 @@ pub struct StreamChunk {
     pub request_id: String,
     /// Position in the stream.
     pub seq: u64,
-    /// Tokens since the previous chunk (usually one).
+    /// Tokens since the previous chunk: one or several (a worker coalesces tokens
+    /// that come close together; count tokens, not chunks).
     #[serde(default)]
     pub tokens: Vec<Token>,
     /// Whether this is the last chunk.

@@ -170,12 +170,47 @@ impl LocalNode {
         })
     }
 
+    /// The nats-server this node started (`None` when it uses `nats.url`).
+    pub fn nats_pid(&self) -> Option<u32> {
+        self._nats.as_ref().map(NatsServer::pid)
+    }
+
     /// Shuts the worker, its model and the coordinator down.
     pub async fn stop(mut self) {
         self.worker.shutdown(Duration::from_secs(5)).await;
         self.loaded.stop();
         self.coordinator.shutdown().await;
     }
+}
+
+/// Nanoseconds of CPU run so far by this process's threads other than the engine's
+/// (`sy-compute-*`, `sy-engine`), i.e. tokio's (worker service, client,
+/// coordinator), plus every thread of process `nats` (Linux `schedstat`; 0
+/// elsewhere). What the fabric takes from the compute threads, measured in CPU time
+/// rather than wall time, so a busy shared machine blurs it less.
+fn fabric_cpu_ns(nats: Option<u32>) -> u64 {
+    let mut total = 0;
+    let mut add = |pid: &str, engine_too: bool| {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        for task in tasks.flatten() {
+            let path = task.path();
+            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            if !engine_too && (comm.starts_with("sy-compute") || comm.starts_with("sy-engine")) {
+                continue;
+            }
+            let ran = std::fs::read_to_string(path.join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+            total += ran.unwrap_or(0);
+        }
+    };
+    add("self", false);
+    if let Some(pid) = nats {
+        add(&pid.to_string(), true);
+    }
+    total
 }
 
 /// Runs the fabric benchmark and prints the report.
@@ -238,18 +273,32 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     let mut d = Vec::new();
     let mut f = Vec::new();
     let mut f_chunks = Vec::new();
+    let (mut d_cpu, mut f_cpu) = (Vec::new(), Vec::new());
+    let nats_pid = local.nats_pid();
     for i in 0..runs {
         eprintln!("run {}/{runs}", i + 1);
         let (pd, pf) = (prompt(2 + 2 * i), prompt(3 + 2 * i));
         // Alternate the order so drift on a shared machine hits both equally.
-        let (fr, chunks) = if i % 2 == 0 {
-            d.push(direct(gen_config.clone(), pd).await?);
-            fabric(gen_config.clone(), pf).await?
-        } else {
-            let fr = fabric(gen_config.clone(), pf).await?;
-            d.push(direct(gen_config.clone(), pd).await?);
-            fr
+        let timed_direct = |text| async {
+            let before = fabric_cpu_ns(nats_pid);
+            let run = direct(gen_config.clone(), text).await?;
+            anyhow::Ok((run, fabric_cpu_ns(nats_pid).saturating_sub(before)))
         };
+        let timed_fabric = |text| async {
+            let before = fabric_cpu_ns(nats_pid);
+            let (run, chunks) = fabric(gen_config.clone(), text).await?;
+            anyhow::Ok((run, chunks, fabric_cpu_ns(nats_pid).saturating_sub(before)))
+        };
+        let ((dr, dc), (fr, chunks, fc)) = if i % 2 == 0 {
+            let dr = timed_direct(pd).await?;
+            (dr, timed_fabric(pf).await?)
+        } else {
+            let fr = timed_fabric(pf).await?;
+            (timed_direct(pd).await?, fr)
+        };
+        d.push(dr);
+        d_cpu.push(dc as f64 / 1e3 / f64::from(dr.tokens.max(1)));
+        f_cpu.push(fc as f64 / 1e3 / f64::from(fr.tokens.max(1)));
         f.push(fr);
         f_chunks.push(f64::from(fr.tokens) / f64::from(chunks.max(1)));
     }
@@ -294,11 +343,28 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         us_per_token,
         f_ttft - d_ttft
     );
+    // Each pair ran back to back, so its ratio is less exposed to drift on a shared
+    // machine than the ratio of the two columns' medians.
+    let paired: Vec<f64> = d.iter().zip(&f).map(|(d, f)| f.decode_tps() / d.decode_tps()).collect();
+    let shown: Vec<String> = paired.iter().map(|r| format!("{r:.3}")).collect();
+    println!(
+        "decode ratio of each back-to-back pair: {} (median {:.3})",
+        shown.join(" "),
+        median(&paired)
+    );
     println!(
         "via NATS: {:.2} tokens per chunk (median; worker.coalesce_ms = {})",
         median(&f_chunks),
         config.worker.coalesce_ms
     );
+    if median(&f_cpu) > 0.0 {
+        println!(
+            "CPU beside the compute threads (tokio: worker service, client, coordinator; nats-server): \
+             {:.0} µs/token via NATS vs {:.0} µs/token in-process (medians)",
+            median(&f_cpu),
+            median(&d_cpu)
+        );
+    }
     // The fabric alone: a compute-free probe model behind a second worker.
     let mut probe_cfg = config.clone();
     probe_cfg.worker.id = "fabric-probe".into();
