@@ -320,7 +320,7 @@ mod tests {
         let mut d = vec![0; 3];
         p.depths(&[1, 2, 3], &mut d);
         assert_eq!(d, vec![1, 1, 0]);
-        assert!(p.holders.get(&2).is_none());
+        assert!(!p.holders.contains_key(&2));
         assert!(matches!(&p.holders[&7], Holders::List(l) if l == &[0]));
         assert_eq!(p.held(2), 0);
     }
@@ -342,7 +342,7 @@ mod tests {
         assert!(matches!(p.holders[&1], Holders::Bits { count: 200, .. }));
         let mut d = vec![0; 200];
         p.depths(&[1, 2, 3, 9], &mut d);
-        for s in 0..200 {
+        for (s, &depth) in d.iter().enumerate() {
             let want = if s == 4 {
                 3
             } else if s % 2 == 0 {
@@ -350,7 +350,7 @@ mod tests {
             } else {
                 1
             };
-            assert_eq!(d[s], want, "slot {s}");
+            assert_eq!(depth, want, "slot {s}");
             assert_eq!(p.overlap(s as u32, &[1, 2, 3, 9]), want as usize);
         }
         for s in 0..190u32 {
