@@ -18,7 +18,7 @@ mod common;
 
 use common::*;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use switchyard::node::{self, Loaded};
 use switchyard::{Client, ClientError, Config, GenerateRequest, StreamEvent};
 use switchyard_messages::session::{ContextManifest, OpenSessionRequest};
@@ -69,26 +69,6 @@ fn assert_pinned_to_gpu_1(pid: u32) {
     );
 }
 
-/// Waits until the coordinator reports `worker` with `available`.
-async fn wait_available(client: &Client, worker: &str, available: bool, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let status = client.status().await.unwrap();
-        if status
-            .workers
-            .iter()
-            .any(|w| w.status.worker_id == worker && w.status.available == available)
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{worker} not available={available} within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn request(prompt: &str, max_tokens: u32, backend: Option<&str>) -> GenerateRequest {
     let mut r = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
     r.config.max_tokens = max_tokens;
@@ -100,30 +80,6 @@ fn request(prompt: &str, max_tokens: u32, backend: Option<&str>) -> GenerateRequ
 async fn run(client: &Client, req: GenerateRequest) -> (String, usize) {
     let done = client.generate(req).await.unwrap().collect().await.unwrap();
     (done.worker_id, done.tokens.len())
-}
-
-/// The error a stream ends with, after its tokens.
-async fn ends_with_error(mut stream: switchyard::client::ResponseStream) -> ClientError {
-    loop {
-        match stream.next().await {
-            Some(Ok(StreamEvent::Tokens(_))) => {}
-            Some(Ok(done)) => panic!("expected an error, the stream ended with {done:?}"),
-            Some(Err(e)) => return e,
-            None => panic!("the stream ended without an error"),
-        }
-    }
-}
-
-/// Whether `pid` is gone (or a zombie) within `limit`.
-fn gone(pid: u32, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if !alive(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -483,3 +483,48 @@ pub async fn assert_serves(client: &Client, what: &str) {
         .unwrap();
     assert_eq!(done.tokens.len(), 3, "{what}");
 }
+
+/// Waits until the coordinator reports `worker` as `available` (or not).
+pub async fn wait_available(client: &Client, worker: &str, available: bool, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let status = client.status().await.unwrap();
+        if status
+            .workers
+            .iter()
+            .any(|w| w.status.worker_id == worker && w.status.available == available)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{worker} not available={available} within {limit:?}: {:?}",
+            status.workers
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads the stream to its end and returns the error it ended with.
+pub async fn ends_with_error(mut stream: switchyard::client::ResponseStream) -> switchyard::ClientError {
+    loop {
+        match stream.next().await {
+            Some(Ok(switchyard::StreamEvent::Tokens(_))) => {}
+            Some(Ok(done)) => panic!("expected an error, the stream ended with {done:?}"),
+            Some(Err(e)) => return e,
+            None => panic!("the stream ended without an error"),
+        }
+    }
+}
+
+/// Whether `pid` is gone (or a zombie awaiting its reaper) within `limit`.
+pub fn gone(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}

@@ -54,6 +54,20 @@ pub async fn direct(http: &reqwest::Client, url: &str, prompt: &str, max_tokens:
         bail!("llama-server /completion: {}", r.status());
     }
     let mut run = Run::default();
+    sse_tokens(r, |n| {
+        if n > 0 && run.tokens == 0 {
+            run.ttft = start.elapsed();
+        }
+        run.tokens += n;
+    })
+    .await?;
+    run.total = start.elapsed();
+    Ok(run)
+}
+
+/// Reads a llama-server `/completion` event stream, calling `on_tokens` with the
+/// number of tokens each `data:` event carries, as it arrives.
+pub async fn sse_tokens(r: reqwest::Response, mut on_tokens: impl FnMut(u32)) -> anyhow::Result<()> {
     let mut body = r.bytes_stream();
     let mut buf = Vec::new();
     while let Some(chunk) = body.next().await {
@@ -65,15 +79,10 @@ pub async fn direct(http: &reqwest::Client, url: &str, prompt: &str, max_tokens:
                 continue;
             };
             let v: Value = serde_json::from_str(data.trim())?;
-            let n = v["tokens"].as_array().map_or(0, |t| t.len()) as u32;
-            if n > 0 && run.tokens == 0 {
-                run.ttft = start.elapsed();
-            }
-            run.tokens += n;
+            on_tokens(v["tokens"].as_array().map_or(0, |t| t.len()) as u32);
         }
     }
-    run.total = start.elapsed();
-    Ok(run)
+    Ok(())
 }
 
 /// Streams one completion through switchyard.

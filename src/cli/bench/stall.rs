@@ -100,23 +100,14 @@ async fn stream(
             });
             let r = http.post(format!("{url}/completion")).json(&body).send().await?;
             anyhow::ensure!(r.status().is_success(), "llama-server /completion: {}", r.status());
-            let (mut body, mut buf, mut n) = (r.bytes_stream(), Vec::new(), 0);
-            while let Some(chunk) = body.next().await {
-                buf.extend_from_slice(&chunk?);
-                while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-                    let event: Vec<u8> = buf.drain(..end + 2).collect();
-                    let text = String::from_utf8_lossy(&event);
-                    let Some(data) = text.trim().strip_prefix("data:") else {
-                        continue;
-                    };
-                    let v: serde_json::Value = serde_json::from_str(data.trim())?;
-                    let k = v["tokens"].as_array().map_or(0, |t| t.len()) as u32;
-                    for _ in 0..k {
-                        n += 1;
-                        on_token(Instant::now(), n);
-                    }
+            let mut n = 0;
+            super::llama_cpp::sse_tokens(r, |k| {
+                for _ in 0..k {
+                    n += 1;
+                    on_token(Instant::now(), n);
                 }
-            }
+            })
+            .await?;
         }
     }
     Ok(())

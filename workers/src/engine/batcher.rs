@@ -484,14 +484,15 @@ impl Batcher {
         stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
         stats.peak.fetch_max(rows as u64, Ordering::Relaxed);
         let t0 = Instant::now();
-        let outcome = self.engine.forward(&steps);
+        let mut outcome = self.engine.forward(&steps);
         self.budget.observe(rows, chunk, t0.elapsed().as_micros() as f64);
         let running = std::mem::take(&mut self.running);
         if chunk > 0 {
             let mut p = self.prefilling.pop_front().expect("the chunk's prefill");
             p.fed += chunk;
-            let logits = match &outcome {
-                Ok(all) => Ok(all.last().cloned().unwrap_or_default()),
+            // The chunk's row is the last one; the running streams' come before it.
+            let logits = match &mut outcome {
+                Ok(all) => Ok(all.pop().unwrap_or_default()),
                 Err(e) => Err(e.clone()),
             };
             if p.fed == p.run.history.len() || logits.is_err() {
