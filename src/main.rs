@@ -14,6 +14,11 @@ fn main() -> std::process::ExitCode {
             std::env::set_var(key, value);
         }
     }
+    // CUDA numbers GPUs fastest first unless told otherwise; the `cuda` backend's
+    // native engine counts them as nvidia-smi does, as its llama-server children do.
+    if std::env::var_os("CUDA_DEVICE_ORDER").is_none() {
+        std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -16,7 +16,7 @@ mod worker;
 
 pub use gateway::{ApiKey, GatewayConfig};
 pub use routing::RoutingPolicy;
-pub use worker::WorkerConfig;
+pub use worker::{WorkerConfig, CUDA_ENGINES};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -3,6 +3,9 @@
 use crate::{ConfigError, WORKER_BACKENDS};
 use serde::{Deserialize, Serialize};
 
+/// What `worker.cuda_engine` accepts.
+pub const CUDA_ENGINES: &[&str] = &["auto", "native", "llama-server"];
+
 /// Worker behaviour.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +25,11 @@ pub struct WorkerConfig {
     pub backend: String,
     /// `llama_cpp`: the server's base URL, e.g. `http://127.0.0.1:8080`.
     pub llama_url: String,
+    /// `cuda`: which engine computes: `native` (switchyard's engine on candle's CUDA
+    /// device, in a build with the `cuda` feature), `llama-server` (a supervised
+    /// `llama-server` child, as `rocm` has), or `auto` (native in a `cuda` build,
+    /// else llama-server).
+    pub cuda_engine: String,
     /// `rocm`/`cuda`: the `llama-server` binary (built for that GPU); empty =
     /// `$SWITCHYARD_LLAMA_SERVER`, else the one `scripts/build-llama-server.sh` built
     /// in the cache (a CPU build), else `PATH`.
@@ -33,13 +41,14 @@ pub struct WorkerConfig {
     /// `CUDA_VISIBLE_DEVICES` takes it (for `cuda` in `nvidia-smi`'s order); when the
     /// worker itself runs with that variable set, an index into its list.
     pub gpu_device: u32,
-    /// `rocm`/`cuda`: layers to offload (`-ngl`); -1 = all.
+    /// `rocm`/`cuda`: layers to offload (`-ngl`; the native engine counts the same
+    /// way, the last layers first); -1 = all.
     pub gpu_layers: i32,
     /// `rocm`/`cuda`: llama-server slots (`--parallel`); 0 = llama-server's default.
     pub parallel_slots: u32,
-    /// `rocm`/`cuda`: run the supervised llama-server even where the GPU is missing
-    /// (then on the CPU; the device is announced as e.g. `cuda:0(cpu)`), for tests
-    /// and machines without one. Also read under its old name `rocm_allow_cpu`.
+    /// `rocm`/`cuda`: run the supervised llama-server (or the native engine, on
+    /// candle's CPU device) even where the GPU is missing (then on the CPU; the
+    /// device is announced as e.g. `cuda:0(cpu)`), for tests and machines without one. Also read under its old name `rocm_allow_cpu`.
     #[serde(alias = "rocm_allow_cpu")]
     pub gpu_allow_cpu: bool,
     /// `metal`: the Python that runs the MLX bridge (it needs `mlx-lm`); empty = the
@@ -87,6 +96,7 @@ impl Default for WorkerConfig {
             model_name: String::new(),
             backend: "cpu".into(),
             llama_url: String::new(),
+            cuda_engine: "auto".into(),
             llama_server_bin: String::new(),
             llama_server_args: String::new(),
             gpu_device: 0,
@@ -131,6 +141,13 @@ impl WorkerConfig {
                 "worker.llama_url",
                 format!("{:?}", self.llama_url),
                 "backend llama_cpp needs the server's http:// or https:// URL",
+            );
+        }
+        if !CUDA_ENGINES.contains(&self.cuda_engine.as_str()) {
+            return invalid(
+                "worker.cuda_engine",
+                self.cuda_engine.clone(),
+                "must be one of: auto, native, llama-server",
             );
         }
         if self.gpu_layers < -1 {

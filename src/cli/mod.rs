@@ -268,6 +268,9 @@ pub struct WorkerFlags {
     /// llama_cpp: the server's base URL, e.g. http://127.0.0.1:8080.
     #[arg(long)]
     pub llama_url: Option<String>,
+    /// cuda: native (switchyard's engine on candle's CUDA device; a build with the cuda feature), llama-server (a supervised llama-server child), or auto (native in a cuda build, else llama-server).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(switchyard_config::CUDA_ENGINES))]
+    pub cuda_engine: Option<String>,
     /// rocm/cuda: the llama-server binary, built for that GPU (default: $SWITCHYARD_LLAMA_SERVER, else the cache's CPU build, else PATH).
     #[arg(long)]
     pub llama_server: Option<PathBuf>,
@@ -277,14 +280,14 @@ pub struct WorkerFlags {
     /// rocm/cuda: GPU index (sets HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES for the child; cuda counts in nvidia-smi's order).
     #[arg(long)]
     pub gpu_device: Option<u32>,
-    /// rocm/cuda: layers to offload to the GPU (-ngl); -1 = all.
+    /// rocm/cuda: layers to offload to the GPU (-ngl; the native cuda engine counts the same way); -1 = all.
     #[arg(long, allow_hyphen_values = true)]
     pub gpu_layers: Option<i32>,
     /// Sequences computed together: the cpu engine's KV slots (default 4), or the rocm/cuda
     /// llama-server's --parallel (default: llama-server's own).
     #[arg(long)]
     pub parallel_slots: Option<u32>,
-    /// rocm/cuda: run the supervised llama-server on the CPU when the GPU is missing (testing; also --rocm-allow-cpu).
+    /// rocm/cuda: run the supervised llama-server (or cuda's native engine) on the CPU when the GPU is missing (testing; also --rocm-allow-cpu).
     #[arg(long, alias = "rocm-allow-cpu")]
     pub gpu_allow_cpu: bool,
     /// metal: the Python with mlx-lm that runs the MLX bridge (default: the cache's venv).
@@ -505,6 +508,9 @@ impl WorkerFlags {
         }
         if let Some(v) = &self.llama_url {
             w.llama_url = v.clone();
+        }
+        if let Some(v) = &self.cuda_engine {
+            w.cuda_engine = v.clone();
         }
         if let Some(v) = &self.llama_server {
             w.llama_server_bin = v.display().to_string();

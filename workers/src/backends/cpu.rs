@@ -1,7 +1,7 @@
 //! The `cpu` backend: switchyard's own engine ([`crate::engine`]).
 
 use super::worker_backend::{capacity, Loaded, WorkerBackend};
-use crate::engine::EngineModel;
+use crate::engine::{Compute, EngineModel};
 use crate::local;
 use anyhow::Context;
 use futures::future::BoxFuture;
@@ -60,6 +60,16 @@ impl WorkerBackend for CpuBackend {
 
 /// Loads the worker's model on the CPU engine, printing progress to stderr.
 pub async fn load_model(w: &WorkerConfig) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
+    load_model_on(w, Compute::Own).await
+}
+
+/// Loads the worker's model on the engine with the forward pass `compute` chooses
+/// (the `cuda` backend's native engine is the engine with the candle pass), printing
+/// progress to stderr.
+pub async fn load_model_on(
+    w: &WorkerConfig,
+    compute: Compute,
+) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
     let path = local::model_path(w)?;
     let name = local::model_name(w, &path);
     let size = if path.is_dir() {
@@ -69,7 +79,11 @@ pub async fn load_model(w: &WorkerConfig) -> anyhow::Result<(Arc<dyn TextModel>,
     } else {
         std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
     };
-    eprintln!("loading {} ({:.1} MB) on cpu …", path.display(), size as f64 / 1e6);
+    let place = match compute {
+        Compute::Own => "cpu".to_string(),
+        Compute::Candle { placement, gpu_layers } => format!("{} (gpu_layers {gpu_layers})", placement.label()),
+    };
+    eprintln!("loading {} ({:.1} MB) on {place} …", path.display(), size as f64 / 1e6);
     let started = Instant::now();
     let load = LoadConfig {
         backend: w.backend.clone(),
@@ -78,22 +92,29 @@ pub async fn load_model(w: &WorkerConfig) -> anyhow::Result<(Arc<dyn TextModel>,
         parallel_slots: w.parallel_slots,
         kv_cache_mb: w.kv_cache_mb,
         prefill_chunk: w.prefill_chunk,
+        gpu_layers: w.gpu_layers,
         ..LoadConfig::default()
     };
     let p = path.clone();
-    let model = tokio::task::spawn_blocking(move || CpuBackend.load_model(&p, &load))
-        .await
-        .context("model loading task")??;
+    let model = tokio::task::spawn_blocking(move || -> Result<Arc<dyn TextModel>, BackendError> {
+        Ok(Arc::new(EngineModel::load_on(&p, &load, compute)?))
+    })
+    .await
+    .context("model loading task")??;
     let info = model.info();
     eprintln!(
-        "loaded {name}: {} layers, hidden {}, vocab {}, context {}, {}-bit, {} kernels \
-         (SWITCHYARD_CPU_ISA forces others), in {:.2} s",
+        "loaded {name}: {} layers, hidden {}, vocab {}, context {}, {}-bit, {} kernels{}, in {:.2} s",
         info.num_layers,
         info.hidden_size,
         info.vocab_size,
         info.context_len,
         info.quant_bits,
         info.kernels,
+        if compute == Compute::Own {
+            " (SWITCHYARD_CPU_ISA forces others)"
+        } else {
+            ""
+        },
         started.elapsed().as_secs_f64()
     );
     Ok((model, path, name))

@@ -6,6 +6,8 @@
 //! - [`llama_cpp`]: an existing llama.cpp server over HTTP, and its sessions.
 //! - [`llama_server`]: a llama-server this worker starts and supervises on a GPU:
 //!   `rocm` (AMD) and `cuda` (NVIDIA), one supervisor parameterised by the vendor.
+//! - [`cuda`]: the `cuda` entry: the engine with candle's CUDA pass (`native`) or
+//!   the supervised llama-server, as `worker.cuda_engine` says.
 //! - [`mlx`]: MLX (Metal on Apple silicon) through a Python bridge child.
 //! - [`backoff`]: the restart policy every supervised child (llama-server, the MLX
 //!   bridge) shares.
@@ -19,6 +21,7 @@
 
 pub mod backoff;
 pub mod cpu;
+pub mod cuda;
 pub mod llama_cpp;
 pub mod llama_server;
 pub mod mlx;

@@ -1,7 +1,7 @@
 //! The registry: which backend a worker loads its model with.
 
 use super::worker_backend::{Loaded, WorkerBackend};
-use super::{cpu, llama_cpp, llama_server, mlx};
+use super::{cpu, cuda, llama_cpp, llama_server, mlx};
 use switchyard_config::WorkerConfig;
 use switchyard_messages::BackendKind;
 
@@ -15,7 +15,7 @@ impl Default for Registry {
         let mut backends: Vec<Box<dyn WorkerBackend>> = vec![
             Box::new(mlx::MlxBackend),
             Box::new(llama_server::LlamaServerBackend::ROCM),
-            Box::new(llama_server::LlamaServerBackend::CUDA),
+            Box::new(cuda::CudaBackend),
             Box::new(llama_cpp::LlamaCppBackend),
             Box::new(cpu::CpuBackend),
         ];

@@ -65,7 +65,11 @@ impl Running {
         }
         let mut m = self.metrics.clone();
         m.total_us = self.started.elapsed().as_micros() as u64 + m.queue_us;
-        let (peak, active) = switchyard_actors::host::process_memory(None);
+        // On a GPU the memory that matters is the device's, from its driver.
+        let (peak, active) = match engine.model.device_memory() {
+            Some((active, peak)) => (peak, active),
+            None => switchyard_actors::host::process_memory(None),
+        };
         m.peak_memory_bytes = peak;
         m.active_memory_bytes = active;
         *engine.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = m.clone();

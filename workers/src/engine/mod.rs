@@ -20,6 +20,7 @@
 //! ([`crate::backends::cpu`]) is this engine.
 
 pub mod batcher;
+pub mod candle;
 pub mod compute;
 pub mod kernels;
 pub mod kvstore;
@@ -53,6 +54,19 @@ pub const DEFAULT_SLOTS: usize = 4;
 /// Architectures this backend runs.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = model::llama::ARCHITECTURES;
 
+/// Which forward pass computes a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compute {
+    /// switchyard's own CPU kernels ([`model::forward::CpuForward`]).
+    Own,
+    /// candle on a device ([`candle::CandleForward`]); `gpu_layers` as llama.cpp's
+    /// `-ngl` (-1 = all).
+    Candle {
+        placement: candle::Placement,
+        gpu_layers: i32,
+    },
+}
+
 /// A model loaded in switchyard's CPU engine.
 pub struct EngineModel {
     jobs: Mutex<mpsc::Sender<compute::Job>>,
@@ -71,17 +85,28 @@ impl EngineModel {
     /// Loads the GGUF file at `path`, or the Hugging Face model directory at `path`
     /// (config.json + tokenizer.json + *.safetensors), and starts its compute thread.
     pub fn load(path: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
+        Self::load_on(path, config, Compute::Own)
+    }
+
+    /// [`Self::load`] with the forward pass `compute` chooses (the candle one loads
+    /// GGUF files only).
+    pub fn load_on(path: &Path, config: &LoadConfig, compute: Compute) -> Result<Self, BackendError> {
         crate::engine::kernels::isa::init().map_err(|e| BackendError::Load {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        if path.is_dir() {
-            return Self::load_hf(path, config);
-        }
         let load_err = |reason: String| BackendError::Load {
             path: path.display().to_string(),
             reason,
         };
+        if path.is_dir() {
+            if compute != Compute::Own {
+                return Err(load_err(
+                    "the candle engine loads GGUF files, not Hugging Face directories".into(),
+                ));
+            }
+            return Self::load_hf(path, config);
+        }
         let mut file = std::fs::File::open(path).map_err(|e| load_err(e.to_string()))?;
         let content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
             .map_err(|e| load_err(format!("not a readable GGUF file: {e}")))?;
@@ -104,7 +129,7 @@ impl EngineModel {
         // default.
         let context_len = context_for(model_ctx, config);
         let (quant_bits, quant_group) = dominant_quant(&content);
-        let info = ModelInfo {
+        let mut info = ModelInfo {
             architecture: architecture.clone(),
             vocab_size: tokenizer.vocab_size() as u32,
             num_layers: md_u32(&format!("{architecture}.block_count")).unwrap_or(0),
@@ -133,7 +158,19 @@ impl EngineModel {
         .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
         let slots = slots_for(config);
         let weights = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let model = Self::forward_impl(content, &mut file, context_len, slots).map_err(load_err)?;
+        let model = match compute {
+            Compute::Own => Self::forward_impl(content, &mut file, context_len, slots),
+            Compute::Candle { placement, gpu_layers } => {
+                candle::CandleForward::load(&content, &mut file, context_len, slots, placement, gpu_layers).map(|m| {
+                    info.kernels = match m.gpu_name() {
+                        Some(gpu) => format!("{} ({gpu})", placement.label()),
+                        None => placement.label(),
+                    };
+                    Box::new(m) as Box<dyn forward::Forward>
+                })
+            }
+        }
+        .map_err(load_err)?;
         let limits = (model_ctx as u32, weights);
         Self::start(path, model, info, tokenizer, template, config, limits)
     }

@@ -1,7 +1,7 @@
 //! The forward pass behind the engine: the [`Forward`] trait over independent KV
 //! sequences, switchyard's own implementation ([`CpuForward`]: one KV cache per
-//! slot). (candle-transformers' quantized Llama was a one-sequence fallback for
-//! comparisons; it is gone, and with it the crate.)
+//! slot). The candle pass ([`crate::engine::candle::CandleForward`], the `cuda`
+//! backend's native engine) is the other implementation.
 
 use super::llama::{KvCache, LlamaModel, Step};
 use switchyard_messages::BackendError;
@@ -63,6 +63,11 @@ pub trait Forward: Send {
     /// Writes what [`Forward::read_rows`] returned into sequence `seq` at `start`.
     fn write_rows(&mut self, _seq: usize, _start: usize, _n: usize, _k: &[u16], _v: &[u16]) -> bool {
         false
+    }
+    /// Bytes in use now and at the peak on the accelerator it computes on, from the
+    /// driver; `None` on the CPU (the process's own memory is reported then).
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        None
     }
 }
 

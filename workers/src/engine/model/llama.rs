@@ -15,11 +15,8 @@ use crate::engine::kernels::tensor::{load, QMatrix, TensorError};
 use candle_core::quantized::gguf_file;
 
 pub use super::kv_cache::KvCache;
-pub use super::params::{FfnAct, LlamaParams};
+pub use super::params::{FfnAct, LlamaParams, ARCHITECTURES};
 use super::rope::RopeTable;
-
-/// Architectures this forward pass implements.
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -63,14 +60,6 @@ pub struct Step<'a> {
     pub pos: usize,
 }
 
-fn md_u32(ct: &gguf_file::Content, key: &str) -> Option<usize> {
-    ct.metadata.get(key).and_then(|v| v.to_u32().ok()).map(|v| v as usize)
-}
-
-fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
-    ct.metadata.get(key).and_then(|v| v.to_f32().ok())
-}
-
 impl LlamaModel {
     /// Loads weights from a GGUF file whose `general.architecture` is one of
     /// [`ARCHITECTURES`], with a KV cache for `ctx` positions.
@@ -79,57 +68,7 @@ impl LlamaModel {
         reader: &mut R,
         ctx: usize,
     ) -> Result<Self, TensorError> {
-        let arch = ct
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .cloned()
-            .unwrap_or_default();
-        if !ARCHITECTURES.contains(&arch.as_str()) {
-            return Err(TensorError::Missing(format!("support for architecture {arch:?}")));
-        }
-        let a = arch.as_str();
-        let need =
-            |k: &str| md_u32(ct, &format!("{a}.{k}")).ok_or_else(|| TensorError::Missing(format!("metadata {a}.{k}")));
-        let n_embd = need("embedding_length")?;
-        let n_head = need("attention.head_count")?;
-        let head_dim = md_u32(ct, &format!("{a}.attention.key_length")).unwrap_or(n_embd / n_head);
-        if let Some(v) = md_u32(ct, &format!("{a}.attention.value_length")) {
-            if v != head_dim {
-                return Err(TensorError::Missing(format!(
-                    "support for {a}.attention.value_length {v} != key_length {head_dim}"
-                )));
-            }
-        }
-        let gemma = a == "gemma3";
-        let params = LlamaParams {
-            n_layer: need("block_count")?,
-            n_embd,
-            n_head,
-            n_head_kv: md_u32(ct, &format!("{a}.attention.head_count_kv")).unwrap_or(n_head),
-            head_dim,
-            n_ff: need("feed_forward_length")?,
-            rms_eps: md_f32(ct, &format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            rope_base: md_f32(ct, &format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
-            rope_dims: md_u32(ct, &format!("{a}.rope.dimension_count")).unwrap_or(head_dim),
-            n_vocab: 0, // from token_embd
-            rope_neox: a != "llama",
-            arch: arch.clone(),
-            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
-            ffn_act: if gemma { FfnAct::Gelu } else { FfnAct::Silu },
-            swa_window: if gemma {
-                md_u32(ct, &format!("{a}.attention.sliding_window")).unwrap_or(0)
-            } else {
-                0
-            },
-            swa_pattern: 6,
-            // llama.cpp's default when the file names none.
-            rope_base_swa: md_f32(ct, &format!("{a}.rope.swa_freq_base")).unwrap_or(10_000.0),
-        };
-        if md_f32(ct, &format!("{a}.final_logit_softcapping")).is_some_and(|v| v != 0.0) {
-            return Err(TensorError::Missing(format!("support for {a}.final_logit_softcapping")));
-        }
+        let params = LlamaParams::from_gguf(ct)?;
         Self::from_tensors(params, &mut |name: &str| load(ct, reader, name), ctx)
     }
 
