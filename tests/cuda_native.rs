@@ -23,6 +23,10 @@ mod common;
 use candle_core::quantized::gguf_file;
 use common::*;
 use std::path::Path;
+use std::time::Duration;
+use switchyard::node;
+use switchyard::{Client, FinishReason, GenerateRequest, Message, StreamEvent};
+use switchyard_messages::{BackendError, ErrorCode};
 use switchyard_workers::backends::llama_server::GpuVendor;
 use switchyard_workers::engine::candle::{device, CandleForward, Placement};
 use switchyard_workers::engine::model::forward::{CpuForward, Forward, SeqStep};
@@ -217,4 +221,191 @@ fn batched_sequences_prefix_reuse_and_copied_rows_continue_like_the_original() {
     let long = vec![1u32; 600];
     assert!(candle.forward_batch(&[step(0, &long, 0)]).is_err());
     assert!(candle.forward_batch(&[step(0, &a, 0), step(0, &b, 0)]).is_err());
+}
+
+const NAME: &str = "smol";
+
+fn native_config(url: &str, id: &str, allow_cpu: bool) -> switchyard::Config {
+    let mut c = fleet_config(url);
+    c.worker.id = id.into();
+    c.worker.model_name = NAME.into();
+    c.worker.backend = "cuda".into();
+    c.worker.cuda_engine = "native".into();
+    c.worker.gpu_allow_cpu = allow_cpu;
+    c.worker.gpu_device = if placement() == Placement::Cpu { 1 } else { 0 };
+    c.worker.parallel_slots = 2;
+    c.worker.context_len = 1024;
+    c.validate().expect("valid config");
+    c
+}
+
+fn request(prompt: &str, max_tokens: u32) -> GenerateRequest {
+    let mut r = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
+    r.config.max_tokens = max_tokens;
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_native_cuda_worker_streams_chat_stops_cancels_and_reuses_prefixes() {
+    let nats = nats();
+    let url = nats.url();
+    let coordinator = node::start_coordinator(&fleet_config(&url)).await.unwrap();
+    let config = native_config(&url, "w-native", true);
+    let loaded = node::load(&config).await.expect("model loads");
+    let worker = node::start_worker(&config, &loaded).await.expect("worker starts");
+    let client = client(&url, Duration::from_secs(30)).await;
+    wait_available(&client, "w-native", true, Duration::from_secs(15)).await;
+
+    // Announced: backend cuda, the device (on the CPU here), its KV slots as capacity.
+    let status = client.status().await.unwrap();
+    let s = &status.workers[0].status;
+    assert_eq!((s.backend.as_str(), s.capacity), ("cuda", 2));
+    let info = &s.models[0].info;
+    match placement() {
+        Placement::Cpu => {
+            assert_eq!(s.device, "cuda:1(cpu)");
+            assert_eq!(info.kernels, "candle-cpu");
+        }
+        Placement::Cuda(_) => {
+            assert_eq!(s.device, "cuda:0");
+            assert!(info.kernels.starts_with("candle-cuda:0"), "{}", info.kernels);
+        }
+    }
+    assert_eq!(info.context_len, 1024);
+
+    // Greedy text, then the same prompt with a stop string cut before it.
+    let free = client
+        .generate(request("The capital of France is", 8))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert!(free.text.contains("Paris"), "{:?}", free.text);
+    assert_eq!(free.worker_id, "w-native");
+    let m = &free.metrics;
+    assert!(m.prompt_tokens >= 5 && m.generated_tokens == 8, "{m:?}");
+    assert!(m.prefill_tokens_per_sec > 0.0 && m.decode_tokens_per_sec > 0.0, "{m:?}");
+    assert!(m.peak_memory_bytes > 0 && m.active_memory_bytes > 0, "{m:?}");
+    let mut stop = request("The capital of France is", 8);
+    stop.config.stop = vec!["ari".into()];
+    let stopped = client.generate(stop).await.unwrap().collect().await.unwrap();
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    assert_eq!(stopped.text, free.text[..free.text.find("ari").unwrap()]);
+
+    // Chat goes through the GGUF's template and ends at the end of the turn.
+    let mut chat = GenerateRequest::chat(Client::new_request_id(), NAME, vec![Message::new("user", "Say hello.")]);
+    chat.config.max_tokens = 48;
+    let c = client.chat(chat).await.unwrap().collect().await.unwrap();
+    assert!(
+        !c.text.trim().is_empty() && !c.text.contains("<|im_end|>"),
+        "{:?}",
+        c.text
+    );
+    assert!(c.metrics.prompt_tokens > 20, "the template's system prompt is included");
+
+    // A prompt that extends a served one reuses its prefix from the slot.
+    let long = "The history of the printing press begins in the fifteenth century, when";
+    let first = client
+        .generate(request(long, 4))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert!(
+        first.metrics.cached_tokens <= 1,
+        "at most BOS is warm: {:?}",
+        first.metrics
+    );
+    let again = client
+        .generate(request(&format!("{long} Johannes Gutenberg"), 4))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert!(
+        again.metrics.cached_tokens + 1 >= first.metrics.prompt_tokens,
+        "{:?} after {:?}",
+        again.metrics,
+        first.metrics
+    );
+
+    // Cancel mid-stream.
+    let mut stream = client.generate(request("Once upon a time", 400)).await.unwrap();
+    let mut n = 0;
+    while let Some(ev) = stream.next().await {
+        match ev.unwrap() {
+            StreamEvent::Tokens(t) => {
+                let before = n;
+                n += t.len();
+                if before < 3 && n >= 3 {
+                    stream.cancel().await.unwrap();
+                }
+            }
+            StreamEvent::Done { finish_reason, metrics } => {
+                assert_eq!(finish_reason, FinishReason::Cancelled);
+                assert!(metrics.generated_tokens < 400);
+                break;
+            }
+        }
+    }
+
+    worker.shutdown(Duration::from_secs(5)).await;
+    coordinator.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_a_gpu_a_native_cuda_worker_refuses_clearly_and_the_fleet_routes_elsewhere() {
+    if GpuVendor::Cuda.gpus().is_ok() {
+        eprintln!("SKIPPED: this machine has an NVIDIA GPU, so a cuda worker does not refuse");
+        return;
+    }
+    let fleet = fleet(|c| c.worker.id = "w-cpu".into()).await;
+    let client = fleet.client().await;
+
+    // In-process: loading refuses with `unavailable` naming the backend and what is
+    // missing, before any weights are read.
+    let config = native_config(&fleet.url, "w-native", false);
+    let err = node::load(&config).await.err().expect("no GPU: refused");
+    let backend_err = err.downcast_ref::<BackendError>().expect("a BackendError");
+    assert!(matches!(backend_err, BackendError::Unavailable(_)), "{backend_err:?}");
+    assert_eq!(backend_err.to_wire().code, ErrorCode::Unavailable);
+    let msg = backend_err.to_string();
+    assert!(
+        msg.starts_with("backend unavailable: cuda: no /dev/nvidiactl") && msg.contains("gpu_allow_cpu"),
+        "{msg}"
+    );
+
+    // The process says so and exits non-zero, so it never joins the fleet.
+    let mut worker = switchyard(
+        "worker",
+        &[
+            "--nats",
+            &fleet.url,
+            "worker",
+            "--backend",
+            "cuda",
+            "--cuda-engine",
+            "native",
+        ],
+    );
+    worker.wait_for("backend unavailable: cuda: no /dev/nvidiactl", Duration::from_secs(20));
+    assert!(!worker.child.wait().unwrap().success());
+
+    // The fleet routes elsewhere; a request pinned to cuda finds no worker.
+    assert_eq!(client.status().await.unwrap().workers.len(), 1);
+    let free = client
+        .generate(greedy("The capital of France is", 4))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!((free.worker_id.as_str(), free.tokens.len()), ("w-cpu", 4));
+    let mut pinned = greedy("The capital of France is", 4);
+    pinned.head.backend = Some("cuda".into());
+    let err = ends_with_error(client.generate(pinned).await.unwrap()).await;
+    assert_eq!(err.code(), Some(ErrorCode::NoWorker), "{err}");
 }

@@ -37,6 +37,9 @@ fn cuda_config(url: &str, id: &str, bin: &Path, allow_cpu: bool) -> Config {
     c.worker.threads = 1;
     c.worker.queue_depth = 0;
     c.worker.backend = "cuda".into();
+    // The supervised llama-server (a `cuda` build's default is the native engine:
+    // tests/cuda_native.rs).
+    c.worker.cuda_engine = "llama-server".into();
     c.worker.gpu_allow_cpu = allow_cpu;
     c.worker.gpu_device = 1;
     c.worker.llama_server_bin = bin.display().to_string();
@@ -245,6 +248,8 @@ async fn without_a_gpu_a_cuda_worker_refuses_clearly_and_the_fleet_routes_elsewh
             "worker",
             "--backend",
             "cuda",
+            "--cuda-engine",
+            "llama-server",
             "--llama-server",
             "/bin/true",
         ],
