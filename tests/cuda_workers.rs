@@ -186,6 +186,8 @@ fn the_cuda_worker_process_takes_its_child_down_when_killed() {
             "worker",
             "--backend",
             "cuda",
+            "--cuda-engine",
+            "llama-server",
             "--gpu-allow-cpu",
             "--gpu-device",
             "1",
