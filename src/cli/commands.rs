@@ -97,7 +97,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);
             let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
             let shape = (args.threads, args.runs, args.max_tokens, args.paragraphs);
-            super::bench::llama::llama(&model, &bin, shape).await?;
+            super::bench::llama::llama(&model, &bin, shape, args.cuda).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::LlamaCpp(args)) => {

@@ -238,6 +238,9 @@ pub struct BenchLlamaArgs {
     /// Paragraphs of ~100 tokens per prompt (15 gives the ~1,500-token long prompt).
     #[arg(long, default_value_t = 1)]
     pub paragraphs: usize,
+    /// bench llama on NVIDIA GPU N: the native cuda engine (a cuda build) against a CUDA llama-server with every layer offloaded (-ngl 999 --device CUDA<N>).
+    #[arg(long)]
+    pub cuda: Option<usize>,
 }
 
 /// `switchyard bench fabric`.

@@ -1,10 +1,14 @@
 //! `switchyard bench llama`: switchyard's CPU engine against llama.cpp's llama-server
-//! on the same GGUF, same prompt, same thread count, alternating runs.
+//! on the same GGUF, same prompt, same thread count, alternating runs; with `--cuda N`
+//! the native cuda engine against a CUDA llama-server, both on GPU N.
 
 use super::{median, BENCH_PROMPT};
 use futures::StreamExt;
 use std::path::Path;
-use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
+use std::sync::Arc;
+use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt, TextModel};
+use switchyard_workers::engine::candle::Placement;
+use switchyard_workers::engine::{Compute, EngineModel};
 
 struct Sample {
     prompt_tokens: u64,
@@ -27,12 +31,14 @@ pub async fn llama(
     model: &Path,
     server_bin: &Path,
     (threads, runs, max_tokens, paragraphs): (usize, usize, u32, usize),
+    cuda: Option<usize>,
 ) -> anyhow::Result<()> {
     let cpu = switchyard_procs::llama_server::cpu_features(server_bin);
-    let server = switchyard_procs::llama_server::LlamaServer::start(server_bin, model, threads, 1).await?;
-    let (url, pid) = (server.url.clone(), server.pid());
-    let http = switchyard_procs::llama_server::http_client();
-    eprintln!("loading {} in switchyard's cpu engine …", model.display());
+    let engine = match cuda {
+        Some(i) => format!("cuda engine ({})", Placement::Cuda(i).label()),
+        None => "cpu engine".into(),
+    };
+    eprintln!("loading {} in switchyard's {engine} …", model.display());
     // One KV slot, like llama-server's `--parallel 1`: every run prefills into the
     // same (already touched) cache memory.
     let load = LoadConfig {
@@ -41,7 +47,22 @@ pub async fn llama(
         parallel_slots: 1,
         ..LoadConfig::default()
     };
-    let m = switchyard_workers::CpuBackend.load_model(model, &load)?;
+    let m: Arc<dyn TextModel> = match cuda {
+        None => switchyard_workers::CpuBackend.load_model(model, &load)?,
+        Some(i) => {
+            let compute = Compute::Candle {
+                placement: Placement::Cuda(i),
+                gpu_layers: -1,
+            };
+            Arc::new(EngineModel::load_on(model, &load, compute)?)
+        }
+    };
+    // Loaded first: a build without CUDA says so before llama-server starts.
+    let offload = cuda.map(|i| ["-ngl".to_string(), "999".into(), "--device".into(), format!("CUDA{i}")]);
+    let extra: Vec<&str> = offload.iter().flatten().map(String::as_str).collect();
+    let server = switchyard_procs::llama_server::LlamaServer::start_with(server_bin, model, threads, 1, &extra).await?;
+    let (url, pid) = (server.url.clone(), server.pid());
+    let http = switchyard_procs::llama_server::http_client();
 
     // Both engines reuse a cached prompt prefix; this compares cold prefill, so every
     // run (the warm-up too) gets a prompt of its own from the first token on, and
@@ -158,17 +179,21 @@ pub async fn llama(
     let our_rss = switchyard_actors::host::process_memory(None).0;
     let their_rss = switchyard_actors::host::process_memory(Some(pid)).0;
     println!(
-        "switchyard cpu engine vs llama-server: {}, {threads} threads, {} prompt tokens (llama.cpp: {}), {max_tokens} greedy tokens \
+        "switchyard {engine} vs llama-server{}: {}, {threads} threads, {} prompt tokens (llama.cpp: {}), {max_tokens} greedy tokens \
          (switchyard generated {}, llama.cpp {}), {runs} alternating runs, medians",
+        if cuda.is_some() { " (-ngl 999)" } else { "" },
         model.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
         ours[0].prompt_tokens,
         theirs[0].prompt_tokens,
         ours[0].generated,
         theirs[0].generated,
     );
+    let kernels = match cuda {
+        Some(_) => m.info().kernels,
+        None => switchyard_workers::engine::kernels::isa::active().to_string(),
+    };
     println!(
-        "kernels: switchyard {} (this CPU offers: {}); llama.cpp {} built for {}",
-        switchyard_workers::engine::kernels::isa::active(),
+        "kernels: switchyard {kernels} (this CPU offers: {}); llama.cpp {} built for {}",
         switchyard_workers::engine::kernels::isa::Isa::available()
             .iter()
             .map(|i| i.name())
@@ -180,6 +205,10 @@ pub async fn llama(
     println!("{:<20} {:>12} {:>12} {:>8}", "", "switchyard", "llama.cpp", "ratio");
     println!("{:<20} {:>12.1} {:>12.1} {:>8.3}", "prefill tok/s", op, lp, op / lp);
     println!("{:<20} {:>12.1} {:>12.1} {:>8.3}", "decode tok/s", od, ld, od / ld);
+    if cuda.is_some() {
+        // Both processes share the GPU; the driver's figure is their sum.
+        return Ok(());
+    }
     println!(
         "{:<20} {:>12.1} {:>12.1} {:>8.3}",
         "peak RSS MB",
