@@ -26,7 +26,7 @@ use std::path::Path;
 use std::time::Duration;
 use switchyard::node;
 use switchyard::{Client, FinishReason, GenerateRequest, Message, StreamEvent};
-use switchyard_messages::{BackendError, ErrorCode};
+use switchyard_messages::{BackendError, CancelFlag, ErrorCode, GenerateConfig, Prompt};
 use switchyard_workers::backends::llama_server::GpuVendor;
 use switchyard_workers::engine::candle::{device, CandleForward, Placement};
 use switchyard_workers::engine::model::forward::{CpuForward, Forward, SeqStep};
@@ -287,6 +287,35 @@ async fn a_native_cuda_worker_streams_chat_stops_cancels_and_reuses_prefixes() {
     assert!(m.prompt_tokens >= 5 && m.generated_tokens == 8, "{m:?}");
     assert!(m.prefill_tokens_per_sec > 0.0 && m.decode_tokens_per_sec > 0.0, "{m:?}");
     assert!(m.peak_memory_bytes > 0 && m.active_memory_bytes > 0, "{m:?}");
+    // Classify (a prefill-only pass) picks the first greedy token; batch gives each
+    // prompt the tokens it gets alone.
+    let prompt = || Prompt::Text("The capital of France is".into());
+    let classified = loaded
+        .model
+        .classify(vec![prompt()], true)
+        .await
+        .pop()
+        .unwrap()
+        .unwrap();
+    assert_eq!(classified.token.id, free.tokens[0].id);
+    assert_eq!(classified.logits.len(), info.vocab_size as usize);
+    let greedy_cfg = GenerateConfig {
+        max_tokens: 8,
+        temperature: 0.0,
+        ..GenerateConfig::default()
+    };
+    let batch = loaded
+        .model
+        .batch_generate(
+            vec![prompt(), Prompt::Text("def fibonacci(n):".into())],
+            greedy_cfg,
+            CancelFlag::new(),
+        )
+        .await;
+    let ids = |t: &[switchyard_messages::Token]| t.iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(ids(&batch[0].tokens), ids(&free.tokens));
+    assert_eq!(batch[1].tokens.len(), 8, "{:?}", batch[1]);
+
     let mut stop = request("The capital of France is", 8);
     stop.config.stop = vec!["ari".into()];
     let stopped = client.generate(stop).await.unwrap().collect().await.unwrap();
