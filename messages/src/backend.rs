@@ -99,8 +99,11 @@ pub struct ResidentUpdate {
 pub struct ModelMemory {
     /// The model's own context ceiling (0 = unknown).
     pub model_max_context: u32,
-    /// Bytes one cached position takes in one sequence (0 = unknown).
+    /// Bytes each further cached position takes in one sequence (0 = unknown).
     pub kv_bytes_per_token: u64,
+    /// Bytes one sequence's cache takes on top of that, at most, whatever its length
+    /// (sliding-window layers that keep a fixed ring of positions).
+    pub kv_fixed_bytes: u64,
     /// Bytes of weights (0 = unknown).
     pub weights_bytes: u64,
 }

@@ -107,7 +107,8 @@ pub struct SessionModelInfo {
     /// What this worker will serve: min(ceiling, the worker's context, what fits in
     /// free memory).
     pub effective_context: u32,
-    /// Bytes one cached position takes (0 when the backend does not say).
+    /// Bytes each further cached position takes (0 when the backend does not say);
+    /// `effective_context` also counts a fixed part (sliding-window rings).
     pub kv_bytes_per_token: u64,
     /// Memory available on the worker's host.
     pub free_bytes: u64,

@@ -202,6 +202,7 @@ impl Engine {
     /// Refreshes [`Engine::usage`].
     pub fn publish_usage(&self) {
         let resident: usize = self.slots.iter().map(|s| s.resident.len()).sum();
+        let bytes: usize = self.slots.iter().map(|s| self.model.kv_bytes(s.resident.len())).sum();
         let store = self.store.stats();
         let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         *u = switchyard_messages::KvUsage {
@@ -209,7 +210,7 @@ impl Engine {
             busy: self.slots.iter().filter(|s| s.busy).count() as u32,
             sessions: self.slots.iter().filter(|s| s.pinned).count() as u32,
             resident_tokens: resident as u64,
-            resident_bytes: (resident * self.model.kv_bytes_per_token()) as u64,
+            resident_bytes: bytes as u64,
             store_blocks: store.blocks as u64,
             store_bytes: store.bytes as u64,
             store_budget_bytes: self.store.budget() as u64,
@@ -266,7 +267,18 @@ impl Engine {
         let kept = if invalidate || !self.model.reuses_prefix() {
             0
         } else {
-            common_prefix(&s.resident, target)
+            let shared = common_prefix(&s.resident, target);
+            if shared < target.len() {
+                self.model.resumable(slot, shared)
+            } else {
+                // Nothing to compute, but the session's decode runs the last token
+                // again: the model must be able to resume there.
+                let last = shared.saturating_sub(1);
+                match self.model.resumable(slot, last) {
+                    q if q == last => shared,
+                    q => q,
+                }
+            }
         };
         // Stored blocks may extend what the slot kept (not across a new manifest).
         let keep = if invalidate {
@@ -296,15 +308,26 @@ impl Engine {
     /// prefix of `tokens` wins, the least recently used among equals; when another
     /// slot (even a busy one) holds a longer prefix, its keys and values are copied
     /// over, so a shared system prompt is computed once per worker, not once per slot.
+    /// A prefix counts only as far as the model can resume from it
+    /// ([`Forward::resumable`]: a sliding-window ring may have lost its window).
     pub fn claim(&mut self, tokens: &[u32]) -> Option<(usize, usize)> {
-        let reuse = self.model.reuses_prefix();
-        let lcp = |s: &Slot| if reuse { common_prefix(&s.resident, tokens) } else { 0 };
+        let (reuse, last) = (self.model.reuses_prefix(), tokens.len() - 1);
+        let lcp: Vec<usize> = (0..self.slots.len())
+            .map(|i| {
+                let shared = common_prefix(&self.slots[i].resident, tokens).min(last);
+                if reuse {
+                    self.model.resumable(i, shared)
+                } else {
+                    0
+                }
+            })
+            .collect();
         let slot = (0..self.slots.len())
             .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
-            .max_by_key(|&i| (lcp(&self.slots[i]), std::cmp::Reverse(self.slots[i].last_used)))?;
-        let mut have = lcp(&self.slots[slot]);
-        if let Some(best) = (0..self.slots.len()).max_by_key(|&i| lcp(&self.slots[i])) {
-            let longer = lcp(&self.slots[best]).min(tokens.len() - 1);
+            .max_by_key(|&i| (lcp[i], std::cmp::Reverse(self.slots[i].last_used)))?;
+        let mut have = lcp[slot];
+        if let Some(best) = (0..self.slots.len()).max_by_key(|&i| lcp[i]) {
+            let longer = lcp[best];
             if longer > have {
                 // What the slot held beyond the shared part is about to go.
                 self.save_tail(slot, have);
@@ -314,9 +337,9 @@ impl Engine {
                 }
             }
         }
-        let have = self.restore(slot, &tokens[..tokens.len() - 1], have);
+        let have = self.restore(slot, &tokens[..last], have);
         self.slots[slot].busy = true;
-        Some((slot, have.min(tokens.len() - 1)))
+        Some((slot, self.model.resumable(slot, have.min(last))))
     }
 
     /// Saves the full blocks of `slot` from the one holding position `from` on into
@@ -414,7 +437,12 @@ impl Engine {
         }]);
         let keys = result.and_then(|_| {
             self.model.cached_keys(slot, tokens.len()).ok_or_else(|| {
-                BackendError::Unavailable(format!("the {} engine cannot read its KV cache", self.model.kind()))
+                BackendError::Unavailable(format!(
+                    "the {} engine cannot read the keys of these {} positions from its KV cache \
+                     (it keeps none, or only a sliding window of them)",
+                    self.model.kind(),
+                    tokens.len()
+                ))
             })
         });
         self.release(slot);

@@ -247,6 +247,9 @@ impl EngineModel {
         let memory = switchyard_messages::ModelMemory {
             model_max_context: limits.0,
             kv_bytes_per_token: model.kv_bytes_per_token() as u64,
+            kv_fixed_bytes: model
+                .kv_bytes(context_len)
+                .saturating_sub(context_len * model.kv_bytes_per_token()) as u64,
             weights_bytes: limits.1,
         };
         tracing::info!(engine = model.kind(), slots, "cpu model loaded");

@@ -1,6 +1,13 @@
 //! Causal grouped-query attention over a sequence's f16 KV cache, with llama.cpp's
 //! rounding (Q and the attention weights in f16) and the engine's kernel variant.
+//!
+//! A layer's keys and values are `[kv_head][row][head_dim]` with position `p` at row
+//! `p % rows`: every position on a global layer (`rows` = the context), a ring on a
+//! sliding-window layer. Keys are always visited in position order, so a window that
+//! wraps around the ring is read as two runs of rows with the same sums, in the same
+//! order, as one.
 
+use super::kv_cache::wrap;
 use super::params::LlamaParams;
 use crate::engine::kernels::simd::Kernels;
 
@@ -9,13 +16,14 @@ use crate::engine::kernels::simd::Kernels;
 /// order for a head size that is a multiple of 8), the scaled softmax with ggml's
 /// `expf`, the weights rounded to f16, then V accumulated row by row (vectorised).
 /// With `window > 0` a query at position `i` sees only keys at `j > i - window`.
+/// `k` and `v` start at the layer's first row; `rows` is its rows per KV head.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
     p: &LlamaParams,
     q: &[f32],
     k: &[u16],
     v: &[u16],
-    ctx: usize,
+    rows: usize,
     pos: usize,
     window: usize,
     out: &mut [f32],
@@ -26,9 +34,8 @@ pub(super) fn attention(
     let group = p.n_head / p.n_head_kv;
     let scale = p.attn_scale;
     let d = p.q_dim();
-    let rows = out.len() / d;
-    if rows * group > 8 {
-        return tiled(p, q, k, v, ctx, pos, window, out);
+    if out.len() / d * group > 8 {
+        return tiled(p, q, k, v, rows, pos, window, out);
     }
     // A decode step (one query per head, a few sequences' worth at most) reads the
     // f16 rows directly, widening them in registers: the same values as [`tiled`]
@@ -40,16 +47,18 @@ pub(super) fn attention(
         (kern.round_f16)(&mut qrow);
         let len = pos + t + 1;
         let first = if window > 0 { len.saturating_sub(window) } else { 0 };
-        let rows = kvh * ctx * hd + first * hd..kvh * ctx * hd + len * hd;
-        let mut scores: Vec<f32> = k[rows.clone()]
-            .chunks_exact(hd)
+        let head = kvh * rows * hd;
+        let seen = wrap(first, len, rows).map(|r| head + r.start * hd..head + r.end * hd);
+        let mut scores: Vec<f32> = seen
+            .iter()
+            .flat_map(|r| k[r.clone()].chunks_exact(hd))
             .map(|kr| (kern.dot_f16_f32)(kr, &qrow) * scale)
             .collect();
         (kern.softmax)(&mut scores);
         // The weights as f16, like llama.cpp's f16 KQ·V matmul.
         (kern.round_f16)(&mut scores);
         o.iter_mut().for_each(|x| *x = 0.0);
-        for (vr, &w) in v[rows].chunks_exact(hd).zip(&scores) {
+        for (vr, &w) in seen.iter().flat_map(|r| v[r.clone()].chunks_exact(hd)).zip(&scores) {
             (kern.axpy_f16)(o, vr, w);
         }
     });
@@ -63,17 +72,16 @@ pub(super) fn attention(
 /// blocks accumulates each query's output. Every score and every output value is
 /// computed exactly as in the one-query path (see `kernels::simd::attend`).
 #[allow(clippy::too_many_arguments)]
-fn tiled(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: usize, window: usize, out: &mut [f32]) {
+fn tiled(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], rows: usize, pos: usize, window: usize, out: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
     let kern = Kernels::active();
     let hd = p.head_dim;
     let group = p.n_head / p.n_head_kv;
     let d = p.q_dim();
-    let rows = out.len() / d;
     // Enough tasks for the pool on short prompts, few key-block conversions per
     // query on long ones.
-    let tile = (rows / 4).clamp(1, 8);
+    let tile = (out.len() / d / 4).clamp(1, 8);
     // Keys per block: 16 KB of f32.
     let block = (4096 / hd).max(8);
     let first = |t: usize| {
@@ -104,12 +112,17 @@ fn tiled(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], ctx: usize, pos: usiz
                 qr.copy_from_slice(&q[t * d + h * hd..t * d + (h + 1) * hd]);
             }
             (kern.round_f16)(&mut qt);
-            let cache = kvh * ctx * hd;
+            let head = kvh * rows * hd;
+            // Positions `b0..b1` into `buf`, in order (one or two runs of rows).
             let widen = |src: &[u16], b0: usize, b1: usize, buf: &mut [f32]| {
-                let bits = &src[cache + b0 * hd..cache + b1 * hd];
-                // SAFETY: f16 is a transparent wrapper of u16 with the same size and alignment.
-                let halves = unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const half::f16, bits.len()) };
-                halves.convert_to_f32_slice(&mut buf[..bits.len()]);
+                let mut at = 0;
+                for r in wrap(b0, b1, rows) {
+                    let bits = &src[head + r.start * hd..head + r.end * hd];
+                    // SAFETY: f16 is a transparent wrapper of u16 with the same size and alignment.
+                    let halves = unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const half::f16, bits.len()) };
+                    halves.convert_to_f32_slice(&mut buf[at..at + bits.len()]);
+                    at += bits.len();
+                }
             };
             for b0 in (lo..hi).step_by(block) {
                 let b1 = (b0 + block).min(hi);

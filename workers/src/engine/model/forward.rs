@@ -46,21 +46,34 @@ pub trait Forward: Send {
     fn reuses_prefix(&self) -> bool {
         false
     }
+    /// Where a step of sequence `seq` can resume, given that it holds the tokens of
+    /// positions `0..want`: `want`, or less (0: start over) where the cache no longer
+    /// holds what a step at `want` attends to (sliding-window layers keeping a ring).
+    fn resumable(&self, _seq: usize, want: usize) -> usize {
+        want
+    }
     /// Copies positions `0..len` of sequence `from` into sequence `to`; false when
     /// the implementation cannot.
     fn copy_prefix(&mut self, _from: usize, _to: usize, _len: usize) -> bool {
         false
     }
-    /// Bytes one cached position takes in one sequence (0 when unknown).
+    /// Bytes each further cached position takes in one sequence (0 when unknown):
+    /// on the layers that hold every position, when sliding-window layers keep a
+    /// ring (a cost that stops growing at the ring's length; see [`Forward::kv_bytes`]).
     fn kv_bytes_per_token(&self) -> usize {
         0
     }
+    /// Bytes `tokens` cached positions take in one sequence.
+    fn kv_bytes(&self, tokens: usize) -> usize {
+        tokens * self.kv_bytes_per_token()
+    }
     /// Keys and values of positions `start..start + n` of sequence `seq`, when the
-    /// implementation can read them out.
+    /// implementation can read them out (and still holds them).
     fn read_rows(&self, _seq: usize, _start: usize, _n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
         None
     }
-    /// Writes what [`Forward::read_rows`] returned into sequence `seq` at `start`.
+    /// Writes what [`Forward::read_rows`] returned into sequence `seq` at `start`;
+    /// false when it cannot (then nothing was written).
     fn write_rows(&mut self, _seq: usize, _start: usize, _n: usize, _k: &[u16], _v: &[u16]) -> bool {
         false
     }
@@ -105,6 +118,12 @@ impl Forward for CpuForward {
                 .get_mut(s.seq)
                 .and_then(Option::take)
                 .ok_or_else(|| BackendError::Compute(format!("sequence {} missing or named twice", s.seq)))?;
+            if cache.resumable(s.pos) != s.pos {
+                return Err(BackendError::Compute(format!(
+                    "sequence {}: a step at {} needs keys its sliding-window layers no longer hold",
+                    s.seq, s.pos
+                )));
+            }
             batch.push(Step {
                 cache,
                 tokens: s.tokens,
@@ -120,6 +139,10 @@ impl Forward for CpuForward {
 
     fn reuses_prefix(&self) -> bool {
         true
+    }
+
+    fn resumable(&self, seq: usize, want: usize) -> usize {
+        self.caches.get(seq).map_or(0, |c| c.resumable(want))
     }
 
     fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> bool {
@@ -138,28 +161,28 @@ impl Forward for CpuForward {
     }
 
     fn kv_bytes_per_token(&self) -> usize {
-        KvCache::bytes_per_token(&self.model.params)
+        self.caches[0].bytes_per_token(&self.model.params)
+    }
+
+    fn kv_bytes(&self, tokens: usize) -> usize {
+        self.caches[0].bytes(tokens, &self.model.params)
     }
 
     fn read_rows(&self, seq: usize, start: usize, n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
-        let cache = self.caches.get(seq)?;
-        (start + n <= cache.context_len()).then(|| cache.read_rows(start, n, &self.model.params))
+        self.caches.get(seq)?.read_rows(start, n, &self.model.params)
     }
 
     fn write_rows(&mut self, seq: usize, start: usize, n: usize, k: &[u16], v: &[u16]) -> bool {
         let params = &self.model.params;
-        match self.caches.get_mut(seq) {
-            Some(cache) if start + n <= cache.context_len() => {
-                cache.write_rows(start, n, k, v, params);
-                true
-            }
-            _ => false,
-        }
+        self.caches
+            .get_mut(seq)
+            .is_some_and(|cache| cache.write_rows(start, n, k, v, params))
     }
 
+    /// `None` too when sliding-window rings no longer hold positions `0..len`.
     fn cached_keys(&self, seq: usize, len: usize) -> Option<CachedKeys> {
         Some(CachedKeys {
-            keys: self.caches.get(seq)?.keys(len, &self.model.params),
+            keys: self.caches.get(seq)?.keys(len, &self.model.params)?,
             heads: self.model.params.n_head_kv,
             head_dim: self.model.params.head_dim,
         })

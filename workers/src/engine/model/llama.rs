@@ -14,7 +14,7 @@ use crate::engine::kernels::simd::Kernels;
 use crate::engine::kernels::tensor::{load, QMatrix, TensorError};
 use candle_core::quantized::gguf_file;
 
-pub use super::kv_cache::KvCache;
+pub use super::kv_cache::{KvCache, SWA_PASS};
 pub use super::params::{FfnAct, LlamaParams, ARCHITECTURES};
 use super::rope::RopeTable;
 
@@ -50,6 +50,9 @@ pub struct LlamaModel {
     output: Option<QMatrix>,
     /// Positions each sequence's cache holds.
     ctx: usize,
+    /// Whether sliding-window layers keep every position instead of a ring
+    /// (`SWITCHYARD_SWA_FULL=1`, like llama.cpp's `--swa-full`).
+    swa_full: bool,
 }
 
 /// One sequence's part of a batched forward pass: `tokens` go at positions
@@ -123,6 +126,7 @@ impl LlamaModel {
             out_norm,
             output,
             ctx,
+            swa_full: std::env::var_os("SWITCHYARD_SWA_FULL").is_some_and(|v| v != "0"),
         })
     }
 
@@ -131,9 +135,14 @@ impl LlamaModel {
         self.ctx
     }
 
-    /// An empty cache for one sequence.
+    /// An empty cache for one sequence: sliding-window layers keep a ring of
+    /// `window + SWA_PASS` rows unless `SWITCHYARD_SWA_FULL` is set.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(&self.params, self.ctx)
+        if self.swa_full {
+            KvCache::new(&self.params, self.ctx)
+        } else {
+            KvCache::windowed(&self.params, self.ctx, SWA_PASS)
+        }
     }
 
     /// Runs `tokens` at positions `pos..pos + n` of `cache` and returns the logits
@@ -148,12 +157,62 @@ impl LlamaModel {
     /// sequence over its own cache. Returns each step's last-token logits, in order.
     /// A row's arithmetic does not depend on its neighbours, so a sequence gets the
     /// same logits batched as alone.
+    ///
+    /// A step longer than its cache takes in one pass ([`KvCache::max_pass`], caches
+    /// with rings) runs its leading tokens in passes of that many first, without
+    /// logits; the same arithmetic row by row, so the same logits as one pass.
     pub fn forward_batch(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
-        let p = &self.params;
-        let kern = Kernels::active();
         for s in steps.iter() {
             assert!(!s.tokens.is_empty(), "a step without tokens");
-            assert!(s.pos + s.tokens.len() <= s.cache.ctx, "forward beyond the KV cache");
+            assert!(
+                s.pos + s.tokens.len() <= s.cache.context_len(),
+                "forward beyond the KV cache"
+            );
+            assert_eq!(
+                s.cache.resumable(s.pos),
+                s.pos,
+                "a step at {} after its sliding window left the ring",
+                s.pos
+            );
+        }
+        let mut rest: Vec<(&[u32], usize)> = steps.iter().map(|s| (s.tokens, s.pos)).collect();
+        loop {
+            let mut lead = Vec::new();
+            for (s, (tokens, pos)) in steps.iter_mut().zip(&mut rest) {
+                let max = s.cache.max_pass();
+                if tokens.len() > max {
+                    lead.push(Step {
+                        cache: &mut *s.cache,
+                        tokens: &tokens[..max],
+                        pos: *pos,
+                    });
+                    *tokens = &tokens[max..];
+                    *pos += max;
+                }
+            }
+            if lead.is_empty() {
+                break;
+            }
+            self.pass(&mut lead, false);
+        }
+        let mut last: Vec<Step<'_>> = steps
+            .iter_mut()
+            .zip(rest)
+            .map(|(s, (tokens, pos))| Step {
+                cache: &mut *s.cache,
+                tokens,
+                pos,
+            })
+            .collect();
+        self.pass(&mut last, true)
+    }
+
+    /// One forward pass; each step's last-token logits when `logits`, else none.
+    fn pass(&self, steps: &mut [Step<'_>], logits: bool) -> Vec<Vec<f32>> {
+        let p = &self.params;
+        let kern = Kernels::active();
+        for s in steps.iter_mut() {
+            s.cache.wrote(s.pos, s.tokens.len());
         }
         // Row r of the batch is token `tokens[t]` of step `owner[r]` at `positions[r]`.
         let positions: Vec<usize> = steps.iter().flat_map(|s| s.pos..s.pos + s.tokens.len()).collect();
@@ -215,11 +274,10 @@ impl LlamaModel {
             rope.apply(&mut k, p.n_head_kv, hd);
             let mut row = 0;
             for s in steps.iter_mut() {
-                let (ctx, rows) = (s.cache.ctx, s.tokens.len());
-                let base = li * p.n_head_kv * ctx * hd;
+                let ((base, held), rows) = (s.cache.layer(li), s.tokens.len());
                 for t in 0..rows {
                     for h in 0..p.n_head_kv {
-                        let dst = base + (h * ctx + s.pos + t) * hd;
+                        let dst = base + (h * held + (s.pos + t) % held) * hd;
                         let src = (row + t) * kv_d + h * hd;
                         (kern.to_f16)(&k[src..src + hd], &mut s.cache.k[dst..dst + hd]);
                         (kern.to_f16)(&v[src..src + hd], &mut s.cache.v[dst..dst + hd]);
@@ -230,7 +288,7 @@ impl LlamaModel {
                     &q[row * q_d..(row + rows) * q_d],
                     &s.cache.k[base..],
                     &s.cache.v[base..],
-                    ctx,
+                    held,
                     s.pos,
                     if swa { p.swa_window } else { 0 },
                     &mut attn[row * q_d..(row + rows) * q_d],
@@ -268,6 +326,9 @@ impl LlamaModel {
                 p.rms_eps,
                 &mut normed,
             );
+        }
+        if !logits {
+            return Vec::new();
         }
         // Only each step's last position needs logits.
         let m = steps.len();

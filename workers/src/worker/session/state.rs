@@ -88,7 +88,7 @@ pub(super) fn describe(ctx: &ServeContext) -> SessionModelInfo {
     };
     let fits = match mem.kv_bytes_per_token {
         0 => u32::MAX,
-        b => (free / b).min(u64::from(u32::MAX)) as u32,
+        b => (free.saturating_sub(mem.kv_fixed_bytes) / b).min(u64::from(u32::MAX)) as u32,
     };
     SessionModelInfo {
         model_max_context: ceiling,
