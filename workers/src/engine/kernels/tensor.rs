@@ -336,6 +336,24 @@ impl QMatrix {
             (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_4x8, wq, x, xd),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_4x8, wq, x, xd),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_4x8, wq, x, xd),
+            (QData::Q4K(wq), QAct::Q8K(x)) => {
+                let nk = self.cols / QK_K;
+                k.q4_k_4x8.map(|f| {
+                    f(
+                        std::array::from_fn(|i| &wq[(r + i) * nk..(r + i + 1) * nk]),
+                        std::array::from_fn(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
+                    )
+                })
+            }
+            (QData::Q6K(wq), QAct::Q8K(x)) => {
+                let nk = self.cols / QK_K;
+                k.q6_k_4x8.map(|f| {
+                    f(
+                        std::array::from_fn(|i| &wq[(r + i) * nk..(r + i + 1) * nk]),
+                        std::array::from_fn(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
+                    )
+                })
+            }
             _ => None,
         }
     }

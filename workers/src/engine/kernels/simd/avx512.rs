@@ -198,6 +198,81 @@ unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32;
     out
 }
 
+/// Two Q4_K weight rows against `N` Q8_K rows: [`q4k_rows`] for each row, with every
+/// activation pair loaded once for both rows. Each cell's arithmetic (and order) is
+/// the single-row kernel's.
+#[inline(always)]
+unsafe fn q4k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ4K]; 2]) -> [[f32; N]; 2] {
+    let m4 = _mm256_set1_epi8(0xf);
+    let mut acc = [[_mm512_setzero_ps(); 4]; 2];
+    let mut acc_m = [[_mm_setzero_ps(); N]; 2];
+    for i in 0..x[0].len() {
+        let a = [&x[0][i], &x[1][i]];
+        let (mins0, scales0) = q4k_mins_scales(a[0]);
+        let (mins1, scales1) = q4k_mins_scales(a[1]);
+        let (scales, mins) = ([scales0, scales1], [mins0, mins1]);
+        let mut sumi = [[_mm512_setzero_si512(); 4]; 2];
+        for j in 0..QK_K / 64 {
+            let mut scale_l = [_mm512_setzero_si512(); 2];
+            let mut scale_h = [_mm512_setzero_si512(); 2];
+            let mut q4l = [_mm512_setzero_si512(); 2];
+            let mut q4h = [_mm512_setzero_si512(); 2];
+            for w in 0..2 {
+                scale_l[w] = both(_mm256_shuffle_epi8(scales[w], get_scale_shuffle_k4(2 * j)));
+                scale_h[w] = both(_mm256_shuffle_epi8(scales[w], get_scale_shuffle_k4(2 * j + 1)));
+                let q4bits = _mm256_loadu_si256(a[w].qs.as_ptr().add(32 * j) as *const __m256i);
+                q4l[w] = both(_mm256_and_si256(q4bits, m4));
+                q4h[w] = both(_mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4));
+            }
+            for p in 0..N / 2 {
+                let (q80, q81) = (y[2 * p][i].qs.as_ptr(), y[2 * p + 1][i].qs.as_ptr());
+                let q8l = pair_bytes(q80.add(64 * j), q81.add(64 * j));
+                let q8h = pair_bytes(q80.add(64 * j + 32), q81.add(64 * j + 32));
+                for w in 0..2 {
+                    let p16l = _mm512_madd_epi16(scale_l[w], _mm512_maddubs_epi16(q4l[w], q8l));
+                    let p16h = _mm512_madd_epi16(scale_h[w], _mm512_maddubs_epi16(q4h[w], q8h));
+                    sumi[w][p] = _mm512_add_epi32(sumi[w][p], _mm512_add_epi32(p16l, p16h));
+                }
+            }
+        }
+        for w in 0..2 {
+            let (ad, admin) = (h2f(a[w].d), h2f(a[w].dmin));
+            for (r, m) in acc_m[w].iter_mut().enumerate() {
+                let b = &y[r][i];
+                let dmin = -b.d * admin;
+                let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
+                let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+                let prod = _mm_madd_epi16(mins[w], q8s);
+                *m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *m);
+            }
+            for p in 0..N / 2 {
+                let d = pair_ps(y[2 * p][i].d * ad, y[2 * p + 1][i].d * ad);
+                acc[w][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[w][p]), acc[w][p]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; N]; 2];
+    for w in 0..2 {
+        out[w] = unpair(&acc[w]);
+        for (o, mut m) in out[w].iter_mut().zip(acc_m[w]) {
+            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            *o += _mm_cvtss_f32(m);
+        }
+    }
+    out
+}
+
+/// Four Q4_K weight rows against eight Q8_K rows, two rows at a time (a four-row
+/// tile would not fit the 32 registers): `out[r][t] = x[r] · y[t]`, each cell
+/// bit-identical to the single-row kernel.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_k_q8_k_4x8(x: [&[BlockQ4K]; 4], y: [&[BlockQ8K]; 8]) -> [[f32; 8]; 4] {
+    let [a, b] = q4k_rows2(y, [x[0], x[1]]);
+    let [c, d] = q4k_rows2(y, [x[2], x[3]]);
+    [a, b, c, d]
+}
+
 /// `N` Q8_K rows against one Q6_K weight row (ggml's AVX2 Q6_K kernel, two rows per
 /// register).
 #[inline(always)]
@@ -249,6 +324,74 @@ unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32;
         }
     }
     unpair(&acc)
+}
+
+/// Two Q6_K weight rows against `N` Q8_K rows: [`q6k_rows`] for each row, with every
+/// activation pair loaded once for both rows; each cell's arithmetic is unchanged.
+#[inline(always)]
+unsafe fn q6k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ6K]; 2]) -> [[f32; N]; 2] {
+    let mut acc = [[_mm512_setzero_ps(); 4]; 2];
+    for i in 0..x[0].len() {
+        let a = [&x[0][i], &x[1][i]];
+        let mut scales = [_mm_setzero_si128(); 2];
+        let mut sc16 = [_mm512_setzero_si512(); 2];
+        for w in 0..2 {
+            scales[w] = _mm_loadu_si128(a[w].scales.as_ptr() as *const __m128i);
+            let s16 = _mm256_cvtepi8_epi16(scales[w]);
+            sc16[w] = _mm512_inserti64x4(_mm512_castsi256_si512(s16), s16, 1);
+        }
+        let mut sumi = [[_mm512_setzero_si512(); 4]; 2];
+        for j in 0..QK_K / 128 {
+            let mut q = [[_mm512_setzero_si512(); 4]; 2];
+            let mut sc = [[_mm512_setzero_si512(); 4]; 2];
+            for w in 0..2 {
+                let q6 = q6k_quarters(a[w], j);
+                for k in 0..4 {
+                    q[w][k] = both(q6[k]);
+                    sc[w][k] = both(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                        scales[w],
+                        get_scale_shuffle(4 * j + k),
+                    )));
+                }
+            }
+            for p in 0..N / 2 {
+                let q80 = y[2 * p][i].qs.as_ptr().add(128 * j);
+                let q81 = y[2 * p + 1][i].qs.as_ptr().add(128 * j);
+                for k in 0..4 {
+                    let q8 = pair_bytes(q80.add(32 * k), q81.add(32 * k));
+                    for w in 0..2 {
+                        let m = _mm512_madd_epi16(sc[w][k], _mm512_maddubs_epi16(q[w][k], q8));
+                        sumi[w][p] = _mm512_add_epi32(sumi[w][p], m);
+                    }
+                }
+            }
+        }
+        for p in 0..N / 2 {
+            let (b0, b1) = (&y[2 * p][i], &y[2 * p + 1][i]);
+            let q8sums = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(b0.bsums.as_ptr() as *const __m256i)),
+                _mm256_loadu_si256(b1.bsums.as_ptr() as *const __m256i),
+                1,
+            );
+            for w in 0..2 {
+                let q8sclsub = _mm512_slli_epi32(_mm512_madd_epi16(q8sums, sc16[w]), 5);
+                let s = _mm512_sub_epi32(sumi[w][p], q8sclsub);
+                let ad = h2f(a[w].d);
+                let d = pair_ps(b0.d * ad, b1.d * ad);
+                acc[w][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[w][p]);
+            }
+        }
+    }
+    [unpair(&acc[0]), unpair(&acc[1])]
+}
+
+/// Four Q6_K weight rows against eight Q8_K rows, two rows at a time; each cell
+/// bit-identical to the single-row kernel.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q6_k_q8_k_4x8(x: [&[BlockQ6K]; 4], y: [&[BlockQ8K]; 8]) -> [[f32; 8]; 4] {
+    let [a, b] = q6k_rows2(y, [x[0], x[1]]);
+    let [c, d] = q6k_rows2(y, [x[2], x[3]]);
+    [a, b, c, d]
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]

@@ -33,6 +33,7 @@ type Q80r4x8<B> = Option<fn([&[B]; 4], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [[f32;
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
 type QKx8<B> = fn(&[B], [&[BlockQ8K]; 8]) -> [f32; 8];
+type QKr4x8<B> = Option<fn([&[B]; 4], [&[BlockQ8K]; 8]) -> [[f32; 8]; 4]>;
 
 /// One variant's kernels. Weight blocks come first, then the prepared activations
 /// (Q8_0/Q8_1 blocks with their scales, and Q8_1's sums, already in f32). The `_x4`
@@ -61,9 +62,11 @@ pub struct Kernels {
     pub q4_k: QK<BlockQ4K>,
     pub q4_k_x4: QKx4<BlockQ4K>,
     pub q4_k_x8: QKx8<BlockQ4K>,
+    pub q4_k_4x8: QKr4x8<BlockQ4K>,
     pub q6_k: QK<BlockQ6K>,
     pub q6_k_x4: QKx4<BlockQ6K>,
     pub q6_k_x8: QKx8<BlockQ6K>,
+    pub q6_k_4x8: QKr4x8<BlockQ6K>,
     /// `Σ a[i]·b[i]`: 8 FMA lanes, the lane sum, then the tail.
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
     /// [`Self::dot_f32`] with `a` in f16 bits (widened exactly).
@@ -194,9 +197,11 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_k: portable::dot_q4_k_q8_k,
     q4_k_x4: portable::dot_q4_k_q8_k_x4,
     q4_k_x8: x8_from_x4!(portable::dot_q4_k_q8_k_x4, |x, y|),
+    q4_k_4x8: None,
     q6_k: portable::dot_q6_k_q8_k,
     q6_k_x4: portable::dot_q6_k_q8_k_x4,
     q6_k_x8: x8_from_x4!(portable::dot_q6_k_q8_k_x4, |x, y|),
+    q6_k_4x8: None,
     dot_f32: portable::dot_f32,
     dot_f16_f32: portable::dot_f16_f32,
     axpy_f16: portable::axpy_f16,
@@ -232,9 +237,11 @@ macro_rules! x86_table {
             q4_k: |x, y| unsafe { k::dot_q4_k_q8_k(x, y) },
             q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
             q4_k_x8: x86_table!(@x8 $x8, dot_q4_k_q8_k_x4, dot_q4_k_q8_k_x8, |x, y|),
+            q4_k_4x8: None,
             q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
             q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
             q6_k_x8: x86_table!(@x8 $x8, dot_q6_k_q8_k_x4, dot_q6_k_q8_k_x8, |x, y|),
+            q6_k_4x8: None,
             dot_f32: |a, b| unsafe { k::dot_f32(a, b) },
             dot_f16_f32: |a, b| unsafe { k::dot_f16_f32(a, b) },
             axpy_f16: |acc, v, w| unsafe { k::axpy_f16(acc, v, w) },
@@ -288,9 +295,11 @@ static AVX512: Kernels = {
         q4_k: |x, y| unsafe { v::dot_q4_k_q8_k(x, y) },
         q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
         q4_k_x8: |x, y| unsafe { k::dot_q4_k_q8_k_x8(x, y) },
+        q4_k_4x8: Some(|x, y| unsafe { k::dot_q4_k_q8_k_4x8(x, y) }),
         q6_k: |x, y| unsafe { v::dot_q6_k_q8_k(x, y) },
         q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
         q6_k_x8: |x, y| unsafe { k::dot_q6_k_q8_k_x8(x, y) },
+        q6_k_4x8: Some(|x, y| unsafe { k::dot_q6_k_q8_k_4x8(x, y) }),
         dot_f32: |a, b| unsafe { v::dot_f32(a, b) },
         dot_f16_f32: |a, b| unsafe { v::dot_f16_f32(a, b) },
         axpy_f16: |acc, v_, w| unsafe { v::axpy_f16(acc, v_, w) },

@@ -235,9 +235,34 @@ fn every_variant_computes_the_portable_bits() {
 fn four_row_tiles_compute_the_portable_bits() {
     let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(11);
-    let cols = 6 * QK;
+    // Two Q4_K blocks per row.
+    let cols = 2 * QK_K;
     let a = acts(&mut rng, cols);
     let nb = cols / QK;
+    let w4_k: Vec<Vec<BlockQ4K>> = (0..4)
+        .map(|_| {
+            (0..cols / QK_K)
+                .map(|_| BlockQ4K {
+                    d: rng.scale(),
+                    dmin: rng.scale(),
+                    scales: rng.bytes(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let w6_k: Vec<Vec<BlockQ6K>> = (0..4)
+        .map(|_| {
+            (0..cols / QK_K)
+                .map(|_| BlockQ6K {
+                    ql: rng.bytes(),
+                    qh: rng.bytes(),
+                    scales: rng.bytes::<16>().map(|b| b as i8),
+                    d: rng.scale(),
+                })
+                .collect()
+        })
+        .collect();
     let w4_0: Vec<Vec<BlockQ4_0>> = (0..4)
         .map(|_| {
             (0..nb)
@@ -318,6 +343,27 @@ fn four_row_tiles_compute_the_portable_bits() {
         check!(w4_0, q4_0, q4_0_4x8);
         check!(w5_0, q5_0, q5_0_4x8);
         check!(w8_0, q8_0, q8_0_4x8);
+        macro_rules! check_k {
+            ($w:expr, $one:ident, $tile:ident) => {
+                if let Some(f) = k.$tile {
+                    tiled += 1;
+                    let cells = f(refs(&$w), refs(&a.q8_k));
+                    for r in 0..4 {
+                        for t in 0..8 {
+                            let want = (p.$one)(&$w[r], &a.q8_k[t]);
+                            assert_eq!(
+                                cells[r][t].to_bits(),
+                                want.to_bits(),
+                                "{isa} {} row {r} input {t}",
+                                stringify!($tile)
+                            );
+                        }
+                    }
+                }
+            };
+        }
+        check_k!(w4_k, q4_k, q4_k_4x8);
+        check_k!(w6_k, q6_k, q6_k_4x8);
     }
     eprintln!("{tiled} four-row tiles checked");
 }
