@@ -214,33 +214,33 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
 /// that the CPU has the module's features.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_table {
-    ($isa:expr, $m:path, $x8:tt) => {{
+    ($isa:expr, $m:path) => {{
         use $m as k;
         with_elementwise!(avx2_elementwise!(), {
             isa: $isa,
             q4_1: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1(x, y, yd, ys) },
             q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
-            q4_1_x8: x86_table!(@x8 $x8, dot_q4_1_q8_1_x4, dot_q4_1_q8_1_x8, |x, y, yd, ys|),
+            q4_1_x8: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys) },
             q4_1_4x8: None,
             q4_0: |x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) },
             q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
-            q4_0_x8: x86_table!(@x8 $x8, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8, |x, y, yd|),
+            q4_0_x8: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd) },
             q4_0_4x8: None,
             q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
             q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
-            q5_0_x8: x86_table!(@x8 $x8, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8, |x, y, yd|),
+            q5_0_x8: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd) },
             q5_0_4x8: None,
             q8_0: |x, y, yd| unsafe { k::dot_q8_0_q8_0(x, y, yd) },
             q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
-            q8_0_x8: x86_table!(@x8 $x8, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8, |x, y, yd|),
+            q8_0_x8: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd) },
             q8_0_4x8: None,
             q4_k: |x, y| unsafe { k::dot_q4_k_q8_k(x, y) },
             q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
-            q4_k_x8: x86_table!(@x8 $x8, dot_q4_k_q8_k_x4, dot_q4_k_q8_k_x8, |x, y|),
+            q4_k_x8: |x, y| unsafe { k::dot_q4_k_q8_k_x8(x, y) },
             q4_k_4x8: None,
             q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
             q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
-            q6_k_x8: x86_table!(@x8 $x8, dot_q6_k_q8_k_x4, dot_q6_k_q8_k_x8, |x, y|),
+            q6_k_x8: |x, y| unsafe { k::dot_q6_k_q8_k_x8(x, y) },
             q6_k_4x8: None,
             dot_f32: |a, b| unsafe { k::dot_f32(a, b) },
             dot_f16_f32: |a, b| unsafe { k::dot_f16_f32(a, b) },
@@ -249,23 +249,13 @@ macro_rules! x86_table {
             attend_values: |r, w, a| unsafe { attend::avx2::values(r, w, a) },
         })
     }};
-    (@x8 pairs, $x4:ident, $x8:ident, |$($a:ident),+|) => {
-        |$($a),+| unsafe { k::$x8($($a),+) }
-    };
-    (@x8 twice, $x4:ident, $x8:ident, |$x:ident, $($y:ident),+|) => {
-        |$x, $($y),+| {
-            let lo = unsafe { k::$x4($x, $( [$y[0], $y[1], $y[2], $y[3]] ),+) };
-            let hi = unsafe { k::$x4($x, $( [$y[4], $y[5], $y[6], $y[7]] ),+) };
-            [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
-        }
-    };
 }
 
 #[cfg(target_arch = "x86_64")]
-static AVX2: Kernels = x86_table!(Isa::Avx2, x86::avx2, twice);
+static AVX2: Kernels = x86_table!(Isa::Avx2, x86::avx2);
 
 #[cfg(target_arch = "x86_64")]
-static AVX_VNNI: Kernels = x86_table!(Isa::AvxVnni, x86::avx_vnni, twice);
+static AVX_VNNI: Kernels = x86_table!(Isa::AvxVnni, x86::avx_vnni);
 
 /// AVX-512: the 4- and 8-row tiles are 512-bit; single rows and the f32/f16 vector
 /// helpers are the 256-bit kernels with EVEX `vpdpbusd` (not AVX-VNNI's VEX form,

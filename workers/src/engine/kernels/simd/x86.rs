@@ -231,6 +231,10 @@ macro_rules! x86_kernels {
                 yd: [&[f32]; N],
                 ys: [&[f32]; N],
             ) -> [f32; N] {
+                // Checked once here, so the loop indexes without bounds checks.
+                for r in 0..N {
+                    assert!(y[r].len() >= x.len() && yd[r].len() >= x.len() && ys[r].len() >= x.len());
+                }
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut summs = [0.0f32; N];
                 for (i, a) in x.iter().enumerate() {
@@ -238,9 +242,9 @@ macro_rules! x86_kernels {
                     let m = h2f(a.m);
                     let qx = bytes_from_nibbles_32(&a.qs);
                     for r in 0..N {
-                        summs[r] += m * ys[r][i];
-                        let d0d1 = _mm256_set1_ps(d0 * yd[r][i]);
-                        let qy = _mm256_loadu_si256(y[r][i].qs.as_ptr() as *const __m256i);
+                        summs[r] += m * *ys[r].get_unchecked(i);
+                        let d0d1 = _mm256_set1_ps(d0 * *yd[r].get_unchecked(i));
+                        let qy = _mm256_loadu_si256(y[r].get_unchecked(i).qs.as_ptr() as *const __m256i);
                         acc[r] = _mm256_fmadd_ps(d0d1, mul_sum_us8_pairs_float(qx, qy), acc[r]);
                     }
                 }
@@ -274,13 +278,17 @@ macro_rules! x86_kernels {
                 y: [&[BlockQ8_0]; N],
                 yd: [&[f32]; N],
             ) -> [f32; N] {
+                // Checked once here, so the loop indexes without bounds checks.
+                for r in 0..N {
+                    assert!(y[r].len() >= x.len() && yd[r].len() >= x.len());
+                }
                 let mut acc = [_mm256_setzero_ps(); N];
                 for (i, a) in x.iter().enumerate() {
                     let (qx, dx) = a.unpack();
                     let ax = _mm256_sign_epi8(qx, qx);
                     for r in 0..N {
-                        let d = _mm256_set1_ps(dx * yd[r][i]);
-                        let qy = _mm256_loadu_si256(y[r][i].qs.as_ptr() as *const __m256i);
+                        let d = _mm256_set1_ps(dx * *yd[r].get_unchecked(i));
+                        let qy = _mm256_loadu_si256(y[r].get_unchecked(i).qs.as_ptr() as *const __m256i);
                         let q = mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy, qx));
                         acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
                     }
@@ -319,6 +327,34 @@ macro_rules! x86_kernels {
 
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q8_0_q8_0_x4(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
+                rows_q8_0(x, y, yd)
+            }
+
+            // Eight activation rows against one weight row: each weight block is
+            // unpacked once for all eight (eight accumulators, the weights and two
+            // temporaries fit AVX2's sixteen registers).
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_1_q8_1_x8(
+                x: &[BlockQ4_1],
+                y: [&[BlockQ8_1]; 8],
+                yd: [&[f32]; 8],
+                ys: [&[f32]; 8],
+            ) -> [f32; 8] {
+                rows_q4_1(x, y, yd, ys)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_0_q8_0_x8(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
+                rows_q8_0(x, y, yd)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q5_0_q8_0_x8(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
+                rows_q8_0(x, y, yd)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q8_0_q8_0_x8(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
                 rows_q8_0(x, y, yd)
             }
 
@@ -442,6 +478,22 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
                 q6k_rows(y, x)
+            }
+
+            /// Eight rows as two passes of four (the K-quant kernels' integer sums
+            /// take a register per row already).
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
+                let lo = q4k_rows([y[0], y[1], y[2], y[3]], x);
+                let hi = q4k_rows([y[4], y[5], y[6], y[7]], x);
+                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
+                let lo = q6k_rows([y[0], y[1], y[2], y[3]], x);
+                let hi = q6k_rows([y[4], y[5], y[6], y[7]], x);
+                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
             }
 
             /// f32 dot product: 8 FMA lanes, the lane sum, then the tail in order.
