@@ -11,6 +11,7 @@
 //! RoPE base (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`, pattern 6).
 
 use crate::engine::kernels::simd::Kernels;
+use crate::engine::kernels::team;
 use crate::engine::kernels::tensor::{load, QMatrix, TensorError};
 use candle_core::quantized::gguf_file;
 
@@ -162,6 +163,11 @@ impl LlamaModel {
     /// with rings) runs its leading tokens in passes of that many first, without
     /// logits; the same arithmetic row by row, so the same logits as one pass.
     pub fn forward_batch(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
+        team::awake(|| self.passes(steps))
+    }
+
+    /// [`Self::forward_batch`]'s passes, with the compute team awake around them.
+    fn passes(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
         for s in steps.iter() {
             assert!(!s.tokens.is_empty(), "a step without tokens");
             assert!(
