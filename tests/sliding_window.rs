@@ -274,8 +274,9 @@ async fn a_prefix_whose_window_left_the_ring_is_computed_again() {
 }
 
 /// The block store with rings: blocks saved while the slot was short come back and
-/// the rings continue from them over positions they wrap; blocks of a long sequence
-/// that the rings lost are not saved (the store skips them).
+/// the rings continue from them over positions they wrap; the blocks a long
+/// sequence's own passes push out of the rings are saved as they leave, so a prompt
+/// sharing only its head (a system prompt) gets the head back from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_blocks_come_back_into_a_ring() {
     let Some(store) = engine(1, 64) else { return };
@@ -293,11 +294,22 @@ async fn stored_blocks_come_back_into_a_ring() {
     let (cold_ids, _) = run(&cold, &text, 6).await;
     assert_eq!(ids, cold_ids, "restored into a ring vs cold");
 
-    // The long sequence is overwritten: only blocks the rings still hold could be
-    // saved, and the chain's first missing block stops the save, so the same head
-    // comes back, no more.
+    // Only the head shared, past what the head run stored: the blocks from 900 to
+    // 1,000 left the rings while the long prompt was prefilled (its rings now start
+    // past 1,000) and were saved then.
+    let far = [&text[..1000], &[108, 3689, 236787]].concat();
+    let (far_ids, m) = run(&store, &far, 6).await;
+    assert_eq!(m.cached_tokens as usize, 1000 / BLOCK_TOKENS * BLOCK_TOKENS, "{m:?}");
+    assert_eq!(far_ids, run(&cold, &far, 6).await.0, "restored head vs cold");
+
+    // The long sequence was overwritten by `far`: its tail was still in the rings
+    // and its head in the store, so all of it comes back.
     run(&store, &other, 2).await;
     let (again, m) = run(&store, &text, 6).await;
-    assert_eq!(m.cached_tokens as usize, blocks * BLOCK_TOKENS, "{m:?}");
+    assert_eq!(
+        m.cached_tokens as usize,
+        (text.len() - 1) / BLOCK_TOKENS * BLOCK_TOKENS,
+        "{m:?}"
+    );
     assert_eq!(again, cold_ids);
 }

@@ -354,9 +354,34 @@ impl Engine {
             if self.store.contains(hash) {
                 continue;
             }
-            match self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
-                Some((k, v)) => self.store.put(hash, k, v),
-                None => return,
+            // A block a ring lost already was saved as it left, or is gone.
+            if let Some((k, v)) = self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
+                self.store.put(hash, k, v);
+            }
+        }
+    }
+
+    /// Saves the full blocks below `pos` that a step writing `n` positions from `pos`
+    /// pushes out of `slot`'s sliding-window rings (those not in the store yet), while
+    /// the rings still hold them: so a later prompt sharing only the head of a long
+    /// sequence (a system prompt) gets it back from the store.
+    fn save_leaving(&mut self, slot: usize, pos: usize, n: usize) {
+        let Some(ring) = self.model.ring() else { return };
+        // Blocks starting below `before` lost rows already (saved then, or gone).
+        let before = pos.saturating_sub(ring).div_ceil(BLOCK_TOKENS);
+        let lost = (pos + n).saturating_sub(ring).min(pos);
+        let resident = &self.slots[slot].resident;
+        let upto = lost.div_ceil(BLOCK_TOKENS).min(pos.min(resident.len()) / BLOCK_TOKENS);
+        if !self.store.enabled() || upto <= before {
+            return;
+        }
+        let hashes = kvstore::chain(self.kv_seed, &resident[..upto * BLOCK_TOKENS]);
+        for (b, &hash) in hashes.iter().enumerate().skip(before) {
+            if self.store.contains(hash) {
+                continue;
+            }
+            if let Some((k, v)) = self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
+                self.store.put(hash, k, v);
             }
         }
     }
@@ -396,9 +421,42 @@ impl Engine {
 
     /// One forward pass over `steps`, keeping each slot's `resident` true: positions
     /// below a step's `pos` are untouched even if the pass fails or panics.
+    ///
+    /// With sliding-window rings and a block store, a step longer than one pass is
+    /// run here as passes (as the model would split it), so the blocks each pass
+    /// pushes out of the rings are saved before it overwrites them.
     pub fn forward(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let max = self.model.max_pass();
+        if self.store.enabled() && self.model.ring().is_some() && steps.iter().any(|s| s.tokens.len() > max) {
+            let mut rest = steps.to_vec();
+            loop {
+                let lead: Vec<SeqStep<'_>> = rest
+                    .iter_mut()
+                    .filter(|s| s.tokens.len() > max)
+                    .map(|s| {
+                        let lead = SeqStep {
+                            tokens: &s.tokens[..max],
+                            ..*s
+                        };
+                        s.tokens = &s.tokens[max..];
+                        s.pos += max;
+                        lead
+                    })
+                    .collect();
+                if lead.is_empty() {
+                    return self.pass(&rest);
+                }
+                self.pass(&lead)?;
+            }
+        }
+        self.pass(steps)
+    }
+
+    /// One pass of [`Self::forward`].
+    fn pass(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
         for s in steps {
             self.save_tail(s.seq, s.pos);
+            self.save_leaving(s.seq, s.pos, s.tokens.len());
             self.slots[s.seq].resident.truncate(s.pos);
         }
         let logits = guarded(|| self.model.forward_batch(steps))?;

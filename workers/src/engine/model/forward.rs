@@ -77,6 +77,17 @@ pub trait Forward: Send {
     fn write_rows(&mut self, _seq: usize, _start: usize, _n: usize, _k: &[u16], _v: &[u16]) -> bool {
         false
     }
+    /// Rows a sliding-window layer keeps per sequence when it keeps a ring (it then
+    /// loses position `p` once a step writes position `p + ring`); `None` when every
+    /// layer keeps every position.
+    fn ring(&self) -> Option<usize> {
+        None
+    }
+    /// The most positions one pass writes into a sequence; a longer step is run as
+    /// several passes.
+    fn max_pass(&self) -> usize {
+        usize::MAX
+    }
     /// Bytes in use now and at the peak on the accelerator it computes on, from the
     /// driver; `None` on the CPU (the process's own memory is reported then).
     fn device_memory(&self) -> Option<(u64, u64)> {
@@ -170,6 +181,14 @@ impl Forward for CpuForward {
 
     fn read_rows(&self, seq: usize, start: usize, n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
         self.caches.get(seq)?.read_rows(start, n, &self.model.params)
+    }
+
+    fn ring(&self) -> Option<usize> {
+        self.caches[0].ring()
+    }
+
+    fn max_pass(&self) -> usize {
+        self.caches[0].max_pass()
     }
 
     fn write_rows(&mut self, seq: usize, start: usize, n: usize, k: &[u16], v: &[u16]) -> bool {
