@@ -116,19 +116,7 @@ async fn attention_inspector_returns_post_rope_keys_of_every_layer() {
 
 /// Generates greedily and returns the ids and the metrics.
 async fn run(model: &EngineModel, prompt: &str, n: u32) -> (Vec<u32>, switchyard_messages::GenerateMetrics) {
-    let cfg = GenerateConfig {
-        max_tokens: n,
-        ..GenerateConfig::default()
-    };
-    let mut events = model.generate(Prompt::Text(prompt.into()), cfg, CancelFlag::new());
-    let (mut ids, mut metrics) = (Vec::new(), None);
-    while let Some(ev) = events.next().await {
-        match ev.unwrap() {
-            GenerateEvent::Token(t) => ids.push(t.id),
-            GenerateEvent::Done { metrics: m, .. } => metrics = Some(m),
-        }
-    }
-    (ids, metrics.expect("a final event"))
+    greedy_ids(model, Prompt::Text(prompt.into()), n).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

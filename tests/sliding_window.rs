@@ -167,19 +167,7 @@ fn step(seq: usize, tokens: &[u32], pos: usize) -> SeqStep<'_> {
 
 /// Greedy ids and metrics of `prompt` (token ids).
 async fn run(model: &EngineModel, prompt: &[u32], n: u32) -> (Vec<u32>, GenerateMetrics) {
-    let cfg = GenerateConfig {
-        max_tokens: n,
-        ..GenerateConfig::default()
-    };
-    let mut events = model.generate(Prompt::Tokens(prompt.to_vec()), cfg, CancelFlag::new());
-    let (mut ids, mut metrics) = (Vec::new(), None);
-    while let Some(ev) = events.next().await {
-        match ev.unwrap() {
-            GenerateEvent::Token(t) => ids.push(t.id),
-            GenerateEvent::Done { metrics: m, .. } => metrics = Some(m),
-        }
-    }
-    (ids, metrics.expect("a final event"))
+    greedy_ids(model, Prompt::Tokens(prompt.to_vec()), n).await
 }
 
 fn paragraphs(n: usize) -> String {

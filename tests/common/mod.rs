@@ -528,3 +528,27 @@ pub fn gone(pid: u32, limit: Duration) -> bool {
     }
     false
 }
+
+/// The greedy token ids and final metrics of `n` tokens of `prompt`, generated
+/// in process by `model`.
+pub async fn greedy_ids(
+    model: &switchyard_workers::EngineModel,
+    prompt: switchyard_messages::Prompt,
+    n: u32,
+) -> (Vec<u32>, switchyard_messages::GenerateMetrics) {
+    use futures::StreamExt;
+    use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, TextModel};
+    let cfg = GenerateConfig {
+        max_tokens: n,
+        ..GenerateConfig::default()
+    };
+    let mut events = model.generate(prompt, cfg, CancelFlag::new());
+    let (mut ids, mut metrics) = (Vec::new(), None);
+    while let Some(ev) = events.next().await {
+        match ev.unwrap() {
+            GenerateEvent::Token(t) => ids.push(t.id),
+            GenerateEvent::Done { metrics: m, .. } => metrics = Some(m),
+        }
+    }
+    (ids, metrics.expect("a final event"))
+}
