@@ -44,10 +44,20 @@ pub fn awake<R: Send>(f: impl FnOnce() -> R + Send) -> R {
                 }
             });
         }
-        let out = f();
-        done.store(true, Ordering::Release);
-        out
+        // Set however `f` ends: the scope waits for the spinners before it passes a
+        // panic on, so a pass that panics must still let them go.
+        let _done = Done(&done);
+        f()
     })
+}
+
+/// Sets its flag when dropped.
+struct Done<'a>(&'a AtomicBool);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 #[cfg(test)]
@@ -71,6 +81,25 @@ mod tests {
             // Passes back to back, and the pool still runs plain work after them.
             assert_eq!(pool.install(sum_of_squares), want);
         }
+    }
+
+    #[test]
+    fn a_pass_that_panics_passes_the_panic_on_instead_of_hanging() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.install(|| {
+                awake(|| {
+                    sum_of_squares();
+                    panic!("a pass fails")
+                })
+            })
+        }));
+        assert!(got.is_err());
+        // The pool still works afterwards.
+        assert_eq!(
+            pool.install(|| awake(sum_of_squares)),
+            (0..10_000u64).map(|i| i * i).sum::<u64>()
+        );
     }
 
     #[test]
