@@ -135,6 +135,19 @@ fn q5_0_values(b: &BlockQ5_0) -> [i32; 32] {
     v
 }
 
+impl BlockQ5_0 {
+    /// The same 32 values as a Q8_0 block (the 5-bit values, −16..=15, as signed
+    /// bytes; the same scale). ggml's AVX2 dot products of both kinds multiply those
+    /// bytes the same way, so a Q8_0 copy computes the same bits — without unpacking
+    /// the fifth bits for every activation row.
+    pub fn to_q8_0(&self) -> BlockQ8_0 {
+        BlockQ8_0 {
+            d: self.d,
+            qs: q5_0_values(self).map(|v| v as i8),
+        }
+    }
+}
+
 /// Dequantizes Q5_0 blocks.
 pub fn dequantize_q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
@@ -227,6 +240,17 @@ mod tests {
             .collect();
         dequantize_q5_0(&w5, &mut wf);
         close(k::dot_q5_0_q8_0(&w5, &xq, &xd), float_dot(&wf));
+
+        // Widened to Q8_0: the same values, and the same bits under every variant.
+        let w5as8: Vec<BlockQ8_0> = w5.iter().map(BlockQ5_0::to_q8_0).collect();
+        let mut wf8 = vec![0.0; 256];
+        dequantize_q8_0(&w5as8, &mut wf8);
+        assert_eq!(wf8, wf);
+        for isa in crate::engine::kernels::isa::Isa::available() {
+            let kv = crate::engine::kernels::simd::Kernels::get(isa).unwrap();
+            let (a, b) = ((kv.q5_0)(&w5, &xq, &xd), (kv.q8_0)(&w5as8, &xq, &xd));
+            assert_eq!(a.to_bits(), b.to_bits(), "{isa}");
+        }
 
         // Q4_1 against Q8_1 activations: the minimum enters through the block sums.
         let mut x1 = vec![
