@@ -81,6 +81,14 @@ pub struct EngineModel {
     usage: Arc<Mutex<switchyard_messages::KvUsage>>,
 }
 
+/// GGUF metadata the tokenizer is built from and nothing else reads.
+const VOCAB_ARRAYS: [&str; 4] = [
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+];
+
 impl EngineModel {
     /// Loads the GGUF file at `path`, or the Hugging Face model directory at `path`
     /// (config.json + tokenizer.json + *.safetensors), and starts its compute thread.
@@ -108,7 +116,7 @@ impl EngineModel {
             return Self::load_hf(path, config);
         }
         let mut file = std::fs::File::open(path).map_err(|e| load_err(e.to_string()))?;
-        let content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
+        let mut content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
             .map_err(|e| load_err(format!("not a readable GGUF file: {e}")))?;
         let architecture = content
             .metadata
@@ -123,6 +131,12 @@ impl EngineModel {
             )));
         }
         let tokenizer = Arc::new(tokenizer::GgufTokenizer::from_gguf(&content).map_err(|e| load_err(e.to_string()))?);
+        // The vocabulary's arrays are the tokenizer's now. Dropped before the weights
+        // load, so they do not add to the process's peak (Gemma 3's 262k-token
+        // vocabulary: ~25 MB of small allocations, given back to the system).
+        for key in VOCAB_ARRAYS {
+            content.metadata.remove(key);
+        }
         let md_u32 = |k: &str| content.metadata.get(k).and_then(|v| v.to_u32().ok());
         let model_ctx = md_u32(&format!("{architecture}.context_length")).unwrap_or(DEFAULT_CONTEXT as u32) as usize;
         // The KV cache is allocated up front, so an unconfigured load takes a bounded
