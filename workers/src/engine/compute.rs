@@ -350,11 +350,17 @@ impl Engine {
             return;
         }
         let hashes = kvstore::chain(self.kv_seed, &self.slots[slot].resident);
-        for (b, &hash) in hashes.iter().enumerate().skip(from / BLOCK_TOKENS) {
+        self.save_blocks(slot, &hashes, from / BLOCK_TOKENS);
+    }
+
+    /// Saves blocks `first..` of `slot` (chained `hashes` of its resident tokens)
+    /// that the store lacks and the slot still holds; a block a ring lost already was
+    /// saved as it left, or is gone.
+    fn save_blocks(&mut self, slot: usize, hashes: &[u64], first: usize) {
+        for (b, &hash) in hashes.iter().enumerate().skip(first) {
             if self.store.contains(hash) {
                 continue;
             }
-            // A block a ring lost already was saved as it left, or is gone.
             if let Some((k, v)) = self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
                 self.store.put(hash, k, v);
             }
@@ -376,14 +382,7 @@ impl Engine {
             return;
         }
         let hashes = kvstore::chain(self.kv_seed, &resident[..upto * BLOCK_TOKENS]);
-        for (b, &hash) in hashes.iter().enumerate().skip(before) {
-            if self.store.contains(hash) {
-                continue;
-            }
-            if let Some((k, v)) = self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
-                self.store.put(hash, k, v);
-            }
-        }
+        self.save_blocks(slot, &hashes, before);
     }
 
     /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
