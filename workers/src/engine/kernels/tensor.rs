@@ -7,6 +7,9 @@ use super::simd::Kernels;
 use candle_core::quantized::{gguf_file, GgmlDType};
 use rayon::prelude::*;
 
+/// The most weight rows one matmul task takes (its panel results live on its stack).
+const MAX_CHUNK: usize = 256;
+
 /// Weight storage by GGUF type.
 pub enum QData {
     F32(Vec<f32>),
@@ -289,101 +292,51 @@ impl QMatrix {
         !matches!(self.data, QData::F32(_) | QData::F16(_))
     }
 
-    /// Row `r` against prepared inputs `t..t + N` (N = 4 or 8; only where
-    /// [`Self::has_tiles`]).
+    /// Row `r` against prepared inputs `t..t + 4` (only where [`Self::has_tiles`]).
     #[inline]
-    fn tile<const N: usize>(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> [f32; N] {
+    fn tile4(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> [f32; 4] {
         let nb = self.cols / QK;
         let nk = self.cols / QK_K;
         let w = r * nb..(r + 1) * nb;
-        // The inputs' block ranges.
-        let ys: [std::ops::Range<usize>; N] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
-        let ks: [std::ops::Range<usize>; N] = std::array::from_fn(|i| (t + i) * nk..(t + i + 1) * nk);
-        // Picks the 4- or 8-row kernel; the other arm is never taken for this N.
+        let ys: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
+        let ks: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (t + i) * nk..(t + i + 1) * nk);
         macro_rules! call {
-            ($x4:ident, $x8:ident, $w:expr, $($y:expr),+) => {{
-                let mut out = [0.0f32; N];
-                if N == 8 {
-                    let r = (k.$x8)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+);
-                    out.copy_from_slice(&r);
-                } else {
-                    let r = (k.$x4)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+);
-                    out.copy_from_slice(&r);
-                }
-                out
-            }};
-        }
-        macro_rules! call_k {
-            ($x4:ident, $x8:ident, $w:expr, $x:expr) => {{
-                let mut out = [0.0f32; N];
-                if N == 8 {
-                    out.copy_from_slice(&(k.$x8)($w, std::array::from_fn(|i| &$x[ks[i].clone()])));
-                } else {
-                    out.copy_from_slice(&(k.$x4)($w, std::array::from_fn(|i| &$x[ks[i].clone()])));
-                }
-                out
-            }};
+            ($f:ident, $w:expr, $($y:expr),+) => {
+                (k.$f)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+)
+            };
         }
         match (&self.data, act) {
-            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, q4_1_x8, &wq[w], x, xd, xs),
-            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_x4, q4_0_x8, &wq[w], x, xd),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_x4, q5_0_x8, &wq[w], x, xd),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_x4, q8_0_x8, &wq[w], x, xd),
-            (QData::Q4K(wq), QAct::Q8K(x)) => call_k!(q4_k_x4, q4_k_x8, &wq[r * nk..(r + 1) * nk], x),
-            (QData::Q6K(wq), QAct::Q8K(x)) => call_k!(q6_k_x4, q6_k_x8, &wq[r * nk..(r + 1) * nk], x),
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_x4, &wq[w], x, xd),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_x4, &wq[w], x, xd),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_x4, &wq[w], x, xd),
+            (QData::Q4K(wq), QAct::Q8K(x)) => {
+                (k.q4_k_x4)(&wq[r * nk..(r + 1) * nk], std::array::from_fn(|i| &x[ks[i].clone()]))
+            }
+            (QData::Q6K(wq), QAct::Q8K(x)) => {
+                (k.q6_k_x4)(&wq[r * nk..(r + 1) * nk], std::array::from_fn(|i| &x[ks[i].clone()]))
+            }
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
 
-    /// Rows `r..r + 4` against prepared inputs `t..t + 8`, `[row][input]`, where the
-    /// variant has 4×8 tiles for this weight type.
-    #[inline]
-    fn tile_4x8(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> Option<[[f32; 8]; 4]> {
-        let nb = self.cols / QK;
-        let ws: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (r + i) * nb..(r + i + 1) * nb);
-        let ys: [std::ops::Range<usize>; 8] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
-        macro_rules! call {
-            ($f:ident, $wq:expr, $x:expr, $xd:expr) => {
-                k.$f.map(|f| {
-                    f(
-                        std::array::from_fn(|i| &$wq[ws[i].clone()]),
-                        std::array::from_fn(|i| &$x[ys[i].clone()]),
-                        std::array::from_fn(|i| &$xd[ys[i].clone()]),
-                    )
-                })
-            };
-        }
+    /// Rows `rows` against prepared inputs `t..t + 8` in one panel call,
+    /// `out[row - rows.start][input]` (only where [`Self::has_tiles`]).
+    fn panel8(&self, k: &Kernels, rows: std::ops::Range<usize>, act: &QAct, t: usize, out: &mut [[f32; 8]]) {
+        // Blocks per row, in the weight type's block size.
+        let n = match self.data {
+            QData::Q4K(_) | QData::Q6K(_) => self.cols / QK_K,
+            _ => self.cols / QK,
+        };
+        let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
         match (&self.data, act) {
-            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => k.q4_1_4x8.map(|f| {
-                f(
-                    std::array::from_fn(|i| &wq[ws[i].clone()]),
-                    std::array::from_fn(|i| &x[ys[i].clone()]),
-                    std::array::from_fn(|i| &xd[ys[i].clone()]),
-                    std::array::from_fn(|i| &xs[ys[i].clone()]),
-                )
-            }),
-            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_4x8, wq, x, xd),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_4x8, wq, x, xd),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_4x8, wq, x, xd),
-            (QData::Q4K(wq), QAct::Q8K(x)) => {
-                let nk = self.cols / QK_K;
-                k.q4_k_4x8.map(|f| {
-                    f(
-                        std::array::from_fn(|i| &wq[(r + i) * nk..(r + i + 1) * nk]),
-                        std::array::from_fn(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
-                    )
-                })
-            }
-            (QData::Q6K(wq), QAct::Q8K(x)) => {
-                let nk = self.cols / QK_K;
-                k.q6_k_4x8.map(|f| {
-                    f(
-                        std::array::from_fn(|i| &wq[(r + i) * nk..(r + i + 1) * nk]),
-                        std::array::from_fn(|i| &x[(t + i) * nk..(t + i + 1) * nk]),
-                    )
-                })
-            }
-            _ => None,
+            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
+            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => (k.q4_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
+            (QData::Q4K(wq), QAct::Q8K(x)) => (k.q4_k_x8)(&wq[w], &x[y], out),
+            (QData::Q6K(wq), QAct::Q8K(x)) => (k.q6_k_x8)(&wq[w], &x[y], out),
+            _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
 
@@ -399,47 +352,37 @@ impl QMatrix {
         assert!(out.len() >= n * self.rows);
         let rows = self.rows;
         // A few chunks per thread: enough to balance, few enough to keep dispatch cheap.
-        let chunk = (rows / (rayon::current_num_threads() * 4)).clamp(16, 256);
+        let chunk = (rows / (rayon::current_num_threads() * 4)).clamp(16, MAX_CHUNK);
         let ptr = OutPtr(out.as_mut_ptr());
         (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
             let p = ptr;
             let r0 = ci * chunk;
             let r1 = (r0 + chunk).min(rows);
             let mut t = 0;
-            // Eight, then four tokens at a time (prefill): each weight block is
-            // unpacked once for all of them.
-            let tiles = |t: &mut usize, width: usize| {
-                while self.has_tiles() && *t + width <= n {
-                    let store = |r: usize, vals: &[f32]| {
-                        for (i, vi) in vals.iter().enumerate() {
-                            // SAFETY: (t + i, r) cells are disjoint across chunks and in bounds.
-                            unsafe { *p.0.add((*t + i) * rows + r) = *vi };
-                        }
-                    };
-                    // Four weight rows at a time where the variant has such tiles.
-                    let mut r = r0;
-                    while width == 8 && r + 4 <= r1 {
-                        let Some(cells) = self.tile_4x8(k, r, act, *t) else {
-                            break;
-                        };
-                        for (j, row) in cells.iter().enumerate() {
-                            store(r + j, row);
-                        }
-                        r += 4;
+            // Eight tokens at a time (prefill), the chunk's rows in one panel: each
+            // weight block is unpacked once for all eight.
+            let mut cells = [[0.0f32; 8]; MAX_CHUNK];
+            let cells = &mut cells[..r1 - r0];
+            while self.has_tiles() && t + 8 <= n {
+                self.panel8(k, r0..r1, act, t, cells);
+                for i in 0..8 {
+                    for (j, c) in cells.iter().enumerate() {
+                        // SAFETY: (t + i, r0 + j) cells are disjoint across chunks and in bounds.
+                        unsafe { *p.0.add((t + i) * rows + r0 + j) = c[i] };
                     }
-                    for r in r..r1 {
-                        let store = |vals: &[f32]| store(r, vals);
-                        if width == 8 {
-                            store(&self.tile::<8>(k, r, act, *t));
-                        } else {
-                            store(&self.tile::<4>(k, r, act, *t));
-                        }
-                    }
-                    *t += width;
                 }
-            };
-            tiles(&mut t, 8);
-            tiles(&mut t, 4);
+                t += 8;
+            }
+            // Then four.
+            while self.has_tiles() && t + 4 <= n {
+                for r in r0..r1 {
+                    for (i, v) in self.tile4(k, r, act, t).into_iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { *p.0.add((t + i) * rows + r) = v };
+                    }
+                }
+                t += 4;
+            }
             for t in t..n {
                 for r in r0..r1 {
                     let v = self.dot(k, r, act, t);

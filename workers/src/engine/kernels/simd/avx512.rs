@@ -1,7 +1,8 @@
-//! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: one weight row against 4 or 8
-//! activation rows, two activation rows per 512-bit register. The low 256 bits hold
-//! one row's 8 lanes and the high 256 bits the next row's, each lane doing exactly
-//! what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
+//! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: panels of weight rows against 8
+//! activation rows (tiles of four weight rows for the Q8_0 family and Q4_1, two for
+//! the K-quants, then single rows), and one weight row against 4, two activation
+//! rows per 512-bit register. The low 256 bits hold one row's 8 lanes and the high
+//! 256 bits the next row's, each lane doing exactly what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
 //! fused multiply-add per block, the same horizontal sum), so the results are
 //! bit-identical to [`super::x86::avx2`] while each instruction does twice the work.
 //! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
@@ -14,6 +15,7 @@ use super::x86::{
     bytes_from_nibbles_32, get_scale_shuffle, get_scale_shuffle_k4, h2f, hsum_float_8, q4k_mins_scales, q6k_quarters,
     Unpack,
 };
+use super::{eight, panel_rows};
 use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
@@ -104,8 +106,18 @@ pub unsafe fn dot_q4_1_q8_1_x4(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 4], yd: [&[f32
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_1_q8_1_x8(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 8], yd: [&[f32]; 8], ys: [&[f32]; 8]) -> [f32; 8] {
-    rows_q4_1(x, y, yd, ys)
+pub unsafe fn dot_q4_1_q8_1_x8(x: &[BlockQ4_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], out: &mut [[f32; 8]]) {
+    let (y, yd, ys) = (eight(y), eight(yd), eight(ys));
+    let n = y[0].len();
+    let quads = panel_tiles(x.len(), n, out.len(), 4);
+    for q in 0..quads {
+        let r = 4 * q;
+        let cells = rows4_q4_1(std::array::from_fn(|i| &x[(r + i) * n..(r + i + 1) * n]), y, yd, ys);
+        out[r..r + 4].copy_from_slice(&cells);
+    }
+    for (row, o) in panel_rows(&x[4 * quads * n..], n, &mut out[4 * quads..]) {
+        *o = rows_q4_1(row, y, yd, ys);
+    }
 }
 
 /// `N` Q8_0 rows against one weight row whose blocks `unpack` into signed bytes and
@@ -138,8 +150,8 @@ macro_rules! q8_0_tiles {
         }
 
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $x8(x: &[$block], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
-            rows_q8_0(x, y, yd)
+        pub unsafe fn $x8(x: &[$block], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
+            panel_q8_0(x, y, yd, out)
         }
     };
 }
@@ -147,6 +159,33 @@ macro_rules! q8_0_tiles {
 q8_0_tiles!(BlockQ4_0, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8);
 q8_0_tiles!(BlockQ5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
 q8_0_tiles!(BlockQ8_0, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8);
+
+/// How many tiles of `tile` weight rows a panel of `rows` rows of `n` blocks holds
+/// (the rest go one row at a time).
+#[inline(always)]
+fn panel_tiles(weights: usize, n: usize, rows: usize, tile: usize) -> usize {
+    assert!(
+        n > 0 && weights == n * rows,
+        "a panel's weights are out.len() rows of the inputs' length"
+    );
+    rows / tile
+}
+
+/// A panel of Q8_0-family rows: four-row tiles, then single rows against the eight inputs.
+#[inline(always)]
+unsafe fn panel_q8_0<B: Unpack + UnpackUnsigned>(x: &[B], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
+    let (y, yd) = (eight(y), eight(yd));
+    let n = y[0].len();
+    let quads = panel_tiles(x.len(), n, out.len(), 4);
+    for q in 0..quads {
+        let r = 4 * q;
+        let cells = rows4_q8_0(std::array::from_fn(|i| &x[(r + i) * n..(r + i + 1) * n]), y, yd);
+        out[r..r + 4].copy_from_slice(&cells);
+    }
+    for (row, o) in panel_rows(&x[4 * quads * n..], n, &mut out[4 * quads..]) {
+        *o = rows_q8_0(row, y, yd);
+    }
+}
 
 /// `N` Q8_K rows against one Q4_K weight row (ggml's AVX2 Q4_K kernel, two rows per
 /// register).
@@ -263,14 +302,22 @@ unsafe fn q4k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ4K]; 2]) ->
     out
 }
 
-/// Four Q4_K weight rows against eight Q8_K rows, two rows at a time (a four-row
-/// tile would not fit the 32 registers): `out[r][t] = x[r] · y[t]`, each cell
-/// bit-identical to the single-row kernel.
+/// A panel of Q4_K rows against eight Q8_K rows, two weight rows at a time (a
+/// four-row tile would not fit the 32 registers), each cell bit-identical to the
+/// single-row kernel.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_k_q8_k_4x8(x: [&[BlockQ4K]; 4], y: [&[BlockQ8K]; 8]) -> [[f32; 8]; 4] {
-    let [a, b] = q4k_rows2(y, [x[0], x[1]]);
-    let [c, d] = q4k_rows2(y, [x[2], x[3]]);
-    [a, b, c, d]
+pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
+    let y = eight(y);
+    let n = y[0].len();
+    let pairs = panel_tiles(x.len(), n, out.len(), 2);
+    for p in 0..pairs {
+        let r = 2 * p;
+        let cells = q4k_rows2(y, [&x[r * n..(r + 1) * n], &x[(r + 1) * n..(r + 2) * n]]);
+        out[r..r + 2].copy_from_slice(&cells);
+    }
+    for (row, o) in panel_rows(&x[2 * pairs * n..], n, &mut out[2 * pairs..]) {
+        *o = q4k_rows(y, row);
+    }
 }
 
 /// `N` Q8_K rows against one Q6_K weight row (ggml's AVX2 Q6_K kernel, two rows per
@@ -385,13 +432,21 @@ unsafe fn q6k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ6K]; 2]) ->
     [unpair(&acc[0]), unpair(&acc[1])]
 }
 
-/// Four Q6_K weight rows against eight Q8_K rows, two rows at a time; each cell
-/// bit-identical to the single-row kernel.
+/// A panel of Q6_K rows against eight Q8_K rows, two weight rows at a time; each
+/// cell bit-identical to the single-row kernel.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q6_k_q8_k_4x8(x: [&[BlockQ6K]; 4], y: [&[BlockQ8K]; 8]) -> [[f32; 8]; 4] {
-    let [a, b] = q6k_rows2(y, [x[0], x[1]]);
-    let [c, d] = q6k_rows2(y, [x[2], x[3]]);
-    [a, b, c, d]
+pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
+    let y = eight(y);
+    let n = y[0].len();
+    let pairs = panel_tiles(x.len(), n, out.len(), 2);
+    for p in 0..pairs {
+        let r = 2 * p;
+        let cells = q6k_rows2(y, [&x[r * n..(r + 1) * n], &x[(r + 1) * n..(r + 2) * n]]);
+        out[r..r + 2].copy_from_slice(&cells);
+    }
+    for (row, o) in panel_rows(&x[2 * pairs * n..], n, &mut out[2 * pairs..]) {
+        *o = q6k_rows(y, row);
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -400,17 +455,7 @@ pub unsafe fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] 
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
-    q4k_rows(y, x)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-    q6k_rows(y, x)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
     q6k_rows(y, x)
 }
 
@@ -497,29 +542,11 @@ unsafe fn rows4_q8_0<B: UnpackUnsigned>(x: [&[B]; 4], y: [&[BlockQ8_0]; 8], yd: 
     out
 }
 
-macro_rules! q8_0_rows4 {
-    ($block:ty, $name:ident) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $name(x: [&[$block]; 4], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [[f32; 8]; 4] {
-            rows4_q8_0(x, y, yd)
-        }
-    };
-}
-
-q8_0_rows4!(BlockQ4_0, dot_q4_0_q8_0_4x8);
-q8_0_rows4!(BlockQ5_0, dot_q5_0_q8_0_4x8);
-q8_0_rows4!(BlockQ8_0, dot_q8_0_q8_0_4x8);
-
 /// Four Q4_1 weight rows against eight Q8_1 rows: `out[r][t] = x[r] · y[t]`, each cell
 /// bit-identical to the single-row kernel (the minimum's products are summed per
 /// cell in the same order, eight inputs to a register).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_1_q8_1_4x8(
-    x: [&[BlockQ4_1]; 4],
-    y: [&[BlockQ8_1]; 8],
-    yd: [&[f32]; 8],
-    ys: [&[f32]; 8],
-) -> [[f32; 8]; 4] {
+#[inline(always)]
+unsafe fn rows4_q4_1(x: [&[BlockQ4_1]; 4], y: [&[BlockQ8_1]; 8], yd: [&[f32]; 8], ys: [&[f32]; 8]) -> [[f32; 8]; 4] {
     let mut acc = [[_mm512_setzero_ps(); 4]; 4];
     let mut summs = [_mm256_setzero_ps(); 4];
     for i in 0..x[0].len() {

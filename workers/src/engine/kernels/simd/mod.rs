@@ -24,49 +24,44 @@ use elementwise as ew;
 
 type Q41 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32]) -> f32;
 type Q41x4 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 4], [&[f32]; 4], [&[f32]; 4]) -> [f32; 4];
-type Q41x8 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 8], [&[f32]; 8], [&[f32]; 8]) -> [f32; 8];
-type Q41r4x8 = Option<fn([&[BlockQ4_1]; 4], [&[BlockQ8_1]; 8], [&[f32]; 8], [&[f32]; 8]) -> [[f32; 8]; 4]>;
+type Q41x8 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32], &mut [[f32; 8]]);
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
-type Q80x8<B> = fn(&[B], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [f32; 8];
-type Q80r4x8<B> = Option<fn([&[B]; 4], [&[BlockQ8_0]; 8], [&[f32]; 8]) -> [[f32; 8]; 4]>;
+type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
-type QKx8<B> = fn(&[B], [&[BlockQ8K]; 8]) -> [f32; 8];
-type QKr4x8<B> = Option<fn([&[B]; 4], [&[BlockQ8K]; 8]) -> [[f32; 8]; 4]>;
+type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
 
 /// One variant's kernels. Weight blocks come first, then the prepared activations
 /// (Q8_0/Q8_1 blocks with their scales, and Q8_1's sums, already in f32). The `_x4`
-/// and `_x8` forms take 4 or 8 activation rows against one weight row and give each
-/// exactly the single-row result. The `_4x8` forms, where a variant has them, take
-/// four weight rows against eight activation rows (`out[row][token]`), again each
-/// cell exactly the single-row result.
+/// forms take 4 activation rows against one weight row and give each exactly the
+/// single-row result. The `_x8` forms are prefill's panels: `out.len()` weight rows
+/// (stored one after another) against 8 activation rows (likewise; each argument
+/// holds all eight), `out[row][input]`, again each cell exactly the single-row
+/// result. One call covers a whole run of weight rows, so the dispatch, the slicing
+/// of the inputs and the checks are paid once per panel, not once per row (on Gemma
+/// 3's 640-wide rows they were ~8% of a prefill); a variant tiles the panel as its
+/// registers allow.
 pub struct Kernels {
     pub isa: Isa,
     pub q4_1: Q41,
     pub q4_1_x4: Q41x4,
     pub q4_1_x8: Q41x8,
-    pub q4_1_4x8: Q41r4x8,
     pub q4_0: Q80<BlockQ4_0>,
     pub q4_0_x4: Q80x4<BlockQ4_0>,
     pub q4_0_x8: Q80x8<BlockQ4_0>,
-    pub q4_0_4x8: Q80r4x8<BlockQ4_0>,
     pub q5_0: Q80<BlockQ5_0>,
     pub q5_0_x4: Q80x4<BlockQ5_0>,
     pub q5_0_x8: Q80x8<BlockQ5_0>,
-    pub q5_0_4x8: Q80r4x8<BlockQ5_0>,
     pub q8_0: Q80<BlockQ8_0>,
     pub q8_0_x4: Q80x4<BlockQ8_0>,
     pub q8_0_x8: Q80x8<BlockQ8_0>,
-    pub q8_0_4x8: Q80r4x8<BlockQ8_0>,
     pub q4_k: QK<BlockQ4K>,
     pub q4_k_x4: QKx4<BlockQ4K>,
     pub q4_k_x8: QKx8<BlockQ4K>,
-    pub q4_k_4x8: QKr4x8<BlockQ4K>,
     pub q6_k: QK<BlockQ6K>,
     pub q6_k_x4: QKx4<BlockQ6K>,
     pub q6_k_x8: QKx8<BlockQ6K>,
-    pub q6_k_4x8: QKr4x8<BlockQ6K>,
     /// `Σ a[i]·b[i]`: 8 FMA lanes, the lane sum, then the tail.
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
     /// [`Self::dot_f32`] with `a` in f16 bits (widened exactly).
@@ -165,13 +160,49 @@ macro_rules! with_elementwise {
     }};
 }
 
-/// An `_x8` kernel from two `_x4` calls.
+/// A panel's eight activation rows: `y` cut into eight equal parts.
+#[inline(always)]
+fn eight<T>(y: &[T]) -> [&[T]; 8] {
+    let n = y.len() / 8;
+    assert_eq!(n * 8, y.len(), "a panel takes eight activation rows");
+    std::array::from_fn(|i| &y[i * n..(i + 1) * n])
+}
+
+/// A panel's weight rows, `n` blocks each, paired with their outputs.
+#[inline(always)]
+fn panel_rows<'a, B>(
+    w: &'a [B],
+    n: usize,
+    out: &'a mut [[f32; 8]],
+) -> impl Iterator<Item = (&'a [B], &'a mut [f32; 8])> {
+    assert!(
+        n > 0 && w.len() == n * out.len(),
+        "a panel's weights are out.len() rows of the inputs' length"
+    );
+    w.chunks_exact(n).zip(out.iter_mut())
+}
+
+/// The halves of an eight-row argument, for two four-row calls.
+#[inline(always)]
+fn halves<T: Copy>(y: [T; 8]) -> ([T; 4], [T; 4]) {
+    ([y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]])
+}
+
+/// Two four-row results as one eight-row result.
+#[inline(always)]
+fn join(lo: [f32; 4], hi: [f32; 4]) -> [f32; 8] {
+    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+}
+
+/// An `_x8` panel from two `_x4` calls per weight row.
 macro_rules! x8_from_x4 {
-    ($x4:path, |$x:ident, $($y:ident),+|) => {
-        |$x, $($y),+| {
-            let lo = $x4($x, $( [$y[0], $y[1], $y[2], $y[3]] ),+);
-            let hi = $x4($x, $( [$y[4], $y[5], $y[6], $y[7]] ),+);
-            [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    ($x4:path, |$x:ident, $y0:ident $(, $y:ident)*|) => {
+        |$x, $y0, $($y,)* out| {
+            let $y0 = halves(eight($y0));
+            $(let $y = halves(eight($y));)*
+            for (row, o) in panel_rows($x, $y0.0[0].len(), out) {
+                *o = join($x4(row, $y0.0 $(, $y.0)*), $x4(row, $y0.1 $(, $y.1)*));
+            }
         }
     };
 }
@@ -181,27 +212,21 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_1: portable::dot_q4_1_q8_1,
     q4_1_x4: portable::dot_q4_1_q8_1_x4,
     q4_1_x8: x8_from_x4!(portable::dot_q4_1_q8_1_x4, |x, y, yd, ys|),
-    q4_1_4x8: None,
     q4_0: portable::dot_q4_0_q8_0,
     q4_0_x4: portable::dot_q4_0_q8_0_x4,
     q4_0_x8: x8_from_x4!(portable::dot_q4_0_q8_0_x4, |x, y, yd|),
-    q4_0_4x8: None,
     q5_0: portable::dot_q5_0_q8_0,
     q5_0_x4: portable::dot_q5_0_q8_0_x4,
     q5_0_x8: x8_from_x4!(portable::dot_q5_0_q8_0_x4, |x, y, yd|),
-    q5_0_4x8: None,
     q8_0: portable::dot_q8_0_q8_0,
     q8_0_x4: portable::dot_q8_0_q8_0_x4,
     q8_0_x8: x8_from_x4!(portable::dot_q8_0_q8_0_x4, |x, y, yd|),
-    q8_0_4x8: None,
     q4_k: portable::dot_q4_k_q8_k,
     q4_k_x4: portable::dot_q4_k_q8_k_x4,
     q4_k_x8: x8_from_x4!(portable::dot_q4_k_q8_k_x4, |x, y|),
-    q4_k_4x8: None,
     q6_k: portable::dot_q6_k_q8_k,
     q6_k_x4: portable::dot_q6_k_q8_k_x4,
     q6_k_x8: x8_from_x4!(portable::dot_q6_k_q8_k_x4, |x, y|),
-    q6_k_4x8: None,
     dot_f32: portable::dot_f32,
     dot_f16_f32: portable::dot_f16_f32,
     axpy_f16: portable::axpy_f16,
@@ -220,28 +245,22 @@ macro_rules! x86_table {
             isa: $isa,
             q4_1: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1(x, y, yd, ys) },
             q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
-            q4_1_x8: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys) },
-            q4_1_4x8: None,
+            q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys, o) },
             q4_0: |x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) },
             q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
-            q4_0_x8: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd) },
-            q4_0_4x8: None,
+            q4_0_x8: |x, y, yd, o| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd, o) },
             q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
             q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
-            q5_0_x8: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd) },
-            q5_0_4x8: None,
+            q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },
             q8_0: |x, y, yd| unsafe { k::dot_q8_0_q8_0(x, y, yd) },
             q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
-            q8_0_x8: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd) },
-            q8_0_4x8: None,
+            q8_0_x8: |x, y, yd, o| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd, o) },
             q4_k: |x, y| unsafe { k::dot_q4_k_q8_k(x, y) },
             q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
-            q4_k_x8: |x, y| unsafe { k::dot_q4_k_q8_k_x8(x, y) },
-            q4_k_4x8: None,
+            q4_k_x8: |x, y, o| unsafe { k::dot_q4_k_q8_k_x8(x, y, o) },
             q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
             q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
-            q6_k_x8: |x, y| unsafe { k::dot_q6_k_q8_k_x8(x, y) },
-            q6_k_4x8: None,
+            q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },
             dot_f32: |a, b| unsafe { k::dot_f32(a, b) },
             dot_f16_f32: |a, b| unsafe { k::dot_f16_f32(a, b) },
             axpy_f16: |acc, v, w| unsafe { k::axpy_f16(acc, v, w) },
@@ -257,7 +276,7 @@ static AVX2: Kernels = x86_table!(Isa::Avx2, x86::avx2);
 #[cfg(target_arch = "x86_64")]
 static AVX_VNNI: Kernels = x86_table!(Isa::AvxVnni, x86::avx_vnni);
 
-/// AVX-512: the 4- and 8-row tiles are 512-bit; single rows and the f32/f16 vector
+/// AVX-512: the 4-row kernels and the panels' tiles are 512-bit; single rows and the f32/f16 vector
 /// helpers are the 256-bit kernels with EVEX `vpdpbusd` (not AVX-VNNI's VEX form,
 /// which Ice Lake and Zen 4 lack).
 #[cfg(target_arch = "x86_64")]
@@ -268,28 +287,22 @@ static AVX512: Kernels = {
         isa: Isa::Avx512,
         q4_1: |x, y, yd, ys| unsafe { v::dot_q4_1_q8_1(x, y, yd, ys) },
         q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
-        q4_1_x8: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys) },
-        q4_1_4x8: Some(|x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_4x8(x, y, yd, ys) }),
+        q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys, o) },
         q4_0: |x, y, yd| unsafe { v::dot_q4_0_q8_0(x, y, yd) },
         q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
-        q4_0_x8: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd) },
-        q4_0_4x8: Some(|x, y, yd| unsafe { k::dot_q4_0_q8_0_4x8(x, y, yd) }),
+        q4_0_x8: |x, y, yd, o| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd, o) },
         q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },
         q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
-        q5_0_x8: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd) },
-        q5_0_4x8: Some(|x, y, yd| unsafe { k::dot_q5_0_q8_0_4x8(x, y, yd) }),
+        q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },
         q8_0: |x, y, yd| unsafe { v::dot_q8_0_q8_0(x, y, yd) },
         q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
-        q8_0_x8: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd) },
-        q8_0_4x8: Some(|x, y, yd| unsafe { k::dot_q8_0_q8_0_4x8(x, y, yd) }),
+        q8_0_x8: |x, y, yd, o| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd, o) },
         q4_k: |x, y| unsafe { v::dot_q4_k_q8_k(x, y) },
         q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
-        q4_k_x8: |x, y| unsafe { k::dot_q4_k_q8_k_x8(x, y) },
-        q4_k_4x8: Some(|x, y| unsafe { k::dot_q4_k_q8_k_4x8(x, y) }),
+        q4_k_x8: |x, y, o| unsafe { k::dot_q4_k_q8_k_x8(x, y, o) },
         q6_k: |x, y| unsafe { v::dot_q6_k_q8_k(x, y) },
         q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
-        q6_k_x8: |x, y| unsafe { k::dot_q6_k_q8_k_x8(x, y) },
-        q6_k_4x8: Some(|x, y| unsafe { k::dot_q6_k_q8_k_4x8(x, y) }),
+        q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },
         dot_f32: |a, b| unsafe { v::dot_f32(a, b) },
         dot_f16_f32: |a, b| unsafe { v::dot_f16_f32(a, b) },
         axpy_f16: |acc, v_, w| unsafe { v::axpy_f16(acc, v_, w) },

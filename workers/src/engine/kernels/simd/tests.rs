@@ -158,8 +158,9 @@ fn every_variant_computes_the_portable_bits() {
                 refs(&a.q8_1s[t / 4 * 4..]),
             );
             assert_eq!(x4[t % 4].to_bits(), want, "{isa} q4_1 x4 row {t}");
-            let x8 = (k.q4_1_x8)(&w4_1, refs(&a.q8_1), refs(&a.q8_1d), refs(&a.q8_1s));
-            assert_eq!(x8[t].to_bits(), want, "{isa} q4_1 x8 row {t}");
+            let mut x8 = [[0.0f32; 8]];
+            (k.q4_1_x8)(&w4_1, &a.q8_1.concat(), &a.q8_1d.concat(), &a.q8_1s.concat(), &mut x8);
+            assert_eq!(x8[0][t].to_bits(), want, "{isa} q4_1 x8 row {t}");
 
             macro_rules! q8_0_family {
                 ($w:expr, $one:ident, $x4:ident, $x8:ident) => {{
@@ -172,8 +173,9 @@ fn every_variant_computes_the_portable_bits() {
                     );
                     let x4 = (k.$x4)(&$w, refs(&a.q8_0[t / 4 * 4..]), refs(&a.q8_0d[t / 4 * 4..]));
                     assert_eq!(x4[t % 4].to_bits(), want, "{isa} {} row {t}", stringify!($x4));
-                    let x8 = (k.$x8)(&$w, refs(&a.q8_0), refs(&a.q8_0d));
-                    assert_eq!(x8[t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
+                    let mut x8 = [[0.0f32; 8]];
+                    (k.$x8)(&$w, &a.q8_0.concat(), &a.q8_0d.concat(), &mut x8);
+                    assert_eq!(x8[0][t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
                 }};
             }
             q8_0_family!(w4_0, q4_0, q4_0_x4, q4_0_x8);
@@ -191,12 +193,9 @@ fn every_variant_computes_the_portable_bits() {
                     );
                     let x4 = (k.$x4)(&$w, refs(&a.q8_k[t / 4 * 4..]));
                     assert_eq!(x4[t % 4].to_bits(), want, "{isa} {} row {t}", stringify!($x4));
-                    assert_eq!(
-                        bits((k.$x8)(&$w, refs(&a.q8_k)))[t],
-                        want,
-                        "{isa} {} row {t}",
-                        stringify!($x8)
-                    );
+                    let mut x8 = [[0.0f32; 8]];
+                    (k.$x8)(&$w, &a.q8_k.concat(), &mut x8);
+                    assert_eq!(x8[0][t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
                 }};
             }
             k_family!(w4_k, q4_k, q4_k_x4, q4_k_x8);
@@ -229,17 +228,19 @@ fn every_variant_computes_the_portable_bits() {
     }
 }
 
-/// The 4-weight-row × 8-input tiles give each cell the portable single-row bits.
+/// Panels of 1 to 7 weight rows × 8 inputs (so every variant's tiles of four and
+/// two rows and its single rows after them) give each cell the portable single-row
+/// bits.
 #[test]
-#[allow(clippy::needless_range_loop)] // cells[row][input] against row and input slices
-fn four_row_tiles_compute_the_portable_bits() {
+fn panels_compute_the_portable_bits() {
     let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(11);
     // Two Q4_K blocks per row.
     let cols = 2 * QK_K;
     let a = acts(&mut rng, cols);
     let nb = cols / QK;
-    let w4_k: Vec<Vec<BlockQ4K>> = (0..4)
+    const ROWS: usize = 7;
+    let w4_k: Vec<Vec<BlockQ4K>> = (0..ROWS)
         .map(|_| {
             (0..cols / QK_K)
                 .map(|_| BlockQ4K {
@@ -251,7 +252,7 @@ fn four_row_tiles_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w6_k: Vec<Vec<BlockQ6K>> = (0..4)
+    let w6_k: Vec<Vec<BlockQ6K>> = (0..ROWS)
         .map(|_| {
             (0..cols / QK_K)
                 .map(|_| BlockQ6K {
@@ -263,7 +264,7 @@ fn four_row_tiles_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w4_0: Vec<Vec<BlockQ4_0>> = (0..4)
+    let w4_0: Vec<Vec<BlockQ4_0>> = (0..ROWS)
         .map(|_| {
             (0..nb)
                 .map(|_| BlockQ4_0 {
@@ -273,7 +274,7 @@ fn four_row_tiles_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w4_1: Vec<Vec<BlockQ4_1>> = (0..4)
+    let w4_1: Vec<Vec<BlockQ4_1>> = (0..ROWS)
         .map(|_| {
             (0..nb)
                 .map(|_| BlockQ4_1 {
@@ -284,7 +285,7 @@ fn four_row_tiles_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w5_0: Vec<Vec<BlockQ5_0>> = (0..4)
+    let w5_0: Vec<Vec<BlockQ5_0>> = (0..ROWS)
         .map(|_| {
             (0..nb)
                 .map(|_| BlockQ5_0 {
@@ -295,7 +296,7 @@ fn four_row_tiles_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w8_0: Vec<Vec<BlockQ8_0>> = (0..4)
+    let w8_0: Vec<Vec<BlockQ8_0>> = (0..ROWS)
         .map(|_| {
             (0..nb)
                 .map(|_| BlockQ8_0 {
@@ -305,67 +306,54 @@ fn four_row_tiles_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let mut tiled = 0;
+    let (y1, yd1, ys1) = (a.q8_1.concat(), a.q8_1d.concat(), a.q8_1s.concat());
+    let (y0, yd0, yk) = (a.q8_0.concat(), a.q8_0d.concat(), a.q8_k.concat());
+    let mut checked = 0;
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
-        macro_rules! check {
-            ($w:expr, $one:ident, $tile:ident) => {
-                if let Some(f) = k.$tile {
-                    tiled += 1;
-                    let cells = f(refs(&$w), refs(&a.q8_0), refs(&a.q8_0d));
-                    for r in 0..4 {
-                        for t in 0..8 {
-                            assert_eq!(
-                                cells[r][t].to_bits(),
-                                (p.$one)(&$w[r], &a.q8_0[t], &a.q8_0d[t]).to_bits(),
-                                "{isa} {} row {r} input {t}",
-                                stringify!($tile)
-                            );
-                        }
+        for rows in 1..=ROWS {
+            let mut cells = vec![[f32::NAN; 8]; rows];
+            // Each cell against the portable single row.
+            let mut check = |name: &str, cells: &[[f32; 8]], want: &dyn Fn(usize, usize) -> f32| {
+                for (r, row) in cells.iter().enumerate() {
+                    for (t, c) in row.iter().enumerate() {
+                        assert_eq!(
+                            c.to_bits(),
+                            want(r, t).to_bits(),
+                            "{isa} {name} panel of {rows}: row {r} input {t}"
+                        );
                     }
                 }
+                checked += 1;
             };
+            (k.q4_1_x8)(&w4_1[..rows].concat(), &y1, &yd1, &ys1, &mut cells);
+            check("q4_1", &cells, &|r, t| {
+                (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
+            });
+            (k.q4_0_x8)(&w4_0[..rows].concat(), &y0, &yd0, &mut cells);
+            check("q4_0", &cells, &|r, t| (p.q4_0)(&w4_0[r], &a.q8_0[t], &a.q8_0d[t]));
+            (k.q5_0_x8)(&w5_0[..rows].concat(), &y0, &yd0, &mut cells);
+            check("q5_0", &cells, &|r, t| (p.q5_0)(&w5_0[r], &a.q8_0[t], &a.q8_0d[t]));
+            (k.q8_0_x8)(&w8_0[..rows].concat(), &y0, &yd0, &mut cells);
+            check("q8_0", &cells, &|r, t| (p.q8_0)(&w8_0[r], &a.q8_0[t], &a.q8_0d[t]));
+            (k.q4_k_x8)(&w4_k[..rows].concat(), &yk, &mut cells);
+            check("q4_k", &cells, &|r, t| (p.q4_k)(&w4_k[r], &a.q8_k[t]));
+            (k.q6_k_x8)(&w6_k[..rows].concat(), &yk, &mut cells);
+            check("q6_k", &cells, &|r, t| (p.q6_k)(&w6_k[r], &a.q8_k[t]));
         }
-        if let Some(f) = k.q4_1_4x8 {
-            tiled += 1;
-            let cells = f(refs(&w4_1), refs(&a.q8_1), refs(&a.q8_1d), refs(&a.q8_1s));
-            for r in 0..4 {
-                for t in 0..8 {
-                    let want = (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t]);
-                    assert_eq!(
-                        cells[r][t].to_bits(),
-                        want.to_bits(),
-                        "{isa} q4_1_4x8 row {r} input {t}"
-                    );
-                }
-            }
-        }
-        check!(w4_0, q4_0, q4_0_4x8);
-        check!(w5_0, q5_0, q5_0_4x8);
-        check!(w8_0, q8_0, q8_0_4x8);
-        macro_rules! check_k {
-            ($w:expr, $one:ident, $tile:ident) => {
-                if let Some(f) = k.$tile {
-                    tiled += 1;
-                    let cells = f(refs(&$w), refs(&a.q8_k));
-                    for r in 0..4 {
-                        for t in 0..8 {
-                            let want = (p.$one)(&$w[r], &a.q8_k[t]);
-                            assert_eq!(
-                                cells[r][t].to_bits(),
-                                want.to_bits(),
-                                "{isa} {} row {r} input {t}",
-                                stringify!($tile)
-                            );
-                        }
-                    }
-                }
-            };
-        }
-        check_k!(w4_k, q4_k, q4_k_4x8);
-        check_k!(w6_k, q6_k, q6_k_4x8);
     }
-    eprintln!("{tiled} four-row tiles checked");
+    eprintln!("{checked} panels checked");
+}
+
+/// A panel whose weights are not whole rows of the inputs' length is refused, not
+/// read past.
+#[test]
+#[should_panic(expected = "a panel's weights")]
+fn a_panel_with_a_partial_row_is_refused() {
+    let k = Kernels::active();
+    let y = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; 8 * 2];
+    let w = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; 3];
+    (k.q8_0_x8)(&w, &y, &[0.0; 16], &mut [[0.0; 8]; 2]);
 }
 
 /// The attention tiles give exactly the one-row kernels' bits: each score is

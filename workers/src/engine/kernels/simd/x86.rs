@@ -206,6 +206,7 @@ macro_rules! x86_kernels {
             use super::*;
             use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
             use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+            use crate::engine::kernels::simd::{eight, halves, join, panel_rows};
             use std::arch::x86_64::*;
 
             /// Sums of four u8 × i8 products per 32-bit lane, as floats.
@@ -330,32 +331,45 @@ macro_rules! x86_kernels {
                 rows_q8_0(x, y, yd)
             }
 
-            // Eight activation rows against one weight row: each weight block is
-            // unpacked once for all eight (eight accumulators, the weights and two
-            // temporaries fit AVX2's sixteen registers).
+            // Panels: eight activation rows against each weight row in turn; each
+            // weight block is unpacked once for all eight (eight accumulators, the
+            // weights and two temporaries fit AVX2's sixteen registers).
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q4_1_q8_1_x8(
                 x: &[BlockQ4_1],
-                y: [&[BlockQ8_1]; 8],
-                yd: [&[f32]; 8],
-                ys: [&[f32]; 8],
-            ) -> [f32; 8] {
-                rows_q4_1(x, y, yd, ys)
+                y: &[BlockQ8_1],
+                yd: &[f32],
+                ys: &[f32],
+                out: &mut [[f32; 8]],
+            ) {
+                let (y, yd, ys) = (eight(y), eight(yd), eight(ys));
+                for (row, o) in panel_rows(x, y[0].len(), out) {
+                    *o = rows_q4_1(row, y, yd, ys);
+                }
+            }
+
+            /// A panel of weight rows whose blocks `unpack`.
+            #[inline(always)]
+            unsafe fn panel_q8_0<B: Unpack>(x: &[B], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
+                let (y, yd) = (eight(y), eight(yd));
+                for (row, o) in panel_rows(x, y[0].len(), out) {
+                    *o = rows_q8_0(row, y, yd);
+                }
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_0_q8_0_x8(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
-                rows_q8_0(x, y, yd)
+            pub unsafe fn dot_q4_0_q8_0_x8(x: &[BlockQ4_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
+                panel_q8_0(x, y, yd, out)
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q5_0_q8_0_x8(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
-                rows_q8_0(x, y, yd)
+            pub unsafe fn dot_q5_0_q8_0_x8(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
+                panel_q8_0(x, y, yd, out)
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q8_0_q8_0_x8(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [f32; 8] {
-                rows_q8_0(x, y, yd)
+            pub unsafe fn dot_q8_0_q8_0_x8(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
+                panel_q8_0(x, y, yd, out)
             }
 
             /// `ggml_vec_dot_q4_K_q8_K`'s AVX2 branch for `N` activation rows at once.
@@ -480,20 +494,22 @@ macro_rules! x86_kernels {
                 q6k_rows(y, x)
             }
 
-            /// Eight rows as two passes of four (the K-quant kernels' integer sums
-            /// take a register per row already).
+            /// Panels of K-quant rows: each weight row against the inputs as two
+            /// passes of four (the integer sums take a register per input already).
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
-                let lo = q4k_rows([y[0], y[1], y[2], y[3]], x);
-                let hi = q4k_rows([y[4], y[5], y[6], y[7]], x);
-                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+            pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
+                let (lo, hi) = halves(eight(y));
+                for (row, o) in panel_rows(x, lo[0].len(), out) {
+                    *o = join(q4k_rows(lo, row), q4k_rows(hi, row));
+                }
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: [&[BlockQ8K]; 8]) -> [f32; 8] {
-                let lo = q6k_rows([y[0], y[1], y[2], y[3]], x);
-                let hi = q6k_rows([y[4], y[5], y[6], y[7]], x);
-                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+            pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
+                let (lo, hi) = halves(eight(y));
+                for (row, o) in panel_rows(x, lo[0].len(), out) {
+                    *o = join(q6k_rows(lo, row), q6k_rows(hi, row));
+                }
             }
 
             /// f32 dot product: 8 FMA lanes, the lane sum, then the tail in order.
