@@ -81,6 +81,19 @@ pub struct EngineModel {
     usage: Arc<Mutex<switchyard_messages::KvUsage>>,
 }
 
+/// Hands the allocator's free pages back to the system (glibc keeps freed small
+/// allocations resident). Called where loading has just freed a lot: after the
+/// vocabulary arrays go (Gemma 3: ~40 MB of metadata and tokenizer scratch) and
+/// after the weights are read (their temporaries), so the resident set the first
+/// requests grow from is the model's, and the peak is ~4 MB lower each time.
+fn give_back_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases memory the allocator holds as free.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// GGUF metadata the tokenizer is built from and nothing else reads.
 const VOCAB_ARRAYS: [&str; 4] = [
     "tokenizer.ggml.tokens",
@@ -137,6 +150,7 @@ impl EngineModel {
         for key in VOCAB_ARRAYS {
             content.metadata.remove(key);
         }
+        give_back_free_memory();
         let md_u32 = |k: &str| content.metadata.get(k).and_then(|v| v.to_u32().ok());
         let model_ctx = md_u32(&format!("{architecture}.context_length")).unwrap_or(DEFAULT_CONTEXT as u32) as usize;
         // The KV cache is allocated up front, so an unconfigured load takes a bounded
@@ -185,6 +199,7 @@ impl EngineModel {
             }
         }
         .map_err(load_err)?;
+        give_back_free_memory();
         let limits = (model_ctx as u32, weights);
         Self::start(path, model, info, tokenizer, template, config, limits)
     }
