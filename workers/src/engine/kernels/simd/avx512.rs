@@ -302,23 +302,30 @@ unsafe fn q4k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ4K]; 2]) ->
     out
 }
 
-/// A panel of Q4_K rows against eight Q8_K rows, two weight rows at a time (a
-/// four-row tile would not fit the 32 registers), each cell bit-identical to the
-/// single-row kernel.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
-    let y = eight(y);
-    let n = y[0].len();
-    let pairs = panel_tiles(x.len(), n, out.len(), 2);
-    for p in 0..pairs {
-        let r = 2 * p;
-        let cells = q4k_rows2(y, [&x[r * n..(r + 1) * n], &x[(r + 1) * n..(r + 2) * n]]);
-        out[r..r + 2].copy_from_slice(&cells);
-    }
-    for (row, o) in panel_rows(&x[2 * pairs * n..], n, &mut out[2 * pairs..]) {
-        *o = q4k_rows(y, row);
-    }
+/// Panels of K-quant rows against eight Q8_K rows, two weight rows at a time (a
+/// four-row tile would not fit the 32 registers), then single rows; each cell
+/// bit-identical to the single-row kernel.
+macro_rules! k_panel {
+    ($name:ident, $block:ty, $rows2:ident, $rows:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $name(x: &[$block], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
+            let y = eight(y);
+            let n = y[0].len();
+            let pairs = panel_tiles(x.len(), n, out.len(), 2);
+            for p in 0..pairs {
+                let r = 2 * p;
+                let cells = $rows2(y, [&x[r * n..(r + 1) * n], &x[(r + 1) * n..(r + 2) * n]]);
+                out[r..r + 2].copy_from_slice(&cells);
+            }
+            for (row, o) in panel_rows(&x[2 * pairs * n..], n, &mut out[2 * pairs..]) {
+                *o = $rows(y, row);
+            }
+        }
+    };
 }
+
+k_panel!(dot_q4_k_q8_k_x8, BlockQ4K, q4k_rows2, q4k_rows);
+k_panel!(dot_q6_k_q8_k_x8, BlockQ6K, q6k_rows2, q6k_rows);
 
 /// `N` Q8_K rows against one Q6_K weight row (ggml's AVX2 Q6_K kernel, two rows per
 /// register).
@@ -430,23 +437,6 @@ unsafe fn q6k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ6K]; 2]) ->
         }
     }
     [unpair(&acc[0]), unpair(&acc[1])]
-}
-
-/// A panel of Q6_K rows against eight Q8_K rows, two weight rows at a time; each
-/// cell bit-identical to the single-row kernel.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
-    let y = eight(y);
-    let n = y[0].len();
-    let pairs = panel_tiles(x.len(), n, out.len(), 2);
-    for p in 0..pairs {
-        let r = 2 * p;
-        let cells = q6k_rows2(y, [&x[r * n..(r + 1) * n], &x[(r + 1) * n..(r + 2) * n]]);
-        out[r..r + 2].copy_from_slice(&cells);
-    }
-    for (row, o) in panel_rows(&x[2 * pairs * n..], n, &mut out[2 * pairs..]) {
-        *o = q6k_rows(y, row);
-    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
