@@ -9,7 +9,8 @@ fn main() -> std::process::ExitCode {
     // The config file's [telemetry] section stands in for OTEL_* variables that are
     // not set (before any other thread exists, so setting them is safe). A config error
     // is reported by the command itself.
-    if let Ok(config) = cli::load_config(&args) {
+    let config = cli::load_config(&args).ok();
+    if let Some(config) = &config {
         for (key, value) in config.telemetry.as_env(|k| std::env::var_os(k).is_some()) {
             std::env::set_var(key, value);
         }
@@ -19,7 +20,13 @@ fn main() -> std::process::ExitCode {
     if std::env::var_os("CUDA_DEVICE_ORDER").is_none() {
         std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // A process running a CPU worker gets one async thread (`worker.async_threads`):
+    // the compute threads take every core.
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.as_ref().and_then(|c| cli::async_threads(&args.command, c)) {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");

@@ -1,7 +1,7 @@
 //! Coalescing (`worker.coalesce_ms`, issue 17): tokens that are ready together travel
 //! in one chunk, and none is lost, duplicated or reordered on the way.
 //!
-//! The worker serves `fabric-probe`, a compute-free fake model whose tokens are all
+//! Most tests serve `fabric-probe`, a compute-free fake model whose tokens are all
 //! ready at once, so what is coalesced does not depend on timing: the worker drains
 //! every waiting token into the chunk it builds (up to `MAX_TOKENS`), whatever the
 //! window. The hold-while-tokens-come-fast rules are unit-tested on the `Coalescer`
@@ -76,4 +76,39 @@ async fn ready_tokens_share_chunks_and_arrive_in_order() {
             "coalesce_ms {coalesce_ms}: between 1 and {MAX_TOKENS} tokens per chunk: {sizes:?}"
         );
     }
+}
+
+/// The CPU engine's stream lets the worker hold tokens without being woken for each
+/// one (`GenerateStream::hold`; its end and errors still wake it): through
+/// NATS the tokens are the in-process greedy ones, each once and in order, and fewer
+/// chunks than tokens carry them. One async thread, as a CPU worker runs.
+#[tokio::test(flavor = "current_thread")]
+async fn held_engine_tokens_arrive_whole_and_in_order() {
+    let prompt = "The three primary colors are";
+    let n = 48;
+    let model =
+        switchyard_workers::EngineModel::load(&demo_model(), &switchyard_messages::LoadConfig::default()).unwrap();
+    let (want, _) = greedy_ids(&model, switchyard_messages::Prompt::Text(prompt.into()), n).await;
+    drop(model);
+
+    // The longest window allowed: tokens come every few ms, so chunks hold many.
+    let fleet = fleet(|c| c.worker.coalesce_ms = 100).await;
+    let client = fleet.client().await;
+    let mut stream = client.generate(greedy(prompt, n)).await.expect("admitted");
+    let (mut ids, mut chunks) = (Vec::new(), 0);
+    let finish = loop {
+        match stream.next().await.expect("a final chunk").expect("no error") {
+            StreamEvent::Tokens(t) if t.is_empty() => {} // a keep-alive
+            StreamEvent::Tokens(t) => {
+                chunks += 1;
+                ids.extend(t.iter().map(|t| t.id));
+            }
+            StreamEvent::Done { finish_reason, .. } => break finish_reason,
+        }
+    };
+    assert_eq!(ids, want, "the in-process greedy tokens, each once, in order");
+    assert_eq!(finish, FinishReason::Length);
+    assert!(chunks < ids.len(), "{} tokens held into {chunks} chunks", ids.len());
+    fleet.worker.shutdown(Duration::from_secs(5)).await;
+    fleet.coordinator.shutdown().await;
 }

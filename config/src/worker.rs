@@ -59,6 +59,11 @@ pub struct WorkerConfig {
     pub mlx_allow_cpu: bool,
     /// Compute threads; 0 = all cores.
     pub threads: u32,
+    /// Threads of the async runtime (NATS, worker service, coordinator, gateway) in a
+    /// process that runs a worker; 0 = one on the `cpu` backend, whose compute threads
+    /// take every core (a second async thread there only adds wake-ups between the
+    /// two), and one per core on the others. `TOKIO_WORKER_THREADS`, when set, wins.
+    pub async_threads: u32,
     /// Context window in tokens; 0 = the model's own, capped by the backend.
     pub context_len: u32,
     /// Requests computed at once; 0 = the backend's own (the KV slots on `cpu`, the
@@ -106,6 +111,7 @@ impl Default for WorkerConfig {
             mlx_python: String::new(),
             mlx_allow_cpu: false,
             threads: 0,
+            async_threads: 0,
             context_len: 0,
             capacity: 0,
             queue_depth: 16,
@@ -176,6 +182,13 @@ impl WorkerConfig {
                 "worker.coalesce_ms",
                 self.coalesce_ms.to_string(),
                 "must be at most 100 and below worker.keepalive_ms",
+            );
+        }
+        if self.async_threads > 1024 {
+            return invalid(
+                "worker.async_threads",
+                self.async_threads.to_string(),
+                "must be at most 1024 (0 = chosen by backend)",
             );
         }
         Ok(())

@@ -3,6 +3,7 @@
 //! [`GenerateEvent::Done`] or an error, cancelled through a [`CancelFlag`] that the
 //! backend checks at every token boundary.
 
+use crate::stream::{HoldSender, HoldStream, MayWait};
 use crate::{BatchResult, ClassifyResult};
 use crate::{
     ErrorCode, FinishReason, GenerateConfig, GenerateMetrics, LoadConfig, Message, ModelInfo, Token, WireError,
@@ -68,6 +69,24 @@ pub enum GenerateEvent {
     },
 }
 
+/// One item of a generation: an event or the error that ends it.
+pub type GenerateItem = Result<GenerateEvent, BackendError>;
+
+/// The stream a generation returns: [`GenerateEvent::Token`]s, then
+/// [`GenerateEvent::Done`] or an error. A backend that feeds it through
+/// [`GenerateStream::channel`] lets a coalescing consumer hold tokens without being
+/// woken for each ([`HoldStream::hold`]); the end and errors always wake it.
+pub type GenerateStream = HoldStream<GenerateItem>;
+
+/// The sending half of [`GenerateStream::channel`].
+pub type EventSender = HoldSender<GenerateItem>;
+
+impl MayWait for GenerateItem {
+    fn may_wait(&self) -> bool {
+        matches!(self, Ok(GenerateEvent::Token(_)))
+    }
+}
+
 /// What `classify` resolves to: one result or error per prompt, in order.
 pub type ClassifyFuture = Pin<Box<dyn Future<Output = Vec<Result<ClassifyResult, BackendError>>> + Send>>;
 
@@ -76,9 +95,6 @@ pub type BatchFuture = Pin<Box<dyn Future<Output = Vec<BatchResult>> + Send>>;
 
 /// What `inspect_attention` resolves to.
 pub type InspectFuture = Pin<Box<dyn Future<Output = Result<crate::AttentionSnapshot, BackendError>> + Send>>;
-
-/// The stream a generation returns.
-pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateEvent, BackendError>> + Send>>;
 
 /// A boxed future of a backend call.
 pub type BackendFuture<T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>;
@@ -192,7 +208,7 @@ impl BackendError {
 /// it ended, its error — how every backend answers `batch_generate`.
 pub async fn collect_batch_result(mut stream: GenerateStream) -> crate::BatchResult {
     let mut result = crate::BatchResult::default();
-    while let Some(ev) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+    while let Some(ev) = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
         match ev {
             Ok(GenerateEvent::Token(t)) => result.tokens.push(t),
             Ok(GenerateEvent::Done { finish_reason, .. }) => result.finish_reason = Some(finish_reason),

@@ -15,6 +15,8 @@
 //! - [`subjects`]: every NATS subject, under a configurable prefix.
 //! - [`codec`]: MessagePack with named fields (`encode` / `decode`).
 //! - [`backend`]: the `Backend` / `TextModel` traits backends implement.
+//! - [`stream`]: the stream a generation returns ([`GenerateStream`]), whose
+//!   consumer may hold tokens without being woken for each.
 //! - [`fleet`]: [`BackendKind`] (with seed 000's preference order) and [`Device`],
 //!   typed; strings on the wire.
 //! - [`kv`]: prefix blocks for KV-aware routing.
@@ -32,14 +34,15 @@ pub mod error;
 pub mod fleet;
 pub mod kv;
 pub mod session;
+pub mod stream;
 pub mod subjects;
 pub mod types;
 pub mod validate;
 pub mod wire;
 
 pub use backend::{
-    Backend, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream,
-    InspectFuture, ModelMemory, ModelSession, Prompt, ResidentUpdate, TextModel,
+    Backend, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EventSender, GenerateEvent,
+    GenerateItem, GenerateStream, InspectFuture, ModelMemory, ModelSession, Prompt, ResidentUpdate, TextModel,
 };
 pub use codec::{decode, encode, DecodeError};
 pub use error::{ErrorCode, WireError};

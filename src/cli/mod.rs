@@ -4,6 +4,7 @@
 mod bench;
 mod commands;
 mod gateway;
+mod runtime;
 mod secure_up;
 mod security;
 
@@ -11,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use switchyard::Config;
 use switchyard_workers::backends::Registry;
+
+pub use runtime::async_threads;
 
 pub use commands::run;
 pub use security::SecurityFlags;
@@ -248,11 +251,12 @@ pub struct BenchLlamaArgs {
 pub struct BenchFabricArgs {
     #[command(flatten)]
     pub worker: WorkerFlags,
-    /// Measured runs of each path (after one warm-up each).
-    #[arg(long, default_value_t = 5)]
+    /// Measured runs of each path (after one warm-up each), alternating; nine pairs
+    /// of ~1 s keep one hiccup of a shared machine from moving the medians.
+    #[arg(long, default_value_t = 9)]
     pub runs: usize,
     /// Tokens generated per run (greedy; fewer if the model ends its answer).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 256)]
     pub max_tokens: u32,
 }
 

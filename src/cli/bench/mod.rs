@@ -183,34 +183,68 @@ impl LocalNode {
     }
 }
 
-/// Nanoseconds of CPU run so far by this process's threads other than the engine's
-/// (`sy-compute-*`, `sy-engine`), i.e. tokio's (worker service, client,
-/// coordinator), plus every thread of process `nats` (Linux `schedstat`; 0
-/// elsewhere). What the fabric takes from the compute threads, measured in CPU time
-/// rather than wall time, so a busy shared machine blurs it less.
-fn fabric_cpu_ns(nats: Option<u32>) -> u64 {
-    let mut total = 0;
-    let mut add = |pid: &str, engine_too: bool| {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return;
-        };
-        for task in tasks.flatten() {
-            let path = task.path();
-            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-            if !engine_too && (comm.starts_with("sy-compute") || comm.starts_with("sy-engine")) {
-                continue;
+/// CPU use beside the compute threads, from Linux `schedstat` (zeros elsewhere).
+#[derive(Debug, Clone, Copy, Default)]
+struct FabricCpu {
+    /// Nanoseconds run by this process's threads other than the engine's
+    /// (`sy-compute-*`, `sy-engine`), i.e. tokio's (worker service, client,
+    /// coordinator), plus every thread of process `nats`.
+    ns: u64,
+    /// Times those threads were put on a CPU (each one a wake-up).
+    slices: u64,
+    /// Times the compute threads were taken off a CPU while runnable (preempted).
+    preempted: u64,
+    /// Of `ns`, nats-server's.
+    nats_ns: u64,
+}
+
+impl FabricCpu {
+    /// The counters now. What the fabric takes from the compute threads, measured in
+    /// CPU time rather than wall time, so a busy shared machine blurs it less.
+    fn now(nats: Option<u32>) -> Self {
+        let mut total = Self::default();
+        let add = |total: &mut Self, pid: &str, engine_too: bool| {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                return;
+            };
+            for task in tasks.flatten() {
+                let path = task.path();
+                let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+                if !engine_too && (comm.starts_with("sy-compute") || comm.starts_with("sy-engine")) {
+                    if comm.starts_with("sy-compute") {
+                        let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
+                        total.preempted += status
+                            .lines()
+                            .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                            .unwrap_or(0);
+                    }
+                    continue;
+                }
+                let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+                let mut fields = stat.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
+                total.ns += fields.next().unwrap_or(0);
+                total.slices += fields.nth(1).unwrap_or(0);
             }
-            let ran = std::fs::read_to_string(path.join("schedstat"))
-                .ok()
-                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-            total += ran.unwrap_or(0);
+        };
+        add(&mut total, "self", false);
+        let mine = total.ns;
+        if let Some(pid) = nats {
+            add(&mut total, &pid.to_string(), true);
         }
-    };
-    add("self", false);
-    if let Some(pid) = nats {
-        add(&pid.to_string(), true);
+        total.nats_ns = total.ns - mine;
+        total
     }
-    total
+
+    /// What was used since `before`.
+    fn since(self, before: Self) -> Self {
+        Self {
+            ns: self.ns.saturating_sub(before.ns),
+            slices: self.slices.saturating_sub(before.slices),
+            preempted: self.preempted.saturating_sub(before.preempted),
+            nats_ns: self.nats_ns.saturating_sub(before.nats_ns),
+        }
+    }
 }
 
 /// Runs the fabric benchmark and prints the report.
@@ -280,14 +314,14 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         let (pd, pf) = (prompt(2 + 2 * i), prompt(3 + 2 * i));
         // Alternate the order so drift on a shared machine hits both equally.
         let timed_direct = |text| async {
-            let before = fabric_cpu_ns(nats_pid);
+            let before = FabricCpu::now(nats_pid);
             let run = direct(gen_config.clone(), text).await?;
-            anyhow::Ok((run, fabric_cpu_ns(nats_pid).saturating_sub(before)))
+            anyhow::Ok((run, FabricCpu::now(nats_pid).since(before)))
         };
         let timed_fabric = |text| async {
-            let before = fabric_cpu_ns(nats_pid);
+            let before = FabricCpu::now(nats_pid);
             let (run, chunks) = fabric(gen_config.clone(), text).await?;
-            anyhow::Ok((run, chunks, fabric_cpu_ns(nats_pid).saturating_sub(before)))
+            anyhow::Ok((run, chunks, FabricCpu::now(nats_pid).since(before)))
         };
         let ((dr, dc), (fr, chunks, fc)) = if i % 2 == 0 {
             let dr = timed_direct(pd).await?;
@@ -297,8 +331,17 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
             (timed_direct(pd).await?, fr)
         };
         d.push(dr);
-        d_cpu.push(dc as f64 / 1e3 / f64::from(dr.tokens.max(1)));
-        f_cpu.push(fc as f64 / 1e3 / f64::from(fr.tokens.max(1)));
+        let per_token = |c: FabricCpu, tokens: u32| {
+            let n = f64::from(tokens.max(1));
+            [
+                c.ns as f64 / 1e3 / n,
+                c.slices as f64 / n,
+                c.preempted as f64 / n,
+                c.nats_ns as f64 / 1e3 / n,
+            ]
+        };
+        d_cpu.push(per_token(dc, dr.tokens));
+        f_cpu.push(per_token(fc, fr.tokens));
         f.push(fr);
         f_chunks.push(f64::from(fr.tokens) / f64::from(chunks.max(1)));
     }
@@ -337,15 +380,16 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         f_ttft,
         f_ttft / d_ttft
     );
-    println!(
-        "fabric overhead: {:.2}% of decode throughput, {:.0} µs/token, {:.2} ms on time to first token",
-        (1.0 - f_dec / d_dec) * 100.0,
-        us_per_token,
-        f_ttft - d_ttft
-    );
     // Each pair ran back to back, so its ratio is less exposed to drift on a shared
     // machine than the ratio of the two columns' medians.
     let paired: Vec<f64> = d.iter().zip(&f).map(|(d, f)| f.decode_tps() / d.decode_tps()).collect();
+    println!(
+        "fabric overhead: {:.2}% of decode throughput ({:.2}% by the median pair), {:.0} µs/token, {:.2} ms on time to first token",
+        (1.0 - f_dec / d_dec) * 100.0,
+        (1.0 - median(&paired)) * 100.0,
+        us_per_token,
+        f_ttft - d_ttft
+    );
     let shown: Vec<String> = paired.iter().map(|r| format!("{r:.3}")).collect();
     println!(
         "decode ratio of each back-to-back pair: {} (median {:.3})",
@@ -353,16 +397,27 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         median(&paired)
     );
     println!(
-        "via NATS: {:.2} tokens per chunk (median; worker.coalesce_ms = {})",
+        "via NATS: {:.2} tokens per chunk (median; worker.coalesce_ms = {}); {} async runtime thread(s) (worker.async_threads)",
         median(&f_chunks),
-        config.worker.coalesce_ms
+        config.worker.coalesce_ms,
+        tokio::runtime::Handle::current().metrics().num_workers()
     );
-    if median(&f_cpu) > 0.0 {
+    let cpu = |xs: &[[f64; 4]], i: usize| median(&xs.iter().map(|x| x[i]).collect::<Vec<_>>());
+    if cpu(&f_cpu, 0) > 0.0 {
         println!(
             "CPU beside the compute threads (tokio: worker service, client, coordinator; nats-server): \
-             {:.0} µs/token via NATS vs {:.0} µs/token in-process (medians)",
-            median(&f_cpu),
-            median(&d_cpu)
+             {:.0} µs/token via NATS (nats-server {:.0}) vs {:.0} µs/token in-process (medians)",
+            cpu(&f_cpu, 0),
+            cpu(&f_cpu, 3),
+            cpu(&d_cpu, 0)
+        );
+        println!(
+            "per token: {:.2} wake-ups of those threads via NATS vs {:.2} in-process; \
+             compute threads preempted {:.2} vs {:.2} times (medians)",
+            cpu(&f_cpu, 1),
+            cpu(&d_cpu, 1),
+            cpu(&f_cpu, 2),
+            cpu(&d_cpu, 2)
         );
     }
     // The fabric alone: a compute-free probe model behind a second worker.

@@ -33,7 +33,7 @@ impl TextModel for FabricProbe {
                 ..GenerateMetrics::default()
             },
         }));
-        Box::pin(stream::iter(tokens.chain(done).collect::<Vec<_>>()))
+        GenerateStream::new(stream::iter(tokens.chain(done).collect::<Vec<_>>()))
     }
 
     fn classify(&self, prompts: Vec<Prompt>, _return_logits: bool) -> ClassifyFuture {

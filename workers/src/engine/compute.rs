@@ -9,13 +9,12 @@ use super::text::tokenizer::GgufTokenizer;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use switchyard_messages::{
-    AttentionSnapshot, BackendError, CancelFlag, ClassifyResult, GenerateConfig, GenerateEvent, GenerateMetrics,
-    Prompt, ResidentUpdate, Token,
+    AttentionSnapshot, BackendError, CancelFlag, ClassifyResult, GenerateConfig, GenerateMetrics, Prompt,
+    ResidentUpdate, Token,
 };
-use tokio::sync::mpsc::UnboundedSender;
 
 /// Where a job's events go.
-pub type EventTx = UnboundedSender<Result<GenerateEvent, BackendError>>;
+pub type EventTx = switchyard_messages::EventSender;
 
 /// Work for the compute thread.
 pub enum Job {

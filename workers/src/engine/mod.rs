@@ -353,7 +353,7 @@ impl EngineModel {
         cancel: CancelFlag,
         deadline_ms: Option<u64>,
     ) -> GenerateStream {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = GenerateStream::channel();
         let job = compute::GenerateJob {
             prompt,
             config,
@@ -372,9 +372,7 @@ impl EngineModel {
             let _ = tx.send(Err(BackendError::Unavailable("the compute thread has stopped".into())));
         }
         drop(tx);
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|ev| (ev, rx))
-        }))
+        rx
     }
 }
 

@@ -67,7 +67,7 @@ impl ModelSession for CpuSession {
     }
 
     fn decode(&self, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = GenerateStream::channel();
         let job = super::compute::GenerateJob {
             prompt: Prompt::Tokens(Vec::new()),
             config,
@@ -81,9 +81,7 @@ impl ModelSession for CpuSession {
             let _ = tx.send(Err(e));
         }
         drop(tx);
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|ev| (ev, rx))
-        }))
+        rx
     }
 
     fn resident(&self) -> BackendFuture<Vec<u32>> {

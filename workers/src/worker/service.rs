@@ -220,12 +220,12 @@ pub async fn pump(
     let mut out = Coalescer::new(ctx.coalesce);
     loop {
         let due = out.due();
+        // While tokens are held, more of them need not wake this task: the timer
+        // below comes for them. The end of the stream and errors still do.
+        events.hold(due.is_some());
         let ev = tokio::select! {
-            ev = events.next() => ev,
-            () = tokio::time::sleep_until(due.unwrap_or(started).into()), if due.is_some() => {
-                sent_since_tick |= send_held(sink, &mut out, cancel).await;
-                continue;
-            }
+            ev = events.next() => Some(ev),
+            () = tokio::time::sleep_until(due.unwrap_or(started).into()), if due.is_some() => None,
             _ = keepalive.tick() => {
                 if deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
                     send_held(sink, &mut out, cancel).await;
@@ -241,9 +241,12 @@ pub async fn pump(
                 continue;
             }
         };
-        // This event, then every one already waiting: those share the chunk at no
-        // cost in latency.
-        let mut next = Some(ev);
+        // This event (or, when the held tokens fell due, none), then every one
+        // already waiting: those share the chunk at no cost in latency.
+        let mut next = match ev {
+            Some(ev) => Some(ev),
+            None => events.next().now_or_never(),
+        };
         while let Some(ev) = next.take() {
             match ev {
                 Some(Ok(GenerateEvent::Token(t))) => {

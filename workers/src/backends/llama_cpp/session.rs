@@ -9,7 +9,6 @@
 //! `cache_n`).
 
 use crate::backends::llama_cpp::LlamaCppModel;
-use futures::StreamExt;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -126,10 +125,9 @@ impl ModelSession for LlamaCppSession {
                 let _ = tx.send(Err(e)).await;
             }
         });
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        GenerateStream::new(futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|ev| (ev, rx))
         }))
-        .boxed()
     }
 
     fn resident(&self) -> BackendFuture<Vec<u32>> {

@@ -24,7 +24,7 @@ impl TextModel for LlamaCppModel {
             }
         };
         tokio::spawn(tracing::Instrument::instrument(run, span));
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        GenerateStream::new(futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|ev| (ev, rx))
         }))
     }

@@ -111,7 +111,7 @@ pub(super) fn stream(
             }
         }
     });
-    Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+    GenerateStream::new(futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|ev| (ev, rx))
     }))
 }

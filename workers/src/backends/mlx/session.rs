@@ -95,7 +95,7 @@ impl ModelSession for MlxSession {
 
     fn decode(&self, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
         if let Err(e) = self.child() {
-            return Box::pin(futures::stream::once(async move { Err(e) }));
+            return GenerateStream::new(futures::stream::once(async move { Err(e) }));
         }
         let request = body(
             "decode",
