@@ -112,3 +112,45 @@ async fn held_engine_tokens_arrive_whole_and_in_order() {
     fleet.worker.shutdown(Duration::from_secs(5)).await;
     fleet.coordinator.shutdown().await;
 }
+
+/// A deadline that passes mid-generation ends the stream with `deadline_exceeded`
+/// while the worker holds chunks (tokens queue quietly then, so only its timers
+/// bring it back), after a gapless prefix of the in-process greedy tokens. (The
+/// worker also sends the tokens still queued at that moment; from outside they are
+/// indistinguishable from tokens never computed, so this does not pin that part.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_passed_deadline_sends_the_tokens_computed_before_it() {
+    let prompt = "The history of the city begins with a small settlement on the banks of a wide river. \
+                  Farmers grew wheat and barley in the fertile soil, and traders arrived by boat.";
+    let n = 1024; // seconds of decoding: far more than fits before the deadline
+    let model =
+        switchyard_workers::EngineModel::load(&demo_model(), &switchyard_messages::LoadConfig::default()).unwrap();
+    let (want, _) = greedy_ids(&model, switchyard_messages::Prompt::Text(prompt.into()), n).await;
+    assert_eq!(want.len(), n as usize, "the model must not end its answer early here");
+    drop(model);
+
+    let fleet = fleet(|c| c.worker.coalesce_ms = 100).await;
+    let client = fleet.client().await;
+    let mut req = greedy(prompt, n);
+    req.head.deadline_ms = Some(switchyard_actors::now_ms() + 500);
+    let mut stream = client.generate(req).await.expect("admitted");
+    let mut ids = Vec::new();
+    let err = loop {
+        match stream.next().await {
+            Some(Ok(StreamEvent::Tokens(t))) => ids.extend(t.iter().map(|t| t.id)),
+            Some(Ok(done)) => panic!("the deadline should end the stream, it ended with {done:?}"),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended without an error"),
+        }
+    };
+    assert_eq!(
+        err.code(),
+        Some(switchyard_messages::ErrorCode::DeadlineExceeded),
+        "{err}"
+    );
+    assert!(!ids.is_empty(), "tokens were computed before the deadline");
+    assert!(ids.len() < want.len(), "the deadline passed before the end");
+    assert_eq!(ids[..], want[..ids.len()], "a gapless prefix of the greedy tokens");
+    fleet.worker.shutdown(Duration::from_secs(5)).await;
+    fleet.coordinator.shutdown().await;
+}

@@ -228,6 +228,14 @@ pub async fn pump(
             () = tokio::time::sleep_until(due.unwrap_or(started).into()), if due.is_some() => None,
             _ = keepalive.tick() => {
                 if deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+                    // Tokens computed before the deadline reach the client, those
+                    // queued quietly while a chunk was held too.
+                    while let Some(Some(Ok(GenerateEvent::Token(t)))) = events.next().now_or_never() {
+                        out.push(t, Instant::now());
+                        if !out.has_room() {
+                            send_held(sink, &mut out, cancel).await;
+                        }
+                    }
                     send_held(sink, &mut out, cancel).await;
                     fail(ErrorCode::DeadlineExceeded);
                     cancel.cancel();
