@@ -1,6 +1,7 @@
 //! What this host says about itself, read from `/proc` in one place: its name, the
-//! memory still available, and a process's resident set. Every reader answers 0 (or
-//! `localhost`) where `/proc` is missing (macOS), never an error.
+//! memory still available, a process's resident set, and its threads' scheduling.
+//! Every reader answers 0 (or `localhost`, or nothing) where `/proc` is missing
+//! (macOS), never an error.
 
 /// The host name (`/proc/sys/kernel/hostname`), else `localhost`.
 pub fn hostname() -> String {
@@ -34,6 +35,52 @@ pub fn process_memory(pid: Option<u32>) -> (u64, u64) {
     std::fs::read_to_string(path).map_or((0, 0), |s| (kb_field(&s, "VmHWM:"), kb_field(&s, "VmRSS:")))
 }
 
+/// What the scheduler says of one thread so far (`/proc/{pid}/task/{tid}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadSched {
+    /// Its name (`comm`).
+    pub name: String,
+    /// Nanoseconds it ran on a CPU (`schedstat`, first field).
+    pub ran_ns: u64,
+    /// Times it was put on a CPU (`schedstat`, third field): each one a wake-up or
+    /// a return after preemption.
+    pub slices: u64,
+    /// Times it was taken off a CPU while still runnable (`nonvoluntary_ctxt_switches`).
+    pub preempted: u64,
+}
+
+/// The threads of process `pid` (`None`: this one); empty where unknown.
+pub fn threads(pid: Option<u32>) -> Vec<ThreadSched> {
+    let dir = match pid {
+        Some(pid) => format!("/proc/{pid}/task"),
+        None => "/proc/self/task".into(),
+    };
+    let Ok(tasks) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .map(|task| {
+            let read = |file| std::fs::read_to_string(task.path().join(file)).unwrap_or_default();
+            let sched: Vec<u64> = read("schedstat")
+                .split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect();
+            let preempted = read("status")
+                .lines()
+                .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            ThreadSched {
+                name: read("comm").trim().to_string(),
+                ran_ns: sched.first().copied().unwrap_or(0),
+                slices: sched.get(2).copied().unwrap_or(0),
+                preempted,
+            }
+        })
+        .collect()
+}
+
 /// `raw` reduced to one NATS subject token: letters, digits, `-` and `_` kept,
 /// anything else `_` (default worker and coordinator ids).
 pub fn subject_token(raw: &str) -> String {
@@ -58,6 +105,13 @@ mod tests {
         if cfg!(target_os = "linux") {
             assert!(peak >= now && now > 0, "{peak} {now}");
             assert!(available_memory() > 0);
+        }
+        if cfg!(target_os = "linux") {
+            let me = threads(None);
+            assert!(
+                !me.is_empty() && me.iter().any(|t| t.ran_ns > 0 && t.slices > 0),
+                "{me:?}"
+            );
         }
         assert_eq!(subject_token("cpu-my.host 1"), "cpu-my_host_1");
         assert!(!hostname().is_empty());

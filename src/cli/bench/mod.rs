@@ -183,66 +183,54 @@ impl LocalNode {
     }
 }
 
-/// CPU use beside the compute threads, from Linux `schedstat` (zeros elsewhere).
+/// CPU use beside the compute threads (Linux `/proc`; zeros elsewhere): what the
+/// fabric takes from them, counted in CPU time and wake-ups rather than wall time,
+/// so a busy shared machine blurs it less.
 #[derive(Debug, Clone, Copy, Default)]
 struct FabricCpu {
-    /// Nanoseconds run by this process's threads other than the engine's
-    /// (`sy-compute-*`, `sy-engine`), i.e. tokio's (worker service, client,
-    /// coordinator), plus every thread of process `nats`.
-    ns: u64,
+    /// Run by this process's threads other than the engine's (`sy-compute-*`,
+    /// `sy-engine`), i.e. tokio's (worker service, client, coordinator), plus every
+    /// thread of process `nats`, µs.
+    us: f64,
+    /// Of `us`, nats-server's.
+    nats_us: f64,
     /// Times those threads were put on a CPU (each one a wake-up).
-    slices: u64,
-    /// Times the compute threads were taken off a CPU while runnable (preempted).
-    preempted: u64,
-    /// Of `ns`, nats-server's.
-    nats_ns: u64,
+    wakeups: f64,
+    /// Times the compute threads were taken off a CPU while runnable.
+    preempted: f64,
 }
 
 impl FabricCpu {
-    /// The counters now. What the fabric takes from the compute threads, measured in
-    /// CPU time rather than wall time, so a busy shared machine blurs it less.
+    /// The counters now, totals since each thread started.
     fn now(nats: Option<u32>) -> Self {
         let mut total = Self::default();
-        let add = |total: &mut Self, pid: &str, engine_too: bool| {
-            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-                return;
-            };
-            for task in tasks.flatten() {
-                let path = task.path();
-                let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-                if !engine_too && (comm.starts_with("sy-compute") || comm.starts_with("sy-engine")) {
-                    if comm.starts_with("sy-compute") {
-                        let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
-                        total.preempted += status
-                            .lines()
-                            .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                            .unwrap_or(0);
-                    }
-                    continue;
-                }
-                let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
-                let mut fields = stat.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
-                total.ns += fields.next().unwrap_or(0);
-                total.slices += fields.nth(1).unwrap_or(0);
+        for t in switchyard_actors::host::threads(None) {
+            if t.name.starts_with("sy-compute") {
+                total.preempted += t.preempted as f64;
+            } else if !t.name.starts_with("sy-engine") {
+                total.us += t.ran_ns as f64 / 1e3;
+                total.wakeups += t.slices as f64;
             }
-        };
-        add(&mut total, "self", false);
-        let mine = total.ns;
-        if let Some(pid) = nats {
-            add(&mut total, &pid.to_string(), true);
         }
-        total.nats_ns = total.ns - mine;
+        for t in nats
+            .map(|pid| switchyard_actors::host::threads(Some(pid)))
+            .unwrap_or_default()
+        {
+            total.us += t.ran_ns as f64 / 1e3;
+            total.nats_us += t.ran_ns as f64 / 1e3;
+            total.wakeups += t.slices as f64;
+        }
         total
     }
 
-    /// What was used since `before`.
-    fn since(self, before: Self) -> Self {
+    /// What was used since `before`, per token of `tokens`.
+    fn per_token_since(self, before: Self, tokens: u32) -> Self {
+        let n = f64::from(tokens.max(1));
         Self {
-            ns: self.ns.saturating_sub(before.ns),
-            slices: self.slices.saturating_sub(before.slices),
-            preempted: self.preempted.saturating_sub(before.preempted),
-            nats_ns: self.nats_ns.saturating_sub(before.nats_ns),
+            us: (self.us - before.us).max(0.0) / n,
+            nats_us: (self.nats_us - before.nats_us).max(0.0) / n,
+            wakeups: (self.wakeups - before.wakeups).max(0.0) / n,
+            preempted: (self.preempted - before.preempted).max(0.0) / n,
         }
     }
 }
@@ -316,12 +304,14 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         let timed_direct = |text| async {
             let before = FabricCpu::now(nats_pid);
             let run = direct(gen_config.clone(), text).await?;
-            anyhow::Ok((run, FabricCpu::now(nats_pid).since(before)))
+            let cpu = FabricCpu::now(nats_pid).per_token_since(before, run.tokens);
+            anyhow::Ok((run, cpu))
         };
         let timed_fabric = |text| async {
             let before = FabricCpu::now(nats_pid);
             let (run, chunks) = fabric(gen_config.clone(), text).await?;
-            anyhow::Ok((run, chunks, FabricCpu::now(nats_pid).since(before)))
+            let cpu = FabricCpu::now(nats_pid).per_token_since(before, run.tokens);
+            anyhow::Ok((run, chunks, cpu))
         };
         let ((dr, dc), (fr, chunks, fc)) = if i % 2 == 0 {
             let dr = timed_direct(pd).await?;
@@ -331,17 +321,8 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
             (timed_direct(pd).await?, fr)
         };
         d.push(dr);
-        let per_token = |c: FabricCpu, tokens: u32| {
-            let n = f64::from(tokens.max(1));
-            [
-                c.ns as f64 / 1e3 / n,
-                c.slices as f64 / n,
-                c.preempted as f64 / n,
-                c.nats_ns as f64 / 1e3 / n,
-            ]
-        };
-        d_cpu.push(per_token(dc, dr.tokens));
-        f_cpu.push(per_token(fc, fr.tokens));
+        d_cpu.push(dc);
+        f_cpu.push(fc);
         f.push(fr);
         f_chunks.push(f64::from(fr.tokens) / f64::from(chunks.max(1)));
     }
@@ -402,22 +383,22 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
         config.worker.coalesce_ms,
         tokio::runtime::Handle::current().metrics().num_workers()
     );
-    let cpu = |xs: &[[f64; 4]], i: usize| median(&xs.iter().map(|x| x[i]).collect::<Vec<_>>());
-    if cpu(&f_cpu, 0) > 0.0 {
+    let cpu = |xs: &[FabricCpu], g: fn(&FabricCpu) -> f64| median(&xs.iter().map(g).collect::<Vec<_>>());
+    if cpu(&f_cpu, |c| c.us) > 0.0 {
         println!(
             "CPU beside the compute threads (tokio: worker service, client, coordinator; nats-server): \
              {:.0} µs/token via NATS (nats-server {:.0}) vs {:.0} µs/token in-process (medians)",
-            cpu(&f_cpu, 0),
-            cpu(&f_cpu, 3),
-            cpu(&d_cpu, 0)
+            cpu(&f_cpu, |c| c.us),
+            cpu(&f_cpu, |c| c.nats_us),
+            cpu(&d_cpu, |c| c.us)
         );
         println!(
             "per token: {:.2} wake-ups of those threads via NATS vs {:.2} in-process; \
              compute threads preempted {:.2} vs {:.2} times (medians)",
-            cpu(&f_cpu, 1),
-            cpu(&d_cpu, 1),
-            cpu(&f_cpu, 2),
-            cpu(&d_cpu, 2)
+            cpu(&f_cpu, |c| c.wakeups),
+            cpu(&d_cpu, |c| c.wakeups),
+            cpu(&f_cpu, |c| c.preempted),
+            cpu(&d_cpu, |c| c.preempted)
         );
     }
     // The fabric alone: a compute-free probe model behind a second worker.

@@ -13,9 +13,6 @@ use switchyard_messages::{
     ResidentUpdate, Token,
 };
 
-/// Where a job's events go.
-pub type EventTx = switchyard_messages::EventSender;
-
 /// Work for the compute thread.
 pub enum Job {
     /// A streamed generation.
@@ -67,7 +64,7 @@ pub struct GenerateJob {
     pub cancel: CancelFlag,
     pub deadline_ms: Option<u64>,
     pub enqueued: Instant,
-    pub events: EventTx,
+    pub events: switchyard_messages::EventSender,
     /// A session's decode: generate from this pinned slot's resident tokens instead
     /// of `prompt`.
     pub session_slot: Option<usize>,
