@@ -120,6 +120,23 @@ else
   say "openai client: installing openai==2.8.1 into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "openai==2.8.1" >&2
 fi
+# Structured output and tool calling, checked the way users call them (tests/python/*_check.py):
+# jsonschema validates the answers, langchain-openai and litellm are two more clients, and
+# llguidance (the grammar engine) is also used by the MLX bridge. openai is named again so that pip
+# keeps it at its pin while resolving the others. Reinstalled when a pinned version changes.
+CLIENT_PINS="openai==2.8.1 jsonschema==4.26.0 llguidance==1.9.1 langchain-core==1.8.3 langchain-openai==1.1.9 litellm==1.83.0"
+if "$VENV/bin/python" - $CLIENT_PINS <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(any(version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
+PY
+then
+  say "structured-output clients: cached in $VENV"
+else
+  say "structured-output clients: installing $CLIENT_PINS into $VENV"
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check $CLIENT_PINS >&2
+fi
 # MLX for the `metal` worker's bridge: Metal on macOS, MLX's CPU build on Linux (tests).
 if "$VENV/bin/python" -c 'import mlx.core, mlx_lm' 2>/dev/null; then
   say "mlx: cached in $VENV"
@@ -142,9 +159,25 @@ else
   say "chromium: not installed and no apt-get; tests/gateway_page.rs skips"
 fi
 
+# The npm openai package, for tests/js/openai_check.mjs, in $CACHE/node/node_modules. Not fatal:
+# without npm (or when the install fails) that check is skipped.
+NPM_OPENAI_VERSION="6.49.0"
+NODE_MODULES="$CACHE/node/node_modules"
+if grep -qs "\"version\": \"$NPM_OPENAI_VERSION\"" "$NODE_MODULES/openai/package.json"; then
+  say "npm openai: cached in $NODE_MODULES"
+elif command -v npm >/dev/null 2>&1; then
+  say "npm openai: installing openai@$NPM_OPENAI_VERSION into $CACHE/node"
+  npm install --prefix "$CACHE/node" --no-audit --no-fund --loglevel=error --save-exact \
+    "openai@$NPM_OPENAI_VERSION" >&2 \
+    || say "npm openai: npm install failed; tests/js/openai_check.mjs will be skipped"
+else
+  say "npm openai: no npm on PATH; tests/js/openai_check.mjs will be skipped"
+fi
+
 cat <<OUT
 SWITCHYARD_NATS_SERVER=$CACHE/bin/nats-server
 SWITCHYARD_DEMO_MODEL=$MODEL
 SWITCHYARD_GEMMA_MODEL=$GEMMA
 SWITCHYARD_PYTHON=$VENV/bin/python
+SWITCHYARD_NODE_MODULES=$NODE_MODULES
 OUT

@@ -52,6 +52,9 @@ pub struct Completion {
     pub metrics: GenerateMetrics,
     /// The worker that served it.
     pub worker_id: String,
+    /// The calls the answer made (a chat that offered tools; `finish_reason` is then
+    /// `ToolCalls`).
+    pub tool_calls: Vec<switchyard_messages::ToolCall>,
 }
 
 /// One step of a response stream.
@@ -65,6 +68,8 @@ pub enum StreamEvent {
         finish_reason: FinishReason,
         /// Worker metrics.
         metrics: GenerateMetrics,
+        /// The calls the answer made (a chat that offered tools).
+        tool_calls: Vec<switchyard_messages::ToolCall>,
     },
 }
 
@@ -189,6 +194,7 @@ impl ResponseStream {
                 let done = StreamEvent::Done {
                     finish_reason: chunk.finish_reason.unwrap_or(FinishReason::Stop),
                     metrics: chunk.metrics.unwrap_or_default(),
+                    tool_calls: chunk.tool_calls,
                 };
                 if chunk.tokens.is_empty() {
                     return Some(Ok(done));
@@ -241,7 +247,11 @@ impl ResponseStream {
         while let Some(ev) = self.next().await {
             match ev? {
                 StreamEvent::Tokens(t) => tokens.extend(t),
-                StreamEvent::Done { finish_reason, metrics } => {
+                StreamEvent::Done {
+                    finish_reason,
+                    metrics,
+                    tool_calls,
+                } => {
                     let text = tokens.iter().map(|t| t.text.as_str()).collect();
                     return Ok(Completion {
                         text,
@@ -249,6 +259,7 @@ impl ResponseStream {
                         finish_reason,
                         metrics,
                         worker_id: self.worker_id.clone(),
+                        tool_calls,
                     });
                 }
             }
@@ -328,9 +339,14 @@ pub(crate) async fn after(s: &mut ResponseStream, ev: Option<Result<StreamEvent,
         Some(Ok(StreamEvent::Done {
             finish_reason,
             mut metrics,
+            tool_calls,
         })) => {
             metrics.resumes = r.resumes;
-            Next::Deliver(Some(Ok(StreamEvent::Done { finish_reason, metrics })))
+            Next::Deliver(Some(Ok(StreamEvent::Done {
+                finish_reason,
+                metrics,
+                tool_calls,
+            })))
         }
         // A sequence gap (chunks lost, e.g. while the NATS server restarted): drop
         // the rest of this worker's stream and resume from what arrived in order.

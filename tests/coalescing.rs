@@ -52,7 +52,9 @@ async fn chunk_sizes(coalesce_ms: u64, n: u32) -> Vec<usize> {
                 sizes.push(t.len());
                 ids.extend(t.iter().map(|t| t.id));
             }
-            StreamEvent::Done { finish_reason, metrics } => break (finish_reason, metrics),
+            StreamEvent::Done {
+                finish_reason, metrics, ..
+            } => break (finish_reason, metrics),
         }
     };
     assert_eq!(finish, FinishReason::Length);

@@ -373,7 +373,9 @@ async fn a_native_cuda_worker_streams_chat_stops_cancels_and_reuses_prefixes() {
                     stream.cancel().await.unwrap();
                 }
             }
-            StreamEvent::Done { finish_reason, metrics } => {
+            StreamEvent::Done {
+                finish_reason, metrics, ..
+            } => {
                 assert_eq!(finish_reason, FinishReason::Cancelled);
                 assert!(metrics.generated_tokens < 400);
                 break;

@@ -268,7 +268,9 @@ async fn cancel_and_stop_strings_end_generation() {
                     stream.cancel().await.unwrap();
                 }
             }
-            StreamEvent::Done { finish_reason, metrics } => {
+            StreamEvent::Done {
+                finish_reason, metrics, ..
+            } => {
                 assert_eq!(finish_reason, FinishReason::Cancelled);
                 assert!(metrics.generated_tokens < 500);
                 break;

@@ -63,7 +63,7 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
     assert!(m.prompt_tokens > 0 && m.decode_tokens_per_sec > 0.0, "{m:?}");
 
     // Chat renders through the server's template: the same tokens as our renderer.
-    let chat = Prompt::Chat(vec![Message::new("user", "Name a colour.")]);
+    let chat = Prompt::chat(vec![Message::new("user", "Name a colour.")]);
     let short = GenerateConfig {
         max_tokens: 8,
         ..greedy.clone()

@@ -99,15 +99,9 @@ async fn mlx_keeps_the_contract_like_the_cpu_engine() {
     // Greedy text and chat: the same tokens, the same rendered prompt length.
     for prompt in [
         text("The capital of France is"),
-        Prompt::Chat(vec![
-            Message {
-                role: "system".into(),
-                content: "You answer briefly.".into(),
-            },
-            Message {
-                role: "user".into(),
-                content: "What is the capital of France?".into(),
-            },
+        Prompt::chat(vec![
+            Message::new("system", "You answer briefly."),
+            Message::new("user", "What is the capital of France?"),
         ]),
     ] {
         let (a, b) = (

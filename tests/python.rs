@@ -27,6 +27,7 @@ fn python_msgpack_and_rust_read_each_other() {
         metrics: None,
         error: Some(WireError::new(ErrorCode::Overloaded, "full").with_retry_after(50)),
         worker_id: Some("w".into()),
+        tool_calls: Vec::new(),
     };
     std::fs::write(&from_rust, encode(&rust_chunk)).unwrap();
     let out = Command::new(python())

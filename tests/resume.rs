@@ -55,7 +55,9 @@ async fn a_stream_survives_its_worker_and_equals_an_uninterrupted_run() {
         let (finish, metrics) = loop {
             match stream.next().await.expect("the stream goes on") {
                 Ok(StreamEvent::Tokens(t)) => ids.extend(t.iter().map(|t| t.id)),
-                Ok(StreamEvent::Done { finish_reason, metrics }) => break (finish_reason, metrics),
+                Ok(StreamEvent::Done {
+                    finish_reason, metrics, ..
+                }) => break (finish_reason, metrics),
                 Err(e) => panic!("seed {seed:?}: the resumed stream failed: {e}"),
             }
         };

@@ -64,6 +64,7 @@ impl ChunkSink {
             metrics: None,
             error: None,
             worker_id: None,
+            tool_calls: Vec::new(),
         }
     }
 
@@ -77,11 +78,23 @@ impl ChunkSink {
 
     /// Sends the final chunk of a successful stream.
     pub async fn done(&self, tokens: Vec<Token>, reason: FinishReason, metrics: GenerateMetrics) -> bool {
+        self.finish(tokens, reason, metrics, Vec::new()).await
+    }
+
+    /// Sends the final chunk of a successful stream with the calls the answer made.
+    pub async fn finish(
+        &self,
+        tokens: Vec<Token>,
+        reason: FinishReason,
+        metrics: GenerateMetrics,
+        tool_calls: Vec<switchyard_messages::ToolCall>,
+    ) -> bool {
         let mut c = self.chunk();
         c.tokens = tokens;
         c.done = true;
         c.finish_reason = Some(reason);
         c.metrics = Some(metrics);
+        c.tool_calls = tool_calls;
         self.send(c).await
     }
 

@@ -39,8 +39,16 @@ impl CancelFlag {
 pub enum Prompt {
     /// A raw prompt, tokenized as is.
     Text(String),
-    /// A conversation, rendered with the model's chat template.
-    Chat(Vec<Message>),
+    /// A conversation, rendered with the model's chat template; `tools` go to the
+    /// template's own tools section (only to a backend whose
+    /// [`TextModel::tool_format`] is not [`ToolFormat::Generic`]; the worker renders
+    /// them into the messages for the others).
+    Chat {
+        /// The turns.
+        messages: Vec<Message>,
+        /// Functions the model may call.
+        tools: Vec<crate::Tool>,
+    },
     /// Token ids, used as they are (a client that tokenizes itself).
     Tokens(Vec<u32>),
     /// A resumed stream: `prompt`, then the tokens already generated for it
@@ -53,6 +61,31 @@ pub enum Prompt {
         /// The tokens generated so far.
         generated: Vec<u32>,
     },
+}
+
+impl Prompt {
+    /// A conversation without tools.
+    pub fn chat(messages: Vec<Message>) -> Self {
+        Prompt::Chat {
+            messages,
+            tools: Vec::new(),
+        }
+    }
+}
+
+/// How a model's chat template shows tools and how the model writes its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ToolFormat {
+    /// The template has no tools section: the worker describes the tools in a
+    /// system turn and asks for `<tool_call>{"name": …, "arguments": …}</tool_call>`.
+    Generic,
+    /// Hermes / Qwen 2.5+ templates: tools rendered by the template, calls written
+    /// as `<tool_call>{json}</tool_call>`.
+    Hermes,
+    /// Llama 3.x templates: tools rendered by the template, a call written as a bare
+    /// `{"name": …, "parameters": …}` object (or after `<|python_tag|>`).
+    Llama3,
 }
 
 /// One step of a generation.
@@ -254,6 +287,11 @@ pub trait TextModel: Send + Sync {
                 "{name}: attention inspection is not supported"
             )))
         })
+    }
+    /// How the model's template shows tools ([`ToolFormat::Generic`]: it has no
+    /// tools section, and the worker writes them into the messages).
+    fn tool_format(&self) -> ToolFormat {
+        ToolFormat::Generic
     }
     /// Whether [`Prompt::Continue`] is supported (a lost stream resumes here).
     fn resumes(&self) -> bool {

@@ -21,6 +21,8 @@
 //!   typed; strings on the wire.
 //! - [`kv`]: prefix blocks for KV-aware routing.
 //! - [`session`]: seed 002's persistent sessions (open, ensure_prefix, …).
+//! - [`structured`]: a generation's [`Constraint`] (JSON schema, regex, grammar)
+//!   and the [`Tool`]s a chat may call, with the [`ToolCall`]s parsed out of answers.
 //! - [`validate`]: what every receiver checks, against the [`InputLimits`].
 //!
 //! A request's path: a client encodes a [`GenerateRequest`] to
@@ -35,6 +37,7 @@ pub mod fleet;
 pub mod kv;
 pub mod session;
 pub mod stream;
+pub mod structured;
 pub mod subjects;
 pub mod types;
 pub mod validate;
@@ -43,11 +46,13 @@ pub mod wire;
 pub use backend::{
     Backend, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EventSender, GenerateEvent,
     GenerateItem, GenerateStream, InspectFuture, ModelMemory, ModelSession, Prompt, ResidentUpdate, TextModel,
+    ToolFormat,
 };
 pub use codec::{decode, encode, DecodeError};
 pub use error::{ErrorCode, WireError};
 pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
 pub use kv::{KvEvent, KvSnapshot};
+pub use structured::{Constraint, Tool, ToolCall, ToolChoice};
 pub use subjects::Subjects;
 pub use types::*;
 pub use validate::*;
@@ -62,5 +67,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// 1.1: session calls require the owner's fence and check `v`; cancels name the
 /// requester's inbox; `BatchResult.finish_reason`; input limits; a session starts
 /// empty and keeps every generated token resident. 1.2: heartbeats may carry `speed`
-/// ([`Heartbeat`], [`WorkerSpeed`]).
-pub const PROTOCOL_MINOR: u32 = 2;
+/// ([`Heartbeat`], [`WorkerSpeed`]). 1.3: `config.constraint`, chat `tools` /
+/// `tool_choice` / `parallel_tool_calls`, messages with `tool_calls` / `tool_call_id`,
+/// and `tool_calls` with finish reason `tool_calls` on a stream's last chunk.
+pub const PROTOCOL_MINOR: u32 = 3;

@@ -20,10 +20,17 @@ pub struct Token {
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `"system"`, `"user"` or `"assistant"` (templates may accept others).
+    /// `"system"`, `"user"`, `"assistant"` or `"tool"` (a tool's answer; templates
+    /// may accept others).
     pub role: String,
     /// The turn's text.
     pub content: String,
+    /// (1.3) The calls an assistant turn made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<crate::ToolCall>,
+    /// (1.3) On a `"tool"` turn: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -32,6 +39,8 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }
@@ -67,6 +76,10 @@ pub struct GenerateConfig {
     /// sampled before; protocol 1.1). The sampler skips them, so a seeded stream
     /// resumed elsewhere continues exactly as it would have.
     pub rng_position: u64,
+    /// (1.3) What the generated text must be (a JSON schema, any JSON object, a
+    /// regex or a grammar), enforced at every token; `None` = free text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<crate::Constraint>,
 }
 
 impl Default for GenerateConfig {
@@ -84,6 +97,7 @@ impl Default for GenerateConfig {
             stop: Vec::new(),
             return_logits: false,
             rng_position: 0,
+            constraint: None,
         }
     }
 }

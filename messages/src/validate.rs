@@ -44,6 +44,12 @@ pub struct InputLimits {
     pub max_logits_prompts: u32,
     /// Bytes of a session's `ensure_prefix` or `prefill_suffix` text.
     pub max_session_text_bytes: u32,
+    /// Bytes of `config.constraint`'s schema, pattern or grammar.
+    pub max_constraint_bytes: u32,
+    /// Tools in one chat request.
+    pub max_tools: u32,
+    /// Bytes of all of a chat's tools (names, descriptions, parameter schemas).
+    pub max_tool_bytes: u32,
 }
 
 impl Default for InputLimits {
@@ -59,6 +65,9 @@ impl Default for InputLimits {
             max_classify_prompts: 64,
             max_logits_prompts: 4,
             max_session_text_bytes: 1 << 20,
+            max_constraint_bytes: 256 << 10,
+            max_tools: 128,
+            max_tool_bytes: 256 << 10,
         }
     }
 }
@@ -159,7 +168,65 @@ pub fn validate_config(c: &GenerateConfig, limits: &InputLimits) -> Result<(), W
         c.stop_tokens.len(),
         "max_stop_tokens",
         limits.max_stop_tokens,
-    )
+    )?;
+    if let Some(constraint) = &c.constraint {
+        within(
+            &format!("config.constraint ({}) bytes", constraint.kind()),
+            constraint.text_len(),
+            "max_constraint_bytes",
+            limits.max_constraint_bytes,
+        )?;
+        if constraint.text_len() == 0 && *constraint != crate::Constraint::JsonObject {
+            return Err(bad(format!("config.constraint ({}) is empty", constraint.kind())));
+        }
+    }
+    Ok(())
+}
+
+/// A tool's name as OpenAI allows it: 1-64 letters, digits, `_` or `-`.
+pub fn is_valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A chat's tools, tool choice and the tool turns of its history.
+fn check_tools(req: &GenerateRequest, chat: bool, limits: &InputLimits) -> Result<(), WireError> {
+    use crate::ToolChoice;
+    if !chat && !req.tools.is_empty() {
+        return Err(bad("tools are only for chat requests".into()));
+    }
+    within("tools has", req.tools.len(), "max_tools", limits.max_tools)?;
+    let bytes: usize = req
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.len())
+        .sum();
+    within("the tools' bytes", bytes, "max_tool_bytes", limits.max_tool_bytes)?;
+    for (i, t) in req.tools.iter().enumerate() {
+        if !is_valid_tool_name(&t.name) {
+            return Err(bad(format!(
+                "tools[{i}].name {:?} must be 1-64 letters, digits, '_' or '-'",
+                t.name
+            )));
+        }
+        if req.tools[..i].iter().any(|o| o.name == t.name) {
+            return Err(bad(format!("tools[{i}].name {:?} is given twice", t.name)));
+        }
+    }
+    match &req.tool_choice {
+        ToolChoice::Required if req.tools.is_empty() => {
+            Err(bad("tool_choice \"required\" needs at least one tool".into()))
+        }
+        ToolChoice::Function { name } if !req.tools.iter().any(|t| &t.name == name) => Err(bad(format!(
+            "tool_choice names function {name:?}, which is not among the request's tools"
+        ))),
+        ToolChoice::Required | ToolChoice::Function { .. } if req.config.constraint.is_some() => Err(bad(
+            "config.constraint cannot be combined with tool_choice required or a named function".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A generate (`chat == false`) or chat request.
@@ -192,6 +259,7 @@ pub fn validate_request(req: &GenerateRequest, chat: bool, limits: &InputLimits)
         "max_tokens",
         limits.max_tokens,
     )?;
+    check_tools(req, chat, limits)?;
     validate_config(&req.config, limits)
 }
 

@@ -24,6 +24,28 @@ pub struct GenerateRequest {
     /// `config.rng_position` says how many sampler draws they took).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resume_tokens: Vec<u32>,
+    /// (1.3) Functions a chat's model may call; their calls come back in the last
+    /// chunk's `tool_calls`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<crate::Tool>,
+    /// (1.3) Whether the model must, may or must not call, or which function.
+    #[serde(default, skip_serializing_if = "is_auto")]
+    pub tool_choice: crate::ToolChoice,
+    /// (1.3) Whether one answer may hold several calls (default true).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub parallel_tool_calls: bool,
+}
+
+fn is_auto(c: &crate::ToolChoice) -> bool {
+    *c == crate::ToolChoice::Auto
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl GenerateRequest {
@@ -35,6 +57,9 @@ impl GenerateRequest {
             messages: None,
             config: GenerateConfig::default(),
             resume_tokens: Vec::new(),
+            tools: Vec::new(),
+            tool_choice: crate::ToolChoice::Auto,
+            parallel_tool_calls: true,
         }
     }
 
@@ -61,6 +86,9 @@ pub enum FinishReason {
     Cancelled,
     /// Ended by an error (see the chunk's `error`).
     Error,
+    /// (1.3) The model called tools (the last chunk's `tool_calls`); only for a
+    /// request that offered tools.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -71,6 +99,7 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
             FinishReason::Error => "error",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -109,6 +138,10 @@ pub struct StreamChunk {
     /// The worker serving the request; set on the first and the last chunk.
     #[serde(default)]
     pub worker_id: Option<String>,
+    /// (1.3) On the last chunk of a request that offered tools: the calls parsed out
+    /// of the answer (their text is not among the tokens).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<crate::ToolCall>,
 }
 
 impl StreamChunk {
@@ -124,6 +157,7 @@ impl StreamChunk {
             metrics: None,
             error: Some(error),
             worker_id: None,
+            tool_calls: Vec::new(),
         }
     }
 }

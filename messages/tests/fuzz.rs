@@ -450,6 +450,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),
+            tool_calls: Vec::new(),
         },
         StreamChunk::failed("req-1", 0, WireError::new(ErrorCode::NoWorker, "none")),
     ]

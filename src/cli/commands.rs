@@ -348,7 +348,9 @@ async fn stream_out(mut stream: switchyard::ResponseStream, json: bool) -> Resul
                 let _ = out.flush();
                 tokens.extend(t);
             }
-            StreamEvent::Done { finish_reason, metrics } => {
+            StreamEvent::Done {
+                finish_reason, metrics, ..
+            } => {
                 if json {
                     let v = serde_json::json!({
                         "text": text,

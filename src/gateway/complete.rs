@@ -5,6 +5,7 @@ use super::errors::ApiError;
 use super::keys::Admitted;
 use super::metrics::Operation;
 use super::openai::{parse, ChatRequest, CompletionRequest, Sampling};
+use super::structured::calls_json;
 use super::Gateway;
 use crate::{GenerateRequest, ResponseStream, StreamEvent};
 use axum::body::Bytes;
@@ -14,8 +15,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::sync::Arc;
-use switchyard_messages::{FinishReason, GenerateMetrics};
+use switchyard_messages::{FinishReason, GenerateMetrics, ToolCall};
 use tracing::Instrument;
 
 /// Which endpoint: the shapes of its answers.
@@ -71,6 +73,7 @@ fn now_secs() -> u64 {
 fn finish(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
         _ => "stop",
     }
 }
@@ -102,8 +105,18 @@ impl Shape {
     }
 
     /// A whole answer.
-    fn whole(&self, text: String, reason: FinishReason, m: &GenerateMetrics) -> Value {
+    fn whole(&self, text: String, reason: FinishReason, m: &GenerateMetrics, calls: &[ToolCall]) -> Value {
         let choice = match self.kind {
+            Kind::Chat if !calls.is_empty() => {
+                let content = if text.trim().is_empty() {
+                    Value::Null
+                } else {
+                    json!(text)
+                };
+                json!({"index": 0, "message": {"role": "assistant", "content": content,
+                                               "tool_calls": calls_json(calls)},
+                       "finish_reason": finish(reason), "logprobs": null})
+            }
             Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
                                  "finish_reason": finish(reason), "logprobs": null}),
             Kind::Completion => json!({"index": 0, "text": text, "finish_reason": finish(reason), "logprobs": null}),
@@ -130,6 +143,15 @@ impl Shape {
         };
         json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
                "choices": [choice]})
+    }
+
+    /// A streamed chunk carrying call `index` whole (OpenAI streams the arguments in
+    /// pieces; one piece is a valid stream).
+    fn call_chunk(&self, index: usize, call: &ToolCall) -> Value {
+        let delta = json!({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                           "function": {"name": call.name, "arguments": call.arguments}}]});
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": null, "logprobs": null}]})
     }
 
     fn usage_chunk(&self, m: &GenerateMetrics) -> Value {
@@ -202,7 +224,8 @@ async fn run(
         };
         op.finish(None);
         admitted.charge(done.metrics.generated_tokens);
-        return Ok(axum::Json(shape.whole(done.text, done.finish_reason, &done.metrics)).into_response());
+        let whole = shape.whole(done.text, done.finish_reason, &done.metrics, &done.tool_calls);
+        return Ok(axum::Json(whole).into_response());
     }
     // The first event decides the status: an error before any token is an HTTP error.
     let first = match stream.next().instrument(span.clone()).await {
@@ -221,11 +244,12 @@ async fn run(
     let state = Streaming {
         stream,
         pending: Some(first),
+        queue: VecDeque::from([shape.chunk(None, None, true).to_string()]),
         shape,
         include_usage: sampling.include_usage(),
         admitted,
         op,
-        phase: Phase::Start,
+        over: false,
         _span: span,
     };
     let events = futures::stream::unfold(state, |mut s| async move {
@@ -235,48 +259,33 @@ async fn run(
     Ok(Sse::new(events).into_response())
 }
 
-enum Phase {
-    Start,
-    Body,
-    Usage(GenerateMetrics),
-    Done,
-    Over,
-}
-
 /// A streamed answer in progress. Dropping it (the HTTP client went away) drops the
 /// [`ResponseStream`], which cancels the request on its worker.
 struct Streaming {
     stream: ResponseStream,
     pending: Option<StreamEvent>,
+    /// Events ready to send, before anything more is read.
+    queue: VecDeque<String>,
     shape: Shape,
     include_usage: bool,
     admitted: Admitted,
     op: Operation,
-    phase: Phase,
+    /// Nothing more to read.
+    over: bool,
     _span: tracing::Span,
 }
 
 impl Streaming {
     /// The next SSE `data`, `None` at the end: a first chunk with the role, a chunk
-    /// per text, the finish chunk, the usage chunk if asked, `[DONE]`; or an error
-    /// event, which ends the stream.
+    /// per text, a chunk per tool call, the finish chunk, the usage chunk if asked,
+    /// `[DONE]`; or an error event, which ends the stream.
     async fn step(&mut self) -> Option<String> {
         loop {
-            match std::mem::replace(&mut self.phase, Phase::Body) {
-                Phase::Start => return Some(self.shape.chunk(None, None, true).to_string()),
-                Phase::Usage(m) => {
-                    self.phase = Phase::Done;
-                    return Some(self.shape.usage_chunk(&m).to_string());
-                }
-                Phase::Done => {
-                    self.phase = Phase::Over;
-                    return Some("[DONE]".to_string());
-                }
-                Phase::Over => {
-                    self.phase = Phase::Over;
-                    return None;
-                }
-                Phase::Body => {}
+            if let Some(data) = self.queue.pop_front() {
+                return Some(data);
+            }
+            if self.over {
+                return None;
             }
             let ev = match self.pending.take() {
                 Some(ev) => Some(Ok(ev)),
@@ -289,24 +298,32 @@ impl Streaming {
                         return Some(self.shape.chunk(Some(&text), None, false).to_string());
                     }
                 }
-                Some(Ok(StreamEvent::Done { finish_reason, metrics })) => {
+                Some(Ok(StreamEvent::Done {
+                    finish_reason,
+                    metrics,
+                    tool_calls,
+                })) => {
                     self.admitted.charge(metrics.generated_tokens);
                     self.op.finish(None);
-                    self.phase = if self.include_usage {
-                        Phase::Usage(metrics)
-                    } else {
-                        Phase::Done
-                    };
-                    return Some(self.shape.chunk(None, Some(finish_reason), false).to_string());
+                    self.over = true;
+                    for (i, call) in tool_calls.iter().enumerate() {
+                        self.queue.push_back(self.shape.call_chunk(i, call).to_string());
+                    }
+                    self.queue
+                        .push_back(self.shape.chunk(None, Some(finish_reason), false).to_string());
+                    if self.include_usage {
+                        self.queue.push_back(self.shape.usage_chunk(&metrics).to_string());
+                    }
+                    self.queue.push_back("[DONE]".to_string());
                 }
                 Some(Err(e)) => {
-                    self.phase = Phase::Over;
+                    self.over = true;
                     let e = ApiError::from(e);
                     self.op.finish(Some(&e.code));
                     return Some(e.body().to_string());
                 }
                 None => {
-                    self.phase = Phase::Over;
+                    self.over = true;
                     return None;
                 }
             }

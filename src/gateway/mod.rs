@@ -14,6 +14,7 @@ pub mod errors;
 pub mod keys;
 pub mod metrics;
 pub mod openai;
+pub mod structured;
 
 use crate::Client;
 use anyhow::{bail, Context};

@@ -73,6 +73,15 @@ pub struct Sampling {
     pub repeat_last_n: Option<u32>,
     pub backend: Option<String>,
     pub worker: Option<String>,
+    // structured output and tools
+    pub response_format: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// switchyard's extras: a regular expression or a Lark grammar the answer must
+    /// match (llguidance's dialect), like vLLM's `guided_regex` / `guided_grammar`.
+    pub regex: Option<String>,
+    pub grammar: Option<String>,
     /// Fields this gateway does not know.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -95,12 +104,17 @@ pub struct ChatRequest {
     pub sampling: Sampling,
 }
 
-/// One message; `content` is a string or a list of text parts.
+/// One message; `content` is a string or a list of text parts. An assistant turn
+/// may carry the `tool_calls` it made; a `tool` turn names the call it answers.
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Value,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 /// `POST /v1/completions`.
@@ -189,6 +203,17 @@ impl Sampling {
         };
         req.head.backend = self.backend.clone().filter(|b| !b.is_empty());
         req.head.worker = self.worker.clone().filter(|w| !w.is_empty());
+        c.constraint = super::structured::constraint(
+            self.response_format.as_ref(),
+            self.regex.as_deref(),
+            self.grammar.as_deref(),
+        )?;
+        super::structured::tools(
+            req,
+            self.tools.as_deref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+        )?;
         Ok(())
     }
 }
@@ -235,14 +260,30 @@ impl ChatRequest {
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
+                "tool" => "tool",
                 other => {
                     return Err(refuse(
                         &format!("messages[{i}].role"),
-                        &format!("{other:?} is not supported (system, developer, user, assistant)"),
+                        &format!("{other:?} is not supported (system, developer, user, assistant, tool)"),
                     ))
                 }
             };
-            messages.push(Message::new(role, content_text(i, &m.content)?));
+            let mut message = Message::new(role, content_text(i, &m.content)?);
+            if let Some(calls) = &m.tool_calls {
+                message.tool_calls = super::structured::history_calls(i, calls)?;
+            }
+            if role == "tool" {
+                match &m.tool_call_id {
+                    Some(id) if !id.is_empty() => message.tool_call_id = Some(id.clone()),
+                    _ => {
+                        return Err(refuse(
+                            &format!("messages[{i}].tool_call_id"),
+                            "a tool message must name the call it answers",
+                        ))
+                    }
+                }
+            }
+            messages.push(message);
         }
         let mut req = GenerateRequest::chat(Client::new_request_id(), self.model.clone(), messages);
         self.sampling.apply(&mut req)?;
@@ -274,6 +315,9 @@ impl CompletionRequest {
             return Err(refuse("best_of", "only 1 is supported"));
         }
         let mut req = GenerateRequest::generate(Client::new_request_id(), self.model.clone(), prompt);
+        if self.sampling.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(refuse("tools", "tools are for /v1/chat/completions"));
+        }
         self.sampling.apply(&mut req)?;
         Ok(req)
     }

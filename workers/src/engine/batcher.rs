@@ -17,6 +17,7 @@
 //! attention over the cache gives the same bits whatever the split.
 
 use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp};
+use super::constraint::Guide;
 use super::model::forward::SeqStep;
 use super::sampler::Sampler;
 use super::stops::{StopCheck, StopFilter};
@@ -39,6 +40,8 @@ struct Running {
     history: Vec<u32>,
     decoder: StreamDecoder,
     stops: StopFilter,
+    /// The request's constraint, when it has one: only tokens it allows are sampled.
+    guide: Option<Guide>,
     generated: usize,
     max_tokens: usize,
 }
@@ -97,7 +100,16 @@ impl Running {
 
     /// Samples from `logits` and emits; true while the generation goes on.
     fn advance(&mut self, mut logits: Vec<f32>, engine: &Engine) -> bool {
-        let next = self.sampler.sample(&mut logits, &self.history);
+        let next = match &mut self.guide {
+            None => self.sampler.sample(&mut logits, &self.history),
+            Some(guide) => match guide.sample(&mut self.sampler, logits, &self.history) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = self.job.events.send(Err(e));
+                    return false;
+                }
+            },
+        };
         let cfg = &self.job.config;
         if engine.tokenizer.eog_ids().contains(&next) || cfg.stop_tokens.contains(&next) {
             // Text the stop-string filter held back (it might have begun a match)
@@ -120,6 +132,12 @@ impl Running {
                 self.finish(FinishReason::Stop, tokens, engine);
                 return false;
             }
+        }
+        if self.guide.as_ref().is_some_and(Guide::is_done) {
+            // The constraint is complete and allows nothing more (not even text
+            // before end-of-generation): the answer is whole.
+            self.finish_flushed(FinishReason::Stop, engine);
+            return false;
         }
         if self.generated >= self.max_tokens {
             self.finish_flushed(FinishReason::Length, engine);
@@ -330,6 +348,18 @@ impl Batcher {
         if let Err(e) = self.engine.check_fits(&prompt, job.config.max_tokens as usize) {
             return fail(&job, e);
         }
+        let mut guide = match &job.config.constraint {
+            None => None,
+            Some(c) => match self.engine.grammars.compile(c) {
+                Ok(g) => Some(g),
+                Err(e) => return fail(&job, e),
+            },
+        };
+        if let (Some(g), Prompt::Continue { generated, .. }) = (&mut guide, &job.prompt) {
+            if let Err(e) = g.replay(generated) {
+                return fail(&job, e);
+            }
+        }
         metrics.prompt_tokens = prompt.len() as u32;
         let claimed = match job.session_slot {
             Some(slot) => {
@@ -351,6 +381,7 @@ impl Batcher {
             history: prompt,
             decoder: StreamDecoder::default(),
             stops: StopFilter::new(&job.config.stop),
+            guide,
             generated: 0,
             max_tokens: job.config.max_tokens as usize,
             job,

@@ -99,6 +99,8 @@ pub struct Slot {
 pub struct Engine {
     pub model: Box<dyn Forward>,
     pub tokenizer: Arc<GgufTokenizer>,
+    /// Constraints compiled against this model's vocabulary.
+    pub grammars: Arc<super::constraint::Grammars>,
     pub template: Arc<ChatTemplate>,
     pub context_len: usize,
     pub last_metrics: Arc<Mutex<GenerateMetrics>>,
@@ -145,9 +147,9 @@ impl Engine {
     pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError> {
         let text = match prompt {
             Prompt::Text(t) => t.clone(),
-            Prompt::Chat(messages) => self
+            Prompt::Chat { messages, tools } => self
                 .template
-                .render(messages, true)
+                .render(messages, tools, true)
                 .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
             Prompt::Tokens(ids) => {
                 let vocab = self.tokenizer.vocab_size() as u32;
@@ -181,6 +183,7 @@ impl Engine {
         let slots = (0..model.sequences()).map(|_| Slot::default()).collect();
         Self {
             model,
+            grammars: Arc::new(super::constraint::Grammars::new(tokenizer.clone())),
             tokenizer,
             template,
             context_len,

@@ -12,7 +12,8 @@
 //!   decode) and chat templates.
 //! - The serving side: [`compute`] (the compute thread's state: slots, jobs,
 //!   sessions), [`batcher`] (continuous batching on that thread), [`kvstore`] (KV
-//!   blocks kept after slots are overwritten), [`sampler`], [`stops`], [`session`].
+//!   blocks kept after slots are overwritten), [`sampler`], [`constraint`] (JSON
+//!   schema / regex / grammar masks per sequence), [`stops`], [`session`].
 //!
 //! [`EngineModel::load`] reads the GGUF once, builds the tokenizer and the template,
 //! and starts the compute thread; [`EngineModel::generate`] sends it a job and
@@ -22,6 +23,7 @@
 pub mod batcher;
 pub mod candle;
 pub mod compute;
+pub mod constraint;
 pub mod kernels;
 pub mod kvstore;
 pub mod model;
@@ -341,7 +343,7 @@ impl EngineModel {
     /// assistant's turn opener (what `chat` tokenizes).
     pub fn render_chat(&self, messages: &[switchyard_messages::Message]) -> Result<String, BackendError> {
         self.template
-            .render(messages, true)
+            .render(messages, &[], true)
             .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))
     }
 
@@ -442,6 +444,10 @@ impl TextModel for EngineModel {
 
     fn resumes(&self) -> bool {
         true
+    }
+
+    fn tool_format(&self) -> switchyard_messages::ToolFormat {
+        self.template.tool_format()
     }
 
     fn model_type(&self) -> &str {

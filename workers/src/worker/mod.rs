@@ -10,6 +10,7 @@ pub mod recent;
 pub mod service;
 pub mod session;
 pub mod telemetry;
+pub mod tools;
 
 use async_nats::service::ServiceExt;
 use batcher::Admission;

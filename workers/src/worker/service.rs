@@ -15,8 +15,8 @@ use switchyard_actors::ChunkSink;
 use switchyard_messages::subjects::HEADER_STREAM_TO;
 use switchyard_messages::{
     check_deadline, decode, encode, validate_batch, validate_classify, validate_request, Admission as AdmissionMsg,
-    BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply, GenerateEvent,
-    GenerateRequest, Prompt, RequestHead, WireError, PROTOCOL_VERSION,
+    BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Constraint, ErrorCode, ErrorReply,
+    FinishReason, GenerateEvent, GenerateRequest, Prompt, RequestHead, WireError, PROTOCOL_VERSION,
 };
 
 pub use super::context::ServeContext;
@@ -90,14 +90,31 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
                 format!("worker {} ({}) cannot resume a stream", ctx.worker_id, ctx.backend),
             ));
         }
-        Ok(req)
+        // A schema or regex that cannot compile is refused before admission, the same
+        // way on every backend. (Lark grammars may name the model's special tokens:
+        // the backend checks them against its vocabulary.)
+        if let Some(c) = req
+            .config
+            .constraint
+            .as_ref()
+            .filter(|c| !matches!(c, Constraint::Lark { .. }))
+        {
+            crate::engine::constraint::check(c).map_err(|e| e.to_wire())?;
+        }
+        // Tools: the prompt the backend runs and what parses calls out of it.
+        let plan = if chat {
+            Some(super::tools::plan(&req, ctx.model.tool_format())?)
+        } else {
+            None
+        };
+        Ok((req, plan))
     });
     let admitted = match admitted {
-        Ok(req) => ctx.admission.admit().await.map(|permit| (req, permit)),
+        Ok((req, plan)) => ctx.admission.admit().await.map(|permit| (req, plan, permit)),
         Err(e) => Err(e),
     };
 
-    let (req, permit) = match admitted {
+    let (req, plan, permit) = match admitted {
         Ok(ok) => ok,
         Err(error) => {
             tracing::debug!(worker = %ctx.worker_id, code = %error.code, "refused: {}", error.message);
@@ -128,10 +145,15 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     );
     sink.tokens(Vec::new()).await;
     let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
-    let mut prompt = if chat {
-        Prompt::Chat(req.messages.clone().unwrap_or_default())
-    } else {
-        Prompt::Text(req.prompt.clone().unwrap_or_default())
+    let mut config = req.config.clone();
+    let (mut prompt, calls) = match plan {
+        Some(plan) => {
+            if plan.constraint.is_some() {
+                config.constraint = plan.constraint;
+            }
+            (plan.prompt, plan.filter)
+        }
+        None => (Prompt::Text(req.prompt.clone().unwrap_or_default()), None),
     };
     if !req.resume_tokens.is_empty() {
         prompt = Prompt::Continue {
@@ -179,8 +201,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
     let attrs = crate::worker::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
     let run = async {
-        let events = ctx.model.generate(prompt, req.config.clone(), cancel.clone());
-        pump(&ctx, &sink, events, &cancel, req.head.deadline_ms, &attrs).await;
+        let events = ctx.model.generate(prompt, config, cancel.clone());
+        pump(&ctx, &sink, events, &cancel, req.head.deadline_ms, &attrs, calls).await;
     };
     tracing::Instrument::instrument(run, span).await;
     ctx.cancels.remove(&req.head.request_id);
@@ -194,6 +216,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
 /// client is gone, `deadline_exceeded` when `deadline_ms` passes. Runs inside the
 /// generation's span: opens `prefill` (until the first token) and `decode` child
 /// spans, fills the span's usage fields, and records the GenAI metrics with `attrs`.
+/// With `calls` (a request that offered tools), the calls' text is held back and
+/// parsed into the last chunk's `tool_calls`.
 pub async fn pump(
     ctx: &ServeContext,
     sink: &ChunkSink,
@@ -201,6 +225,7 @@ pub async fn pump(
     cancel: &switchyard_messages::CancelFlag,
     deadline_ms: Option<u64>,
     attrs: &[opentelemetry::KeyValue],
+    mut calls: Option<super::tools::calls::CallFilter>,
 ) {
     let started = Instant::now();
     let span = tracing::Span::current();
@@ -262,13 +287,38 @@ pub async fn pump(
                         first_token_at = Some(std::time::SystemTime::now());
                         phase = Some(tracing::info_span!("decode"));
                     }
-                    out.push(t, Instant::now());
+                    match &mut calls {
+                        Some(filter) => {
+                            for t in filter.push(t) {
+                                out.push(t, Instant::now());
+                            }
+                        }
+                        None => out.push(t, Instant::now()),
+                    }
                     if out.has_room() {
                         next = events.next().now_or_never();
                     }
                 }
-                Some(Ok(GenerateEvent::Done { finish_reason, metrics })) => {
+                Some(Ok(GenerateEvent::Done {
+                    mut finish_reason,
+                    metrics,
+                })) => {
                     drop(phase.take());
+                    let mut tool_calls = Vec::new();
+                    if let Some(filter) = &mut calls {
+                        let (tail, parsed) = filter.finish();
+                        for t in tail {
+                            out.push(t, Instant::now());
+                        }
+                        // Calls cut off by max_tokens keep `length`; the whole ones still
+                        // come back.
+                        if finish_reason == FinishReason::Stop && !parsed.is_empty() {
+                            finish_reason = FinishReason::ToolCalls;
+                        }
+                        if matches!(finish_reason, FinishReason::ToolCalls | FinishReason::Length) {
+                            tool_calls = parsed;
+                        }
+                    }
                     if let Some(first) = first_token_at {
                         crate::worker::telemetry::record_phases(&span, admitted_at, metrics.queue_us, first);
                     }
@@ -280,7 +330,7 @@ pub async fn pump(
                     span.record("switchyard.queue_us", switchyard_actors::trace::int(metrics.queue_us));
                     crate::worker::telemetry::record_success(attrs, &metrics);
                     // The held tokens ride on the final chunk.
-                    sink.done(out.take(), finish_reason, metrics).await;
+                    sink.finish(out.take(), finish_reason, metrics, tool_calls).await;
                     return;
                 }
                 Some(Err(e)) => {

@@ -290,6 +290,7 @@ impl Inner {
             metrics,
             error: None,
             worker_id: (seq == 0 || done).then(|| w.spec.id.clone()),
+            tool_calls: Vec::new(),
         };
         let token = || Token {
             id: 1,

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use switchyard_messages::{
-    BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, ModelInfo, Prompt, Token,
+    BackendError, CancelFlag, Constraint, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, ModelInfo,
+    Prompt, Token,
 };
 
 /// How often the health loop asks `/health`.
@@ -227,7 +228,7 @@ impl LlamaCppModel {
                     "resuming a stream is not supported by llama.cpp workers".into(),
                 ))
             }
-            Prompt::Chat(messages) => {
+            Prompt::Chat { messages, .. } => {
                 let messages: Vec<Value> = messages
                     .iter()
                     .map(|m| json!({"role": m.role, "content": m.content}))
@@ -277,7 +278,31 @@ pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value
     if let Some(seed) = c.seed {
         body["seed"] = json!(seed);
     }
+    // llama.cpp enforces a JSON schema itself (converted to its GBNF grammar); the
+    // worker refuses the other kinds before this ([`constraint_supported`]).
+    match &c.constraint {
+        Some(Constraint::JsonObject) => body["json_schema"] = json!({"type": "object"}),
+        Some(Constraint::JsonSchema { schema }) => {
+            body["json_schema"] = serde_json::from_str(schema).unwrap_or(Value::Null);
+        }
+        _ => {}
+    }
     body
+}
+
+/// Whether llama-server can enforce `c`: JSON schemas and "any JSON object" it
+/// converts to its own grammars; regexes and Lark grammars it cannot take (a
+/// llama-server built without llguidance reads GBNF only), and those are refused
+/// rather than run unconstrained.
+pub fn constraint_supported(c: &GenerateConfig) -> Result<(), BackendError> {
+    match &c.constraint {
+        None | Some(Constraint::JsonObject) | Some(Constraint::JsonSchema { .. }) => Ok(()),
+        Some(other) => Err(BackendError::Invalid(format!(
+            "config.constraint of type {} is not supported by llama.cpp workers (json_schema and json_object are); \
+             route it to a cpu or metal worker",
+            other.kind()
+        ))),
+    }
 }
 
 /// Metrics from a completion's `timings`.
@@ -308,6 +333,7 @@ impl LlamaCppModel {
         tx: &tokio::sync::mpsc::Sender<Result<GenerateEvent, BackendError>>,
         slot: Option<u32>,
     ) -> Result<(), BackendError> {
+        constraint_supported(config)?;
         let prompt = self.prompt_value(&prompt, config.max_tokens).await?;
         let mut body = completion_body(prompt, config, true);
         if let Some(slot) = slot {

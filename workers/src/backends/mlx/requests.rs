@@ -9,8 +9,8 @@ use crate::engine::stops::{StopCheck, StopFilter};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use switchyard_messages::{
-    BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, GenerateStream, Message,
-    Prompt, Token,
+    BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, GenerateStream, Prompt,
+    Token,
 };
 
 fn metrics_from(m: &Value) -> GenerateMetrics {
@@ -47,10 +47,10 @@ pub(super) fn floats(b64: &Value) -> Result<Vec<f32>, BackendError> {
 pub(super) fn prompt_fields(prompt: &Prompt) -> Value {
     match prompt {
         Prompt::Text(t) => json!({"prompt": t}),
-        Prompt::Chat(m) => {
-            let m: Vec<Value> = m
+        Prompt::Chat { messages, .. } => {
+            let m: Vec<Value> = messages
                 .iter()
-                .map(|Message { role, content }| json!({"role": role, "content": content}))
+                .map(|m| json!({"role": m.role, "content": m.content}))
                 .collect();
             json!({"messages": m})
         }
@@ -84,6 +84,8 @@ pub(super) fn config_json(config: &GenerateConfig) -> Value {
         "repeat_last_n": config.repeat_last_n,
         "seed": config.seed,
         "stop_tokens": config.stop_tokens,
+        // The same tagged map as on the wire, JSON texts as strings.
+        "constraint": config.constraint,
     })
 }
 

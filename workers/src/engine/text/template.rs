@@ -2,14 +2,16 @@
 //! minijinja and its Python-compatibility methods (`.strip()`, `.items()`, …), the
 //! way llama.cpp's server renders them.
 
-use minijinja::{context, Environment, Error, ErrorKind};
-use switchyard_messages::Message;
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+use serde_json::json;
+use switchyard_messages::{Message, Tool, ToolFormat};
 
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    tool_format: ToolFormat,
 }
 
 impl ChatTemplate {
@@ -26,23 +28,77 @@ impl ChatTemplate {
             env,
             bos: bos.to_string(),
             eos: eos.to_string(),
+            tool_format: tool_format(source),
         })
     }
 
-    /// Renders `messages`, ending with the assistant's turn opener when
-    /// `add_generation_prompt` is set.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, Error> {
+    /// How this template shows tools.
+    pub fn tool_format(&self) -> ToolFormat {
+        self.tool_format
+    }
+
+    /// Renders `messages` (and `tools`, for a template with a tools section), ending
+    /// with the assistant's turn opener when `add_generation_prompt` is set. Tools
+    /// and calls take OpenAI's shapes (`{"type": "function", "function": {…}}`), the
+    /// arguments as objects, as Hugging Face's `apply_chat_template` passes them.
+    pub fn render(&self, messages: &[Message], tools: &[Tool], add_generation_prompt: bool) -> Result<String, Error> {
         let tmpl = self.env.get_template("chat")?;
-        let messages: Vec<_> = messages
-            .iter()
-            .map(|m| context! { role => m.role.clone(), content => m.content.clone() })
-            .collect();
+        let messages: Vec<Value> = messages.iter().map(message_value).collect();
+        let tools: Option<Vec<Value>> = (!tools.is_empty()).then(|| tools.iter().map(tool_value).collect());
         tmpl.render(context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos.clone(),
             eos_token => self.eos.clone(),
         })
+    }
+}
+
+/// JSON text as a value (an unparsable text stays a string).
+fn json_value(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_string()))
+}
+
+fn message_value(m: &Message) -> Value {
+    let mut v = json!({"role": m.role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        v["tool_calls"] = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                json!({"id": c.id, "type": "function",
+                       "function": {"name": c.name, "arguments": json_value(&c.arguments)}})
+            })
+            .collect();
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = json!(id);
+    }
+    Value::from_serialize(&v)
+}
+
+fn tool_value(t: &Tool) -> Value {
+    let parameters = if t.parameters.is_empty() {
+        json!({"type": "object"})
+    } else {
+        json_value(&t.parameters)
+    };
+    Value::from_serialize(json!({"type": "function",
+        "function": {"name": t.name, "description": t.description, "parameters": parameters}}))
+}
+
+/// What a template's source says about tools: Hermes-style `<tool_call>` tags
+/// (Qwen 2.5/3, Hermes), Llama 3.x's JSON calls, or no tools section.
+pub fn tool_format(source: &str) -> ToolFormat {
+    if !source.contains("tools") {
+        ToolFormat::Generic
+    } else if source.contains("<tool_call>") {
+        ToolFormat::Hermes
+    } else if source.contains("<|python_tag|>") || source.contains("ipython") {
+        ToolFormat::Llama3
+    } else {
+        ToolFormat::Generic
     }
 }
 
@@ -61,14 +117,14 @@ mod tests {
             "</s>",
         )
         .unwrap();
-        let out = t.render(&[Message::new("user", "  hi ")], true).unwrap();
+        let out = t.render(&[Message::new("user", "  hi ")], &[], true).unwrap();
         assert_eq!(out, "<user>hi<assistant></s>");
     }
 
     #[test]
     fn raise_exception_is_an_error() {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").unwrap();
-        let err = t.render(&[], false).unwrap_err();
+        let err = t.render(&[], &[], false).unwrap_err();
         assert!(err.to_string().contains("no system role"));
     }
 }

@@ -1,0 +1,232 @@
+//! Tool calling on every backend: what the worker does around the model for a chat
+//! request that offers tools.
+//!
+//! - [`plan`] turns the request into what the backend runs: the conversation (with
+//!   the tools for a template that has a tools section; rendered into a system turn
+//!   and plain turns for one that has not, see [`generic`]) and, for `tool_choice`
+//!   `required` or a named function, a [`Constraint`] that makes the model write a
+//!   call that parses and whose arguments match the function's schema.
+//! - [`calls::CallFilter`] watches the generated text: content streams on, the
+//!   calls' text is held back and parsed into [`ToolCall`]s for the last chunk.
+//!
+//! Every backend gets the same treatment, because all of it happens here, around
+//! [`TextModel::generate`](switchyard_messages::TextModel::generate).
+
+pub mod calls;
+pub mod generic;
+
+use serde_json::{json, Value};
+use switchyard_messages::{Constraint, GenerateRequest, Message, Prompt, Tool, ToolChoice, ToolFormat, WireError};
+
+/// What the worker runs for one chat request.
+pub struct Plan {
+    /// The prompt for the backend.
+    pub prompt: Prompt,
+    /// A constraint forcing a call (`required`, a named function).
+    pub constraint: Option<Constraint>,
+    /// Parses calls out of the answer; `None` when the request offered no tools.
+    pub filter: Option<calls::CallFilter>,
+}
+
+fn bad(message: String) -> WireError {
+    WireError::new(switchyard_messages::ErrorCode::BadRequest, message)
+}
+
+/// A tool's parameters as a JSON value (`{"type": "object"}` when empty), or a
+/// `bad_request` naming the tool.
+pub fn parameters(i: usize, tool: &Tool) -> Result<Value, WireError> {
+    if tool.parameters.trim().is_empty() {
+        return Ok(json!({"type": "object"}));
+    }
+    let v: Value = serde_json::from_str(&tool.parameters)
+        .map_err(|e| bad(format!("tools[{i}].parameters ({}) is not JSON: {e}", tool.name)))?;
+    if !v.is_object() {
+        return Err(bad(format!(
+            "tools[{i}].parameters ({}) must be a JSON Schema object",
+            tool.name
+        )));
+    }
+    Ok(v)
+}
+
+/// The chat `req` as the backend should run it, given how its template shows tools.
+pub fn plan(req: &GenerateRequest, format: ToolFormat) -> Result<Plan, WireError> {
+    let messages = req.messages.clone().unwrap_or_default();
+    if req.tools.is_empty() && !mentions_tools(&messages) {
+        return Ok(Plan {
+            prompt: Prompt::chat(messages),
+            constraint: None,
+            filter: None,
+        });
+    }
+    let mut schemas = Vec::with_capacity(req.tools.len());
+    for (i, t) in req.tools.iter().enumerate() {
+        let schema = parameters(i, t)?;
+        crate::engine::constraint::check_schema(&schema)
+            .map_err(|e| bad(format!("tools[{i}].parameters ({}): {e}", t.name)))?;
+        schemas.push(schema);
+    }
+    // `none`: the model is not shown the tools (the history still is).
+    let offered: Vec<Tool> = if req.tool_choice == ToolChoice::None {
+        Vec::new()
+    } else {
+        req.tools.clone()
+    };
+    let prompt = match format {
+        ToolFormat::Hermes | ToolFormat::Llama3 => Prompt::Chat {
+            messages,
+            tools: offered.clone(),
+        },
+        _ => Prompt::chat(generic::render(&messages, &offered, &schemas)),
+    };
+    let forced: Vec<(&Tool, &Value)> = match &req.tool_choice {
+        ToolChoice::Required => req.tools.iter().zip(&schemas).collect(),
+        ToolChoice::Function { name } => req
+            .tools
+            .iter()
+            .zip(&schemas)
+            .filter(|(t, _)| &t.name == name)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let constraint = (!forced.is_empty()).then(|| call_grammar(&forced, format, req.parallel_tool_calls));
+    let filter = (!offered.is_empty()).then(|| calls::CallFilter::new(format, req.parallel_tool_calls));
+    Ok(Plan {
+        prompt,
+        constraint,
+        filter,
+    })
+}
+
+/// The JSON schema of one call of any of `tools`: `{"name": <one of them>,
+/// <args_key>: <its parameters>}`.
+fn call_schema(tools: &[(&Tool, &Value)], args_key: &str) -> Value {
+    let one = |(t, params): &(&Tool, &Value)| {
+        json!({
+            "type": "object",
+            "properties": {"name": {"const": t.name}, args_key: params},
+            "required": ["name", args_key],
+            "additionalProperties": false,
+        })
+    };
+    match tools {
+        [single] => one(single),
+        many => json!({"anyOf": many.iter().map(one).collect::<Vec<_>>()}),
+    }
+}
+
+/// Most calls one answer may hold when parallel calls are allowed: the grammar
+/// then ends the answer, so a small model that repeats itself stops early.
+pub const MAX_PARALLEL_CALLS: usize = 4;
+
+/// A Lark grammar (llguidance's dialect) whose sentences are one call — or, when
+/// `parallel`, up to [`MAX_PARALLEL_CALLS`] — of `tools`, written as the model's
+/// format writes them.
+pub fn call_grammar(tools: &[(&Tool, &Value)], format: ToolFormat, parallel: bool) -> Constraint {
+    let (separator, call) = match format {
+        ToolFormat::Llama3 => ("; ", format!("call: %json {}\n", call_schema(tools, "parameters"))),
+        _ => (
+            "\\n",
+            format!(
+                "call: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {}\n",
+                call_schema(tools, "arguments")
+            ),
+        ),
+    };
+    // call ("sep" call ("sep" call)?)? …: one to the most calls.
+    let mut start = String::from("call");
+    if parallel {
+        for _ in 1..MAX_PARALLEL_CALLS {
+            start.push_str(&format!(" (\"{separator}\" call"));
+        }
+        start.push_str(&")?".repeat(MAX_PARALLEL_CALLS - 1));
+    }
+    Constraint::Lark {
+        grammar: format!("start: {start}\n{call}"),
+    }
+}
+
+/// A new call id, `call_` and 24 letters and digits.
+pub fn call_id() -> String {
+    format!("call_{}", nuid::next().as_str().to_ascii_lowercase())
+}
+
+/// Whether `messages` hold anything of tools (calls or tool turns).
+pub fn mentions_tools(messages: &[Message]) -> bool {
+    messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str, params: &str) -> Tool {
+        Tool {
+            name: name.into(),
+            description: format!("does {name}"),
+            parameters: params.into(),
+        }
+    }
+
+    #[test]
+    fn required_builds_a_grammar_over_every_tool() {
+        let mut req = GenerateRequest::chat("r", "", vec![Message::new("user", "hi")]);
+        req.tools = vec![
+            tool("a", r#"{"type":"object","properties":{"x":{"type":"integer"}}}"#),
+            tool("b", ""),
+        ];
+        req.tool_choice = ToolChoice::Required;
+        let plan = plan(&req, ToolFormat::Generic).unwrap();
+        let Some(Constraint::Lark { grammar }) = plan.constraint else {
+            panic!("no grammar")
+        };
+        assert!(
+            grammar.contains("anyOf") && grammar.contains("<tool_call>"),
+            "{grammar}"
+        );
+        assert!(
+            grammar.starts_with("start: call (\"\\n\" call (\"\\n\" call (\"\\n\" call)?)?)?\n"),
+            "{grammar}"
+        );
+        assert!(plan.filter.is_some());
+        // The generic format puts the tools into a system turn.
+        let Prompt::Chat { messages, tools } = plan.prompt else {
+            panic!()
+        };
+        assert!(tools.is_empty());
+        assert_eq!(messages[0].role, "system");
+        assert!(
+            messages[0].content.contains("\"name\": \"a\""),
+            "{}",
+            messages[0].content
+        );
+    }
+
+    #[test]
+    fn broken_parameters_are_a_bad_request_naming_the_tool() {
+        let mut req = GenerateRequest::chat("r", "", vec![Message::new("user", "hi")]);
+        req.tools = vec![tool("ok", ""), tool("broken", "{not json")];
+        let e = plan(&req, ToolFormat::Generic).err().unwrap();
+        assert!(e.message.contains("tools[1].parameters (broken)"), "{}", e.message);
+        req.tools[1].parameters = r#"{"type":"object","properties":{"x":{"type":"strng"}}}"#.into();
+        let e = plan(&req, ToolFormat::Generic).err().unwrap();
+        assert!(
+            e.message.contains("tools[1].parameters (broken)") && e.message.contains("/properties/x"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn none_hides_the_tools_and_parses_nothing() {
+        let mut req = GenerateRequest::chat("r", "", vec![Message::new("user", "hi")]);
+        req.tools = vec![tool("a", "")];
+        req.tool_choice = ToolChoice::None;
+        let plan = plan(&req, ToolFormat::Hermes).unwrap();
+        assert!(plan.filter.is_none() && plan.constraint.is_none());
+        let Prompt::Chat { tools, .. } = plan.prompt else {
+            panic!()
+        };
+        assert!(tools.is_empty());
+    }
+}
