@@ -125,14 +125,32 @@ impl Grammars {
     }
 }
 
+/// Whitespace JSON may hold between tokens: one space or tab, or one or two
+/// newlines and up to 20 spaces or tabs of indent (llama.cpp's rule). llguidance's
+/// default, any amount, lets a small model at temperature 1 write newlines until
+/// `max_tokens`. The MLX bridge uses the same pattern.
+pub const JSON_WHITESPACE: &str = r"[\x20\x09]|\x0A{1,2}[\x20\x09]{0,20}";
+
+/// `schema` with llguidance's whitespace option set to [`JSON_WHITESPACE`], unless
+/// it sets its own (`x-guidance`).
+pub fn bounded_whitespace(mut schema: Value) -> Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));
+    }
+    schema
+}
+
 /// The llguidance grammar of a constraint.
 pub fn top_level(constraint: &Constraint) -> Result<TopLevelGrammar, BackendError> {
     Ok(match constraint {
-        Constraint::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"})),
+        Constraint::JsonObject => {
+            TopLevelGrammar::from_json_schema(bounded_whitespace(serde_json::json!({"type": "object"})))
+        }
         Constraint::JsonSchema { schema } => {
             let value: serde_json::Value = serde_json::from_str(schema)
                 .map_err(|e| invalid(constraint, &format!("the schema is not JSON: {e}")))?;
-            TopLevelGrammar::from_json_schema(value)
+            TopLevelGrammar::from_json_schema(bounded_whitespace(value))
         }
         Constraint::Regex { pattern } => TopLevelGrammar::from_regex(pattern),
         Constraint::Lark { grammar } => TopLevelGrammar::from_lark(grammar.clone()),

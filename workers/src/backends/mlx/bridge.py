@@ -112,6 +112,20 @@ def common_prefix(a, b):
 CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
 
 
+# Whitespace JSON may hold between tokens: one space, or one or two newlines and up to
+# 20 spaces or tabs of indent (llama.cpp's rule). Unbounded whitespace lets a small
+# model at temperature 1 write newlines until max_tokens. The CPU engine uses the
+# same pattern (workers/src/engine/constraint.rs, JSON_WHITESPACE).
+JSON_WHITESPACE = r"[\x20\x09]|\x0A{1,2}[\x20\x09]{0,20}"
+
+
+def bounded_whitespace(schema):
+    """The schema with llguidance's whitespace option set, unless it sets its own."""
+    if isinstance(schema, dict) and "x-guidance" not in schema:
+        schema = dict(schema, **{"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}})
+    return schema
+
+
 def grammar_of(constraint):
     """The llguidance grammar (its JSON text) of a `config.constraint`; BridgeError
     `bad_request` when the constraint is malformed or llguidance is missing."""
@@ -137,14 +151,14 @@ def grammar_of(constraint):
 
     try:
         if kind == "json_object":
-            return LLMatcher.grammar_from_json_schema('{"type": "object"}')
+            return LLMatcher.grammar_from_json_schema(json.dumps(bounded_whitespace({"type": "object"})))
         if kind == "json_schema":
             text = field("schema")
             try:
-                json.loads(text)
+                schema = json.loads(text)
             except ValueError as e:
                 raise BridgeError("bad_request", f"config.constraint (json_schema): the schema is not JSON: {e}")
-            return LLMatcher.grammar_from_json_schema(text)
+            return LLMatcher.grammar_from_json_schema(json.dumps(bounded_whitespace(schema)))
         if kind == "regex":
             return LLMatcher.grammar_from_regex(field("pattern"))
         return LLMatcher.grammar_from_lark(field("grammar"))

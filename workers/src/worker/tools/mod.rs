@@ -109,10 +109,11 @@ fn call_schema(tools: &[(&Tool, &Value)], args_key: &str) -> Value {
             "additionalProperties": false,
         })
     };
-    match tools {
+    let schema = match tools {
         [single] => one(single),
         many => json!({"anyOf": many.iter().map(one).collect::<Vec<_>>()}),
-    }
+    };
+    crate::engine::constraint::bounded_whitespace(schema)
 }
 
 /// Most calls one answer may hold when parallel calls are allowed: the grammar
