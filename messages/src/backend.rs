@@ -293,6 +293,13 @@ pub trait TextModel: Send + Sync {
     fn tool_format(&self) -> ToolFormat {
         ToolFormat::Generic
     }
+    /// Whether this backend enforces `constraint` exactly; `Err` says what it would
+    /// not enforce (the worker then refuses the request as retryable `unavailable`,
+    /// so a coordinator tries a worker that does).
+    fn enforces(&self, constraint: &crate::Constraint) -> Result<(), String> {
+        let _ = constraint;
+        Ok(())
+    }
     /// Whether [`Prompt::Continue`] is supported (a lost stream resumes here).
     fn resumes(&self) -> bool {
         false

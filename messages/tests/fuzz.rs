@@ -377,6 +377,9 @@ fn seed_config() -> GenerateConfig {
         stop: vec!["\n\n".into(), "</s>".into()],
         return_logits: true,
         rng_position: 3,
+        constraint: Some(switchyard_messages::Constraint::JsonSchema {
+            schema: r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#.into(),
+        }),
     }
 }
 
@@ -399,7 +402,27 @@ fn seed_generate() -> Vec<GenerateRequest> {
         vec![Message::new("system", "Be brief."), Message::new("user", "hi")],
     );
     chat.config = seed_config();
-    vec![full, chat, GenerateRequest::generate("r", "", "x")]
+    chat.config.constraint = None;
+    let mut tools = GenerateRequest::chat("req-3", "smollm2", vec![Message::new("user", "time?")]);
+    let mut call = Message::new("assistant", "");
+    call.tool_calls = vec![switchyard_messages::ToolCall {
+        id: "call_1".into(),
+        name: "get_time".into(),
+        arguments: "{}".into(),
+    }];
+    let mut answer = Message::new("tool", "12:00");
+    answer.tool_call_id = Some("call_1".into());
+    tools.messages.as_mut().unwrap().extend([call, answer]);
+    tools.tools = vec![switchyard_messages::Tool {
+        name: "get_time".into(),
+        description: "the time".into(),
+        parameters: r#"{"type":"object"}"#.into(),
+    }];
+    tools.tool_choice = switchyard_messages::ToolChoice::Function {
+        name: "get_time".into(),
+    };
+    tools.parallel_tool_calls = false;
+    vec![full, chat, tools, GenerateRequest::generate("r", "", "x")]
 }
 
 fn seed_classify() -> Vec<ClassifyRequest> {

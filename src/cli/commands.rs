@@ -143,6 +143,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(super::BenchCommand::Mlx(args)) => super::bench::mlx::run(config, &args).await,
         Command::Bench(super::BenchCommand::Stall(args)) => super::bench::stall::run(&args).await,
+        Command::Bench(super::BenchCommand::Structured(args)) => {
+            let models = match args.model.is_empty() {
+                true => super::bench::structured::default_models(),
+                false => args.model.clone(),
+            };
+            super::bench::structured::structured(&models, args.threads, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Fabric(args)) => {
             args.worker.apply(&mut config);
             config.validate()?;
@@ -307,7 +315,11 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn request(s: &SamplingFlags, prompt: Option<String>, messages: Option<Vec<Message>>) -> GenerateRequest {
+fn request(
+    s: &SamplingFlags,
+    prompt: Option<String>,
+    messages: Option<Vec<Message>>,
+) -> anyhow::Result<GenerateRequest> {
     let mut req = GenerateRequest::generate(Client::new_request_id(), s.model.clone(), "");
     req.prompt = prompt;
     req.messages = messages;
@@ -328,7 +340,8 @@ fn request(s: &SamplingFlags, prompt: Option<String>, messages: Option<Vec<Messa
     c.stop = s.stop.clone();
     req.head.backend = s.backend.clone();
     req.head.worker = s.worker.clone();
-    req
+    req.config.constraint = s.constraint()?;
+    Ok(req)
 }
 
 /// Streams a response to stdout (or collects it for --json); returns the text.
@@ -388,7 +401,7 @@ fn report(e: ClientError) -> anyhow::Result<ExitCode> {
 
 async fn generate(config: &Config, args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let client = client(config, args.sampling.stall_timeout_ms).await?;
-    let req = request(&args.sampling, Some(args.prompt), None);
+    let req = request(&args.sampling, Some(args.prompt), None)?;
     let stream = client.generate(req).await?;
     match stream_out(stream, args.sampling.json).await {
         Ok(_) => Ok(ExitCode::SUCCESS),
@@ -401,7 +414,7 @@ async fn chat(config: &Config, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let mut history: Vec<Message> = args.system.iter().map(|s| Message::new("system", s.clone())).collect();
     if let Some(message) = args.message {
         history.push(Message::new("user", message));
-        let stream = client.chat(request(&args.sampling, None, Some(history))).await?;
+        let stream = client.chat(request(&args.sampling, None, Some(history))?).await?;
         return match stream_out(stream, args.sampling.json).await {
             Ok(_) => Ok(ExitCode::SUCCESS),
             Err(e) => report(e),
@@ -417,7 +430,7 @@ async fn chat(config: &Config, args: ChatArgs) -> anyhow::Result<ExitCode> {
         }
         history.push(Message::new("user", line.trim_end().to_string()));
         let stream = client
-            .chat(request(&args.sampling, None, Some(history.clone())))
+            .chat(request(&args.sampling, None, Some(history.clone()))?)
             .await?;
         match stream_out(stream, false).await {
             Ok(answer) => history.push(Message::new("assistant", answer)),

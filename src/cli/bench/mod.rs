@@ -14,6 +14,7 @@ pub mod mlx;
 pub mod prefix;
 pub mod routing;
 pub mod stall;
+pub mod structured;
 
 use futures::StreamExt;
 use std::sync::Arc;

@@ -101,9 +101,23 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         {
             crate::engine::constraint::check(c).map_err(|e| e.to_wire())?;
         }
+        if let Some(c) = &req.config.constraint {
+            // Retryable: another worker (cpu, metal) enforces what this one cannot.
+            ctx.model.enforces(c).map_err(|why| {
+                WireError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "worker {} ({}) cannot enforce config.constraint: {why}",
+                        ctx.worker_id, ctx.backend
+                    ),
+                )
+            })?;
+        }
         // Tools: the prompt the backend runs and what parses calls out of it.
         let plan = if chat {
-            Some(super::tools::plan(&req, ctx.model.tool_format())?)
+            Some(super::tools::plan(&req, ctx.model.tool_format(), &|c| {
+                ctx.model.enforces(c)
+            })?)
         } else {
             None
         };

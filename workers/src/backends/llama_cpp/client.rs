@@ -278,8 +278,8 @@ pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value
     if let Some(seed) = c.seed {
         body["seed"] = json!(seed);
     }
-    // llama.cpp enforces a JSON schema itself (converted to its GBNF grammar); the
-    // worker refuses the other kinds before this ([`constraint_supported`]).
+    // llama.cpp enforces a JSON schema itself (converted to its GBNF grammar); what it
+    // cannot enforce is refused before this ([`constraint_supported`]).
     match &c.constraint {
         Some(Constraint::JsonObject) => body["json_schema"] = json!({"type": "object"}),
         Some(Constraint::JsonSchema { schema }) => {
@@ -290,18 +290,13 @@ pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value
     body
 }
 
-/// Whether llama-server can enforce `c`: JSON schemas and "any JSON object" it
-/// converts to its own grammars; regexes and Lark grammars it cannot take (a
-/// llama-server built without llguidance reads GBNF only), and those are refused
-/// rather than run unconstrained.
+/// Whether llama-server enforces `c` ([`super::constraint::support`]): checked by the
+/// worker before admission, and here again for direct callers.
 pub fn constraint_supported(c: &GenerateConfig) -> Result<(), BackendError> {
     match &c.constraint {
-        None | Some(Constraint::JsonObject) | Some(Constraint::JsonSchema { .. }) => Ok(()),
-        Some(other) => Err(BackendError::Invalid(format!(
-            "config.constraint of type {} is not supported by llama.cpp workers (json_schema and json_object are); \
-             route it to a cpu or metal worker",
-            other.kind()
-        ))),
+        Some(constraint) => super::constraint::support(constraint)
+            .map_err(|why| BackendError::Invalid(format!("config.constraint: {why}"))),
+        None => Ok(()),
     }
 }
 

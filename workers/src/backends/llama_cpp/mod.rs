@@ -8,6 +8,8 @@
 //!   server has no parameter for, are applied here: the stream ends before the token,
 //!   and dropping the response makes the server stop generating.
 //! - Chat prompts are rendered by the server's own template (`/apply-template`).
+//! - Constraints: JSON schemas go to the server as `json_schema`; what its converter
+//!   would not enforce is refused before admission ([`constraint`]).
 //! - `classify`: one-token completions with `n_probs`, concurrently (the server
 //!   spreads them over its slots).
 //! - `info`: `/props` (context size); metrics from each completion's `timings`.
@@ -21,6 +23,7 @@
 
 mod backend;
 pub mod client;
+pub mod constraint;
 pub mod session;
 mod text_model;
 

@@ -12,6 +12,10 @@ use switchyard_messages::{
 };
 
 impl TextModel for LlamaCppModel {
+    fn enforces(&self, constraint: &switchyard_messages::Constraint) -> Result<(), String> {
+        super::constraint::support(constraint)
+    }
+
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
         let this = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<GenerateEvent, BackendError>>(64);

@@ -121,6 +121,59 @@ mod tests {
         assert_eq!(out, "<user>hi<assistant></s>");
     }
 
+    /// The tools parts of Qwen 2.5's template (Hermes-style), abridged.
+    const HERMES: &str = r#"{%- if tools %}<|im_start|>system
+# Tools
+<tools>{%- for tool in tools %}
+{{ tool | tojson }}{%- endfor %}
+</tools>
+For each function call, return <tool_call></tool_call><|im_end|>
+{%- endif %}{%- for message in messages %}{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+<tool_call>
+{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}
+</tool_call>{%- endfor %}<|im_end|>{%- elif message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>{%- else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{%- endif %}"#;
+
+    #[test]
+    fn a_hermes_template_renders_tools_and_calls() {
+        let t = ChatTemplate::new(HERMES, "", "<|im_end|>").unwrap();
+        assert_eq!(t.tool_format(), ToolFormat::Hermes);
+        let mut call = Message::new("assistant", "");
+        call.tool_calls = vec![switchyard_messages::ToolCall {
+            id: "call_1".into(),
+            name: "get_time".into(),
+            arguments: r#"{"tz":"UTC"}"#.into(),
+        }];
+        let mut answer = Message::new("tool", "12:00");
+        answer.tool_call_id = Some("call_1".into());
+        let tools = [Tool {
+            name: "get_time".into(),
+            description: "The time".into(),
+            parameters: r#"{"type":"object","properties":{"tz":{"type":"string"}}}"#.into(),
+        }];
+        let out = t
+            .render(&[Message::new("user", "Time?"), call, answer], &tools, true)
+            .unwrap();
+        assert!(
+            out.contains(r#""name":"get_time""#) && out.contains(r#""tz":{"type":"string"}"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"{"name": "get_time", "arguments": {"tz":"UTC"}}"#),
+            "{out}"
+        );
+        assert!(out.contains("<tool_response>\n12:00"), "{out}");
+        assert_eq!(tool_format(CHATML), ToolFormat::Generic);
+        assert_eq!(
+            tool_format("{% if tools %}Environment: ipython{% endif %}<|python_tag|>"),
+            ToolFormat::Llama3
+        );
+    }
+
     #[test]
     fn raise_exception_is_an_error() {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").unwrap();

@@ -15,6 +15,9 @@ const PYTHON_TAG: &str = "<|python_tag|>";
 pub struct CallFilter {
     format: ToolFormat,
     parallel: bool,
+    /// Calls come as bare JSON opening the answer (Llama 3's format, or a backend
+    /// whose constraint forced a JSON call).
+    bare_json: bool,
     /// Text not yet sent that might begin a marker (and the id of its last token).
     pending: String,
     pending_id: u32,
@@ -33,12 +36,19 @@ impl CallFilter {
         Self {
             format,
             parallel,
+            bare_json: format == ToolFormat::Llama3,
             pending: String::new(),
             pending_id: 0,
             sent_text: false,
             captured: None,
             captured_id: 0,
         }
+    }
+
+    /// Also takes a JSON object or list opening the answer as calls.
+    pub fn bare_json(mut self) -> Self {
+        self.bare_json = true;
+        self
     }
 
     fn markers(&self) -> &'static [&'static str] {
@@ -58,7 +68,7 @@ impl CallFilter {
         self.pending.push_str(&token.text);
         self.pending_id = token.id;
         // Llama 3 writes a call as a bare JSON object at the start of the answer.
-        if self.format == ToolFormat::Llama3 && !self.sent_text && self.pending.trim_start().starts_with('{') {
+        if self.bare_json && !self.sent_text && self.pending.trim_start().starts_with(['{', '[']) {
             self.captured = Some(std::mem::take(&mut self.pending));
             self.captured_id = token.id;
             return Vec::new();
@@ -96,7 +106,7 @@ impl CallFilter {
     /// Llama 3's format, leading whitespace before anything was sent).
     fn held_suffix(&self) -> usize {
         let p = &self.pending;
-        if self.format == ToolFormat::Llama3 && !self.sent_text && p.trim().is_empty() {
+        if self.bare_json && !self.sent_text && p.trim().is_empty() {
             return p.len();
         }
         let mut best = 0;

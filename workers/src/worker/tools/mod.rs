@@ -49,8 +49,15 @@ pub fn parameters(i: usize, tool: &Tool) -> Result<Value, WireError> {
     Ok(v)
 }
 
-/// The chat `req` as the backend should run it, given how its template shows tools.
-pub fn plan(req: &GenerateRequest, format: ToolFormat) -> Result<Plan, WireError> {
+/// The chat `req` as the backend should run it, given how its template shows tools
+/// and which constraints it `enforces` (a backend that takes JSON schemas only,
+/// llama.cpp, gets the forced call as a bare JSON object — or a list of them — and
+/// the answer is parsed that way).
+pub fn plan(
+    req: &GenerateRequest,
+    format: ToolFormat,
+    enforces: &dyn Fn(&Constraint) -> Result<(), String>,
+) -> Result<Plan, WireError> {
     let messages = req.messages.clone().unwrap_or_default();
     if req.tools.is_empty() && !mentions_tools(&messages) {
         return Ok(Plan {
@@ -89,8 +96,23 @@ pub fn plan(req: &GenerateRequest, format: ToolFormat) -> Result<Plan, WireError
             .collect(),
         _ => Vec::new(),
     };
-    let constraint = (!forced.is_empty()).then(|| call_grammar(&forced, format, req.parallel_tool_calls));
-    let filter = (!offered.is_empty()).then(|| calls::CallFilter::new(format, req.parallel_tool_calls));
+    // A named function is one call of it (as OpenAI answers); `required` may make
+    // several when parallel calls are allowed.
+    let parallel = req.parallel_tool_calls && req.tool_choice == ToolChoice::Required;
+    let mut constraint = (!forced.is_empty()).then(|| call_grammar(&forced, format, parallel));
+    let mut bare_json = false;
+    if constraint.as_ref().is_some_and(|c| enforces(c).is_err()) {
+        constraint = Some(call_json_schema(&forced, format, parallel));
+        bare_json = true;
+    }
+    let filter = (!offered.is_empty()).then(|| {
+        let f = calls::CallFilter::new(format, req.parallel_tool_calls);
+        if bare_json {
+            f.bare_json()
+        } else {
+            f
+        }
+    });
     Ok(Plan {
         prompt,
         constraint,
@@ -147,6 +169,27 @@ pub fn call_grammar(tools: &[(&Tool, &Value)], format: ToolFormat, parallel: boo
     }
 }
 
+/// The forced call as a JSON schema alone, for a backend that enforces nothing else:
+/// one call object, or (parallel) a list of one to [`MAX_PARALLEL_CALLS`] of them.
+pub fn call_json_schema(tools: &[(&Tool, &Value)], format: ToolFormat, parallel: bool) -> Constraint {
+    let key = if format == ToolFormat::Llama3 {
+        "parameters"
+    } else {
+        "arguments"
+    };
+    let one = call_schema(tools, key);
+    let schema = if parallel {
+        crate::engine::constraint::bounded_whitespace(
+            json!({"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS}),
+        )
+    } else {
+        one
+    };
+    Constraint::JsonSchema {
+        schema: schema.to_string(),
+    }
+}
+
 /// A new call id, `call_` and 24 letters and digits.
 pub fn call_id() -> String {
     format!("call_{}", nuid::next().as_str().to_ascii_lowercase())
@@ -177,7 +220,7 @@ mod tests {
             tool("b", ""),
         ];
         req.tool_choice = ToolChoice::Required;
-        let plan = plan(&req, ToolFormat::Generic).unwrap();
+        let plan = plan(&req, ToolFormat::Generic, &|_| Ok(())).unwrap();
         let Some(Constraint::Lark { grammar }) = plan.constraint else {
             panic!("no grammar")
         };
@@ -204,13 +247,39 @@ mod tests {
     }
 
     #[test]
+    fn a_json_only_backend_gets_the_call_as_a_schema() {
+        let mut req = GenerateRequest::chat("r", "", vec![Message::new("user", "hi")]);
+        req.tools = vec![tool("a", r#"{"type":"object"}"#)];
+        req.tool_choice = ToolChoice::Required;
+        let json_only = |c: &Constraint| match c {
+            Constraint::JsonSchema { .. } => Ok(()),
+            _ => Err("json only".to_string()),
+        };
+        let plan = plan(&req, ToolFormat::Generic, &json_only).unwrap();
+        let Some(Constraint::JsonSchema { schema }) = plan.constraint else {
+            panic!("no schema")
+        };
+        assert!(
+            schema.starts_with(r#"{"type":"array","items":{"type":"object","properties":{"name":{"const":"a"}"#),
+            "{schema}"
+        );
+        let mut filter = plan.filter.unwrap();
+        let sent = filter.push(switchyard_messages::Token {
+            id: 1,
+            text: r#"[{"name":"a","arguments":{}}]"#.into(),
+        });
+        assert!(sent.is_empty());
+        assert_eq!(filter.finish().1[0].name, "a");
+    }
+
+    #[test]
     fn broken_parameters_are_a_bad_request_naming_the_tool() {
         let mut req = GenerateRequest::chat("r", "", vec![Message::new("user", "hi")]);
         req.tools = vec![tool("ok", ""), tool("broken", "{not json")];
-        let e = plan(&req, ToolFormat::Generic).err().unwrap();
+        let e = plan(&req, ToolFormat::Generic, &|_| Ok(())).err().unwrap();
         assert!(e.message.contains("tools[1].parameters (broken)"), "{}", e.message);
         req.tools[1].parameters = r#"{"type":"object","properties":{"x":{"type":"strng"}}}"#.into();
-        let e = plan(&req, ToolFormat::Generic).err().unwrap();
+        let e = plan(&req, ToolFormat::Generic, &|_| Ok(())).err().unwrap();
         assert!(
             e.message.contains("tools[1].parameters (broken)") && e.message.contains("/properties/x"),
             "{}",
@@ -223,7 +292,7 @@ mod tests {
         let mut req = GenerateRequest::chat("r", "", vec![Message::new("user", "hi")]);
         req.tools = vec![tool("a", "")];
         req.tool_choice = ToolChoice::None;
-        let plan = plan(&req, ToolFormat::Hermes).unwrap();
+        let plan = plan(&req, ToolFormat::Hermes, &|_| Ok(())).unwrap();
         assert!(plan.filter.is_none() && plan.constraint.is_none());
         let Prompt::Chat { tools, .. } = plan.prompt else {
             panic!()
