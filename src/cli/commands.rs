@@ -340,7 +340,7 @@ fn request(
     c.stop = s.stop.clone();
     req.head.backend = s.backend.clone();
     req.head.worker = s.worker.clone();
-    req.config.constraint = s.constraint()?;
+    req.config.constraint = s.constraint.constraint()?;
     Ok(req)
 }
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod commands;
+mod constrain;
 mod gateway;
 mod runtime;
 mod secure_up;
@@ -148,25 +149,7 @@ pub enum BenchCommand {
     /// What a JSON schema costs at decode: the CPU engine answering the same chat free
     /// and constrained to a nested schema, alternating runs: decode tok/s and ratio,
     /// per model (default: both reference models).
-    Structured(BenchStructuredArgs),
-}
-
-/// `switchyard bench structured`.
-#[derive(Args, Debug)]
-pub struct BenchStructuredArgs {
-    /// GGUF models, one `--model` each (default: the demo model and Gemma 3 270M when
-    /// installed).
-    #[arg(long)]
-    pub model: Vec<PathBuf>,
-    /// Compute threads.
-    #[arg(long, default_value_t = 2)]
-    pub threads: usize,
-    /// Measured runs of each kind (after one warm-up each).
-    #[arg(long, default_value_t = 7)]
-    pub runs: usize,
-    /// Most tokens per run.
-    #[arg(long, default_value_t = 300)]
-    pub max_tokens: u32,
+    Structured(bench::structured::BenchStructuredArgs),
 }
 
 /// `switchyard bench batch`.
@@ -448,45 +431,8 @@ pub struct SamplingFlags {
     /// streaming text.
     #[arg(long)]
     pub json: bool,
-    /// The answer must be JSON valid against this JSON Schema (the schema's text, or
-    /// @FILE), enforced at every token.
-    #[arg(long, value_name = "SCHEMA|@FILE", conflicts_with_all = ["json_object", "regex", "grammar"])]
-    pub schema: Option<String>,
-    /// The answer must be a JSON object, enforced at every token.
-    #[arg(long, conflicts_with_all = ["regex", "grammar"])]
-    pub json_object: bool,
-    /// The answer must match this regular expression as a whole.
-    #[arg(long, conflicts_with = "grammar")]
-    pub regex: Option<String>,
-    /// The answer must be a sentence of this Lark grammar (llguidance's dialect, root
-    /// rule `start`; the text, or @FILE).
-    #[arg(long, value_name = "LARK|@FILE")]
-    pub grammar: Option<String>,
-}
-
-impl SamplingFlags {
-    /// The constraint the flags ask for (`@FILE` arguments read).
-    pub fn constraint(&self) -> anyhow::Result<Option<switchyard_messages::Constraint>> {
-        use anyhow::Context;
-        use switchyard_messages::Constraint;
-        let text = |v: &str| -> anyhow::Result<String> {
-            match v.strip_prefix('@') {
-                Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {path}")),
-                None => Ok(v.to_string()),
-            }
-        };
-        Ok(if let Some(s) = &self.schema {
-            Some(Constraint::JsonSchema { schema: text(s)? })
-        } else if self.json_object {
-            Some(Constraint::JsonObject)
-        } else if let Some(r) = &self.regex {
-            Some(Constraint::Regex { pattern: r.clone() })
-        } else if let Some(g) = &self.grammar {
-            Some(Constraint::Lark { grammar: text(g)? })
-        } else {
-            None
-        })
-    }
+    #[command(flatten)]
+    pub constraint: constrain::ConstraintFlags,
 }
 
 /// `switchyard generate`.

@@ -7,12 +7,31 @@
 //! checked to parse as JSON.
 
 use super::median;
+use clap::Args;
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use switchyard_messages::{
     Backend, CancelFlag, Constraint, GenerateConfig, GenerateEvent, LoadConfig, Message, Prompt, TextModel,
 };
+
+/// `switchyard bench structured`.
+#[derive(Args, Debug)]
+pub struct BenchStructuredArgs {
+    /// GGUF models, one `--model` each (default: the demo model and Gemma 3 270M when
+    /// installed).
+    #[arg(long)]
+    pub model: Vec<PathBuf>,
+    /// Compute threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Measured runs of each kind (after one warm-up each).
+    #[arg(long, default_value_t = 7)]
+    pub runs: usize,
+    /// Most tokens per run.
+    #[arg(long, default_value_t = 300)]
+    pub max_tokens: u32,
+}
 
 /// A realistic nested schema: a list of objects with an enum, bounds, an optional
 /// field and a nested object.
