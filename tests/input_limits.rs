@@ -26,6 +26,7 @@ fn small(c: &mut switchyard::Config) {
         max_classify_prompts: 2,
         max_logits_prompts: 1,
         max_session_text_bytes: 40,
+        ..InputLimits::default()
     };
 }
 

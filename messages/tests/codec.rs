@@ -34,6 +34,11 @@ fn envelopes_roundtrip() {
         }),
         error: None,
         worker_id: Some("w".into()),
+        tool_calls: vec![ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        }],
     });
     roundtrip(StreamChunk::failed("r", 0, WireError::new(ErrorCode::NoWorker, "none")));
     roundtrip(Admission {

@@ -18,6 +18,9 @@ fn limits() -> InputLimits {
         max_classify_prompts: 4,
         max_logits_prompts: 2,
         max_session_text_bytes: 12,
+        max_constraint_bytes: 16,
+        max_tools: 2,
+        max_tool_bytes: 40,
     }
 }
 
@@ -249,4 +252,51 @@ fn session_calls_check_the_version() {
         validate_open(&OpenSessionRequest::new("", "")).unwrap_err().code,
         ErrorCode::BadRequest
     );
+}
+
+#[test]
+fn constraints_and_tools() {
+    let mut r = generate("hi");
+    r.config.constraint = Some(Constraint::Regex {
+        pattern: "a".repeat(16),
+    });
+    validate_request(&r, false, &limits()).unwrap();
+    r.config.constraint = Some(Constraint::Regex {
+        pattern: "a".repeat(17),
+    });
+    refused(validate_request(&r, false, &limits()), "max_constraint_bytes");
+    r.config.constraint = Some(Constraint::Lark { grammar: String::new() });
+    assert!(validate_request(&r, false, &limits()).is_err(), "an empty grammar");
+
+    let tool = |name: &str| Tool {
+        name: name.into(),
+        ..Tool::default()
+    };
+    let mut c = chat(1, "hi");
+    c.tools = vec![tool("a"), tool("b")];
+    validate_request(&c, true, &limits()).unwrap();
+    c.tools.push(tool("c"));
+    refused(validate_request(&c, true, &limits()), "max_tools");
+    c.tools = vec![Tool {
+        name: "a".into(),
+        description: "d".repeat(40),
+        parameters: String::new(),
+    }];
+    refused(validate_request(&c, true, &limits()), "max_tool_bytes");
+    for (tools, choice, needle) in [
+        (vec![tool("a"), tool("a")], ToolChoice::Auto, "given twice"),
+        (vec![tool("a b")], ToolChoice::Auto, "must be 1-64"),
+        (vec![tool("a")], ToolChoice::Function { name: "z".into() }, "not among"),
+        (vec![], ToolChoice::Required, "needs at least one tool"),
+    ] {
+        let mut c = chat(1, "hi");
+        c.tools = tools;
+        c.tool_choice = choice;
+        let e = validate_request(&c, true, &limits()).unwrap_err();
+        assert!(e.message.contains(needle), "{needle}: {}", e.message);
+    }
+    let mut g = generate("hi");
+    g.tools = vec![tool("a")];
+    let e = validate_request(&g, false, &limits()).unwrap_err();
+    assert!(e.message.contains("only for chat"), "{}", e.message);
 }
