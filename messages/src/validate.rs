@@ -239,7 +239,17 @@ pub fn validate_request(req: &GenerateRequest, chat: bool, limits: &InputLimits)
             Some(m) => m,
         };
         within("messages has", messages.len(), "max_messages", limits.max_messages)?;
-        let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+        let bytes: usize = messages
+            .iter()
+            .map(|m| {
+                let calls: usize = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                    .sum();
+                m.content.len() + calls + m.tool_call_id.as_ref().map_or(0, String::len)
+            })
+            .sum();
         within(
             "the messages' content bytes",
             bytes,

@@ -270,9 +270,21 @@ pub async fn pump(
                     // Tokens computed before the deadline reach the client, those
                     // queued quietly while a chunk was held too.
                     while let Some(Some(Ok(GenerateEvent::Token(t)))) = events.next().now_or_never() {
-                        out.push(t, Instant::now());
+                        let tokens = match &mut calls {
+                            Some(filter) => filter.push(t),
+                            None => vec![t],
+                        };
+                        for t in tokens {
+                            out.push(t, Instant::now());
+                        }
                         if !out.has_room() {
                             send_held(sink, &mut out, cancel).await;
+                        }
+                    }
+                    // Held text of a call cut short goes out as text.
+                    if let Some(filter) = &mut calls {
+                        for t in filter.finish().0 {
+                            out.push(t, Instant::now());
                         }
                     }
                     send_held(sink, &mut out, cancel).await;

@@ -35,6 +35,9 @@ const IGNORED: &[&str] = &[
     "unevaluatedItems",
 ];
 
+/// The `format`s llama.cpp's converter enforces (any other is a plain string there).
+const FORMATS: &[&str] = &["date", "time", "date-time"];
+
 /// Bounds llama.cpp enforces on integers only.
 const INTEGER_BOUNDS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 
@@ -47,8 +50,7 @@ pub fn support(c: &Constraint) -> Result<(), String> {
                 Some(what) => Err(format!("llama.cpp's schema converter does not enforce {what}")),
                 None => Ok(()),
             },
-            // Not JSON: the worker's own check reports it as bad_request.
-            Err(_) => Ok(()),
+            Err(e) => Err(format!("the schema is not JSON: {e}")),
         },
         other => Err(format!(
             "llama-server enforces JSON schemas only, not a {} constraint",
@@ -63,6 +65,9 @@ fn unenforced(schema: &Value, at: &str) -> Option<String> {
     let place = if at.is_empty() { "/" } else { at };
     if let Some(k) = IGNORED.iter().find(|k| o.contains_key(**k)) {
         return Some(format!("`{k}` (at {place})"));
+    }
+    if let Some(f) = o.get("format").and_then(Value::as_str).filter(|f| !FORMATS.contains(f)) {
+        return Some(format!("`format: {f}` (at {place})"));
     }
     let integer = o.get("type").and_then(Value::as_str) == Some("integer");
     if !integer {
@@ -126,5 +131,8 @@ mod tests {
         .unwrap();
         assert!(support(&Constraint::Regex { pattern: "a".into() }).is_err());
         assert!(support(&Constraint::JsonObject).is_ok());
+        let e = support(&schema(r#"{"type":"string","format":"email"}"#)).unwrap_err();
+        assert!(e.contains("`format: email` (at /)"), "{e}");
+        support(&schema(r#"{"type":"string","format":"date"}"#)).unwrap();
     }
 }

@@ -18,6 +18,8 @@ pub struct CallFilter {
     /// Calls come as bare JSON opening the answer (Llama 3's format, or a backend
     /// whose constraint forced a JSON call).
     bare_json: bool,
+    /// The functions offered: a "call" of anything else is text.
+    names: Vec<String>,
     /// Text not yet sent that might begin a marker (and the id of its last token).
     pending: String,
     pending_id: u32,
@@ -30,13 +32,15 @@ pub struct CallFilter {
 }
 
 impl CallFilter {
-    /// A filter for a model writing calls in `format`; `parallel` keeps every call
-    /// of an answer (else only the first).
-    pub fn new(format: ToolFormat, parallel: bool) -> Self {
+    /// A filter for a model writing calls of the functions `names` in `format`;
+    /// `parallel` keeps up to [`super::MAX_PARALLEL_CALLS`] calls of an answer (else
+    /// only the first).
+    pub fn new(format: ToolFormat, parallel: bool, names: Vec<String>) -> Self {
         Self {
             format,
             parallel,
             bare_json: format == ToolFormat::Llama3,
+            names,
             pending: String::new(),
             pending_id: 0,
             sent_text: false,
@@ -127,6 +131,13 @@ impl CallFilter {
         let mut tail = Vec::new();
         if let Some(captured) = self.captured.take() {
             let mut calls = parse(&captured, self.format);
+            // Only calls of offered functions; in bare JSON (which any JSON answer
+            // looks like) only objects that carry arguments.
+            let bare = !captured.contains(HERMES_OPEN);
+            calls.retain(|c| self.names.contains(&c.name) && !(bare && c.arguments.is_empty()));
+            for c in calls.iter_mut().filter(|c| c.arguments.is_empty()) {
+                c.arguments = "{}".into();
+            }
             if !calls.is_empty() {
                 let pending = std::mem::take(&mut self.pending);
                 // A small model repeats itself: the same call twice is one call.
@@ -137,9 +148,7 @@ impl CallFilter {
                     seen.push(key);
                     new
                 });
-                if !self.parallel {
-                    calls.truncate(1);
-                }
+                calls.truncate(if self.parallel { super::MAX_PARALLEL_CALLS } else { 1 });
                 return (self.emit(pending, self.pending_id), calls);
             }
             tail.push(Token {
@@ -202,7 +211,9 @@ fn from_value(v: &Value, calls: &mut Vec<ToolCall>) {
             };
             let args = o.get("arguments").or_else(|| o.get("parameters"));
             let arguments = match args {
-                None | Some(Value::Null) => "{}".to_string(),
+                // No arguments key: marked empty (bare JSON without it is no call).
+                None => String::new(),
+                Some(Value::Null) => "{}".to_string(),
                 Some(Value::String(s)) => s.clone(),
                 Some(other) => other.to_string(),
             };
@@ -221,7 +232,8 @@ mod tests {
     use super::*;
 
     fn run(format: ToolFormat, pieces: &[&str]) -> (String, Vec<ToolCall>) {
-        let mut f = CallFilter::new(format, true);
+        let names = ["get_time", "b", "f", "g", "h"].map(String::from).to_vec();
+        let mut f = CallFilter::new(format, true, names);
         let mut text = String::new();
         for (i, p) in pieces.iter().enumerate() {
             for t in f.push(Token {
@@ -292,5 +304,11 @@ mod tests {
         let (text, calls) = run(ToolFormat::Llama3, &["Sure: ", "{\"a\": 1}"]);
         assert_eq!(text, "Sure: {\"a\": 1}");
         assert!(calls.is_empty());
+        // A JSON answer with a "name" is not a call: no such function, no arguments.
+        let (text, calls) = run(ToolFormat::Llama3, &["{\"name\": \"Bob\", \"age\": 30}"]);
+        assert_eq!(text, "{\"name\": \"Bob\", \"age\": 30}");
+        assert!(calls.is_empty());
+        let (_, calls) = run(ToolFormat::Llama3, &["{\"name\": \"f\"}"]);
+        assert!(calls.is_empty(), "bare JSON without arguments is text");
     }
 }

@@ -15,7 +15,7 @@
 pub mod calls;
 pub mod generic;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use switchyard_messages::{Constraint, GenerateRequest, Message, Prompt, Tool, ToolChoice, ToolFormat, WireError};
 
 /// What the worker runs for one chat request.
@@ -102,11 +102,21 @@ pub fn plan(
     let mut constraint = (!forced.is_empty()).then(|| call_grammar(&forced, format, parallel));
     let mut bare_json = false;
     if constraint.as_ref().is_some_and(|c| enforces(c).is_err()) {
-        constraint = Some(call_json_schema(&forced, format, parallel));
+        let schema = call_json_schema(&forced, format, parallel);
+        // Retryable: another worker enforces what this one cannot (llama.cpp's schema
+        // converter ignores some keywords a tool's parameters may use).
+        enforces(&schema).map_err(|why| {
+            WireError::new(
+                switchyard_messages::ErrorCode::Unavailable,
+                format!("this worker cannot enforce the forced tool call: {why}"),
+            )
+        })?;
+        constraint = Some(schema);
         bare_json = true;
     }
+    let names: Vec<String> = offered.iter().map(|t| t.name.clone()).collect();
     let filter = (!offered.is_empty()).then(|| {
-        let f = calls::CallFilter::new(format, req.parallel_tool_calls);
+        let f = calls::CallFilter::new(format, req.parallel_tool_calls, names);
         if bare_json {
             f.bare_json()
         } else {
@@ -121,9 +131,13 @@ pub fn plan(
 }
 
 /// The JSON schema of one call of any of `tools`: `{"name": <one of them>,
-/// <args_key>: <its parameters>}`.
+/// <args_key>: <its parameters>}`, every tool's `$defs` moved to the root (renamed
+/// per tool, its `$ref`s rewritten), since a `$ref` resolves against the document's
+/// root and the parameters are no longer the root.
 fn call_schema(tools: &[(&Tool, &Value)], args_key: &str) -> Value {
-    let one = |(t, params): &(&Tool, &Value)| {
+    let mut defs = Map::new();
+    let mut one = |i: usize, (t, params): &(&Tool, &Value)| {
+        let params = hoist_defs(i, params, &mut defs);
         json!({
             "type": "object",
             "properties": {"name": {"const": t.name}, args_key: params},
@@ -131,11 +145,57 @@ fn call_schema(tools: &[(&Tool, &Value)], args_key: &str) -> Value {
             "additionalProperties": false,
         })
     };
-    let schema = match tools {
-        [single] => one(single),
-        many => json!({"anyOf": many.iter().map(one).collect::<Vec<_>>()}),
+    let mut schema = match tools {
+        [single] => one(0, single),
+        many => {
+            let each: Vec<Value> = many.iter().enumerate().map(|(i, t)| one(i, t)).collect();
+            json!({"anyOf": each})
+        }
     };
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
     crate::engine::constraint::bounded_whitespace(schema)
+}
+
+/// Tool `i`'s `params` with its `$defs` / `definitions` moved into `defs` as
+/// `t{i}_{name}`, and every `$ref` to them rewritten to match.
+fn hoist_defs(i: usize, params: &Value, defs: &mut Map<String, Value>) -> Value {
+    let mut params = params.clone();
+    let mut own = Vec::new();
+    if let Some(o) = params.as_object_mut() {
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(m)) = o.remove(key) {
+                own.extend(m);
+            }
+        }
+    }
+    rewrite_refs(&mut params, i);
+    for (name, mut v) in own {
+        rewrite_refs(&mut v, i);
+        defs.insert(format!("t{i}_{name}"), v);
+    }
+    params
+}
+
+fn rewrite_refs(v: &mut Value, i: usize) {
+    match v {
+        Value::Object(o) => {
+            for (k, child) in o.iter_mut() {
+                match child {
+                    Value::String(r) if k == "$ref" => {
+                        let rest = r.strip_prefix("#/$defs/").or_else(|| r.strip_prefix("#/definitions/"));
+                        if let Some(rest) = rest {
+                            *r = format!("#/$defs/t{i}_{rest}");
+                        }
+                    }
+                    _ => rewrite_refs(child, i),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|c| rewrite_refs(c, i)),
+        _ => {}
+    }
 }
 
 /// Most calls one answer may hold when parallel calls are allowed: the grammar
@@ -177,11 +237,18 @@ pub fn call_json_schema(tools: &[(&Tool, &Value)], format: ToolFormat, parallel:
     } else {
         "arguments"
     };
-    let one = call_schema(tools, key);
+    let mut one = call_schema(tools, key);
     let schema = if parallel {
-        crate::engine::constraint::bounded_whitespace(
-            json!({"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS}),
-        )
+        // The definitions belong at the root of the document, the list.
+        let defs = one.as_object_mut().and_then(|o| {
+            o.remove("x-guidance");
+            o.remove("$defs")
+        });
+        let mut list = json!({"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS});
+        if let Some(defs) = defs {
+            list["$defs"] = defs;
+        }
+        crate::engine::constraint::bounded_whitespace(list)
     } else {
         one
     };
@@ -239,11 +306,7 @@ mod tests {
         };
         assert!(tools.is_empty());
         assert_eq!(messages[0].role, "system");
-        assert!(
-            messages[0].content.contains("\"name\": \"a\""),
-            "{}",
-            messages[0].content
-        );
+        assert!(messages[0].content.contains(r#""name":"a""#), "{}", messages[0].content);
     }
 
     #[test]
@@ -270,6 +333,33 @@ mod tests {
         });
         assert!(sent.is_empty());
         assert_eq!(filter.finish().1[0].name, "a");
+    }
+
+    #[test]
+    fn nested_parameters_keep_their_definitions() {
+        let nested = r##"{"type":"object","properties":{"item":{"$ref":"#/$defs/Item"}},"required":["item"],
+            "$defs":{"Item":{"type":"object","properties":{"n":{"type":"integer"},"sub":{"$ref":"#/$defs/Sub"}}},
+                     "Sub":{"type":"object","properties":{"s":{"type":"string"}}}}}"##;
+        let mut req = GenerateRequest::chat("r", "", vec![Message::new("user", "hi")]);
+        req.tools = vec![tool("a", nested), tool("b", nested)];
+        req.tool_choice = ToolChoice::Required;
+        let plan = plan(&req, ToolFormat::Generic, &|_| Ok(())).unwrap();
+        let grammar = plan.constraint.unwrap();
+        crate::engine::constraint::check(&grammar).expect("the call grammar compiles");
+        let Constraint::Lark { grammar } = grammar else {
+            panic!()
+        };
+        assert!(
+            grammar.contains("#/$defs/t1_Sub") && grammar.contains(r#""t0_Item""#),
+            "{grammar}"
+        );
+        // The same as a bare schema (a JSON-only backend), parallel: a list.
+        let json_only = |c: &Constraint| match c {
+            Constraint::JsonSchema { .. } => Ok(()),
+            _ => Err("json only".to_string()),
+        };
+        let plan = super::plan(&req, ToolFormat::Generic, &json_only).unwrap();
+        crate::engine::constraint::check(&plan.constraint.unwrap()).expect("the list schema compiles");
     }
 
     #[test]
