@@ -9,45 +9,21 @@ it exits 2 when the gateway cannot be reached at all.
 import json
 import sys
 from importlib.metadata import version
-import traceback
 from typing import Literal, Optional
 
 import openai
+from checks import check, failures, out, reach, section
 from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, ValidationError
 
 base, key, model = sys.argv[1:4]
-out = {"langchain_openai": version("langchain-openai"), "langchain_core": version("langchain-core")}
-failures = []
+out.update({"langchain_openai": version("langchain-openai"), "langchain_core": version("langchain-core")})
 
 
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-    return bool(cond)
 
 
-def section(name):
-    """Runs fn(res) with res = out[name]: fn fills res (partial results survive an exception) or
-    returns a dict merged into it. An exception is recorded under res["error"], not fatal."""
-    def wrap(fn):
-        res = out[name] = {}
-        try:
-            res.update(fn(res) or {})
-        except Exception as e:  # noqa: BLE001 - every error is reported, the rest still runs
-            res["error"] = f"{type(e).__name__}: {e}"
-            failures.append(f"{name}: raised {type(e).__name__}: {e}")
-            traceback.print_exc(file=sys.stderr)
-        return fn
-    return wrap
-
-
-try:
-    openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=30).models.list()
-except openai.APIConnectionError as e:
-    print(f"langchain_check: cannot reach the gateway at {base}: {e!r} ({e.__cause__!r})", file=sys.stderr)
-    sys.exit(2)
+reach(base, key, "langchain_check")
 
 llm = ChatOpenAI(base_url=base, api_key=key, model=model, temperature=0, max_tokens=300, max_retries=0, timeout=120)
 

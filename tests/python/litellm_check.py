@@ -9,7 +9,6 @@ it exits 2 when the gateway cannot be reached at all.
 import json
 import os
 import sys
-import traceback
 from importlib.metadata import version
 from typing import Literal
 
@@ -21,43 +20,20 @@ os.environ.setdefault("LITELLM_TELEMETRY", "False")
 import jsonschema  # noqa: E402
 import litellm  # noqa: E402
 import openai  # noqa: E402
+from checks import check, failures, out, reach, section  # noqa: E402
 from pydantic import BaseModel, Field, ValidationError  # noqa: E402
 
 base, key, model = sys.argv[1:4]
-out = {"litellm": version("litellm")}
-failures = []
+out.update({"litellm": version("litellm")})
 litellm.drop_params = False  # an unsupported parameter must fail loudly, not vanish
 litellm.suppress_debug_info = True
 COMMON = {"model": f"openai/{model}", "api_base": base, "api_key": key, "temperature": 0, "max_tokens": 300,
           "num_retries": 0, "max_retries": 0, "timeout": 120}
 
 
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-    return bool(cond)
 
 
-def section(name):
-    """Runs fn(res) with res = out[name]: fn fills res (partial results survive an exception) or
-    returns a dict merged into it. An exception is recorded under res["error"], not fatal."""
-    def wrap(fn):
-        res = out[name] = {}
-        try:
-            res.update(fn(res) or {})
-        except Exception as e:  # noqa: BLE001 - every error is reported, the rest still runs
-            res["error"] = f"{type(e).__name__}: {e}"
-            failures.append(f"{name}: raised {type(e).__name__}: {e}")
-            traceback.print_exc(file=sys.stderr)
-        return fn
-    return wrap
-
-
-try:
-    openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=30).models.list()
-except openai.APIConnectionError as e:
-    print(f"litellm_check: cannot reach the gateway at {base}: {e!r} ({e.__cause__!r})", file=sys.stderr)
-    sys.exit(2)
+reach(base, key, "litellm_check")
 
 
 class Ingredient(BaseModel):

@@ -14,41 +14,20 @@ and the script then exits 1; it exits 2 when the gateway cannot be reached at al
 import enum
 import json
 import sys
-import traceback
 from typing import Literal, Optional
 
 import jsonschema
 import openai
+from checks import check, failures, out, reach, section
 from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel, Field, ValidationError
 
 base, key, model = sys.argv[1:4]
 RUNS = int(sys.argv[4]) if len(sys.argv) > 4 else 20
 c = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
-out = {"sdk": openai.__version__}
-failures = []
+out.update({"sdk": openai.__version__})
 
 
-def check(cond, what):
-    """Records a hard failure when cond is false; returns cond."""
-    if not cond:
-        failures.append(what)
-    return bool(cond)
-
-
-def section(name):
-    """Runs fn(res) with res = out[name]: fn fills res (partial results survive an exception) or
-    returns a dict merged into it. An exception is recorded under res["error"], not fatal."""
-    def wrap(fn):
-        res = out[name] = {}
-        try:
-            res.update(fn(res) or {})
-        except Exception as e:  # noqa: BLE001 - every error is reported, the rest still runs
-            res["error"] = f"{type(e).__name__}: {e}"
-            failures.append(f"{name}: raised {type(e).__name__}: {e}")
-            traceback.print_exc(file=sys.stderr)
-        return fn
-    return wrap
 
 
 def schema_errors(instance, schema):
@@ -67,11 +46,7 @@ def parse_and_validate(text, schema):
 
 
 # --- preflight: fail fast and clearly when the gateway is not there --------------------------
-try:
-    c.models.list()
-except openai.APIConnectionError as e:
-    print(f"structured_check: cannot reach the gateway at {base}: {e!r} ({e.__cause__!r})", file=sys.stderr)
-    sys.exit(2)
+reach(base, key, "structured_check")
 
 
 # --- a nested pydantic model: list of sub-objects, enum, Literal, Optional, bounded number ----
