@@ -83,16 +83,7 @@ pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHan
         Duration::from_secs(10),
     )
     .await?;
-    let opts = CoordinatorOptions {
-        coordinator_id: switchyard_coordinator::default_coordinator_id(),
-        subjects: Subjects::new(&config.nats.prefix),
-        worker_expiry: Duration::from_millis(config.coordinator.worker_expiry_ms),
-        admission_timeout: Duration::from_millis(config.coordinator.admission_timeout_ms),
-        max_attempts: config.coordinator.max_attempts,
-        kv_routing: config.coordinator.kv_routing,
-        routing: config.coordinator.routing,
-        limits: config.limits.clone(),
-    };
+    let opts = CoordinatorOptions::from_config(config);
     CoordinatorHandle::start(nats, opts).await
 }
 

@@ -19,6 +19,10 @@ pub struct ChunkSink {
     request_id: String,
     worker_id: Option<String>,
     seq: Arc<AtomicU64>,
+    /// The first chunk's `seq` (a coordinator sent keep-alives before it).
+    first: u64,
+    /// Microseconds the request waited at a coordinator, for the final metrics.
+    fleet_queue_us: u64,
 }
 
 impl ChunkSink {
@@ -36,17 +40,30 @@ impl ChunkSink {
             request_id,
             worker_id,
             seq: Arc::new(AtomicU64::new(0)),
+            first: 0,
+            fleet_queue_us: 0,
+        }
+    }
+
+    /// Chunks numbered from `first` on (the coordinator's `Sy-First-Seq`), and the
+    /// final metrics' `fleet_queue_us` set to `fleet_queue_us` (its `Sy-Queued-Us`).
+    pub fn after_queue(self, first: u64, fleet_queue_us: u64) -> Self {
+        self.seq.store(first, Ordering::Release);
+        Self {
+            first,
+            fleet_queue_us,
+            ..self
         }
     }
 
     /// Chunks sent so far.
     pub fn sent(&self) -> u64 {
-        self.seq.load(Ordering::Acquire)
+        self.seq.load(Ordering::Acquire) - self.first
     }
 
     async fn send(&self, mut chunk: StreamChunk) -> bool {
         chunk.seq = self.seq.fetch_add(1, Ordering::AcqRel);
-        if chunk.seq == 0 || chunk.done {
+        if chunk.seq == self.first || chunk.done {
             chunk.worker_id = self.worker_id.clone();
         }
         let payload = switchyard_messages::encode(&chunk);
@@ -93,7 +110,10 @@ impl ChunkSink {
         c.tokens = tokens;
         c.done = true;
         c.finish_reason = Some(reason);
-        c.metrics = Some(metrics);
+        c.metrics = Some(GenerateMetrics {
+            fleet_queue_us: self.fleet_queue_us,
+            ..metrics
+        });
         c.tool_calls = tool_calls;
         self.send(c).await
     }

@@ -20,6 +20,9 @@ pub struct GatewayConfig {
     pub allow_no_keys: bool,
     /// Largest request body, bytes; bigger is 413.
     pub max_body_bytes: u32,
+    /// The longest a request waits in the fleet queue for a worker with room,
+    /// milliseconds; then 429 with `Retry-After`.
+    pub queue_timeout_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -31,6 +34,7 @@ impl Default for GatewayConfig {
             keys: Vec::new(),
             allow_no_keys: false,
             max_body_bytes: 1 << 20,
+            queue_timeout_ms: 60_000,
         }
     }
 }
@@ -62,6 +66,15 @@ impl GatewayConfig {
                 );
             }
         }
+        for k in &self.keys {
+            if !k.priority.is_empty() && switchyard_messages::Priority::parse(&k.priority).is_none() {
+                return invalid(
+                    "gateway.keys.priority",
+                    k.priority.clone(),
+                    "must be \"interactive\" or \"batch\"",
+                );
+            }
+        }
         if self.max_body_bytes < 1024 {
             return invalid(
                 "gateway.max_body_bytes",
@@ -90,4 +103,7 @@ pub struct ApiKey {
     pub tokens_per_min: u32,
     /// Streams open at once.
     pub max_streams: u32,
+    /// The priority of this key's requests unless one asks for another:
+    /// `interactive` (the default when empty) or `batch`.
+    pub priority: String,
 }

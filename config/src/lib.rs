@@ -299,6 +299,17 @@ pub struct CoordinatorConfig {
     /// `ttft`: least predicted time to first token (from workers' measured speeds,
     /// queues and warm blocks); `blocks`: backend, then warm blocks less queue.
     pub routing: RoutingPolicy,
+    /// The longest a request waits here for a worker with room when it names no
+    /// `queue_ms` or `deadline_ms` of its own, milliseconds; then `overloaded`.
+    pub queue_timeout_ms: u64,
+    /// Requests that may wait here at once; more are refused with `overloaded`.
+    pub max_queued: u32,
+    /// Payload bytes that may wait here at once; more are refused with `overloaded`.
+    pub max_queued_bytes: u64,
+    /// Requests sent to a worker beyond its capacity (into its own queue) so a slot
+    /// that frees starts the next at once; the rest wait here, in priority and
+    /// tenant order.
+    pub dispatch_ahead: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -309,6 +320,10 @@ impl Default for CoordinatorConfig {
             max_attempts: 3,
             kv_routing: true,
             routing: RoutingPolicy::Ttft,
+            queue_timeout_ms: 60_000,
+            max_queued: 4_096,
+            max_queued_bytes: 64 << 20,
+            dispatch_ahead: 1,
         }
     }
 }
@@ -439,6 +454,13 @@ impl Config {
                 "coordinator.worker_expiry_ms",
                 self.coordinator.worker_expiry_ms.to_string(),
                 "must exceed worker.heartbeat_ms",
+            );
+        }
+        if self.coordinator.max_queued == 0 || self.coordinator.max_queued_bytes == 0 {
+            return invalid(
+                "coordinator.max_queued",
+                self.coordinator.max_queued.to_string(),
+                "max_queued and max_queued_bytes must be at least 1",
             );
         }
         if self.coordinator.max_attempts == 0 {

@@ -18,9 +18,11 @@
 //! their heartbeats.
 
 pub mod actor;
+pub mod queue;
 pub mod registry;
 pub mod service;
 pub mod stats;
+pub mod waiting;
 
 use actor::{CoordinatorActor, CoordinatorArgs, CoordinatorMsg};
 use async_nats::service::ServiceExt;
@@ -54,6 +56,39 @@ pub struct CoordinatorOptions {
     pub routing: registry::RoutingPolicy,
     /// What one request may ask for.
     pub limits: switchyard_messages::InputLimits,
+    /// The longest a request waits for a worker with room unless it says otherwise.
+    pub queue_timeout: Duration,
+    /// Requests that may wait here at once.
+    pub max_queued: u32,
+    /// Payload bytes that may wait here at once.
+    pub max_queued_bytes: u64,
+    /// Requests sent to a worker beyond its capacity.
+    pub dispatch_ahead: u32,
+    /// Keep-alive period to a streaming client while its request waits (below the
+    /// clients' stall timeout).
+    pub keepalive: Duration,
+}
+
+impl CoordinatorOptions {
+    /// The options `config` gives, with this process's coordinator id.
+    pub fn from_config(config: &switchyard_config::Config) -> Self {
+        let c = &config.coordinator;
+        Self {
+            coordinator_id: default_coordinator_id(),
+            subjects: Subjects::new(&config.nats.prefix),
+            worker_expiry: Duration::from_millis(c.worker_expiry_ms),
+            admission_timeout: Duration::from_millis(c.admission_timeout_ms),
+            max_attempts: c.max_attempts,
+            kv_routing: c.kv_routing,
+            routing: c.routing,
+            limits: config.limits.clone(),
+            queue_timeout: Duration::from_millis(c.queue_timeout_ms),
+            max_queued: c.max_queued,
+            max_queued_bytes: c.max_queued_bytes,
+            dispatch_ahead: c.dispatch_ahead,
+            keepalive: Duration::from_millis(config.worker.keepalive_ms),
+        }
+    }
 }
 
 /// A running coordinator.
@@ -63,12 +98,15 @@ pub struct CoordinatorHandle {
     stats: std::sync::Arc<stats::CoordinatorStats>,
     tasks: Vec<JoinHandle<()>>,
     service: Option<async_nats::service::Service>,
+    handed_off: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl CoordinatorHandle {
     /// Starts a coordinator on `client`.
     pub async fn start(client: async_nats::Client, opts: CoordinatorOptions) -> anyhow::Result<Self> {
         let stats = std::sync::Arc::new(stats::CoordinatorStats::default());
+        let fleet_queue = queue::FleetQueue::new(opts.max_queued as usize, opts.max_queued_bytes);
+        waiting::register_depth_gauge(opts.coordinator_id.clone(), &fleet_queue.depths());
         let (actor, _) = Actor::spawn(
             None,
             CoordinatorActor,
@@ -78,6 +116,7 @@ impl CoordinatorHandle {
                 stats: stats.clone(),
                 max_candidates: opts.max_attempts as usize,
                 routing: opts.routing,
+                queue: fleet_queue,
             },
         )
         .await
@@ -142,6 +181,20 @@ impl CoordinatorHandle {
             }
         }));
 
+        // Cancels: a request still waiting here leaves the queue at once.
+        let mut cancels = client.subscribe(opts.subjects.cancel_all()).await?;
+        let a = actor.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(msg) = cancels.next().await {
+                let Some(request_id) = msg.subject.as_str().rsplit('.').next() else {
+                    continue;
+                };
+                if let Ok(c) = switchyard_messages::decode::<switchyard_messages::CancelRequest>(&msg.payload) {
+                    let _ = a.cast(CoordinatorMsg::Cancel(request_id.to_string(), c.inbox));
+                }
+            }
+        }));
+
         let service = client
             .service_builder()
             .description(format!("switchyard coordinator {}", opts.coordinator_id))
@@ -157,7 +210,15 @@ impl CoordinatorHandle {
             max_attempts: opts.max_attempts,
             kv_routing: opts.kv_routing,
             limits: std::sync::Arc::new(opts.limits.clone()),
+            queue: waiting::QueueOptions {
+                timeout: opts.queue_timeout,
+                ahead: opts.dispatch_ahead,
+                keepalive: opts.keepalive,
+            },
+            tickets: Default::default(),
+            handed_off: Default::default(),
         };
+        let handed_off = ctx.handed_off.clone();
         use service::Verb;
         for (subject, verb) in [
             (opts.subjects.generate(), Verb::Generate),
@@ -217,6 +278,7 @@ impl CoordinatorHandle {
             stats,
             tasks,
             service: Some(service),
+            handed_off,
         })
     }
 
@@ -234,9 +296,22 @@ impl CoordinatorHandle {
     /// Stops serving. When this returns, the NATS server has dropped this
     /// coordinator's subscriptions, so requests go to other coordinators (or get
     /// "no responders") rather than into the void.
+    /// Requests waiting here are handed to another coordinator (published again to
+    /// the queue group once this one has left it), so none is lost.
     pub async fn shutdown(mut self) {
         if let Some(s) = self.service.take() {
             let _ = s.stop().await;
+        }
+        let _ = self.client.flush().await;
+        if let Ok(n) = ractor::call_t!(self.actor, CoordinatorMsg::Handoff, 5_000) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while self.handed_off.load(std::sync::atomic::Ordering::Acquire) < n && std::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if n > 0 {
+                tracing::info!(requests = n, "waiting requests handed to the other coordinators");
+            }
         }
         for t in self.tasks.drain(..) {
             t.abort();

@@ -1,18 +1,23 @@
 //! The coordinator's NATS side: request endpoints (queue group), heartbeats in,
 //! forwarding to workers with the client's inbox as the stream target.
 
-use crate::actor::CoordinatorMsg;
+use crate::actor::{CoordinatorMsg, Waited};
+use crate::queue::Ticket;
 use crate::registry::RouteQuery;
+use crate::waiting::{self, QueueOptions, Wait};
 use async_nats::RequestErrorKind;
 use ractor::ActorRef;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use switchyard_messages::kv;
-use switchyard_messages::subjects::{HEADER_REQUEST_ID, HEADER_STREAM_TO};
+use switchyard_messages::subjects::{HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO};
 use switchyard_messages::{
     decode, encode, validate_batch, validate_classify, validate_request, Admission, BatchRequest, ClassifyRequest,
     ErrorCode, ErrorReply, GenerateRequest, InputLimits, RequestHead, StreamChunk, Subjects, WireError,
     PROTOCOL_VERSION,
 };
+use tokio::sync::oneshot;
 
 /// What forwarding needs.
 #[derive(Clone)]
@@ -26,6 +31,12 @@ pub struct ForwardContext {
     pub kv_routing: bool,
     /// What one request may ask for.
     pub limits: std::sync::Arc<InputLimits>,
+    /// How requests wait for a worker with room.
+    pub queue: QueueOptions,
+    /// The next waiting request's ticket id.
+    pub tickets: Arc<AtomicU64>,
+    /// Waiting requests handed to other coordinators (at shutdown).
+    pub handed_off: Arc<AtomicUsize>,
 }
 
 /// What a request asks for; decides validation and how a failure is answered.
@@ -117,6 +128,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
         switchyard.routing.worker = tracing::field::Empty,
         switchyard.routing.attempts = tracing::field::Empty,
         switchyard.routing.kv_blocks = tracing::field::Empty,
+        switchyard.queue.wait_ms = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
     switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
@@ -129,13 +141,16 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         tracing::warn!(subject = %msg.subject, "request without a reply subject; dropped");
         return;
     };
-    let header_id = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(HEADER_REQUEST_ID))
-        .map(|v| v.as_str().to_string())
-        .unwrap_or_default();
-    let fail = |request_id: String, error: WireError| {
+    let header = |name: &str| {
+        msg.headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    let header_id = header(HEADER_REQUEST_ID).unwrap_or_default();
+    // A request handed over by a stopping coordinator: its client has had keep-alives.
+    let first_seq: u64 = header(HEADER_FIRST_SEQ).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let fail = |request_id: String, error: WireError, seq: u64| {
         let client = ctx.client.clone();
         let inbox = inbox.clone();
         let span = span.clone();
@@ -143,7 +158,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             span.record("error.type", error.code.as_str());
             tracing::debug!(request = %request_id, code = %error.code, "request failed: {}", error.message);
             let body = if verb.streams() {
-                encode(&StreamChunk::failed(&request_id, 0, error))
+                encode(&StreamChunk::failed(&request_id, seq, error))
             } else {
                 encode(&ErrorReply {
                     v: PROTOCOL_VERSION,
@@ -159,7 +174,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         prompt_bytes,
     } = match admit(verb, &msg.payload, &ctx.limits) {
         Ok(ok) => ok,
-        Err((id, e)) => return fail(if id.is_empty() { header_id } else { id }, e).await,
+        Err((id, e)) => return fail(if id.is_empty() { header_id } else { id }, e, first_seq).await,
     };
     let query = RouteQuery {
         model: req.model.clone(),
@@ -167,30 +182,143 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         worker: req.worker.clone(),
         blocks: if ctx.kv_routing { blocks } else { Vec::new() },
         prompt_bytes,
+        room: Some(ctx.queue.ahead),
     };
-    let query_blocks = query.blocks.clone();
     span.record("gen_ai.request.model", req.model.as_str());
     span.record(
         "switchyard.routing.kv_blocks",
-        switchyard_actors::trace::int(query_blocks.len()),
+        switchyard_actors::trace::int(query.blocks.len()),
     );
-    let candidates = match ractor::call_t!(ctx.actor, CoordinatorMsg::Route, 5_000, query) {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return fail(req.request_id, e).await,
-        Err(e) => {
-            return fail(
-                req.request_id,
-                WireError::new(ErrorCode::Internal, format!("coordinator actor: {e}")),
-            )
-            .await
-        }
-    };
 
-    let verb_name = verb.name();
+    // Wait in the fleet queue for a worker with room: until the request's own
+    // `queue_ms`, its deadline, or the coordinator's queue timeout.
+    let arrived = Instant::now();
+    let (tenant, priority) = (req.tenant.clone().unwrap_or_default(), req.priority.unwrap_or_default());
+    let mut wait_ms = req.queue_ms.unwrap_or(ctx.queue.timeout.as_millis() as u64);
+    if let Some(d) = req.deadline_ms {
+        wait_ms = wait_ms.min(d.saturating_sub(switchyard_actors::now_ms()));
+    }
+    let ticket = Ticket {
+        id: ctx.tickets.fetch_add(1, Ordering::Relaxed),
+        request_id: req.request_id.clone(),
+        inbox: inbox.to_string(),
+        model: req.model.clone(),
+        tenant: tenant.clone(),
+        priority,
+        bytes: msg.payload.len() as u64,
+        since: arrived,
+    };
+    let mut wait = Wait {
+        id: ticket.id,
+        until: arrived + Duration::from_millis(wait_ms),
+        stream: verb.streams().then_some((inbox.as_str(), req.request_id.as_str())),
+        seq: first_seq,
+    };
+    let record = |outcome| waiting::record(&req.model, priority, &tenant, outcome, arrived.elapsed());
+    let (tx, rx) = oneshot::channel();
+    let _ = ctx
+        .actor
+        .cast(CoordinatorMsg::Enqueue(ticket.clone(), query.clone(), tx));
+    let mut answer = {
+        let queue_span = tracing::info_span!(
+            "queue",
+            otel.name = "queue",
+            switchyard.priority = priority.as_str(),
+            switchyard.tenant = tenant.as_str(),
+        );
+        tracing::Instrument::instrument(wait.answer(&ctx, rx), queue_span).await
+    };
+    loop {
+        let queued = arrived.elapsed();
+        span.record("switchyard.queue.wait_ms", queued.as_millis() as i64);
+        let workers = match answer {
+            Waited::Grant(workers) => workers,
+            Waited::Refused(e) => {
+                record(if e.code == ErrorCode::Overloaded {
+                    "timeout"
+                } else {
+                    "refused"
+                });
+                return fail(req.request_id.clone(), e, wait.seq).await;
+            }
+            Waited::Cancelled => {
+                record("cancelled");
+                let body = if verb.streams() {
+                    encode(&StreamChunk::cancelled(&req.request_id, wait.seq))
+                } else {
+                    encode(&ErrorReply {
+                        v: PROTOCOL_VERSION,
+                        error: WireError::new(ErrorCode::Cancelled, "cancelled while waiting for a worker"),
+                    })
+                };
+                let _ = ctx.client.publish(inbox.clone(), body.into()).await;
+                return;
+            }
+            Waited::Handoff => {
+                record("handoff");
+                return waiting::hand_off(&ctx, &msg, &inbox, wait.seq).await;
+            }
+        };
+        match try_workers(&ctx, &msg, &inbox, verb, workers, &query.blocks, wait.seq, queued).await {
+            Tried::Admitted => {
+                record("dispatched");
+                return;
+            }
+            Tried::Failed(e) => {
+                record("refused");
+                return fail(req.request_id.clone(), e, wait.seq).await;
+            }
+            // Every worker was full after all (other coordinators filled them): back
+            // to the front of the queue, while the request has time.
+            Tried::Full(full, e) => {
+                if Instant::now() >= wait.until {
+                    record("timeout");
+                    return fail(req.request_id.clone(), e, wait.seq).await;
+                }
+                let (tx, rx) = oneshot::channel();
+                let _ = ctx
+                    .actor
+                    .cast(CoordinatorMsg::Requeue(ticket.clone(), query.clone(), tx, full));
+                answer = wait.answer(&ctx, rx).await;
+            }
+        }
+    }
+}
+
+/// How forwarding to the granted workers went.
+enum Tried {
+    /// One admitted it: it streams to the client now.
+    Admitted,
+    /// Refused for good (or no worker answered): answer the client with this.
+    Failed(WireError),
+    /// Those workers refused for want of room (the last error says so).
+    Full(Vec<String>, WireError),
+}
+
+/// Forwards the request to `workers` in order until one admits it, with the client's
+/// inbox as the stream target, the trace context, where its chunks' `seq` starts and
+/// how long it waited.
+#[allow(clippy::too_many_arguments)]
+async fn try_workers(
+    ctx: &ForwardContext,
+    msg: &async_nats::Message,
+    inbox: &str,
+    verb: Verb,
+    workers: Vec<String>,
+    blocks: &[u64],
+    first_seq: u64,
+    queued: Duration,
+) -> Tried {
+    let span = tracing::Span::current();
     let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker admitted the request");
-    for (attempt, worker_id) in candidates.into_iter().take(ctx.max_attempts as usize).enumerate() {
+    let mut full = Vec::new();
+    for (attempt, worker_id) in workers.into_iter().take(ctx.max_attempts as usize).enumerate() {
         let mut headers = msg.headers.clone().unwrap_or_default();
-        headers.insert(HEADER_STREAM_TO, inbox.as_str());
+        headers.insert(HEADER_STREAM_TO, inbox);
+        headers.insert(HEADER_QUEUED_US, queued.as_micros().to_string().as_str());
+        if first_seq > 0 {
+            headers.insert(HEADER_FIRST_SEQ, first_seq.to_string().as_str());
+        }
         switchyard_actors::trace::inject(&span, &mut headers);
         span.record(
             "switchyard.routing.attempts",
@@ -200,14 +328,13 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         // fits can never be delivered, to any worker — refuse it, do not retry it.
         let size = switchyard_actors::nats::message_size(Some(&headers), msg.payload.len());
         if let Err(max) = switchyard_actors::nats::fits(&ctx.client, size) {
-            let e = WireError::new(
+            return Tried::Failed(WireError::new(
                 ErrorCode::BadRequest,
                 format!(
                     "the request is {size} bytes with the forwarding headers, over the NATS server's max_payload of \
                      {max}; shorten the prompt (or raise max_payload)"
                 ),
-            );
-            return fail(req.request_id, e).await;
+            ));
         }
         let request = async_nats::Request::new()
             .payload(msg.payload.clone())
@@ -215,7 +342,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             .timeout(Some(ctx.admission_timeout));
         match ctx
             .client
-            .send_request(ctx.subjects.worker(&worker_id, verb_name), request)
+            .send_request(ctx.subjects.worker(&worker_id, verb.name()), request)
             .await
         {
             Ok(answer) => match decode::<Admission>(&answer.payload) {
@@ -223,18 +350,21 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
                     span.record("switchyard.routing.worker", worker_id.as_str());
                     // The first candidate was counted when it was chosen.
                     if attempt > 0 {
-                        let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id, query_blocks.clone()));
+                        let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id, blocks.to_vec()));
                     }
-                    return;
+                    return Tried::Admitted;
                 }
                 Ok(a) => {
                     let error = a
                         .error
                         .unwrap_or_else(|| WireError::new(ErrorCode::Internal, "refused without a reason"));
                     if !error.retryable {
-                        return fail(req.request_id, error).await;
+                        return Tried::Failed(error);
                     }
                     tracing::debug!(worker = %worker_id, code = %error.code, "refused; trying the next worker");
+                    if error.code == ErrorCode::Overloaded {
+                        full.push(worker_id);
+                    }
                     last_error = error;
                 }
                 Err(e) => {
@@ -252,7 +382,11 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             }
         }
     }
-    fail(req.request_id, last_error).await;
+    if full.is_empty() {
+        Tried::Failed(last_error)
+    } else {
+        Tried::Full(full, last_error)
+    }
 }
 
 /// `{p}.v1.session.open`: picks a worker like a request (model, backend and worker

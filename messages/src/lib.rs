@@ -69,5 +69,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// empty and keeps every generated token resident. 1.2: heartbeats may carry `speed`
 /// ([`Heartbeat`], [`WorkerSpeed`]). 1.3: `config.constraint`, chat `tools` /
 /// `tool_choice` / `parallel_tool_calls`, messages with `tool_calls` / `tool_call_id`,
-/// and `tool_calls` with finish reason `tool_calls` on a stream's last chunk.
-pub const PROTOCOL_MINOR: u32 = 3;
+/// and `tool_calls` with finish reason `tool_calls` on a stream's last chunk. 1.4:
+/// fleet queueing — the head's `tenant`, `priority` and `queue_ms`, keep-alive chunks
+/// from a coordinator while a request waits (the forward's `Sy-First-Seq` tells the
+/// worker where its chunks' `seq` starts), `fleet_queue_us` in the final metrics,
+/// `queues` in the fleet status.
+pub const PROTOCOL_MINOR: u32 = 4;

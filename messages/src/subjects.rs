@@ -103,6 +103,12 @@ impl Subjects {
 pub const HEADER_STREAM_TO: &str = "Sy-Stream-To";
 /// Header with the request id (also in the body), for tooling that reads headers only.
 pub const HEADER_REQUEST_ID: &str = "Sy-Request-Id";
+/// On a forward from a coordinator that sent keep-alives while the request waited:
+/// the `seq` of the worker's first chunk (protocol 1.4; absent = 0).
+pub const HEADER_FIRST_SEQ: &str = "Sy-First-Seq";
+/// On a forward: microseconds the request waited at the coordinator (protocol 1.4),
+/// reported back in the final metrics' `fleet_queue_us`.
+pub const HEADER_QUEUED_US: &str = "Sy-Queued-Us";
 /// W3C trace context.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 

@@ -196,6 +196,15 @@ pub struct GenerateMetrics {
     pub peak_memory_bytes: u64,
     /// Resident memory at the end, bytes (0 if unknown).
     pub active_memory_bytes: u64,
+    /// Time the request waited at a coordinator for a worker with room (the fleet
+    /// queue), microseconds; `queue_us` is the wait inside the worker after that
+    /// (protocol 1.4).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub fleet_queue_us: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Output of a prefill-only pass over one prompt.

@@ -108,8 +108,19 @@ pub fn check_request_id(request_id: &str) -> Result<(), WireError> {
 /// The head's own rules: a version this build speaks, a well-formed request id.
 fn check_head(head: &RequestHead) -> Result<(), WireError> {
     check_version(head.v)?;
-    check_request_id(&head.request_id)
+    check_request_id(&head.request_id)?;
+    if let Some(t) = &head.tenant {
+        if t.len() > MAX_TENANT_BYTES || t.chars().any(char::is_control) {
+            return Err(bad(format!(
+                "tenant {t:?} must be at most {MAX_TENANT_BYTES} bytes without control characters"
+            )));
+        }
+    }
+    Ok(())
 }
+
+/// The longest `tenant` a request may name.
+pub const MAX_TENANT_BYTES: usize = 128;
 
 /// Generation settings: finite, in range, within the limits.
 pub fn validate_config(c: &GenerateConfig, limits: &InputLimits) -> Result<(), WireError> {

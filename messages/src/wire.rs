@@ -160,6 +160,27 @@ impl StreamChunk {
             tool_calls: Vec::new(),
         }
     }
+
+    /// A keep-alive: no tokens, not the end (a coordinator sends them while the
+    /// request waits for a worker).
+    pub fn keepalive(request_id: &str, seq: u64) -> Self {
+        Self {
+            done: false,
+            finish_reason: None,
+            error: None,
+            ..Self::failed(request_id, seq, WireError::new(crate::ErrorCode::Internal, ""))
+        }
+    }
+
+    /// The last chunk of a request cancelled before it started.
+    pub fn cancelled(request_id: &str, seq: u64) -> Self {
+        Self {
+            finish_reason: Some(FinishReason::Cancelled),
+            metrics: Some(crate::GenerateMetrics::default()),
+            error: None,
+            ..Self::failed(request_id, seq, WireError::new(crate::ErrorCode::Internal, ""))
+        }
+    }
 }
 
 /// The body of a cancel on `{p}.v1.cancel.{request_id}`: it must name the inbox the
@@ -361,6 +382,27 @@ pub struct FleetStatus {
     pub coordinator_id: String,
     /// Live workers.
     pub workers: Vec<WorkerView>,
+    /// Requests waiting at this coordinator for a worker with room, by model,
+    /// priority and tenant (protocol 1.4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<QueueView>,
+}
+
+/// Requests of one model, priority and tenant waiting at a coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueView {
+    /// Model name.
+    pub model: String,
+    /// Their priority.
+    pub priority: Priority,
+    /// Their tenant (`""` = the default one).
+    pub tenant: String,
+    /// How many wait.
+    pub waiting: u32,
+    /// Their payload bytes.
+    pub bytes: u64,
+    /// How long the oldest has waited, milliseconds.
+    pub oldest_ms: u64,
 }
 
 /// A model and where it is served, in a [`ModelsReply`].
@@ -481,6 +523,49 @@ pub struct RequestHead {
     /// `deadline_exceeded`.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Who the request is for (an API key's name, a NATS user): coordinators serve
+    /// their waiting requests round robin across tenants. Absent = the default tenant.
+    /// Self-declared on NATS; the gateway sets it from the API key (protocol 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// `interactive` (the default) is served before `batch` when requests wait for a
+    /// worker (protocol 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    /// The longest this request may wait at a coordinator for a worker with room,
+    /// milliseconds; past it (or past `deadline_ms`) it is refused with `overloaded`.
+    /// Absent = the coordinator's `queue_timeout_ms` (protocol 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_ms: Option<u64>,
+}
+
+/// A request's priority when it waits for a worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// Someone is waiting for the answer: served first.
+    #[default]
+    Interactive,
+    /// Offline work: served when no interactive request waits.
+    Batch,
+}
+
+impl Priority {
+    /// Every priority, served in this order.
+    pub const ALL: [Priority; 2] = [Priority::Interactive, Priority::Batch];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Batch => "batch",
+        }
+    }
+
+    /// From its wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
 }
 
 impl RequestHead {
@@ -493,6 +578,9 @@ impl RequestHead {
             backend: None,
             worker: None,
             deadline_ms: None,
+            tenant: None,
+            priority: None,
+            queue_ms: None,
         }
     }
 }

@@ -388,6 +388,9 @@ fn seed_head() -> RequestHead {
         backend: Some("cpu".into()),
         worker: Some("w-0".into()),
         deadline_ms: Some(1_700_000_000_000),
+        tenant: Some("team-a".into()),
+        priority: Some(switchyard_messages::Priority::Batch),
+        queue_ms: Some(5_000),
         ..RequestHead::new("req-1", "smollm2")
     }
 }
@@ -470,6 +473,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 resumes: 1,
                 peak_memory_bytes: 1 << 30,
                 active_memory_bytes: 1 << 29,
+                fleet_queue_us: 2_500,
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),
@@ -705,6 +709,14 @@ fn seed_fleet() -> FleetStatus {
         workers: vec![WorkerView {
             status: seed_status(),
             age_ms: 150,
+        }],
+        queues: vec![switchyard_messages::QueueView {
+            model: "smollm2".into(),
+            priority: switchyard_messages::Priority::Batch,
+            tenant: "team-a".into(),
+            waiting: 3,
+            bytes: 900,
+            oldest_ms: 1200,
         }],
     }
 }

@@ -542,6 +542,27 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             w.age_ms
         );
     }
+    if !fleet.queues.is_empty() {
+        let _ = writeln!(out, "waiting for a worker with room (fleet queue):");
+        let _ = writeln!(
+            out,
+            "{:<30} {:<12} {:<20} {:>8} {:>10} {:>10}",
+            "MODEL", "PRIORITY", "TENANT", "WAITING", "BYTES", "OLDEST-ms"
+        );
+        for q in &fleet.queues {
+            let tenant = if q.tenant.is_empty() { "-" } else { q.tenant.as_str() };
+            let _ = writeln!(
+                out,
+                "{:<30} {:<12} {:<20} {:>8} {:>10} {:>10}",
+                q.model,
+                q.priority.as_str(),
+                tenant,
+                q.waiting,
+                q.bytes,
+                q.oldest_ms
+            );
+        }
+    }
     out
 }
 

@@ -23,6 +23,10 @@ pub struct GatewayArgs {
     /// Print the SHA-256 of KEY (what gateway.keys stores) and exit.
     #[arg(long, value_name = "KEY")]
     pub hash_key: Option<String>,
+    /// The longest a request waits in the fleet queue for a worker with room, ms;
+    /// then 429 with Retry-After (gateway.queue_timeout_ms, default 60000).
+    #[arg(long)]
+    pub queue_timeout_ms: Option<u64>,
 }
 
 impl GatewayArgs {
@@ -36,6 +40,9 @@ impl GatewayArgs {
         }
         if self.allow_no_keys {
             c.gateway.allow_no_keys = true;
+        }
+        if let Some(v) = self.queue_timeout_ms {
+            c.gateway.queue_timeout_ms = v;
         }
     }
 }

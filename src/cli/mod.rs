@@ -3,6 +3,8 @@
 
 mod bench;
 mod commands;
+mod coordinator;
+pub use coordinator::CoordinatorFlags;
 mod constrain;
 mod gateway;
 mod runtime;
@@ -335,20 +337,6 @@ pub struct WorkerFlags {
     pub kv_cache_mb: Option<u32>,
 }
 
-/// Coordinator settings shared by `up` and `coordinator`.
-#[derive(Args, Debug, Clone)]
-pub struct CoordinatorFlags {
-    /// Drop a worker whose last heartbeat is older than this (milliseconds).
-    #[arg(long)]
-    pub worker_expiry_ms: Option<u64>,
-    /// How long to wait for a worker to admit a request before trying another (ms).
-    #[arg(long)]
-    pub admission_timeout_ms: Option<u64>,
-    /// Route by backend and load only, ignoring which worker holds a request's prefix warm.
-    #[arg(long)]
-    pub no_kv_routing: bool,
-}
-
 /// `switchyard up`.
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -573,21 +561,6 @@ impl WorkerFlags {
         }
         if let Some(v) = self.heartbeat_ms {
             w.heartbeat_ms = v;
-        }
-    }
-}
-
-impl CoordinatorFlags {
-    /// Applies the flags that were given.
-    pub fn apply(&self, c: &mut Config) {
-        if let Some(v) = self.worker_expiry_ms {
-            c.coordinator.worker_expiry_ms = v;
-        }
-        if let Some(v) = self.admission_timeout_ms {
-            c.coordinator.admission_timeout_ms = v;
-        }
-        if self.no_kv_routing {
-            c.coordinator.kv_routing = false;
         }
     }
 }

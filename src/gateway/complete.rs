@@ -205,6 +205,12 @@ async fn run(
             m => m.to_string(),
         },
     };
+    // Fleet queueing: the key is the tenant, its priority the default, and the
+    // gateway's queue timeout bounds the wait for a worker.
+    let mut req = req;
+    req.head.tenant = Some(admitted.name().to_string()).filter(|n| !n.is_empty());
+    req.head.priority = req.head.priority.or(admitted.priority());
+    req.head.queue_ms = Some(g.queue_timeout_ms);
     let mut op = Operation::start(
         if kind == Kind::Chat { "chat" } else { "text_completion" },
         &req.head.model,

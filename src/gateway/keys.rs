@@ -181,6 +181,12 @@ impl Admitted {
         }
     }
 
+    /// The key's default priority, if it sets one.
+    pub fn priority(&self) -> Option<switchyard_messages::Priority> {
+        let (store, i) = self.entry.as_ref()?;
+        switchyard_messages::Priority::parse(&store.entries[*i].key.priority)
+    }
+
     /// The key's name, for logs.
     pub fn name(&self) -> &str {
         match &self.entry {

@@ -38,6 +38,7 @@ pub struct Gateway {
     subjects: Subjects,
     keys: KeyStore,
     max_body: u32,
+    queue_timeout_ms: u64,
 }
 
 /// A running gateway.
@@ -92,6 +93,7 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
         subjects: Subjects::new(prefix),
         keys,
         max_body: config.max_body_bytes,
+        queue_timeout_ms: config.queue_timeout_ms,
     });
     let app = Router::new()
         .route("/v1/chat/completions", post(complete::chat))

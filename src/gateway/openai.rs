@@ -9,6 +9,7 @@ use super::errors::ApiError;
 use crate::{Client, GenerateRequest, Message};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use switchyard_messages::Priority;
 
 /// Sampling defaults when a request does not say (llama.cpp server's, which Ollama's
 /// nearly match): varied but focused text that does not loop. `temperature: 0` asks
@@ -82,6 +83,10 @@ pub struct Sampling {
     /// match (llguidance's dialect), like vLLM's `guided_regex` / `guided_grammar`.
     pub regex: Option<String>,
     pub grammar: Option<String>,
+    /// switchyard's extra: `interactive` or `batch` when requests wait for a worker;
+    /// OpenAI's `service_tier: "flex"` means `batch` too.
+    pub priority: Option<String>,
+    pub service_tier: Option<String>,
     /// Fields this gateway does not know.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -203,6 +208,20 @@ impl Sampling {
         };
         req.head.backend = self.backend.clone().filter(|b| !b.is_empty());
         req.head.worker = self.worker.clone().filter(|w| !w.is_empty());
+        req.head.priority = match (self.priority.as_deref(), self.service_tier.as_deref()) {
+            (Some(p), _) => {
+                Some(Priority::parse(p).ok_or_else(|| refuse("priority", "must be \"interactive\" or \"batch\""))?)
+            }
+            (None, Some("flex")) => Some(Priority::Batch),
+            (None, Some("auto" | "default" | "priority" | "scale")) => Some(Priority::Interactive),
+            (None, Some(_)) => {
+                return Err(refuse(
+                    "service_tier",
+                    "must be auto, default, flex (served as batch), scale or priority",
+                ))
+            }
+            (None, None) => None,
+        };
         c.constraint = super::structured::constraint(
             self.response_format.as_ref(),
             self.regex.as_deref(),

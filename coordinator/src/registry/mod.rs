@@ -57,6 +57,9 @@ pub struct RouteQuery {
     pub blocks: Vec<u64>,
     /// Bytes of the request's routing key (its prompt as sent), for predicted TTFT.
     pub prompt_bytes: usize,
+    /// Only workers with room: fewer requests than their capacity plus this many
+    /// (and than their own limit). `None` = every routable worker, saturated last.
+    pub room: Option<u32>,
 }
 
 /// A routing decision: the candidates, best first, and how many leading blocks of
@@ -266,6 +269,15 @@ impl Registry {
         }
     }
 
+    /// Counts a worker as full until its next heartbeat (it refused a request for
+    /// want of room).
+    pub fn saturate(&mut self, worker_id: &str) {
+        if let Some(&slot) = self.ids.get(worker_id) {
+            let b = &mut self.briefs[slot as usize];
+            b.load = b.load.max(b.limit);
+        }
+    }
+
     /// Candidate worker ids for `q`, best first, or why there are none.
     pub fn route(&self, q: &RouteQuery) -> Result<Vec<String>, WireError> {
         self.route_top(q, usize::MAX).map(|r| r.workers)
@@ -283,7 +295,7 @@ impl Registry {
             "" => None,
             name => Some(*self.model_ids.get(name).ok_or_else(|| self.unknown_model(name))?),
         };
-        let (mut serving, mut matching, mut measured) = (false, 0, 0);
+        let (mut serving, mut matching, mut measured, mut routable) = (false, 0, 0, 0);
         let mut candidates: Vec<u32> = Vec::with_capacity(self.live);
         for (i, b) in self.briefs.iter().enumerate() {
             if !b.live {
@@ -304,7 +316,11 @@ impl Registry {
                 continue;
             }
             matching += 1;
-            if b.routable {
+            routable += usize::from(b.routable);
+            if b.routable
+                && q.room
+                    .is_none_or(|ahead| b.load < b.limit.min(b.capacity.saturating_add(ahead)))
+            {
                 candidates.push(i as u32);
                 measured += usize::from(b.speed().is_some());
             }
@@ -322,6 +338,12 @@ impl Registry {
                     q.worker.as_deref().unwrap_or("any")
                 ),
             ));
+        }
+        if candidates.is_empty() && routable > 0 {
+            return Ok(Route {
+                workers: Vec::new(),
+                warm: 0,
+            });
         }
         if candidates.is_empty() {
             return Err(WireError::new(

@@ -12,7 +12,7 @@ use futures::{FutureExt, StreamExt};
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_actors::ChunkSink;
-use switchyard_messages::subjects::HEADER_STREAM_TO;
+use switchyard_messages::subjects::{HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_STREAM_TO};
 use switchyard_messages::{
     check_deadline, decode, encode, validate_batch, validate_classify, validate_request, Admission as AdmissionMsg,
     BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Constraint, ErrorCode, ErrorReply,
@@ -151,12 +151,22 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     if via_coordinator {
         answer_admission(&ctx, &request, None).await;
     }
+    // A request that waited at a coordinator: its client has had keep-alives
+    // numbered before ours, and the final metrics say how long it waited.
+    let header = |name: &str| -> u64 {
+        msg.headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .and_then(|v| v.as_str().parse().ok())
+            .unwrap_or(0)
+    };
     let sink = ChunkSink::new(
         ctx.client.clone(),
         stream_to,
         req.head.request_id.clone(),
         Some(ctx.worker_id.clone()),
-    );
+    )
+    .after_queue(header(HEADER_FIRST_SEQ), header(HEADER_QUEUED_US));
     sink.tokens(Vec::new()).await;
     let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
     let mut config = req.config.clone();
