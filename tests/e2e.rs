@@ -235,8 +235,11 @@ async fn full_worker_answers_overloaded() {
         StreamEvent::Tokens(_) => {}
         other => panic!("{other:?}"),
     }
+    // `queue_ms: 0`: no wait in the fleet queue, refused at once when no worker has room.
+    let mut now_or_never = greedy("hi", 4);
+    now_or_never.head.queue_ms = Some(0);
     let err = client
-        .generate(greedy("hi", 4))
+        .generate(now_or_never)
         .await
         .unwrap()
         .collect()

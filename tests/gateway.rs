@@ -267,8 +267,10 @@ async fn no_worker_is_503_and_a_full_worker_429_both_with_retry_after() {
     config.worker.capacity = 1;
     config.worker.queue_depth = 0;
     let coordinator = switchyard::node::start_coordinator(&config).await.unwrap();
+    // No wait in the fleet queue: a request no worker has room for is 429 at once.
     let listen = GatewayConfig {
         listen: "127.0.0.1:0".into(),
+        queue_timeout_ms: 0,
         ..GatewayConfig::default()
     };
     let g = gateway::start(client(&url, Duration::from_secs(5)).await, "sy", &listen)

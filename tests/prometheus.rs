@@ -347,8 +347,24 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     // Overloaded: w1 is full with one request, the next is refused.
     let mut long = client.generate(demo("Once upon a time", 200)).await.unwrap();
     assert!(matches!(long.next().await, Some(Ok(StreamEvent::Tokens(_)))));
+    // Sent to the worker itself (a coordinator would let it wait in the fleet queue).
     let refused = client
-        .generate(demo("hi", 4))
+        .start(
+            switchyard_messages::Subjects::new("sy").worker("w1", "generate"),
+            demo("hi", 4),
+        )
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Some(switchyard::ErrorCode::Overloaded), "{refused}");
+    // Through the coordinator with no time to wait: it passes through the fleet queue
+    // (switchyard.queue.depth, switchyard.queue.wait) and is refused there.
+    let mut now_or_never = demo("hi", 4);
+    now_or_never.head.queue_ms = Some(0);
+    let refused = client
+        .generate(now_or_never)
         .await
         .unwrap()
         .collect()

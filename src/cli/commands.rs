@@ -141,6 +141,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             super::bench::gateway::gateway(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(super::BenchCommand::Burst(args)) => {
+            args.worker.apply(&mut config);
+            config.validate()?;
+            let bin = super::bench::llama_cpp::llama_server_or_build(args.worker.llama_server.as_deref())?;
+            super::bench::burst::burst(config, &bin, &args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Mlx(args)) => super::bench::mlx::run(config, &args).await,
         Command::Bench(super::BenchCommand::Stall(args)) => super::bench::stall::run(&args).await,
         Command::Bench(super::BenchCommand::Structured(args)) => {

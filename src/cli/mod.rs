@@ -148,6 +148,10 @@ pub enum BenchCommand {
     /// Inter-token latency of running streams while a ~1,500-token prompt arrives:
     /// chunked prefill vs whole-prompt prefill vs llama-server.
     Stall(bench::stall::BenchStallArgs),
+    /// Bursts of streaming chats at 1×, 4× and 16× the fleet's capacity through the
+    /// gateway and the fleet queue, against llama-server with as many slots, same
+    /// GGUF: requests served within the deadline, requests/s, TTFT p50/p99, ratios.
+    Burst(bench::burst::BenchBurstArgs),
     /// What a JSON schema costs at decode: the CPU engine answering the same chat free
     /// and constrained to a nested schema, alternating runs: decode tok/s and ratio,
     /// per model (default: both reference models).

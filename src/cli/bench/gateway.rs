@@ -16,8 +16,8 @@ use switchyard_procs::llama_server::LlamaServer;
 
 /// One streamed chat, as its client saw it.
 #[derive(Debug, Clone, Copy, Default)]
-struct Chat {
-    ttft: Duration,
+pub(super) struct Chat {
+    pub ttft: Duration,
     total: Duration,
     tokens: u32,
 }
@@ -25,7 +25,12 @@ struct Chat {
 /// Streams one chat from an OpenAI endpoint: TTFT is the first content chunk; the
 /// token count is `usage.completion_tokens` when the server sends it, else the
 /// content chunks.
-async fn openai_chat(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) -> anyhow::Result<Chat> {
+pub(super) async fn openai_chat(
+    http: &reqwest::Client,
+    url: &str,
+    prompt: &str,
+    max_tokens: u32,
+) -> anyhow::Result<Chat> {
     let body = json!({
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens, "temperature": 0, "stream": true,
@@ -103,7 +108,7 @@ fn prompt(r: usize, i: usize) -> String {
     )
 }
 
-fn percentile(xs: &[f64], p: f64) -> f64 {
+pub(super) fn percentile(xs: &[f64], p: f64) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     if v.is_empty() {

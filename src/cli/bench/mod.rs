@@ -5,6 +5,7 @@
 //! the difference is the fabric's own cost.
 
 pub mod batch;
+pub mod burst;
 pub mod chaos;
 pub mod gateway;
 pub mod kv;
