@@ -180,7 +180,7 @@ async fn a_cancelled_waiting_request_leaves_the_queue_at_once() {
     let c = f.client().await;
     // One computing, one in the worker's queue (dispatch_ahead), then ours waits.
     let busy: Vec<_> = (0..2)
-        .map(|_| tokio::spawn(served(c.clone(), request("a", Priority::Interactive, 200))))
+        .map(|_| tokio::spawn(served(c.clone(), request("a", Priority::Interactive, 400))))
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stream = c.generate(request("b", Priority::Interactive, 8)).await.unwrap();
@@ -205,12 +205,50 @@ async fn a_cancelled_waiting_request_leaves_the_queue_at_once() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let left = cancelled.elapsed();
-    // The long requests are still computing: the place was freed by the cancel.
+    eprintln!("left the queue {left:?} after the cancel");
+
+    // An HTTP client that hangs up while its request waits: the gateway drops the
+    // stream, which cancels it.
+    let g = gateway::start(
+        c.clone(),
+        "sy",
+        &GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            ..GatewayConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let url = format!("{}/v1/chat/completions", g.url());
+    let http = tokio::spawn(async move {
+        let body =
+            serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": true});
+        reqwest::Client::new().post(url).json(&body).send().await
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting(&f.coordinator.status().await.unwrap()) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the HTTP request never waited in the fleet queue"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let hung_up = Instant::now();
+    http.abort();
+    while waiting(&f.coordinator.status().await.unwrap()) > 0 {
+        assert!(
+            hung_up.elapsed() < Duration::from_secs(2),
+            "the hung-up request still waits"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("left the queue {:?} after the hang-up", hung_up.elapsed());
+    // The long requests are still computing: the places were freed by the cancels.
     assert!(
         busy.iter().all(|b| !b.is_finished()),
-        "the cancel should come before the busy requests end"
+        "the cancels should come before the busy requests end"
     );
-    eprintln!("left the queue {left:?} after the cancel");
+    g.shutdown().await;
     for b in busy {
         let (_, m) = b.await.unwrap();
         m.unwrap();
@@ -288,6 +326,15 @@ async fn requests_waiting_at_a_dead_or_stopping_coordinator_end_with_one_outcome
                 served, 16,
                 "a stopping coordinator hands its waiting requests over: {results:?}"
             );
+            doomed.wait_for("handed to the other coordinators", Duration::from_secs(1));
+        } else {
+            // Those that waited at the dead one stalled and were sent again.
+            let resumed = results
+                .iter()
+                .filter(|(_, r)| r.as_ref().is_ok_and(|m| m.resumes > 0))
+                .count();
+            eprintln!("{how}: {resumed} requests were sent again after their coordinator died");
+            assert!(resumed > 0, "no request waited at the killed coordinator: {results:?}");
         }
         // Served once each: the worker completed exactly that many (a killed
         // coordinator's forwards already admitted still stream to their clients).

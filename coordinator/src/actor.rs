@@ -82,6 +82,8 @@ pub struct CoordinatorState {
     queue: FleetQueue,
     /// The waiting requests' routing queries and answer senders, by ticket id.
     waiting: HashMap<u64, (RouteQuery, WaitSender)>,
+    /// Handed off: requests arriving from now on go to another coordinator too.
+    stopping: bool,
 }
 
 /// Start-up arguments.
@@ -119,6 +121,7 @@ impl Actor for CoordinatorActor {
             max_candidates: args.max_candidates.max(1),
             queue: args.queue,
             waiting: HashMap::new(),
+            stopping: false,
         })
     }
 
@@ -221,6 +224,7 @@ impl Actor for CoordinatorActor {
                 }
             }
             CoordinatorMsg::Handoff(reply) => {
+                state.stopping = true;
                 let n = state.waiting.len();
                 for (id, (_, tx)) in state.waiting.drain() {
                     state.queue.remove(id);
@@ -251,6 +255,10 @@ impl Actor for CoordinatorActor {
 /// nothing of its model waits ahead; refused when its model is not served or the
 /// queue is full; else queued.
 fn enqueue(state: &mut CoordinatorState, ticket: Ticket, query: RouteQuery, tx: WaitSender) {
+    if state.stopping {
+        let _ = tx.send(Waited::Handoff);
+        return;
+    }
     let route = state.registry.route_top(&query, state.max_candidates);
     match route {
         Err(e) => {

@@ -34,7 +34,12 @@ impl Wait<'_> {
     /// withdraws the request and refuses it with `overloaded` (unless a grant came
     /// meanwhile).
     pub async fn answer(&mut self, ctx: &ForwardContext, mut rx: oneshot::Receiver<Waited>) -> Waited {
-        let stopped = || Waited::Refused(WireError::new(ErrorCode::Internal, "the coordinator actor stopped"));
+        let stopped = || {
+            Waited::Refused(WireError::new(
+                ErrorCode::Unavailable,
+                "the coordinator stopped while the request waited; send it again",
+            ))
+        };
         let mut beat = tokio::time::Instant::now() + ctx.queue.keepalive;
         let until = tokio::time::Instant::from_std(self.until);
         loop {

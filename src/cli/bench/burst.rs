@@ -76,7 +76,7 @@ async fn run(http: &reqwest::Client, url: &str, n: usize, c: usize, max_tokens: 
                 r.late += usize::from(took > deadline);
                 r.ttfts.push(chat.ttft.as_secs_f64() * 1e3);
             }
-            Err(e) => r.failed.push(e.to_string()),
+            Err(e) => r.failed.push(format!("{e:#}")),
         }
     }
     r.rps = r.served as f64 / elapsed;
@@ -85,19 +85,36 @@ async fn run(http: &reqwest::Client, url: &str, n: usize, c: usize, max_tokens: 
 
 /// Runs the comparison and prints the table.
 pub async fn burst(mut config: Config, bin: &Path, args: &BenchBurstArgs) -> anyhow::Result<()> {
-    let capacity = config.worker.capacity as usize;
+    // The worker's capacity (its KV slots unless --capacity says otherwise; 4 by
+    // default on cpu) is llama-server's --parallel.
+    let capacity = match (config.worker.capacity, config.worker.parallel_slots) {
+        (0, 0) => 4,
+        (0, slots) => slots as usize,
+        (c, _) => c as usize,
+    };
     let threads = match config.worker.threads {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n as usize,
     };
     let model = switchyard::node::model_path(&config)?;
     let ctx = (512 * capacity).to_string();
+    // One HTTP thread per request in flight at the largest load, so llama-server
+    // queues every request instead of refusing connections.
+    let http_threads = (args.loads.iter().max().copied().unwrap_or(1) * capacity + 2).to_string();
     eprintln!(
-        "starting llama-server ({threads} threads, --parallel {capacity}, -c {ctx}) on {} …",
+        "starting llama-server ({threads} threads, --parallel {capacity}, -c {ctx}, --threads-http {http_threads}) on {} …",
         model.display()
     );
-    let server = LlamaServer::start_with(bin, &model, threads, capacity, &["-c", &ctx]).await?;
+    let server = LlamaServer::start_with(
+        bin,
+        &model,
+        threads,
+        capacity,
+        &["-c", &ctx, "--threads-http", &http_threads],
+    )
+    .await?;
     config.worker.parallel_slots = capacity as u32;
+    config.worker.capacity = capacity as u32;
     config.worker.context_len = 512;
     config.worker.threads = threads as u32;
     config.worker.id = "bench-burst".into();
@@ -111,7 +128,13 @@ pub async fn burst(mut config: Config, bin: &Path, args: &BenchBurstArgs) -> any
         ..GatewayConfig::default()
     };
     let gw = switchyard::gateway::start(local.client.clone(), &local.config.nats.prefix, &listen).await?;
-    let http = reqwest::Client::builder().timeout(deadline).build()?;
+    // A fresh connection per request on both sides: llama-server closes idle
+    // keep-alive connections, and a pooled one it closed would fail the request
+    // ("connection closed before message completed") for want of the client's retry.
+    let http = reqwest::Client::builder()
+        .timeout(deadline)
+        .pool_max_idle_per_host(0)
+        .build()?;
     eprintln!("warming up …");
     run(&http, &server.url, capacity, capacity, args.max_tokens, deadline).await;
     run(&http, &gw.url(), capacity, capacity, args.max_tokens, deadline).await;
