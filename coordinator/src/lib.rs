@@ -210,15 +210,19 @@ impl CoordinatorHandle {
             max_attempts: opts.max_attempts,
             kv_routing: opts.kv_routing,
             limits: std::sync::Arc::new(opts.limits.clone()),
-            queue: waiting::QueueOptions {
-                timeout: opts.queue_timeout,
-                ahead: opts.dispatch_ahead,
-                keepalive: opts.keepalive,
+            waiter: waiting::Waiter {
+                client: client.clone(),
+                actor: actor.clone(),
+                options: waiting::QueueOptions {
+                    timeout: opts.queue_timeout,
+                    ahead: opts.dispatch_ahead,
+                    keepalive: opts.keepalive,
+                },
+                handed_off: Default::default(),
             },
             tickets: Default::default(),
-            handed_off: Default::default(),
         };
-        let handed_off = ctx.handed_off.clone();
+        let handed_off = ctx.waiter.handed_off.clone();
         use service::Verb;
         for (subject, verb) in [
             (opts.subjects.generate(), Verb::Generate),

@@ -4,10 +4,10 @@
 use crate::actor::{CoordinatorMsg, Waited};
 use crate::queue::Ticket;
 use crate::registry::RouteQuery;
-use crate::waiting::{self, QueueOptions, Wait};
+use crate::waiting::{self, Wait, Waiter};
 use async_nats::RequestErrorKind;
 use ractor::ActorRef;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_messages::kv;
@@ -32,11 +32,9 @@ pub struct ForwardContext {
     /// What one request may ask for.
     pub limits: std::sync::Arc<InputLimits>,
     /// How requests wait for a worker with room.
-    pub queue: QueueOptions,
+    pub waiter: Waiter,
     /// The next waiting request's ticket id.
     pub tickets: Arc<AtomicU64>,
-    /// Waiting requests handed to other coordinators (at shutdown).
-    pub handed_off: Arc<AtomicUsize>,
 }
 
 /// What a request asks for; decides validation and how a failure is answered.
@@ -182,7 +180,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         worker: req.worker.clone(),
         blocks: if ctx.kv_routing { blocks } else { Vec::new() },
         prompt_bytes,
-        room: Some(ctx.queue.ahead),
+        room: Some(ctx.waiter.options.ahead),
     };
     span.record("gen_ai.request.model", req.model.as_str());
     span.record(
@@ -194,7 +192,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
     // `queue_ms`, its deadline, or the coordinator's queue timeout.
     let arrived = Instant::now();
     let (tenant, priority) = (req.tenant.clone().unwrap_or_default(), req.priority.unwrap_or_default());
-    let mut wait_ms = req.queue_ms.unwrap_or(ctx.queue.timeout.as_millis() as u64);
+    let mut wait_ms = req.queue_ms.unwrap_or(ctx.waiter.options.timeout.as_millis() as u64);
     if let Some(d) = req.deadline_ms {
         wait_ms = wait_ms.min(d.saturating_sub(switchyard_actors::now_ms()));
     }
@@ -226,7 +224,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             switchyard.priority = priority.as_str(),
             switchyard.tenant = tenant.as_str(),
         );
-        tracing::Instrument::instrument(wait.answer(&ctx, rx), queue_span).await
+        tracing::Instrument::instrument(wait.answer(&ctx.waiter, rx), queue_span).await
     };
     loop {
         let queued = arrived.elapsed();
@@ -256,7 +254,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             }
             Waited::Handoff => {
                 record("handoff");
-                return waiting::hand_off(&ctx, &msg, &inbox, wait.seq).await;
+                return waiting::hand_off(&ctx.waiter, &msg, &inbox, wait.seq).await;
             }
         };
         match try_workers(&ctx, &msg, &inbox, verb, workers, &query.blocks, wait.seq, queued).await {
@@ -279,7 +277,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
                 let _ = ctx
                     .actor
                     .cast(CoordinatorMsg::Requeue(ticket.clone(), query.clone(), tx, full));
-                answer = wait.answer(&ctx, rx).await;
+                answer = wait.answer(&ctx.waiter, rx).await;
             }
         }
     }

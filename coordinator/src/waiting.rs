@@ -3,7 +3,8 @@
 //! out, and handing the request to another coordinator when this one stops.
 
 use crate::actor::{CoordinatorMsg, Waited};
-use crate::service::ForwardContext;
+use ractor::ActorRef;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use switchyard_messages::subjects::HEADER_FIRST_SEQ;
 use switchyard_messages::{encode, ErrorCode, Priority, StreamChunk, WireError};
@@ -20,6 +21,16 @@ pub struct QueueOptions {
     pub keepalive: Duration,
 }
 
+/// What waiting needs of the coordinator.
+#[derive(Clone)]
+pub struct Waiter {
+    pub client: async_nats::Client,
+    pub actor: ActorRef<CoordinatorMsg>,
+    pub options: QueueOptions,
+    /// Waiting requests handed to other coordinators (at shutdown).
+    pub handed_off: std::sync::Arc<AtomicUsize>,
+}
+
 /// One request's wait: where its keep-alives go and the next chunk's `seq`.
 pub struct Wait<'a> {
     pub id: u64,
@@ -33,14 +44,14 @@ impl Wait<'_> {
     /// Waits for the actor's answer on `rx`, sending keep-alives; at `until`
     /// withdraws the request and refuses it with `overloaded` (unless a grant came
     /// meanwhile).
-    pub async fn answer(&mut self, ctx: &ForwardContext, mut rx: oneshot::Receiver<Waited>) -> Waited {
+    pub async fn answer(&mut self, ctx: &Waiter, mut rx: oneshot::Receiver<Waited>) -> Waited {
         let stopped = || {
             Waited::Refused(WireError::new(
                 ErrorCode::Unavailable,
                 "the coordinator stopped while the request waited; send it again",
             ))
         };
-        let mut beat = tokio::time::Instant::now() + ctx.queue.keepalive;
+        let mut beat = tokio::time::Instant::now() + ctx.options.keepalive;
         let until = tokio::time::Instant::from_std(self.until);
         loop {
             tokio::select! {
@@ -65,7 +76,7 @@ impl Wait<'_> {
                     let chunk = encode(&StreamChunk::keepalive(request_id, self.seq));
                     self.seq += 1;
                     let _ = ctx.client.publish(inbox.to_string(), chunk.into()).await;
-                    beat += ctx.queue.keepalive;
+                    beat += ctx.options.keepalive;
                 }
             }
         }
@@ -74,7 +85,7 @@ impl Wait<'_> {
 
 /// Sends a waiting request back to the coordinators' queue group (this coordinator
 /// has stopped listening), its chunks numbered on from `seq`.
-pub async fn hand_off(ctx: &ForwardContext, msg: &async_nats::Message, inbox: &str, seq: u64) {
+pub async fn hand_off(ctx: &Waiter, msg: &async_nats::Message, inbox: &str, seq: u64) {
     let mut headers = msg.headers.clone().unwrap_or_default();
     headers.insert(HEADER_FIRST_SEQ, seq.to_string().as_str());
     let sent = ctx
@@ -84,7 +95,7 @@ pub async fn hand_off(ctx: &ForwardContext, msg: &async_nats::Message, inbox: &s
     if let Err(e) = sent {
         tracing::warn!("handing a waiting request to another coordinator: {e}");
     }
-    ctx.handed_off.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    ctx.handed_off.fetch_add(1, Ordering::AcqRel);
 }
 
 /// `switchyard.queue.wait`: time requests waited in the fleet queue, by model,

@@ -1,6 +1,6 @@
 //! Envelopes: what travels on each subject (see `docs/protocol.md`).
 
-use crate::{GenerateConfig, GenerateMetrics, Message, ModelInfo, Token, WireError};
+use crate::{GenerateConfig, GenerateMetrics, Message, ModelInfo, Priority, QueueView, Token, WireError};
 use serde::{Deserialize, Serialize};
 
 /// A generation request, sent to `{p}.v1.generate` (with `prompt`) or `{p}.v1.chat`
@@ -388,23 +388,6 @@ pub struct FleetStatus {
     pub queues: Vec<QueueView>,
 }
 
-/// Requests of one model, priority and tenant waiting at a coordinator.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QueueView {
-    /// Model name.
-    pub model: String,
-    /// Their priority.
-    pub priority: Priority,
-    /// Their tenant (`""` = the default one).
-    pub tenant: String,
-    /// How many wait.
-    pub waiting: u32,
-    /// Their payload bytes.
-    pub bytes: u64,
-    /// How long the oldest has waited, milliseconds.
-    pub oldest_ms: u64,
-}
-
 /// A model and where it is served, in a [`ModelsReply`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelEntry {
@@ -537,35 +520,6 @@ pub struct RequestHead {
     /// Absent = the coordinator's `queue_timeout_ms` (protocol 1.4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_ms: Option<u64>,
-}
-
-/// A request's priority when it waits for a worker.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    /// Someone is waiting for the answer: served first.
-    #[default]
-    Interactive,
-    /// Offline work: served when no interactive request waits.
-    Batch,
-}
-
-impl Priority {
-    /// Every priority, served in this order.
-    pub const ALL: [Priority; 2] = [Priority::Interactive, Priority::Batch];
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Interactive => "interactive",
-            Priority::Batch => "batch",
-        }
-    }
-
-    /// From its wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == s)
-    }
 }
 
 impl RequestHead {

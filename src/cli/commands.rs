@@ -1,15 +1,13 @@
 //! What each subcommand does.
 
-use super::{load_config, ChatArgs, Cli, Command, GenerateArgs, ModelsArgs, SamplingFlags, StatusArgs, UpArgs};
+use super::connect::{client, report};
+use super::{load_config, ChatArgs, Cli, Command, GenerateArgs, ModelsArgs, SamplingFlags, UpArgs};
 use anyhow::{bail, Context};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use switchyard::{node, Client, ClientError, ClientOptions, Config, GenerateRequest, Message, StreamEvent};
+use switchyard::{node, Client, ClientError, Config, GenerateRequest, Message, StreamEvent};
 use switchyard_procs::nats_server::{find_nats_server, NatsServer};
-
-/// Exit code for a request the fleet answered with an error.
-const EXIT_REMOTE: u8 = 2;
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -87,7 +85,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status(args) => {
             config.validate()?;
-            status(&config, args).await
+            super::status::status(&config, args).await
         }
         Command::Models(args) => {
             config.validate()?;
@@ -172,28 +170,6 @@ fn require_nats(config: &Config) -> anyhow::Result<()> {
         bail!("no NATS server given: pass --nats URL, set nats.url in the config file, or SWITCHYARD_NATS_URL");
     }
     Ok(())
-}
-
-fn nats_url_for_client(config: &Config) -> String {
-    if config.nats.url.is_empty() {
-        "nats://127.0.0.1:4222".to_string()
-    } else {
-        config.nats.url.clone()
-    }
-}
-
-async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Client> {
-    let opts = ClientOptions {
-        prefix: config.nats.prefix.clone(),
-        security: config.nats.security(),
-        stall_timeout: Duration::from_millis(stall_ms.unwrap_or(config.client.stall_timeout_ms)),
-        request_timeout: Duration::from_millis(config.client.request_timeout_ms),
-        ..ClientOptions::default()
-    };
-    let url = nats_url_for_client(config);
-    Client::connect_with(&url, opts)
-        .await
-        .with_context(|| format!("connecting to {}", switchyard_actors::nats::display_url(&url)))
 }
 
 async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -390,22 +366,6 @@ async fn stream_out(mut stream: switchyard::ResponseStream, json: bool) -> Resul
     Err(ClientError::Protocol("stream ended without a final chunk".into()))
 }
 
-fn report(e: ClientError) -> anyhow::Result<ExitCode> {
-    match e {
-        ClientError::Remote { error, received } => {
-            if !received.is_empty() {
-                println!();
-            }
-            eprintln!(
-                "error: {}: {} (retryable: {})",
-                error.code, error.message, error.retryable
-            );
-            Ok(ExitCode::from(EXIT_REMOTE))
-        }
-        other => Err(other.into()),
-    }
-}
-
 async fn generate(config: &Config, args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let client = client(config, args.sampling.stall_timeout_ms).await?;
     let req = request(&args.sampling, Some(args.prompt), None)?;
@@ -447,130 +407,6 @@ async fn chat(config: &Config, args: ChatArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-}
-
-async fn status(config: &Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let client = client(config, None).await?;
-    let Some(period) = args.watch else {
-        let fleet = match client.status().await {
-            Ok(f) => f,
-            Err(e) => return report(e),
-        };
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&fleet)?);
-        } else {
-            print!("{}", status_table(&fleet));
-        }
-        return Ok(ExitCode::SUCCESS);
-    };
-    let stop = tokio::signal::ctrl_c();
-    tokio::pin!(stop);
-    let mut tick = tokio::time::interval(Duration::from_millis(period.max(100)));
-    loop {
-        tokio::select! {
-            _ = &mut stop => return Ok(ExitCode::SUCCESS),
-            _ = tick.tick() => {}
-        }
-        let text = match client.status().await {
-            Ok(fleet) if args.json => format!("{}\n", serde_json::to_string(&fleet)?),
-            Ok(fleet) => status_table(&fleet),
-            Err(e) => format!("no answer: {e}\n"),
-        };
-        if args.json {
-            print!("{text}");
-        } else {
-            // Home, draw, clear what is left of the previous frame.
-            print!("\x1b[H{}\x1b[J", text.replace('\n', "\x1b[K\n"));
-        }
-        use std::io::Write;
-        std::io::stdout().flush()?;
-    }
-}
-
-/// The fleet as a table: one line per worker with load, KV state and recent latency.
-fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "coordinator {}: {} worker(s)",
-        fleet.coordinator_id,
-        fleet.workers.len()
-    );
-    let _ = writeln!(
-        out,
-        "{:<28} {:<12} {:<9} {:<30} {:>9} {:>6} {:>9} {:>8} {:>9} {:>5} {:>8} {:>7} {:>6}",
-        "WORKER",
-        "DEVICE",
-        "BACKEND",
-        "MODEL",
-        "IN-FLIGHT",
-        "QUEUED",
-        "COMPLETED",
-        "KV-SLOTS",
-        "KV-TOKENS",
-        "HIT%",
-        "TTFT-ms",
-        "TPOT-ms",
-        "AGE"
-    );
-    for w in &fleet.workers {
-        let s = &w.status;
-        let model = s.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(",");
-        let state = if s.draining {
-            " (draining)"
-        } else if !s.available {
-            " (unavailable)"
-        } else {
-            ""
-        };
-        let slots = format!("{}/{}", s.kv.busy + s.kv.sessions, s.kv.slots);
-        // The cpu engine's kernel variant, e.g. `cpu/avx512`.
-        let device = match s.models.iter().map(|m| m.info.kernels.as_str()).find(|k| !k.is_empty()) {
-            Some(k) => format!("{}/{k}", s.device),
-            None => s.device.clone(),
-        };
-        let _ = writeln!(
-            out,
-            "{:<28} {:<12} {:<9} {:<30} {:>5}/{:<3} {:>6} {:>9} {:>8} {:>9} {:>5.0} {:>8.1} {:>7.1} {:>4}ms{state}",
-            s.worker_id,
-            device,
-            s.backend,
-            model,
-            s.in_flight,
-            s.capacity,
-            s.queued,
-            s.completed,
-            slots,
-            s.kv.resident_tokens,
-            s.kv.hit_ratio * 100.0,
-            s.recent.ttft_ms,
-            s.recent.tpot_ms,
-            w.age_ms
-        );
-    }
-    if !fleet.queues.is_empty() {
-        let _ = writeln!(out, "waiting for a worker with room (fleet queue):");
-        let _ = writeln!(
-            out,
-            "{:<30} {:<12} {:<20} {:>8} {:>10} {:>10}",
-            "MODEL", "PRIORITY", "TENANT", "WAITING", "BYTES", "OLDEST-ms"
-        );
-        for q in &fleet.queues {
-            let tenant = if q.tenant.is_empty() { "-" } else { q.tenant.as_str() };
-            let _ = writeln!(
-                out,
-                "{:<30} {:<12} {:<20} {:>8} {:>10} {:>10}",
-                q.model,
-                q.priority.as_str(),
-                tenant,
-                q.waiting,
-                q.bytes,
-                q.oldest_ms
-            );
-        }
-    }
-    out
 }
 
 async fn models(config: &Config, args: ModelsArgs) -> anyhow::Result<ExitCode> {

@@ -3,6 +3,7 @@
 
 mod bench;
 mod commands;
+mod connect;
 mod coordinator;
 pub use coordinator::CoordinatorFlags;
 mod constrain;
@@ -10,6 +11,7 @@ mod gateway;
 mod runtime;
 mod secure_up;
 mod security;
+mod status;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
