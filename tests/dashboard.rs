@@ -27,6 +27,17 @@ const EXPORTED: &[&str] = &[
     "switchyard_routing_decisions_total",
     "switchyard_heartbeats_missed_total",
     "switchyard_backend_restarts_total",
+    "switchyard_queue_wait_seconds",
+    "switchyard_queue_depth",
+];
+
+/// Labels the queries group or filter by.
+const LABELS: &[&str] = &[
+    "gen_ai_request_model",
+    "gen_ai_token_type",
+    "switchyard_routing_reason",
+    "switchyard_priority",
+    "switchyard_tenant",
 ];
 
 #[test]
@@ -43,9 +54,8 @@ fn the_dashboard_queries_only_exported_metrics() {
                 if !(word.starts_with("gen_ai_") || word.starts_with("switchyard_")) || word.ends_with("_id") {
                     continue;
                 }
-                if word == "gen_ai_request_model" || word == "gen_ai_token_type" || word == "switchyard_routing_reason"
-                {
-                    continue; // labels
+                if LABELS.contains(&word) {
+                    continue;
                 }
                 let base = ["_bucket", "_count", "_sum"]
                     .iter()

@@ -259,8 +259,11 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
         assert_eq!(stream.worker_id(), want, "spill order");
         held.push(stream);
     }
-    // Everything is full now: a clear, retryable refusal.
-    let err = ends_with_error(client.generate(request("Hello", 4, None)).await.unwrap()).await;
+    // Everything is full now: with no time to wait in the fleet queue (`queue_ms`
+    // 0), a clear, retryable refusal.
+    let mut now_or_never = request("Hello", 4, None);
+    now_or_never.head.queue_ms = Some(0);
+    let err = ends_with_error(client.generate(now_or_never).await.unwrap()).await;
     assert!(retryable(&err), "{err}");
     for s in &held {
         s.cancel().await.unwrap();
