@@ -1,7 +1,8 @@
 //! Connecting to NATS and publishing contract types as MessagePack.
 
-use async_nats::{Client, ConnectOptions, HeaderMap};
+use async_nats::{Client, ConnectOptions, HeaderMap, ServerAddr};
 use serde::Serialize;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use switchyard_config::NatsSecurity;
 
@@ -27,20 +28,75 @@ pub enum NatsError {
 }
 
 /// `url` without the user info (`nats://user:secret@host` → `nats://***@host`), for
-/// messages.
+/// messages; each of a comma-separated list.
 pub fn display_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let one = |url: &str| match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &url[..scheme + 3], &url[at..]),
         (None, Some(at)) => format!("***{}", &url[at..]),
         _ => url.to_string(),
+    };
+    url.split(',').map(|u| one(u.trim())).collect::<Vec<_>>().join(",")
+}
+
+/// The servers `url` names: one URL, or several separated by commas (members of a
+/// cluster, e.g. `nats://a:4222,nats://b:4222`). The client connects to one of them
+/// and reconnects to any of them — and to the members the servers advertise, unless
+/// they are configured with `no_advertise`, when only these are known.
+pub fn server_list(url: &str) -> Result<Vec<ServerAddr>, String> {
+    let urls: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+    if urls.is_empty() {
+        return Err("no NATS server URL given".into());
     }
+    urls.iter()
+        .map(|u| {
+            u.parse::<ServerAddr>().map_err(|e| {
+                format!(
+                    "{:?} is not a NATS server URL ({e}); give one URL or several separated by commas, \
+                     e.g. nats://a:4222,nats://b:4222",
+                    display_url(u)
+                )
+            })
+        })
+        .collect()
+}
+
+/// The NATS server `client` is connected to, for logs and `status`: its name (or id)
+/// and the address it reported.
+pub fn connected_server(client: &Client) -> String {
+    let info = client.server_info();
+    let name = if info.server_name.is_empty() {
+        &info.server_id
+    } else {
+        &info.server_name
+    };
+    format!("{name} ({}:{})", info.host, info.port)
 }
 
 /// The connect options for `security` (credentials, TLS, inbox prefix).
-async fn options(security: &NatsSecurity, name: &str) -> Result<ConnectOptions, String> {
+async fn options(
+    security: &NatsSecurity,
+    name: &str,
+    current: Arc<OnceLock<Client>>,
+) -> Result<ConnectOptions, String> {
     let mut opts = ConnectOptions::new()
         .name(name)
-        .connection_timeout(Duration::from_secs(2));
+        .connection_timeout(Duration::from_secs(2))
+        // Which server a process is on, and when it moves (a cluster member died).
+        .event_callback(move |event| {
+            let current = current.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => match current.get() {
+                        Some(c) => tracing::info!(server = %connected_server(c), "reconnected to NATS"),
+                        None => tracing::debug!("connected to NATS"),
+                    },
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("disconnected from the NATS server; reconnecting to any server it knows")
+                    }
+                    other => tracing::debug!("NATS: {other}"),
+                }
+            }
+        });
     if !security.user.is_empty() {
         opts = opts.user_and_password(security.user.clone(), security.password.clone());
     }
@@ -146,12 +202,19 @@ pub async fn connect(url: &str, security: &NatsSecurity, name: &str, wait: Durat
         url: shown.clone(),
         reason,
     };
+    let servers = server_list(url).map_err(fail)?;
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let opts = options(security, name).await.map_err(fail)?;
-        let attempt = tokio::time::timeout(Duration::from_secs(3), ConnectOptions::connect(opts, url)).await;
+        let current = Arc::new(OnceLock::new());
+        let opts = options(security, name, current.clone()).await.map_err(fail)?;
+        let attempt =
+            tokio::time::timeout(Duration::from_secs(3), ConnectOptions::connect(opts, servers.clone())).await;
         let reason = match attempt {
-            Ok(Ok(client)) => return Ok(client),
+            Ok(Ok(client)) => {
+                tracing::info!(server = %connected_server(&client), client = name, "connected to NATS");
+                let _ = current.set(client.clone());
+                return Ok(client);
+            }
             Ok(Err(e)) => {
                 if let Some(reason) = fatal(&e, security) {
                     return Err(fail(reason));
@@ -280,12 +343,30 @@ pub fn fit_reply(client: &Client, body: Vec<u8>, what: &str) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::display_url;
+    use super::{display_url, server_list};
 
     #[test]
     fn urls_lose_their_user_info_when_shown() {
         assert_eq!(display_url("nats://u:secret@10.0.0.5:4222"), "nats://***@10.0.0.5:4222");
         assert_eq!(display_url("tls://tok@nats.lan"), "tls://***@nats.lan");
         assert_eq!(display_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            display_url("nats://u:pw@a:4222, nats://b:4222"),
+            "nats://***@a:4222,nats://b:4222"
+        );
+    }
+
+    #[test]
+    fn a_cluster_is_a_comma_separated_list_of_servers() {
+        let servers = server_list("nats://a:4222, nats://b:5222,tls://c").unwrap();
+        let shown: Vec<String> = servers.iter().map(|s| format!("{}:{}", s.host(), s.port())).collect();
+        assert_eq!(shown, ["a:4222", "b:5222", "c:4222"]);
+        assert_eq!(server_list("nats://a:4222").unwrap().len(), 1);
+        let err = server_list("nats://a:4222,nats://u:secret@b:notaport").unwrap_err();
+        assert!(
+            err.contains("nats://***@b:notaport") && !err.contains("secret"),
+            "{err}"
+        );
+        assert!(server_list(" , ").is_err());
     }
 }

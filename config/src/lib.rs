@@ -127,7 +127,8 @@ impl TelemetryConfig {
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
-    /// NATS server URL; empty = `switchyard up` starts a local server.
+    /// NATS server URL, or a cluster's members separated by commas; empty =
+    /// `switchyard up` starts a local server.
     pub url: String,
     /// Subject prefix (`{prefix}.v1.…`), for several tenants on one NATS account.
     pub prefix: String,

@@ -45,6 +45,9 @@ pub enum CoordinatorMsg {
     Routed(String, Vec<u64>),
     /// This worker did not answer; forget it until it heartbeats again.
     Remove(String),
+    /// A round trip to this worker took this long (or it was waited for this long
+    /// without an answer).
+    RoundTrip(String, Duration),
     /// Workers' KV events, in order; answers the workers that lost events (fetch
     /// their snapshots).
     Kv(Vec<KvEvent>, RpcReplyPort<Vec<String>>),
@@ -177,6 +180,10 @@ impl Actor for CoordinatorActor {
                 let _ = reply.send(route.map(|r| r.workers));
             }
             CoordinatorMsg::Routed(id, blocks) => state.registry.routed(&id, &blocks),
+            CoordinatorMsg::RoundTrip(id, took) => {
+                state.registry.round_trip(&id, took);
+                pump(state);
+            }
             CoordinatorMsg::Kv(events, reply) => {
                 let start = Instant::now();
                 let mut gaps: Vec<String> = Vec::new();

@@ -327,9 +327,15 @@ impl CoordinatorHandle {
 }
 
 /// Asks a worker for its KV snapshot (in the background) and hands it to the actor.
+/// It is also the probe of a worker that joined: its round trip ends the worker's
+/// probation.
 fn fetch_kv_snapshot(actor: ActorRef<CoordinatorMsg>, client: async_nats::Client, subject: String, worker: String) {
     tokio::spawn(async move {
+        let sent = std::time::Instant::now();
         let reply = tokio::time::timeout(Duration::from_secs(5), client.request(subject, Vec::new().into())).await;
+        if matches!(reply, Ok(Ok(_))) {
+            let _ = actor.cast(CoordinatorMsg::RoundTrip(worker.clone(), sent.elapsed()));
+        }
         match reply.map(|r| r.map(|m| switchyard_messages::decode::<switchyard_messages::KvSnapshot>(&m.payload))) {
             Ok(Ok(Ok(snapshot))) => {
                 let _ = actor.cast(CoordinatorMsg::KvSnapshot(snapshot));

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_messages::kv;
-use switchyard_messages::subjects::{HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO};
+use switchyard_messages::subjects::{
+    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO,
+};
 use switchyard_messages::{
     decode, encode, validate_batch, validate_classify, validate_request, Admission, BatchRequest, ClassifyRequest,
     ErrorCode, ErrorReply, GenerateRequest, InputLimits, RequestHead, StreamChunk, Subjects, WireError,
@@ -314,6 +316,8 @@ async fn try_workers(
         let mut headers = msg.headers.clone().unwrap_or_default();
         headers.insert(HEADER_STREAM_TO, inbox);
         headers.insert(HEADER_QUEUED_US, queued.as_micros().to_string().as_str());
+        let admit_by = switchyard_actors::now_ms() + ctx.admission_timeout.as_millis() as u64;
+        headers.insert(HEADER_ADMIT_BY, admit_by.to_string().as_str());
         if first_seq > 0 {
             headers.insert(HEADER_FIRST_SEQ, first_seq.to_string().as_str());
         }
@@ -338,11 +342,19 @@ async fn try_workers(
             .payload(msg.payload.clone())
             .headers(headers)
             .timeout(Some(ctx.admission_timeout));
-        match ctx
+        let sent = Instant::now();
+        let answer = ctx
             .client
             .send_request(ctx.subjects.worker(&worker_id, verb.name()), request)
-            .await
-        {
+            .await;
+        // Every admission exchange measures the network to the worker; one that timed
+        // out counts its whole wait, so a slow worker drops in the order at once.
+        if answer.as_ref().is_ok() || answer.as_ref().is_err_and(|e| e.kind() == RequestErrorKind::TimedOut) {
+            let _ = ctx
+                .actor
+                .cast(CoordinatorMsg::RoundTrip(worker_id.clone(), sent.elapsed()));
+        }
+        match answer {
             Ok(answer) => match decode::<Admission>(&answer.payload) {
                 Ok(a) if a.accepted => {
                     span.record("switchyard.routing.worker", worker_id.as_str());

@@ -106,6 +106,10 @@ pub const HEADER_REQUEST_ID: &str = "Sy-Request-Id";
 /// On a forward from a coordinator that sent keep-alives while the request waited:
 /// the `seq` of the worker's first chunk (protocol 1.4; absent = 0).
 pub const HEADER_FIRST_SEQ: &str = "Sy-First-Seq";
+/// On a forward: the Unix millisecond past which the coordinator no longer waits for
+/// the admission answer (it has tried another worker, or given up); a worker that
+/// gets or admits the forward later drops it unrun (protocol 1.4).
+pub const HEADER_ADMIT_BY: &str = "Sy-Admit-By";
 /// On a forward: microseconds the request waited at the coordinator (protocol 1.4),
 /// reported back in the final metrics' `fleet_queue_us`.
 pub const HEADER_QUEUED_US: &str = "Sy-Queued-Us";

@@ -282,6 +282,10 @@ pub struct WorkerStatus {
     /// Latency of its recent requests.
     #[serde(default)]
     pub recent: RecentLatency,
+    /// The NATS server it is connected to: its name (or id) and address (protocol
+    /// 1.4; empty from older workers).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub nats_server: String,
 }
 
 /// A worker's KV state, as of its heartbeat.
@@ -566,6 +570,7 @@ mod tests {
             version: "t".into(),
             kv: KvUsage::default(),
             recent: RecentLatency::default(),
+            nats_server: String::new(),
         };
         let beat = Heartbeat {
             status: status.clone(),

@@ -552,6 +552,7 @@ fn seed_status() -> WorkerStatus {
             ttft_ms: 12.5,
             tpot_ms: 3.25,
         },
+        nats_server: "n1 (10.0.0.5:4222)".into(),
     }
 }
 

@@ -56,7 +56,9 @@ pub struct Cli {
     /// TOML configuration file (sections: nats, coordinator, worker, client).
     #[arg(long, global = true, env = "SWITCHYARD_CONFIG")]
     pub config: Option<PathBuf>,
-    /// NATS server URL, e.g. nats://10.0.0.5:4222. `up` starts a local server when
+    /// NATS server URL, e.g. nats://10.0.0.5:4222, or the members of a cluster
+    /// separated by commas (nats://a:4222,nats://b:4222): the process reconnects to any
+    /// of them. `up` starts a local server when
     /// this is not given.
     #[arg(long, global = true)]
     pub nats: Option<String>,

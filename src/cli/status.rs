@@ -56,8 +56,9 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<28} {:<12} {:<9} {:<30} {:>9} {:>6} {:>9} {:>8} {:>9} {:>5} {:>8} {:>7} {:>6}",
+        "{:<28} {:<16} {:<12} {:<9} {:<30} {:>9} {:>6} {:>9} {:>8} {:>9} {:>5} {:>8} {:>7} {:>6}  NATS",
         "WORKER",
+        "HOST",
         "DEVICE",
         "BACKEND",
         "MODEL",
@@ -89,8 +90,9 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<28} {:<12} {:<9} {:<30} {:>5}/{:<3} {:>6} {:>9} {:>8} {:>9} {:>5.0} {:>8.1} {:>7.1} {:>4}ms{state}",
+            "{:<28} {:<16} {:<12} {:<9} {:<30} {:>5}/{:<3} {:>6} {:>9} {:>8} {:>9} {:>5.0} {:>8.1} {:>7.1} {:>4}ms  {}{state}",
             s.worker_id,
+            s.host,
             device,
             s.backend,
             model,
@@ -103,7 +105,8 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             s.kv.hit_ratio * 100.0,
             s.recent.ttft_ms,
             s.recent.tpot_ms,
-            w.age_ms
+            w.age_ms,
+            if s.nats_server.is_empty() { "-" } else { s.nats_server.as_str() }
         );
     }
     if !fleet.queues.is_empty() {

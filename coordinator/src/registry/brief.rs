@@ -44,6 +44,12 @@ pub struct Brief {
     pub pending_bits: u64,
     /// Blocks in that prefix.
     pub pending_len: u16,
+    /// Its measured round trip from this coordinator, ms (a moving average of
+    /// admission exchanges and probes; 0 = not measured yet).
+    pub rtt_ms: f32,
+    /// Joined (or came back after its heartbeats stopped) and not yet answered a probe
+    /// or a forward: routed to only after every answering worker.
+    pub probation: bool,
 }
 
 /// A block's bit in a 64-bit signature.
@@ -73,9 +79,10 @@ pub fn id_prefix(id: &str) -> u64 {
 }
 
 /// A candidate's sort key packed into one integer, smaller first (ties: smaller id).
-/// `blocks`: saturated (1 bit) | backend rank (7) | −score, biased (32) | load (32) |
-/// blocks held (56). `ttft`: saturated (1) | predicted µs (48) | backend rank (7) |
-/// load (32) | blocks held (40).
+/// `blocks`: saturated (1 bit) | on probation (1) | backend rank (7) | −score, biased
+/// (32) | load (32) | blocks held (54). `ttft`: saturated (1) | on probation (1) |
+/// predicted µs, round trip included (47) | backend rank (7) | load (32) | blocks held
+/// (40).
 fn pack(fields: &[(u64, u32)]) -> u128 {
     fields.iter().fold(0u128, |acc, &(v, bits)| {
         let max = (1u128 << bits) - 1;
@@ -93,6 +100,18 @@ impl Brief {
     pub fn set_speed(&mut self, speed: Option<Speed>) {
         let cost = speed.map(|s| Cost::of(s, self.capacity)).unwrap_or_default();
         (self.ms_per_byte, self.slot_ms) = (cost.ms_per_byte as f32, cost.slot_ms as f32);
+    }
+
+    /// Notes a measured round trip: a moving average (a fifth of each new sample), the
+    /// first one taken as is; it ends the probation.
+    pub fn note_rtt(&mut self, sample_ms: f64) {
+        let sample = sample_ms.clamp(0.0, 60_000.0) as f32;
+        self.rtt_ms = if self.rtt_ms > 0.0 {
+            0.8 * self.rtt_ms + 0.2 * sample
+        } else {
+            sample.max(0.001)
+        };
+        self.probation = false;
     }
 
     /// Its measured speed, if any.
@@ -142,6 +161,7 @@ impl Brief {
     #[inline]
     pub fn key(&self, prior: Option<Option<Speed>>, warm: usize, prompt_bytes: usize) -> u128 {
         let saturated = u64::from(self.load >= self.limit);
+        let probation = u64::from(self.probation);
         let (rank, load, held) = (u64::from(self.rank), u64::from(self.load), u64::from(self.held));
         match prior {
             Some(prior) => {
@@ -161,9 +181,17 @@ impl Brief {
                         self.capacity,
                     )
                 };
-                let ms = cost.predict_ms(prompt_bytes, warm, self.load, self.capacity);
+                // The network: the forward's way there and the first token's way back.
+                let ms = cost.predict_ms(prompt_bytes, warm, self.load, self.capacity) + f64::from(self.rtt_ms);
                 let us = (ms * 1e3).clamp(0.0, 1e15) as u64;
-                pack(&[(saturated, 1), (us, 48), (rank, 7), (load, 32), (held, 40)])
+                pack(&[
+                    (saturated, 1),
+                    (probation, 1),
+                    (us, 47),
+                    (rank, 7),
+                    (load, 32),
+                    (held, 40),
+                ])
             }
             None => {
                 // Warm blocks, less WAIT_BLOCKS per request it would wait behind: a
@@ -171,8 +199,8 @@ impl Brief {
                 // more than the wait, and spills otherwise.
                 let waits = i64::from((self.load + 1).saturating_sub(self.capacity));
                 let score = warm as i64 - WAIT_BLOCKS * waits;
-                let rest = pack(&[(rank, 7), (biased(-score), 32), (load, 32), (held, 56)]);
-                u128::from(saturated) << 127 | rest
+                let rest = pack(&[(rank, 7), (biased(-score), 32), (load, 32), (held, 54)]);
+                u128::from(saturated) << 127 | u128::from(probation) << 126 | rest
             }
         }
     }

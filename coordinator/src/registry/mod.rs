@@ -7,7 +7,9 @@
 //!
 //! - `ttft` (default): the least predicted time to first token ([`ttft`]): the wait for
 //!   a slot plus the uncached part of the prompt at the worker's measured prefill speed,
-//!   from the `speed` its heartbeats report. Then backend preference, load. Workers
+//!   from the `speed` its heartbeats report, plus the network: the worker's round trip
+//!   from this coordinator (a moving average over admission exchanges and probes; an
+//!   exchange that timed out counts its whole wait). Then backend preference, load. Workers
 //!   without a measurement are predicted at the median speed of the candidates that
 //!   have one; when none has, the decision falls back to `blocks`.
 //! - `blocks`: backend preference (seed 000 `Default()`: metal > rocm > llama_cpp >
@@ -19,6 +21,11 @@
 //!   every request onto one worker; a popular prefix queues at its worker only while
 //!   the wait is worth less than the reuse, then spills and becomes warm on a second
 //!   worker.
+//!
+//! A worker that joins, or comes back after its heartbeats stopped, is on probation —
+//! after every answering worker, before saturated ones — until it answers a probe (the
+//! KV snapshot fetched when it joins) or a forward: heartbeats can flow again before
+//! requests to it can (a link healing from TCP backoff).
 //!
 //! Ties go to the worker holding fewer blocks (a new prefix evicts the least there),
 //! then to the smaller id.
@@ -197,6 +204,11 @@ impl Registry {
             ..*b
         };
         b.set_speed(speed.measured().then(|| speed.into()));
+        if new {
+            // Until it answers a probe (its KV snapshot) or a forward: last in line.
+            b.probation = true;
+            b.rtt_ms = 0.0;
+        }
         self.slots[slot as usize].worker = Some(Entry { status, seen: now });
         self.live += usize::from(new);
         new
@@ -266,6 +278,17 @@ impl Registry {
         if !blocks.is_empty() {
             b.set_pending(blocks);
             self.prefix.routed(slot, blocks);
+        }
+    }
+
+    /// Notes a round trip to a worker (an admission exchange or a probe), or, for one
+    /// that did not answer in time, the time waited as a penalty.
+    pub fn round_trip(&mut self, worker_id: &str, took: Duration) {
+        if let Some(&slot) = self.ids.get(worker_id) {
+            let b = &mut self.briefs[slot as usize];
+            if b.live {
+                b.note_rtt(took.as_secs_f64() * 1e3);
+            }
         }
     }
 

@@ -26,6 +26,7 @@ fn worker(id: &str, backend: &str, model: &str) -> WorkerStatus {
         version: "t".into(),
         kv: Default::default(),
         recent: Default::default(),
+        nats_server: String::new(),
     }
 }
 
@@ -422,4 +423,53 @@ fn the_few_candidates_tried_are_the_head_of_the_full_order() {
             assert_eq!(top.warm, r.overlap(&all[0], &blocks));
         }
     }
+}
+
+#[test]
+fn the_network_counts_in_predicted_ttft_and_a_new_worker_waits_for_its_probe() {
+    let mut r = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    let now = Instant::now();
+    // Two equally fast workers, one 200 ms away each way.
+    r.heartbeat(measured("near", 4_000.0, 1_000.0), now);
+    r.heartbeat(measured("far", 4_000.0, 1_000.0), now);
+    let q = prompt(&[], 400);
+    // Both just joined: until a probe answers, both wait behind any answering worker.
+    r.round_trip("near", Duration::from_millis(2));
+    assert_eq!(r.route(&q).unwrap(), vec!["near", "far"], "far has not answered yet");
+    r.round_trip("far", Duration::from_millis(400));
+    assert_eq!(r.route(&q).unwrap(), vec!["near", "far"]);
+    // far takes requests once near's queue costs more than the 400 ms round trip
+    // (500 ms per request ahead on near's 2 slots).
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let first = r.route(&q).unwrap()[0].clone();
+        r.routed(&first, &[]);
+        order.push(first);
+    }
+    assert_eq!(order, ["near", "near", "far", "far"]);
+    // A worker that stops answering is penalised by the time waited for it.
+    let mut r2 = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    r2.heartbeat(measured("a", 4_000.0, 1_000.0), now);
+    r2.heartbeat(measured("b", 4_000.0, 1_000.0), now);
+    r2.round_trip("a", Duration::from_millis(1));
+    r2.round_trip("b", Duration::from_millis(1));
+    assert_eq!(r2.route(&q).unwrap()[0], "a");
+    r2.round_trip("a", Duration::from_secs(2));
+    assert_eq!(r2.route(&q).unwrap()[0], "b", "a's timeout moved it back");
+    // Back after its heartbeats stopped: on probation again until it answers.
+    let later = now + Duration::from_secs(4);
+    let mut hb = measured("b", 4_000.0, 1_000.0);
+    hb.status.seq = 2;
+    r2.heartbeat(hb, later);
+    r2.expire(later);
+    let mut back = measured("a", 4_000.0, 1_000.0);
+    back.status.seq = 3;
+    r2.heartbeat(back, later);
+    assert_eq!(r2.route(&q).unwrap(), vec!["b", "a"]);
+    r2.round_trip("a", Duration::from_millis(1));
+    assert_eq!(
+        r2.route(&q).unwrap()[0],
+        "a",
+        "a answered its probe: back in line (a tie, to the smaller id)"
+    );
 }

@@ -155,6 +155,7 @@ impl WorkerState {
                 }
             },
             recent: self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).latency(),
+            nats_server: switchyard_actors::nats::connected_server(&self.client),
         }
     }
 

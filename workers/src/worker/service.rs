@@ -12,7 +12,7 @@ use futures::{FutureExt, StreamExt};
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_actors::ChunkSink;
-use switchyard_messages::subjects::{HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_STREAM_TO};
+use switchyard_messages::subjects::{HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_STREAM_TO};
 use switchyard_messages::{
     check_deadline, decode, encode, validate_batch, validate_classify, validate_request, Admission as AdmissionMsg,
     BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Constraint, ErrorCode, ErrorReply,
@@ -148,11 +148,6 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         }
     };
 
-    if via_coordinator {
-        answer_admission(&ctx, &request, None).await;
-    }
-    // A request that waited at a coordinator: its client has had keep-alives
-    // numbered before ours, and the final metrics say how long it waited.
     let header = |name: &str| -> u64 {
         msg.headers
             .as_ref()
@@ -160,6 +155,26 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             .and_then(|v| v.as_str().parse().ok())
             .unwrap_or(0)
     };
+    if via_coordinator {
+        // A forward its coordinator no longer waits for (it came late, e.g. after a
+        // partition healed): the request went to another worker or failed, so running
+        // it would be work for nobody.
+        let admit_by = header(HEADER_ADMIT_BY);
+        let now = switchyard_actors::now_ms();
+        if admit_by > 0 && now > admit_by {
+            tracing::info!(
+                worker = %ctx.worker_id,
+                request = %req.head.request_id,
+                late_ms = now - admit_by,
+                "dropped a forward its coordinator had stopped waiting for"
+            );
+            crate::worker::telemetry::record_stale_forward(&ctx.worker_id);
+            return;
+        }
+        answer_admission(&ctx, &request, None).await;
+    }
+    // A request that waited at a coordinator: its client has had keep-alives
+    // numbered before ours, and the final metrics say how long it waited.
     let sink = ChunkSink::new(
         ctx.client.clone(),
         stream_to,

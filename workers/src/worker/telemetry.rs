@@ -28,6 +28,7 @@ struct Instruments {
     duration: Histogram<f64>,
     tokens: Histogram<u64>,
     rejections: Counter<u64>,
+    stale: Counter<u64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -58,6 +59,11 @@ fn instruments() -> &'static Instruments {
                 .with_unit("{token}")
                 .with_description("Input and output tokens used")
                 .with_boundaries(TOKEN_BUCKETS.to_vec())
+                .build(),
+            stale: m
+                .u64_counter("switchyard.worker.stale_forwards")
+                .with_unit("{request}")
+                .with_description("Forwards dropped unrun because their coordinator had stopped waiting for them")
                 .build(),
             rejections: m
                 .u64_counter("switchyard.worker.admission.rejections")
@@ -155,6 +161,14 @@ pub fn record_rejection(worker_id: &str, code: &str) {
             KeyValue::new("error.type", code.to_string()),
         ],
     );
+}
+
+/// A forward arrived (or was admitted) after its coordinator stopped waiting for the
+/// admission answer: dropped before computing anything.
+pub fn record_stale_forward(worker_id: &str) {
+    instruments()
+        .stale
+        .add(1, &[KeyValue::new("switchyard.worker.id", worker_id.to_string())]);
 }
 
 /// Registers the worker's gauges (load, KV, weights), read from `ctx` at each

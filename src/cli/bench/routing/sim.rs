@@ -174,6 +174,7 @@ impl Inner {
                 ..Default::default()
             },
             recent,
+            nats_server: String::new(),
         };
         let speed = if s.recent.is_empty() {
             w.spec.nominal.unwrap_or_default()
