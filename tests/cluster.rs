@@ -114,3 +114,109 @@ async fn a_forward_its_coordinator_stopped_waiting_for_is_dropped_unrun() {
     let after = f.worker.status().await.unwrap().completed;
     assert_eq!(after - before, 1, "only the forward in time was computed");
 }
+
+/// A TCP link to `to` with `delay` added each way, on a free loopback port: what a
+/// host far away looks like (this kernel has no netem). Order is kept: every chunk
+/// is written `delay` after it was read.
+async fn delayed_link(to: u16, delay: Duration) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let pipe = move |mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf| async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+        tokio::spawn(async move {
+            while let Some((at, bytes)) = rx.recv().await {
+                tokio::time::sleep_until(at).await;
+                if to.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0
+                || tx
+                    .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
+                return;
+            }
+        }
+    };
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                continue;
+            };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(pipe(cr, sw));
+            tokio::spawn(pipe(sr, cw));
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_far_away_gets_a_small_share_while_a_near_one_has_room() {
+    let nats = nats();
+    let far_port = delayed_link(nats.port(), Duration::from_millis(150)).await;
+    let far_url = format!("nats://127.0.0.1:{far_port}");
+    let _near = worker_proc(&nats.url(), "near");
+    let _far = worker_proc(&far_url, "far");
+    let _coordinator = coordinator_proc(&nats.url(), "c1");
+    let c = client(&nats.url(), Duration::from_secs(10)).await;
+    wait_for_workers(&c, &["far", "near"], Duration::from_secs(15)).await;
+    // Both measure the same speed; only the network differs. Two at a time: near
+    // (capacity 4) always has room.
+    let mut served_by = std::collections::BTreeMap::<String, usize>::new();
+    let mut ttfts = Vec::new();
+    for _ in 0..12 {
+        let pair: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let mut s = c.generate(greedy("The capital of France is", 4)).await.unwrap();
+                    let _ = s.next().await;
+                    let ttft = sent.elapsed();
+                    let worker = s.worker_id().to_string();
+                    while s.next().await.is_some() {}
+                    (worker, ttft)
+                })
+            })
+            .collect();
+        for p in pair {
+            let (w, t) = p.await.unwrap();
+            *served_by.entry(w).or_default() += 1;
+            ttfts.push(t.as_secs_f64() * 1e3);
+        }
+    }
+    let far = served_by.get("far").copied().unwrap_or(0);
+    let mean = ttfts.iter().sum::<f64>() / ttfts.len() as f64;
+    eprintln!("served by {served_by:?}; mean TTFT {mean:.0} ms");
+    assert!(
+        far <= 2,
+        "the worker 300 ms away took {far} of 24 while the near one had room"
+    );
+    // Ten at once: more than near has room for (capacity 4 + 1 sent ahead), so far
+    // takes the rest rather than leaving them to wait.
+    let burst: Vec<_> = (0..10)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let s = c.generate(greedy("Once upon a time", 32)).await.unwrap();
+                s.collect().await.unwrap().worker_id
+            })
+        })
+        .collect();
+    let mut far_in_burst = 0;
+    for b in burst {
+        far_in_burst += usize::from(b.await.unwrap() == "far");
+    }
+    eprintln!("far served {far_in_burst} of a burst of 10");
+    assert!(
+        far_in_burst > 0,
+        "the far worker idled while requests waited for the near one"
+    );
+}

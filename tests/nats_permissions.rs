@@ -154,6 +154,49 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
         "a client cancels its own request"
     );
 
+    // A request that waits in the fleet queue behind three long ones gets keep-alives
+    // from its coordinator (several answers to one request) and is then served.
+    let long: Vec<_> = (0..3)
+        .map(|_| {
+            let a = alice.clone();
+            tokio::spawn(async move {
+                a.generate(greedy("Once upon a time", 400))
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A stall limit of 1 s and no resuming: only the keep-alives keep it alive.
+    let impatient = Client::connect_with(
+        &url,
+        ClientOptions {
+            security: role("alice", "alice-pw-3", "_INBOX.alice"),
+            stall_timeout: Duration::from_secs(1),
+            resume_attempts: 0,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let waited = impatient
+        .generate(greedy("The capital of France is", 4))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .expect("a request that waited in the fleet queue is served");
+    assert!(
+        waited.metrics.fleet_queue_us > 1_000_000,
+        "it should have waited past its stall limit on keep-alives alone: {:?}",
+        waited.metrics
+    );
+    for l in long {
+        l.await.unwrap().expect("the long requests finish");
+    }
+
     // Bob misbehaves; the server refuses each attempt.
     let (bob, errors) = raw_bob(&url).await;
     let subjects = Subjects::default();

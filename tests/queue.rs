@@ -255,6 +255,19 @@ async fn a_cancelled_waiting_request_leaves_the_queue_at_once() {
     }
 }
 
+/// The worker's completed count, as the coordinator that answers sees it (either
+/// coordinator may answer; one that just started may not have its heartbeat yet).
+async fn completed(c: &Client) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(w) = c.status().await.ok().and_then(|s| s.workers.into_iter().next()) {
+            return w.status.completed;
+        }
+        assert!(Instant::now() < deadline, "no coordinator lists the worker");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// One request's single outcome: served, or a retryable error.
 fn outcome(r: &Result<GenerateMetrics, ClientError>) -> &'static str {
     match r {
@@ -290,7 +303,7 @@ async fn requests_waiting_at_a_dead_or_stopping_coordinator_end_with_one_outcome
         let mut doomed = coordinator_proc(&url, &format!("doomed-{round}"));
         let _spare = coordinator_proc(&url, &format!("spare-{round}"));
         wait_for_workers(&c, &["w1"], Duration::from_secs(10)).await;
-        let before = c.status().await.unwrap().workers[0].status.completed;
+        let before = completed(&c).await;
         // 16 requests on one slot: most wait, about half of them at `doomed`.
         let deadline = switchyard_actors::now_ms() + 40_000;
         let reqs: Vec<_> = (0..16)
@@ -339,7 +352,7 @@ async fn requests_waiting_at_a_dead_or_stopping_coordinator_end_with_one_outcome
         // Served once each: the worker completed exactly that many (a killed
         // coordinator's forwards already admitted still stream to their clients).
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = c.status().await.unwrap().workers[0].status.completed;
+        let after = completed(&c).await;
         assert_eq!(
             after - before,
             served,

@@ -80,7 +80,7 @@ pub fn id_prefix(id: &str) -> u64 {
 
 /// A candidate's sort key packed into one integer, smaller first (ties: smaller id).
 /// `blocks`: saturated (1 bit) | on probation (1) | backend rank (7) | −score, biased
-/// (32) | load (32) | blocks held (54). `ttft`: saturated (1) | on probation (1) |
+/// (32) | round trip ms (16) | load (32) | blocks held (38). `ttft`: saturated (1) | on probation (1) |
 /// predicted µs, round trip included (47) | backend rank (7) | load (32) | blocks held
 /// (40).
 fn pack(fields: &[(u64, u32)]) -> u128 {
@@ -199,7 +199,9 @@ impl Brief {
                 // more than the wait, and spills otherwise.
                 let waits = i64::from((self.load + 1).saturating_sub(self.capacity));
                 let score = warm as i64 - WAIT_BLOCKS * waits;
-                let rest = pack(&[(rank, 7), (biased(-score), 32), (load, 32), (held, 54)]);
+                // Then the nearer worker (round trip in ms).
+                let rtt = f64::from(self.rtt_ms).round() as u64;
+                let rest = pack(&[(rank, 7), (biased(-score), 32), (rtt, 16), (load, 32), (held, 38)]);
                 u128::from(saturated) << 127 | u128::from(probation) << 126 | rest
             }
         }
