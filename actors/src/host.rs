@@ -3,13 +3,29 @@
 //! Every reader answers 0 (or `localhost`, or nothing) where `/proc` is missing
 //! (macOS), never an error.
 
-/// The host name (`/proc/sys/kernel/hostname`), else `localhost`.
+/// The host name (`/proc/sys/kernel/hostname`; where there is no `/proc`, as on
+/// macOS, `gethostname(3)`), else `localhost`.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()
         .filter(|s| !s.is_empty())
+        .or_else(system_hostname)
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// `gethostname(3)`.
+fn system_hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that
+    // many bytes (NUL-terminated when it fits, which the search below does not need).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).trim().to_string();
+    (!name.is_empty()).then_some(name)
 }
 
 /// A kB field (`Name:   123 kB`) of a `/proc` file, in bytes (0 when absent).
@@ -98,6 +114,16 @@ pub fn subject_token(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_name_without_proc_is_the_systems() {
+        // What macOS (no /proc) gets: the same name Linux keeps in /proc.
+        let name = system_hostname().expect("gethostname answers");
+        assert!(!name.is_empty() && !name.contains('\0'));
+        if cfg!(target_os = "linux") {
+            assert_eq!(name, hostname());
+        }
+    }
 
     #[test]
     fn this_process_has_memory_and_tokens_are_subject_safe() {
