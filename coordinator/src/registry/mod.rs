@@ -22,10 +22,11 @@
 //!   the wait is worth less than the reuse, then spills and becomes warm on a second
 //!   worker.
 //!
-//! A worker that joins, or comes back after its heartbeats stopped, is on probation —
-//! after every answering worker, before saturated ones — until it answers a probe (the
-//! KV snapshot fetched when it joins) or a forward: heartbeats can flow again before
-//! requests to it can (a link healing from TCP backoff).
+//! A worker that comes back after its heartbeats stopped (or after it failed to answer
+//! a forward) is on probation — after every answering worker, before saturated ones —
+//! until it answers a probe (the KV snapshot fetched when it joins) or a forward:
+//! heartbeats can flow again before requests to it can (a link healing from TCP
+//! backoff). A worker seen for the first time is not: it has no bad record.
 //!
 //! Ties go to the worker holding fewer blocks (a new prefix evicts the least there),
 //! then to the smaller id.
@@ -110,7 +111,13 @@ pub struct Registry {
     expiry: Duration,
     policy: RoutingPolicy,
     prefix: PrefixIndex,
+    /// Workers dropped (heartbeats stopped, or a forward found nobody), and when: one
+    /// that comes back within [`GONE_MEMORY`] starts on probation.
+    gone: HashMap<String, Instant>,
 }
+
+/// How long a dropped worker is remembered for its probation.
+const GONE_MEMORY: Duration = Duration::from_secs(600);
 
 impl Registry {
     /// A registry that forgets a worker `expiry` after its last heartbeat, routing by
@@ -131,6 +138,7 @@ impl Registry {
             expiry,
             policy,
             prefix: PrefixIndex::default(),
+            gone: HashMap::new(),
         }
     }
 
@@ -205,8 +213,9 @@ impl Registry {
         };
         b.set_speed(speed.measured().then(|| speed.into()));
         if new {
-            // Until it answers a probe (its KV snapshot) or a forward: last in line.
-            b.probation = true;
+            // Back after it was dropped: until it answers a probe (its KV snapshot) or
+            // a forward, after every answering worker.
+            b.probation = self.gone.remove(&status.worker_id).is_some();
             b.rtt_ms = 0.0;
         }
         self.slots[slot as usize].worker = Some(Entry { status, seen: now });
@@ -223,10 +232,12 @@ impl Registry {
                 w.as_ref().is_some_and(|e| now.duration_since(e.seen) > expiry)
             })
             .collect();
+        self.gone.retain(|_, at| now.duration_since(*at) < GONE_MEMORY);
         dead.into_iter()
             .map(|s| {
                 let id = self.slots[s as usize].id.clone();
                 self.release(s);
+                self.gone.insert(id.clone(), now);
                 id
             })
             .collect()
@@ -239,6 +250,9 @@ impl Registry {
         };
         let was_live = self.slots[slot as usize].worker.is_some();
         self.release(slot);
+        if was_live {
+            self.gone.insert(worker_id.to_string(), Instant::now());
+        }
         was_live
     }
 
