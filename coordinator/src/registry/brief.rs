@@ -78,9 +78,12 @@ pub fn id_prefix(id: &str) -> u64 {
     u64::from_be_bytes(b)
 }
 
+/// Round trips up to this count as next door in predicted TTFT, ms.
+const NEAR_MS: f64 = 5.0;
+
 /// A candidate's sort key packed into one integer, smaller first (ties: smaller id).
 /// `blocks`: saturated (1 bit) | on probation (1) | backend rank (7) | −score, biased
-/// (32) | round trip ms (16) | load (32) | blocks held (38). `ttft`: saturated (1) | on probation (1) |
+/// (32) | round trip in 50 ms steps (16) | load (32) | blocks held (38). `ttft`: saturated (1) | on probation (1) |
 /// predicted µs, round trip included (47) | backend rank (7) | load (32) | blocks held
 /// (40).
 fn pack(fields: &[(u64, u32)]) -> u128 {
@@ -181,8 +184,11 @@ impl Brief {
                         self.capacity,
                     )
                 };
-                // The network: the forward's way there and the first token's way back.
-                let ms = cost.predict_ms(prompt_bytes, warm, self.load, self.capacity) + f64::from(self.rtt_ms);
+                // The network: the forward's way there and the first token's way back,
+                // beyond what any worker next door costs (so the jitter of local round
+                // trips never outweighs load).
+                let net_ms = (f64::from(self.rtt_ms) - NEAR_MS).max(0.0);
+                let ms = cost.predict_ms(prompt_bytes, warm, self.load, self.capacity) + net_ms;
                 let us = (ms * 1e3).clamp(0.0, 1e15) as u64;
                 pack(&[
                     (saturated, 1),
@@ -199,8 +205,9 @@ impl Brief {
                 // more than the wait, and spills otherwise.
                 let waits = i64::from((self.load + 1).saturating_sub(self.capacity));
                 let score = warm as i64 - WAIT_BLOCKS * waits;
-                // Then the nearer worker (round trip in ms).
-                let rtt = f64::from(self.rtt_ms).round() as u64;
+                // Then the nearer worker, in steps of 50 ms of round trip (workers on
+                // one LAN are all step 0: load decides between them).
+                let rtt = (f64::from(self.rtt_ms) / 50.0).floor() as u64;
                 let rest = pack(&[(rank, 7), (biased(-score), 32), (rtt, 16), (load, 32), (held, 38)]);
                 u128::from(saturated) << 127 | u128::from(probation) << 126 | rest
             }
