@@ -22,6 +22,59 @@ pub fn model_name(config: &Config, path: &std::path::Path) -> String {
     switchyard_workers::local::model_name(&config.worker, path)
 }
 
+/// When `worker.model` is not a file or directory here but a model name, gets it
+/// from the fleet's store (docs/models.md): the cached copy when its digest is the
+/// store's, else fetched with progress on stderr and every SHA-256 checked. Then
+/// `worker.model` points at the local copy and the model keeps its store name.
+/// With the store unreachable, a cached copy is served (with a warning).
+pub async fn resolve_model(config: &mut Config) -> anyhow::Result<()> {
+    let model = config.worker.model.clone();
+    if model.is_empty() || std::path::Path::new(&model).exists() || !switchyard_store::name::is_name(&model) {
+        return Ok(());
+    }
+    let fetched = match fetch(config, &model).await {
+        Ok(f) => f,
+        Err(e) => match switchyard_store::fetch::cached(&config.store.cache_path(), &model) {
+            Some(c) => {
+                tracing::warn!(model, error = %format!("{e:#}"), "the model store is unreachable; serving the cached copy");
+                eprintln!("warning: {e:#}; serving the cached copy of {model} ({})", c.manifest.short_digest());
+                c
+            }
+            None => {
+                return Err(e.context(format!(
+                    "worker.model = {model:?} is not a file or directory on this machine, so it was looked up in the model store"
+                )))
+            }
+        },
+    };
+    if fetched.fetched_bytes > 0 {
+        eprintln!(
+            "fetched {model} from the model store: {:.1} MB, {}",
+            fetched.fetched_bytes as f64 / 1e6,
+            fetched.manifest.short_digest()
+        );
+    }
+    tracing::info!(model, path = %fetched.path.display(), digest = %fetched.manifest.digest, "model from the store");
+    config.worker.model = fetched.path.display().to_string();
+    if config.worker.model_name.is_empty() {
+        config.worker.model_name = model;
+    }
+    Ok(())
+}
+
+async fn fetch(config: &Config, name: &str) -> anyhow::Result<switchyard_store::Fetched> {
+    let nats = switchyard_actors::nats::connect(
+        &config.nats.url,
+        &config.nats.security(),
+        "switchyard-worker-fetch",
+        Duration::from_secs(10),
+    )
+    .await?;
+    switchyard_store::Store::new(nats, &config.store)
+        .fetch(name, false)
+        .await
+}
+
 /// Loads the worker's model on the backend the registry picks for
 /// `worker.backend` (a pin, or `auto`), printing progress to stderr.
 pub async fn load(config: &Config) -> anyhow::Result<Loaded> {

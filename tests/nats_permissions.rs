@@ -21,6 +21,7 @@ COORDINATOR_PASS: "coord-pw-1"
 WORKER_PASS: "worker-pw-2"
 ALICE_PASS: "alice-pw-3"
 BOB_PASS: "bob-pw-4"
+OPERATOR_PASS: "operator-pw-5"
 "#;
 
 fn role(user: &str, password: &str, inbox: &str) -> NatsSecurity {

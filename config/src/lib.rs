@@ -2,7 +2,7 @@
 //!
 //! ## Layout
 //! - [`Config`] and its sections ([`NatsConfig`], [`CoordinatorConfig`],
-//!   [`WorkerConfig`], [`ClientConfig`]) with their documented defaults.
+//!   [`WorkerConfig`], [`ClientConfig`], [`GatewayConfig`], [`StoreConfig`]) with their documented defaults.
 //! - [`Config::load`]: defaults → TOML file → `SWITCHYARD_{SECTION}_{FIELD}` env vars;
 //!   the CLI then applies its flags and calls [`Config::validate`].
 //! - [`cache_dir`]: where switchyard's cache lives on this machine.
@@ -12,10 +12,12 @@
 mod env;
 mod gateway;
 mod routing;
+mod store;
 mod worker;
 
 pub use gateway::{ApiKey, GatewayConfig};
 pub use routing::RoutingPolicy;
+pub use store::StoreConfig;
 pub use worker::{WorkerConfig, CUDA_ENGINES};
 
 use serde::{Deserialize, Serialize};
@@ -82,6 +84,8 @@ pub struct Config {
     pub limits: switchyard_messages::InputLimits,
     /// The OpenAI-compatible HTTP gateway.
     pub gateway: GatewayConfig,
+    /// Models on the bus (JetStream object store) and their local cache.
+    pub store: StoreConfig,
 }
 
 /// OpenTelemetry export settings from the config file, used where the matching
@@ -395,6 +399,7 @@ impl Config {
             );
         }
         self.gateway.validate()?;
+        self.store.validate()?;
         let listen = &self.telemetry.prometheus_listen;
         if !listen.is_empty()
             && !listen

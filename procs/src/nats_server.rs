@@ -14,6 +14,10 @@ pub use switchyard_actors::process::{free_port, kill_with_parent};
 pub struct NatsServer {
     child: Child,
     port: u16,
+    /// JetStream's directory when it is a private one, removed at stop.
+    temp_store: Option<PathBuf>,
+    /// The lock that keeps two of our servers off one JetStream directory.
+    _store_lock: Option<std::fs::File>,
 }
 
 /// The cache directory: `$SWITCHYARD_CACHE`, else `~/.cache/switchyard`.
@@ -50,6 +54,39 @@ impl NatsServer {
         Self::spawn(bin, &["-a", "127.0.0.1", "-p", &port.to_string()], port)
     }
 
+    /// Starts `bin` on a free loopback port with JetStream (the model store) keeping
+    /// its data in `dir` — or, when another of our servers holds `dir` (two
+    /// `switchyard up` at once; nats-server itself does not lock it), in a private
+    /// directory under it that is removed at stop.
+    pub fn start_jetstream(bin: &Path, dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating JetStream directory {}", dir.display()))?;
+        let (lock, store, temp) = match lock_dir(dir)? {
+            Some(lock) => (lock, dir.to_path_buf(), None),
+            None => {
+                let private = dir.join(format!("private-{}", std::process::id()));
+                std::fs::create_dir_all(&private)?;
+                let lock = lock_dir(&private)?.context("locking a private JetStream directory")?;
+                (lock, private.clone(), Some(private))
+            }
+        };
+        let port = free_port().context("finding a free port")?;
+        let store_arg = store.display().to_string();
+        let mut server = Self::spawn(
+            bin,
+            &["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd", &store_arg],
+            port,
+        )?;
+        server.temp_store = temp;
+        server._store_lock = Some(lock);
+        Ok(server)
+    }
+
+    /// JetStream's data directory when it is private to this server (see
+    /// [`Self::start_jetstream`]).
+    pub fn private_store(&self) -> Option<&Path> {
+        self.temp_store.as_deref()
+    }
+
     /// Starts `bin` on loopback `port` (e.g. to bring a stopped server back where
     /// clients expect it).
     pub fn start_on(bin: &Path, port: u16) -> anyhow::Result<Self> {
@@ -80,7 +117,12 @@ impl NatsServer {
             .stderr(Stdio::piped());
         kill_with_parent(&mut cmd);
         let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
-        let mut server = Self { child, port };
+        let mut server = Self {
+            child,
+            port,
+            temp_store: None,
+            _store_lock: None,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -119,5 +161,24 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = &self.temp_store {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+}
+
+/// An exclusive lock on `dir/.switchyard.lock`, or `None` when another process
+/// holds it.
+fn lock_dir(dir: &Path) -> anyhow::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(".switchyard.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: a valid open descriptor; flock has no memory effects.
+    let held = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    Ok(held.then_some(file))
 }

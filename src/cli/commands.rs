@@ -1,8 +1,8 @@
 //! What each subcommand does.
 
 use super::connect::{client, report};
-use super::{load_config, ChatArgs, Cli, Command, GenerateArgs, ModelsArgs, SamplingFlags, UpArgs};
-use anyhow::{bail, Context};
+use super::{load_config, ChatArgs, Cli, Command, GenerateArgs, SamplingFlags, UpArgs};
+use anyhow::bail;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -53,6 +53,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config.validate()?;
             require_nats(&config)?;
             let stop = node::shutdown_signal();
+            node::resolve_model(&mut config).await?;
             let mut loaded = node::load(&config).await?;
             let worker = match node::start_worker(&config, &loaded).await {
                 Ok(w) => w,
@@ -89,7 +90,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Models(args) => {
             config.validate()?;
-            models(&config, args).await
+            super::store::models(&config, args).await
         }
         Command::Bench(super::BenchCommand::Llama(args)) => {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);
@@ -189,7 +190,7 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         let bin = find_nats_server(&config.nats.server_bin)?;
         let server = match &secure {
             Some(s) => NatsServer::start_with_config(&bin, &s.server_config, &s.dir)?,
-            None => NatsServer::start(&bin)?,
+            None => NatsServer::start_jetstream(&bin, &config.store.jetstream_path())?,
         };
         config.nats.url = server.url();
         let tls = if secure.is_some() {
@@ -212,6 +213,8 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         None => (config.clone(), config.clone(), config.clone()),
     };
     let coordinator = node::start_coordinator(&coordinator_config).await?;
+    let mut worker_config = worker_config;
+    node::resolve_model(&mut worker_config).await?;
     let mut loaded = node::load(&worker_config).await?;
     let name = loaded.name.clone();
     let worker = node::start_worker(&worker_config, &loaded).await?;
@@ -407,52 +410,4 @@ async fn chat(config: &Config, args: ChatArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-}
-
-async fn models(config: &Config, args: ModelsArgs) -> anyhow::Result<ExitCode> {
-    if let Some(dir) = args.dir {
-        let found =
-            switchyard_workers::discover::discover(&dir).with_context(|| format!("scanning {}", dir.display()))?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&found)?);
-        } else {
-            println!(
-                "{:<12} {:<12} {:>5} {:>6} {:>10}  PATH",
-                "FORMAT", "TYPE", "BITS", "GROUP", "MB"
-            );
-            for m in &found {
-                println!(
-                    "{:<12} {:<12} {:>5} {:>6} {:>10.1}  {}",
-                    m.format,
-                    m.model_type,
-                    m.quant_bits,
-                    m.quant_group,
-                    m.size_bytes as f64 / 1e6,
-                    m.path.display()
-                );
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    let client = client(config, None).await?;
-    let reply = match client.models().await {
-        Ok(r) => r,
-        Err(e) => return report(e),
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-    } else {
-        for m in &reply.models {
-            println!(
-                "{}  ({}, {} layers, ctx {})  backends: {}  workers: {}",
-                m.name,
-                m.info.architecture,
-                m.info.num_layers,
-                m.info.context_len,
-                m.backends.join(","),
-                m.workers.join(",")
-            );
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }

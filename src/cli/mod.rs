@@ -12,6 +12,8 @@ mod runtime;
 mod secure_up;
 mod security;
 mod status;
+mod store;
+pub use store::ModelsArgs;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -93,7 +95,8 @@ pub enum Command {
     Chat(ChatArgs),
     /// Show live workers: device, backend, model, load.
     Status(StatusArgs),
-    /// List models: served by the fleet, or found on disk with --dir.
+    /// List models served by the fleet and held in its store (or found on disk with
+    /// --dir); push, pull and remove models in the store (docs/models.md).
     Models(ModelsArgs),
     /// Benchmarks that print ratios against a peer measured in the same run.
     #[command(subcommand)]
@@ -463,18 +466,6 @@ pub struct StatusArgs {
     /// place); without a value, every 1000 ms.
     #[arg(long, num_args = 0..=1, default_missing_value = "1000", value_name = "MS")]
     pub watch: Option<u64>,
-}
-
-/// `switchyard models`.
-#[derive(Args, Debug)]
-pub struct ModelsArgs {
-    /// Scan this directory (or file) for GGUF files and HF model directories instead of
-    /// asking the fleet.
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
 }
 
 impl Command {

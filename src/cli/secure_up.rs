@@ -98,9 +98,10 @@ pub fn prepare(dir: &Path, prefix: &str) -> anyhow::Result<SecureLocal> {
          {{ user: \"worker\", password: $WORKER_PASS, permissions: $WORKER }}\n    \
          {{ user: \"client\", password: $CLIENT_PASS,\n      \
          permissions: {{ publish: {{ allow: $CLIENT_PUBLISH }}, subscribe: {{ allow: [\"_INBOX.client.>\"] }} }} }}\n  \
-         ]\n}}\n\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+         ]\n}}\n\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n\njetstream {{\n  store_dir: \"{}\"\n}}\n",
         cert.display(),
-        key.display()
+        key.display(),
+        dir.join("jetstream").display()
     );
     Ok(SecureLocal {
         dir: dir.to_path_buf(),
@@ -130,10 +131,7 @@ impl SecureLocal {
         c.nats.user = user.to_string();
         c.nats.password = password.to_string();
         c.nats.token.clear();
-        c.nats.inbox_prefix = match user {
-            "worker" => String::new(),
-            other => format!("_INBOX.{other}"),
-        };
+        c.nats.inbox_prefix = format!("_INBOX.{user}");
         c.nats.tls_ca_file = self.ca();
         c.nats.tls_required = true;
         c

@@ -53,6 +53,28 @@ pub fn discover(base: &Path) -> std::io::Result<Vec<DiscoveredModel>> {
     Ok(found)
 }
 
+/// Checks that `path` is a whole GGUF file: its header parses and every tensor's
+/// data lies inside the file (a truncated download or copy fails here, naming the
+/// first tensor that is cut off).
+pub fn check_gguf(path: &Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = f.metadata()?.len();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut f)
+        .map_err(|e| anyhow::anyhow!("{} is not a readable GGUF file: {e}", path.display()))?;
+    for (name, t) in &content.tensor_infos {
+        let bytes = t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size();
+        let end = content.tensor_data_offset + t.offset + bytes as u64;
+        if end > len {
+            anyhow::bail!(
+                "{} is truncated: tensor {name} ends at byte {end} but the file has {len} bytes",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn gguf_model(path: &Path) -> Option<DiscoveredModel> {
     if path.extension().and_then(|e| e.to_str()) != Some("gguf") {
         return None;
