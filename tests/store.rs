@@ -36,12 +36,20 @@ fn cli(url: &str, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn sha256(path: &Path) -> String {
     let out = Command::new("sha256sum").arg(path).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 /// Entries of `dir` other than lock files (what a failed fetch may leave).
@@ -64,7 +72,12 @@ async fn a_model_pushed_once_is_fetched_verified_and_served_by_name() {
     let cache = dir.path().join("cache");
     let model = demo_model();
 
-    let push = cli(&url, &cache, &["models", "push", model.to_str().unwrap(), "--name", "smol"], &[]);
+    let push = cli(
+        &url,
+        &cache,
+        &["models", "push", model.to_str().unwrap(), "--name", "smol"],
+        &[],
+    );
     assert!(push.status.success(), "{}", text(&push));
     assert!(text(&push).contains("pushed smol (gguf, 1 file"), "{}", text(&push));
     let ls = cli(&url, &cache, &["models", "ls", "--json"], &[]);
@@ -78,7 +91,17 @@ async fn a_model_pushed_once_is_fetched_verified_and_served_by_name() {
     let cache_s = cache.to_str().unwrap().to_string();
     let worker = switchyard_with_env(
         "worker",
-        &["--nats", &url, "worker", "--worker-id", "w1", "--heartbeat-ms", "200", "--model", "smol"],
+        &[
+            "--nats",
+            &url,
+            "worker",
+            "--worker-id",
+            "w1",
+            "--heartbeat-ms",
+            "200",
+            "--model",
+            "smol",
+        ],
         &[("SWITCHYARD_STORE_CACHE_DIR", &cache_s)],
     );
     worker.wait_for("fetching smol: 100%", Duration::from_secs(60));
@@ -96,13 +119,31 @@ async fn a_model_pushed_once_is_fetched_verified_and_served_by_name() {
     // The same digest cached: nothing moves again.
     let again = cli(&url, &cache, &["models", "pull", "smol"], &[]);
     assert!(text(&again).contains("already cached"), "{}", text(&again));
-    assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), fetched.display().to_string());
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).trim(),
+        fetched.display().to_string()
+    );
+
+    // Pushed again: the new version replaces the old one whole.
+    let push = cli(
+        &url,
+        &cache,
+        &["models", "push", model.to_str().unwrap(), "--name", "smol"],
+        &[],
+    );
+    assert!(push.status.success(), "{}", text(&push));
+    let fresh = dir.path().join("fresh-cache");
+    let pull = cli(&url, &fresh, &["models", "pull", "smol"], &[]);
+    assert!(pull.status.success(), "{}", text(&pull));
 
     // Removed from the store: the worker's cached copy stays; ls is empty.
     let rm = cli(&url, &cache, &["models", "rm", "smol"], &[]);
     assert!(rm.status.success(), "{}", text(&rm));
     let ls = cli(&url, &cache, &["models", "ls", "--json"], &[]);
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&ls.stdout).unwrap(), serde_json::json!([]));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&ls.stdout).unwrap(),
+        serde_json::json!([])
+    );
     assert!(fetched.is_file());
     let gone = cli(&url, &cache, &["models", "pull", "smol"], &[]);
     assert!(!gone.status.success());
@@ -152,14 +193,21 @@ async fn a_killed_fetch_resumes_where_it_stopped() {
 
     let second = cli(&url, &cache, &["models", "pull", "big"], &[]);
     assert!(second.status.success(), "{}", text(&second));
-    assert!(text(&second).contains("resuming model.safetensors at"), "{}", text(&second));
+    assert!(
+        text(&second).contains("resuming model.safetensors at"),
+        "{}",
+        text(&second)
+    );
     let moved: f64 = text(&second)
         .split("fetched big (")
         .nth(1)
         .and_then(|s| s.split(" MB").next())
         .and_then(|s| s.parse().ok())
         .unwrap();
-    assert!(moved < 400.0 * 1.048_576, "the second fetch moved only the rest ({moved} MB)");
+    assert!(
+        moved < 400.0 * 1.048_576,
+        "the second fetch moved only the rest ({moved} MB)"
+    );
     let got = cache.join("big/model.safetensors");
     assert_eq!(sha256(&got), sha256(&model.join("model.safetensors")));
     assert!(!cache.join(".partial/big").exists());
@@ -179,7 +227,11 @@ async fn bad_input_is_refused_clearly_and_leaves_nothing_half_written() {
         assert!(!out.status.success());
         assert!(text(&out).contains("model name"), "{bad}: {}", text(&out));
         let out = cli(&url, &cache, &["models", "pull", bad], &[]);
-        assert!(!out.status.success() && text(&out).contains("model name"), "{}", text(&out));
+        assert!(
+            !out.status.success() && text(&out).contains("model name"),
+            "{}",
+            text(&out)
+        );
     }
 
     // A truncated GGUF is refused before a byte is sent.
@@ -191,12 +243,18 @@ async fn bad_input_is_refused_clearly_and_leaves_nothing_half_written() {
     assert!(text(&out).contains("is truncated: tensor"), "{}", text(&out));
 
     // Larger than the store's limit: refused before anything is written.
-    let limited = [("SWITCHYARD_STORE_BUCKET", "small"), ("SWITCHYARD_STORE_MAX_BYTES", "50000000")];
+    let limited = [
+        ("SWITCHYARD_STORE_BUCKET", "small"),
+        ("SWITCHYARD_STORE_MAX_BYTES", "50000000"),
+    ];
     let out = cli(&url, &cache, &["models", "push", m, "--name", "smol"], &limited);
     assert!(!out.status.success());
     assert!(text(&out).contains("50.0 MB limit"), "{}", text(&out));
     let ls = cli(&url, &cache, &["models", "ls", "--json"], &limited);
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&ls.stdout).unwrap(), serde_json::json!([]));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&ls.stdout).unwrap(),
+        serde_json::json!([])
+    );
 
     // A file changed under its manifest: the fetch fails on the digest, drops what it
     // received and leaves no model in the cache.
@@ -238,4 +296,76 @@ async fn bad_input_is_refused_clearly_and_leaves_nothing_half_written() {
     let _ = Command::new("umount").arg(&small).status();
     assert!(!out.status.success());
     assert!(text(&out).contains("not enough disk space for smol"), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_pushes_a_worker_only_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = std::fs::read_to_string(repo().join("docs/nats-roles.conf")).unwrap();
+    std::fs::write(
+        dir.path().join("secrets.conf"),
+        "COORDINATOR_PASS: \"c-1\"\nWORKER_PASS: \"w-2\"\nOPERATOR_PASS: \"o-3\"\nALICE_PASS: \"a-4\"\nBOB_PASS: \"b-5\"\n",
+    )
+    .unwrap();
+    let config = format!(
+        "{template}\njetstream {{ store_dir: \"{}\" }}\n",
+        dir.path().join("js").display()
+    );
+    let bin = find_nats_server("").unwrap();
+    let server = NatsServer::start_with_config(&bin, &config, dir.path()).unwrap();
+    let url = server.url();
+    let cache = dir.path().join("cache");
+    let as_user = |user: &'static str, pw: &'static str| {
+        [
+            ("SWITCHYARD_NATS_USER", user),
+            ("SWITCHYARD_NATS_PASSWORD", pw),
+            (
+                "SWITCHYARD_NATS_INBOX_PREFIX",
+                if user == "worker" {
+                    "_INBOX.worker"
+                } else {
+                    "_INBOX.operator"
+                },
+            ),
+        ]
+    };
+    let model = demo_model();
+    let m = model.to_str().unwrap();
+
+    let out = cli(
+        &url,
+        &cache,
+        &["models", "push", m, "--name", "smol"],
+        &as_user("operator", "o-3"),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = cli(&url, &cache, &["models", "pull", "smol"], &as_user("worker", "w-2"));
+    assert!(out.status.success(), "the worker role reads the store: {}", text(&out));
+    assert_eq!(
+        sha256(&cache.join("smol").join(model.file_name().unwrap())),
+        sha256(&model)
+    );
+
+    // The worker may neither overwrite nor remove a model.
+    let out = cli(
+        &url,
+        &cache,
+        &["models", "push", m, "--name", "smol"],
+        &as_user("worker", "w-2"),
+    );
+    assert!(!out.status.success());
+    assert!(text(&out).contains("Permissions Violation"), "{}", text(&out));
+    let out = cli(&url, &cache, &["models", "rm", "smol"], &as_user("worker", "w-2"));
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("operator role"), "{}", text(&out));
+    let out = cli(&url, &cache, &["models", "ls", "--json"], &as_user("operator", "o-3"));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list[0]["files"][0]["sha256"], sha256(&model), "the model is untouched");
+    let fresh = dir.path().join("fresh-cache");
+    let out = cli(&url, &fresh, &["models", "pull", "smol"], &as_user("worker", "w-2"));
+    assert!(
+        out.status.success(),
+        "still whole after the refused writes: {}",
+        text(&out)
+    );
 }

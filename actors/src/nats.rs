@@ -93,6 +93,8 @@ async fn options(
                     async_nats::Event::Disconnected => {
                         tracing::warn!("disconnected from the NATS server; reconnecting to any server it knows")
                     }
+                    // E.g. a permissions violation: say it where the user looks.
+                    async_nats::Event::ServerError(e) => tracing::warn!("NATS server error: {e}"),
                     other => tracing::debug!("NATS: {other}"),
                 }
             }

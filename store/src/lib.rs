@@ -158,14 +158,35 @@ impl Store {
         let Some(manifest) = read_manifest(&os, name).await? else {
             bail!("the store holds no model {name:?}");
         };
-        os.delete(name).await.with_context(|| format!("removing {name}"))?;
-        push::delete_prefix(&os, self.bucket(), &format!("{name}/"), Some(&self.stream().await?)).await?;
+        os.delete(name)
+            .await
+            .map_err(|e| write_hint(anyhow::Error::new(e).context(format!("removing {name}"))))?;
+        push::delete_prefix(
+            &os,
+            self.bucket(),
+            &format!("{name}/"),
+            Some(&self.stream().await?),
+            &[],
+        )
+        .await?;
         Ok(manifest)
     }
 }
 
+/// A write the server did not answer is most often one this user may not make:
+/// says so beside the error.
+pub(crate) fn write_hint(e: anyhow::Error) -> anyhow::Error {
+    match format!("{e:#}").contains("timed out") {
+        true => e.context(
+            "the model store did not answer a write: a user that may write to it is needed (the operator role of \
+             docs/nats-roles.conf; see the server's \"Permissions Violation\" above), and JetStream must keep up",
+        ),
+        false => e,
+    }
+}
+
 /// Reads a manifest object; `None` if there is none by that name.
-async fn read_manifest(os: &ObjectStore, name: &str) -> anyhow::Result<Option<Manifest>> {
+pub(crate) async fn read_manifest(os: &ObjectStore, name: &str) -> anyhow::Result<Option<Manifest>> {
     let mut object = match os.get(name).await {
         Ok(o) => o,
         Err(e) if e.kind() == jetstream::object_store::GetErrorKind::NotFound => return Ok(None),

@@ -36,6 +36,10 @@ const MARKER: &str = ".pushing";
 impl Store {
     /// Pushes a model; replaces a model of the same name once the new one is whole.
     pub async fn push(&self, upload: Upload, progress: &mut Progress) -> anyhow::Result<Manifest> {
+        self.push_inner(upload, progress).await.map_err(crate::write_hint)
+    }
+
+    async fn push_inner(&self, upload: Upload, progress: &mut Progress) -> anyhow::Result<Manifest> {
         crate::name::validate(&upload.name)?;
         let mut sizes = Vec::new();
         for (path, file) in &upload.files {
@@ -49,12 +53,19 @@ impl Store {
         let total: u64 = sizes.iter().sum();
         let os = self.open_or_create().await?;
         self.check_room(&upload.name, total).await?;
-        // Leftovers of an interrupted push of this name go first.
+        // Leftovers of an interrupted push of this name go first (the current version
+        // stays until the new manifest replaces it).
+        let current = crate::read_manifest(&os, &upload.name).await?;
+        let keep: Vec<&str> = current
+            .iter()
+            .flat_map(|m| m.files.iter().map(|f| f.object.as_str()))
+            .collect();
         delete_prefix(
             &os,
             self.bucket(),
             &format!("{}/", upload.name),
             Some(&self.stream().await?),
+            &keep,
         )
         .await?;
 
@@ -228,9 +239,9 @@ impl Store {
             anyhow::anyhow!(
                 "the model store is full writing {what} ({error}): remove models (`switchyard models rm`) or raise the bucket's or the server's JetStream limit"
             )
-        } else if error.contains("ermission") {
+        } else if error.contains("ermission") || error.contains("timed out") {
             anyhow::anyhow!(
-                "not allowed to write to the model store ({error}): pushing needs the operator role of docs/nats-roles.conf"
+                "the model store did not take {what} ({error}): pushing needs a user allowed to write to it (the operator role of docs/nats-roles.conf), and JetStream must keep up"
             )
         } else {
             anyhow::anyhow!("writing {what} to the model store: {error}")
@@ -263,6 +274,7 @@ pub(crate) async fn delete_prefix(
     bucket: &str,
     prefix: &str,
     stream: Option<&async_nats::jetstream::stream::Stream>,
+    keep: &[&str],
 ) -> anyhow::Result<()> {
     if let Some(stream) = stream {
         for name in names_under(os, prefix).await? {
@@ -279,7 +291,7 @@ pub(crate) async fn delete_prefix(
             }
         }
     }
-    delete_other(os, prefix, &[]).await
+    delete_other(os, prefix, keep).await
 }
 
 /// Deletes the objects under `prefix` that are not in `keep`.
