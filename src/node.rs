@@ -34,6 +34,11 @@ pub async fn resolve_model(config: &mut Config) -> anyhow::Result<()> {
     }
     let fetched = match fetch(config, &model).await {
         Ok(f) => f,
+        // Only an unreachable store falls back to the cache: a model removed from the
+        // store, or a newer version that failed its digest, is not served stale.
+        Err(e) if store_refused(&e) => {
+            return Err(e.context(format!("worker.model = {model:?} comes from the model store")))
+        }
         Err(e) => match switchyard_store::fetch::cached(&config.store.cache_path(), &model) {
             Some(c) => {
                 tracing::warn!(model, error = %format!("{e:#}"), "the model store is unreachable; serving the cached copy");
@@ -60,6 +65,21 @@ pub async fn resolve_model(config: &mut Config) -> anyhow::Result<()> {
         config.worker.model_name = model;
     }
     Ok(())
+}
+
+/// Whether the store answered and said no (as opposed to being unreachable).
+fn store_refused(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    [
+        "holds no model",
+        "SHA-256",
+        "does not match",
+        "model name",
+        "disk",
+        "manifest",
+    ]
+    .iter()
+    .any(|s| text.contains(s))
 }
 
 async fn fetch(config: &Config, name: &str) -> anyhow::Result<switchyard_store::Fetched> {

@@ -148,6 +148,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Mlx(args)) => super::bench::mlx::run(config, &args).await,
+        Command::Bench(super::BenchCommand::Pull(args)) => super::bench::pull::run(config, &args).await,
         Command::Bench(super::BenchCommand::Stall(args)) => super::bench::stall::run(&args).await,
         Command::Bench(super::BenchCommand::Structured(args)) => {
             let models = match args.model.is_empty() {

@@ -163,6 +163,10 @@ pub enum BenchCommand {
     /// and constrained to a nested schema, alternating runs: decode tok/s and ratio,
     /// per model (default: both reference models).
     Structured(bench::structured::BenchStructuredArgs),
+    /// Fetching a model over NATS (JetStream's object store, as workers do) against
+    /// the same bytes over plain HTTP on the same host, alternating: MB/s and ratio.
+    /// Starts its own JetStream nats-server unless --nats is given.
+    Pull(bench::pull::BenchPullArgs),
 }
 
 /// `switchyard bench batch`.
@@ -281,7 +285,9 @@ pub struct BenchFabricArgs {
 /// Worker settings shared by `up` and `worker`.
 #[derive(Args, Debug, Clone)]
 pub struct WorkerFlags {
-    /// GGUF model file, or Hugging Face model directory (config.json + tokenizer.json + *.safetensors), to serve (default: the demo model installed by scripts/setup.sh).
+    /// GGUF model file, or Hugging Face model directory (config.json + tokenizer.json + *.safetensors), to serve (default: the demo model installed by scripts/setup.sh) — or
+    /// the name of a model in the fleet's store (`switchyard models push`), fetched
+    /// into store.cache_dir with every SHA-256 checked (docs/models.md).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Name requests use for the model (default: the file name without .gguf, or the directory name).

@@ -273,7 +273,8 @@ async fn served(config: &Config, dir: Option<PathBuf>, json: bool) -> anyhow::Re
             m.workers.join(",")
         );
     }
-    if let Ok(list) = async { store(config).await?.list().await }.await {
+    let listing = async { store(config).await?.list().await };
+    if let Ok(Ok(list)) = tokio::time::timeout(Duration::from_secs(3), listing).await {
         if !list.is_empty() {
             println!("\nin the store (switchyard models ls):");
             print_store(&list);

@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 
 /// The manifest's name inside a cached model's directory.
 pub const MANIFEST_FILE: &str = ".switchyard-manifest.json";
@@ -163,13 +162,13 @@ impl Store {
             .with_context(|| format!("opening {}", path.display()))?;
         file.set_len(bytes)?;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0))?;
-        let mut sha = hash_prefix(&path, bytes).await?;
+        let sha = hash_prefix(&path, bytes).await?;
         progress.skip(bytes);
         if bytes > 0 && bytes < f.size {
             tracing::info!(file = %f.path, bytes, "resuming a partial fetch");
             eprintln!("resuming {} at {:.1} MB", f.path, bytes as f64 / 1e6);
         }
-        let mut out = tokio::io::BufWriter::with_capacity(4 << 20, tokio::fs::File::from_std(file));
+        let mut out = crate::sink::FileSink::new(file, sha);
         if bytes < f.size {
             let stream = self.stream().await?;
             let mut messages = stream
@@ -210,15 +209,13 @@ impl Store {
                 if bytes + n > f.size {
                     bail!("the store sent more of {} than its {} bytes", f.path, f.size);
                 }
-                out.write_all(&message.payload).await?;
-                sha.update(&message.payload);
+                out.write(message.payload.clone()).await?;
                 bytes += n;
                 since_checkpoint += n;
                 progress.advance(n);
                 if since_checkpoint >= CHECKPOINT && bytes < f.size {
                     since_checkpoint = 0;
-                    out.flush().await?;
-                    out.get_ref().sync_data().await?;
+                    out.sync().await?;
                     save(
                         &resume_file,
                         &ResumePoint {
@@ -230,9 +227,7 @@ impl Store {
                 }
             }
         }
-        out.flush().await?;
-        out.get_ref().sync_all().await?;
-        let got = manifest::hex(&sha.finalize());
+        let got = manifest::hex(&out.finish().await?);
         let _ = std::fs::remove_file(&resume_file);
         if got != f.sha256 {
             let _ = std::fs::remove_file(&path);

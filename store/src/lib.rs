@@ -16,6 +16,7 @@
 //! - `fetch`: the cache (`{cache}/{name}/`, complete and verified, or absent), the
 //!   partial area (`{cache}/.partial/{name}/`) a crashed or failed-over fetch resumes
 //!   from, the per-model lock, the disk-space check.
+//! - [`sink`]: writing and hashing a received file on a thread of its own.
 //! - `progress`: a bar on a terminal, periodic lines otherwise.
 
 pub mod manifest;
@@ -24,6 +25,7 @@ pub mod name;
 pub mod fetch;
 mod progress;
 mod push;
+pub mod sink;
 
 pub use fetch::Fetched;
 pub use manifest::{FileEntry, Manifest};
@@ -103,6 +105,11 @@ impl Store {
     /// Turns an object-store error into what to do about it.
     async fn explain(&self, error: String) -> anyhow::Error {
         match self.js.query_account().await {
+            Err(e) if e.to_string().contains("timed out") => anyhow::anyhow!(
+                "no answer from JetStream ({e}): it is not enabled on this NATS server (start nats-server with -js; \
+                 `switchyard up` does), or this user may not use the model store (workers need nats.inbox_prefix = \
+                 \"_INBOX.worker\" and the worker role of docs/nats-roles.conf)"
+            ),
             Err(e) => anyhow::anyhow!(
                 "JetStream is not available on this NATS server ({e}): start nats-server with -js \
                  (`switchyard up` does), or enable jetstream in its configuration (deploy/)"

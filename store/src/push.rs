@@ -52,7 +52,6 @@ impl Store {
         }
         let total: u64 = sizes.iter().sum();
         let os = self.open_or_create().await?;
-        self.check_room(&upload.name, total).await?;
         // Leftovers of an interrupted push of this name go first (the current version
         // stays until the new manifest replaces it).
         let current = crate::read_manifest(&os, &upload.name).await?;
@@ -60,6 +59,9 @@ impl Store {
             .iter()
             .flat_map(|m| m.files.iter().map(|f| f.object.as_str()))
             .collect();
+        // The version being replaced goes once the new one is in: it does not count.
+        let replaced = current.as_ref().map_or(0, |m| m.size);
+        self.check_room(&upload.name, total, replaced).await?;
         delete_prefix(
             &os,
             self.bucket(),
@@ -249,11 +251,11 @@ impl Store {
     }
 
     /// Refuses a push that cannot fit in the bucket's limit before a byte is sent.
-    async fn check_room(&self, name: &str, total: u64) -> anyhow::Result<()> {
+    async fn check_room(&self, name: &str, total: u64, replaced: u64) -> anyhow::Result<()> {
         let mut stream = self.stream().await?;
         let info = stream.info().await.context("reading the model store's limits")?;
         let limit = info.config.max_bytes;
-        if limit > 0 && info.state.bytes + total > limit as u64 {
+        if limit > 0 && info.state.bytes.saturating_sub(replaced) + total > limit as u64 {
             bail!(
                 "{name} is {:.1} MB but the model store (bucket {}) holds {:.1} of its {:.1} MB limit: remove models \
                  (`switchyard models rm`) or raise the limit (store.max_bytes when the bucket is created)",

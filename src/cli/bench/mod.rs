@@ -13,6 +13,7 @@ pub mod llama;
 pub mod llama_cpp;
 pub mod mlx;
 pub mod prefix;
+pub mod pull;
 pub mod routing;
 pub mod stall;
 pub mod structured;

@@ -1,0 +1,192 @@
+//! `switchyard bench pull`: fetching a model over NATS (JetStream's object store,
+//! `models pull`) against the same bytes over plain HTTP, same host, same file,
+//! alternating runs. Both sides do the same work on arrival — write to a fresh
+//! file, SHA-256 every byte, sync to disk — so the ratio is the transport's.
+
+use super::median;
+use anyhow::Context as _;
+use clap::Args;
+use futures::StreamExt;
+use sha2::{Digest as _, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use switchyard_config::Config;
+use switchyard_procs::nats_server::{find_nats_server, NatsServer};
+use switchyard_store::sink::FileSink;
+use switchyard_store::{Progress, Store, Upload};
+use tokio::io::AsyncReadExt;
+
+/// `switchyard bench pull`.
+#[derive(Args, Debug)]
+pub struct BenchPullArgs {
+    /// The file to move (default: a file of --size-mb random bytes).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Size of the generated file, MB.
+    #[arg(long, default_value_t = 512)]
+    pub size_mb: usize,
+    /// Runs of each (alternating).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+}
+
+/// Runs the benchmark; with `config.nats.url` empty, on its own JetStream server.
+pub async fn run(mut config: Config, args: &BenchPullArgs) -> anyhow::Result<ExitCode> {
+    let dir = TempDir(std::env::temp_dir().join(format!("switchyard-bench-pull-{}", std::process::id())));
+    std::fs::create_dir_all(dir.path())?;
+    let file = match &args.file {
+        Some(f) => f.clone(),
+        None => {
+            let f = dir.path().join("model.bin");
+            write_random(&f, args.size_mb << 20)?;
+            f
+        }
+    };
+    let size = std::fs::metadata(&file)?.len();
+    let _server = match config.nats.url.is_empty() {
+        true => {
+            let s = NatsServer::start_jetstream(&find_nats_server(&config.nats.server_bin)?, &dir.path().join("js"))?;
+            config.nats.url = s.url();
+            Some(s)
+        }
+        false => None,
+    };
+    config.store.bucket = "switchyard-bench-pull".into();
+    let nats = switchyard_actors::nats::connect(
+        &config.nats.url,
+        &config.nats.security(),
+        "switchyard-bench",
+        Duration::from_secs(10),
+    )
+    .await?;
+    let store = Store::new(nats.clone(), &config.store);
+    let upload = Upload {
+        name: "bench-pull".into(),
+        format: "hf".into(),
+        entry: String::new(),
+        files: vec![("model.bin".into(), file.clone())],
+    };
+    let pushed = Instant::now();
+    store.push(upload, &mut Progress::new("pushing", size).quiet()).await?;
+    let push_s = pushed.elapsed().as_secs_f64();
+    let (url, http) = serve(file.clone()).await?;
+    println!(
+        "bench pull: {:.1} MB, {} runs each, alternating; pushed in {:.2} s ({:.0} MB/s); chunk {} KiB",
+        size as f64 / 1e6,
+        args.runs,
+        push_s,
+        size as f64 / 1e6 / push_s,
+        config.store.chunk_bytes / 1024
+    );
+    let (mut nats_rates, mut http_rates) = (Vec::new(), Vec::new());
+    for run in 0..args.runs {
+        let cache = dir.path().join(format!("cache-{run}"));
+        config.store.cache_dir = cache.display().to_string();
+        let store = Store::new(nats.clone(), &config.store);
+        let t = Instant::now();
+        let fetched = store.fetch("bench-pull", true).await?;
+        let nats_s = t.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            fetched.fetched_bytes == size,
+            "fetched {} of {size} bytes",
+            fetched.fetched_bytes
+        );
+        std::fs::remove_dir_all(&cache)?;
+
+        let target = dir.path().join(format!("http-{run}.bin"));
+        let t = Instant::now();
+        let got = http_fetch(&url, &target).await?;
+        let http_s = t.elapsed().as_secs_f64();
+        anyhow::ensure!(got == fetched.manifest.files[0].sha256, "HTTP copy differs");
+        std::fs::remove_file(&target)?;
+        let (n, h) = (size as f64 / 1e6 / nats_s, size as f64 / 1e6 / http_s);
+        println!(
+            "  run {}: NATS {n:7.0} MB/s   HTTP {h:7.0} MB/s   ratio {:.2}",
+            run + 1,
+            n / h
+        );
+        nats_rates.push(n);
+        http_rates.push(h);
+    }
+    http.abort();
+    drop(store);
+    let _ = nats.drain().await;
+    let (n, h) = (median(&nats_rates), median(&http_rates));
+    println!(
+        "median: NATS object store {n:.0} MB/s, plain HTTP {h:.0} MB/s, ratio {:.2} (goal ≥ 0.8)",
+        n / h
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Pseudo-random bytes (xorshift), so no compression anywhere helps either side.
+fn write_random(path: &Path, len: usize) -> anyhow::Result<()> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut bytes = vec![0u8; len];
+    for chunk in bytes.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// A plain HTTP server for `file` on a free loopback port: GET / streams it in 1 MiB
+/// reads.
+async fn serve(file: PathBuf) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let file = file.clone();
+            async move {
+                let f = tokio::fs::File::open(&file).await.expect("bench file");
+                let body = futures::stream::unfold(f, |mut f| async move {
+                    let mut buf = vec![0u8; 1 << 20];
+                    match f.read(&mut buf).await {
+                        Ok(0) | Err(_) => None,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            Some((Ok::<_, std::io::Error>(bytes::Bytes::from(buf)), f))
+                        }
+                    }
+                });
+                axum::body::Body::from_stream(body)
+            }
+        }),
+    );
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok((url, task))
+}
+
+/// GET `url` into `target` as the store's fetch does (the same [`FileSink`]:
+/// buffered writes and SHA-256 on a thread of its own, sync at the end). Returns the digest (hex).
+async fn http_fetch(url: &str, target: &Path) -> anyhow::Result<String> {
+    let response = reqwest::get(url).await?.error_for_status()?;
+    let mut out = FileSink::new(std::fs::File::create(target)?, Sha256::new());
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        out.write(chunk?).await?;
+    }
+    Ok(switchyard_store::manifest::hex(&out.finish().await?))
+}
