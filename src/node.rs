@@ -32,25 +32,34 @@ pub async fn resolve_model(config: &mut Config) -> anyhow::Result<()> {
     if model.is_empty() || std::path::Path::new(&model).exists() || !switchyard_store::name::is_name(&model) {
         return Ok(());
     }
-    let fetched = match fetch(config, &model).await {
-        Ok(f) => f,
-        // Only an unreachable store falls back to the cache: a model removed from the
-        // store, or a newer version that failed its digest, is not served stale.
-        Err(e) if store_refused(&e) => {
-            return Err(e.context(format!("worker.model = {model:?} comes from the model store")))
+    // A store not reachable yet (a leaf node still linking to its hub, a cluster
+    // electing its JetStream leader) is waited for, within STORE_WAIT.
+    let started = std::time::Instant::now();
+    let fetched = loop {
+        match fetch(config, &model).await {
+            Ok(f) => break f,
+            // Only an unreachable store falls back to the cache: a model removed from the
+            // store, or a newer version that failed its digest, is not served stale.
+            Err(e) if store_refused(&e) => {
+                return Err(e.context(format!("worker.model = {model:?} comes from the model store")))
+            }
+            Err(e) => match switchyard_store::fetch::cached(&config.store.cache_path(), &model) {
+                Some(c) => {
+                    tracing::warn!(model, error = %format!("{e:#}"), "the model store is unreachable; serving the cached copy");
+                    eprintln!("warning: {e:#}; serving the cached copy of {model} ({})", c.manifest.short_digest());
+                    break c;
+                }
+                None if started.elapsed() < STORE_WAIT => {
+                    eprintln!("waiting for the model store: {e:#}");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                None => {
+                    return Err(e.context(format!(
+                        "worker.model = {model:?} is not a file or directory on this machine, so it was looked up in the model store"
+                    )))
+                }
+            },
         }
-        Err(e) => match switchyard_store::fetch::cached(&config.store.cache_path(), &model) {
-            Some(c) => {
-                tracing::warn!(model, error = %format!("{e:#}"), "the model store is unreachable; serving the cached copy");
-                eprintln!("warning: {e:#}; serving the cached copy of {model} ({})", c.manifest.short_digest());
-                c
-            }
-            None => {
-                return Err(e.context(format!(
-                    "worker.model = {model:?} is not a file or directory on this machine, so it was looked up in the model store"
-                )))
-            }
-        },
     };
     if fetched.fetched_bytes > 0 {
         eprintln!(
@@ -66,6 +75,9 @@ pub async fn resolve_model(config: &mut Config) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// How long a worker waits for an unreachable model store before giving up.
+const STORE_WAIT: Duration = Duration::from_secs(30);
 
 /// Whether the store answered and said no (as opposed to being unreachable).
 fn store_refused(e: &anyhow::Error) -> bool {

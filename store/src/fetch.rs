@@ -25,6 +25,21 @@ const CHECKPOINT: u64 = 16 << 20;
 /// How long without a chunk before the fetch looks at whether the object is still
 /// there; three in a row end it (the partial file stays for the next try).
 const STALL: Duration = Duration::from_secs(20);
+/// Tries per file when the connection or the consumer is lost part-way.
+const ATTEMPTS: u32 = 5;
+
+/// Whether another try can mend `e` (not a digest, a full disk or a model that
+/// changed).
+fn retriable(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    let io_full = e
+        .chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().and_then(|io| io.raw_os_error()) == Some(libc::ENOSPC));
+    !io_full
+        && !["SHA-256", "replaced or removed", "more of", "lost", "manifest says"]
+            .iter()
+            .any(|s| text.contains(s))
+}
 
 /// A model ready on disk.
 #[derive(Debug, Clone)]
@@ -100,7 +115,21 @@ impl Store {
             );
         }
         for f in &m.files {
-            if let Err(e) = self.fetch_file(&partial, f, &mut progress).await {
+            let before = progress.done();
+            let mut attempt = 1;
+            let result = loop {
+                match self.fetch_file(&partial, f, &mut progress).await {
+                    // A NATS failover or a lost consumer: carry on from the resume point.
+                    Err(e) if attempt < ATTEMPTS && retriable(&e) => {
+                        eprintln!("fetching {name}: {e:#}; trying again ({}/{ATTEMPTS})", attempt + 1);
+                        attempt += 1;
+                        progress.reset_to(before);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    r => break r,
+                }
+            };
+            if let Err(e) = result {
                 let full = e
                     .chain()
                     .any(|c| c.downcast_ref::<std::io::Error>().and_then(|io| io.raw_os_error()) == Some(libc::ENOSPC));
@@ -186,10 +215,22 @@ impl Store {
                 .messages()
                 .await
                 .context("starting to read the model from the store")?;
-            let (mut stalls, mut since_checkpoint) = (0, 0u64);
+            let (mut stalls, mut since_checkpoint, mut last_seq) = (0, 0u64, 0u64);
             while bytes < f.size {
                 let message = match tokio::time::timeout(STALL, messages.next()).await {
-                    Ok(Some(m)) => m.context("reading the model from the store")?,
+                    Ok(Some(Ok(m))) => m,
+                    Ok(Some(Err(e))) => {
+                        // Keep what arrived for the next try.
+                        if last_seq > 0 && out.sync().await.is_ok() {
+                            let point = ResumePoint {
+                                nuid: info.nuid.clone(),
+                                bytes,
+                                next_seq: last_seq + 1,
+                            };
+                            let _ = save(&resume_file, &point);
+                        }
+                        return Err(anyhow::Error::new(e).context("reading the model from the store"));
+                    }
                     Ok(None) => bail!("the store's stream of {} ended early", f.path),
                     Err(_) => {
                         stalls += 1;
@@ -205,6 +246,7 @@ impl Store {
                 };
                 stalls = 0;
                 let seq = message.info().map(|i| i.stream_sequence).unwrap_or(0);
+                last_seq = seq;
                 let n = message.payload.len() as u64;
                 if bytes + n > f.size {
                     bail!("the store sent more of {} than its {} bytes", f.path, f.size);

@@ -63,6 +63,12 @@ impl Progress {
         }
     }
 
+    /// Forgets what was counted after `done` bytes (a transfer that starts again).
+    pub fn reset_to(&mut self, done: u64) {
+        self.done = done.min(self.done);
+        self.skipped = self.skipped.min(self.done);
+    }
+
     /// Bytes counted so far.
     pub fn done(&self) -> u64 {
         self.done
