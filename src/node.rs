@@ -89,6 +89,8 @@ fn store_refused(e: &anyhow::Error) -> bool {
         "model name",
         "disk",
         "manifest",
+        "has lost",
+        "replaced or removed",
     ]
     .iter()
     .any(|s| text.contains(s))

@@ -1,6 +1,8 @@
 //! Four "hosts" as Linux network namespaces joined by a bridge: a three-server NATS
 //! cluster with JetStream (domain `hub`, as deploy/nats/cluster-*.conf) on h1–h3, a
-//! leaf node on h4 (as deploy/nats/leaf-edge.conf, the edge), a coordinator on h1,
+//! leaf node on h4 (as deploy/nats/leaf-edge.conf, the edge), coordinators on h1 and
+//! h4 (the edge's clients are answered by the edge's own, as NATS serves a leaf's
+//! queue members first),
 //! workers on h2, h3 and h4 that fetch the model pushed once to the store (three
 //! replicas). Clients on h1 send a steady load while the NATS server on h2 is
 //! killed and h3 is cut off and restored: every request gets exactly one outcome
@@ -134,6 +136,18 @@ fn run_in_ns<R: Send + 'static>(ns: &str, f: impl std::future::Future<Output = R
     .expect("the load thread")
 }
 
+/// The coordinator ids that answer `n` status requests from a client on `ns`.
+fn answered_by(ns: &str, url: String, n: usize) -> Vec<String> {
+    run_in_ns(ns, async move {
+        let client = Client::connect_with(&url, ClientOptions::default()).await.unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            ids.push(client.status().await.unwrap().coordinator_id);
+        }
+        ids
+    })
+}
+
 fn cluster_conf(i: usize, store: &Path) -> String {
     let routes: Vec<String> = (1..=3).map(|j| format!("\"nats-route://10.199.0.{j}:6222\"")).collect();
     format!(
@@ -221,21 +235,22 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
         std::thread::sleep(Duration::from_secs(1));
     }
 
-    let _coordinator = in_ns(
-        net.host(1),
-        "coordinator",
-        sy,
-        &[
+    let coordinator = |host: usize, nats: String, name: &str| {
+        let args = [
             "--nats",
-            &url(&[1, 2]),
+            &nats,
             "coordinator",
             "--worker-expiry-ms",
             "1500",
             "--admission-timeout-ms",
             "2000",
-        ],
-        &[],
-    );
+        ];
+        let p = in_ns(net.host(host), name, sy, &args, &[]);
+        p.wait_for("coordinator up", Duration::from_secs(30));
+        p
+    };
+    let hub_coordinator = coordinator(1, url(&[1, 2]), "coordinator-h1");
+    let edge_coordinator = coordinator(4, url(&[4]), "coordinator-h4");
     let worker = |host: usize, nats: String, id: &str| {
         let c = cache(id);
         let p = in_ns(
@@ -266,6 +281,23 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
         let got = std::fs::read(Path::new(&cache(w)).join("smol").join(model.file_name().unwrap())).unwrap();
         assert_eq!(got.len() as u64, std::fs::metadata(&model).unwrap().len(), "{w}'s copy");
     }
+
+    // Which coordinator answers: at the edge, NATS serves a leaf's own queue members
+    // first, so the edge's clients stay on the edge's coordinator.
+    let (hub_pid, edge_pid) = (hub_coordinator.child.id(), edge_coordinator.child.id());
+    let edge = answered_by(net.host(4), url(&[4]), 20);
+    let hub = answered_by(net.host(1), url(&[1]), 20);
+    let count = |ids: &[String], pid: u32| ids.iter().filter(|id| id.ends_with(&format!("-{pid}"))).count();
+    eprintln!(
+        "multihost: status from h4 answered by the edge coordinator {} of 20; from h1 by h1's {} of 20",
+        count(&edge, edge_pid),
+        count(&hub, hub_pid)
+    );
+    assert_eq!(
+        count(&edge, edge_pid),
+        20,
+        "the edge's requests stay on the edge: {edge:?}"
+    );
 
     // Load from h1 while the faults happen.
     let client_url = url(&[1, 2]);

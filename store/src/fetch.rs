@@ -36,7 +36,7 @@ fn retriable(e: &anyhow::Error) -> bool {
         .chain()
         .any(|c| c.downcast_ref::<std::io::Error>().and_then(|io| io.raw_os_error()) == Some(libc::ENOSPC));
     !io_full
-        && !["SHA-256", "replaced or removed", "more of", "lost", "manifest says"]
+        && !["SHA-256", "replaced or removed", "more of", "has lost", "manifest says"]
             .iter()
             .any(|s| text.contains(s))
 }
@@ -160,10 +160,13 @@ impl Store {
 
     async fn fetch_file(&self, dir: &Path, f: &FileEntry, progress: &mut Progress) -> anyhow::Result<()> {
         let os = self.open().await?;
-        let info = os
-            .info(&f.object)
-            .await
-            .with_context(|| format!("the store has lost {} (push the model again)", f.path))?;
+        let info = match os.info(&f.object).await {
+            Ok(i) => i,
+            Err(e) if e.kind() == async_nats::jetstream::object_store::InfoErrorKind::NotFound => {
+                bail!("the store has lost {} (push the model again)", f.path)
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("looking up {} in the store", f.path))),
+        };
         if info.size as u64 != f.size {
             bail!(
                 "the store's {} is {} bytes, the manifest says {}: the model was changed under its manifest (push it again)",
