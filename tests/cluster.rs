@@ -208,7 +208,7 @@ async fn a_worker_far_away_gets_a_small_share_while_a_near_one_has_room() {
     let _far = worker_proc(&far_url, "far");
     wait_for_workers(&c, &["far", "near"], Duration::from_secs(15)).await;
     // Each worker's first round trip comes from the probe sent when it joins (far's
-    // takes 300 ms); until then a worker counts as next door.
+    // takes 400 ms); until then a worker counts as next door.
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Both measure the same speed; only the network differs. Two at a time: near
     // (capacity 4) always has room.
