@@ -33,3 +33,29 @@ pub fn kill_with_parent(cmd: &mut Command) {
         });
     }
 }
+
+/// An exclusive `flock` on `path` (created if missing), held until the file is
+/// dropped. With `wait`, blocks until another holder lets go; without, `None` when
+/// someone else holds it.
+pub fn lock_file(path: &std::path::Path, wait: bool) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    let how = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    // SAFETY: a valid open descriptor; flock has no memory effects.
+    if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
+        return Ok(Some(file));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() == Some(libc::EWOULDBLOCK) && !wait {
+        true => Ok(None),
+        false => Err(e),
+    }
+}

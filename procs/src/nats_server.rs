@@ -170,15 +170,6 @@ impl Drop for NatsServer {
 /// An exclusive lock on `dir/.switchyard.lock`, or `None` when another process
 /// holds it.
 fn lock_dir(dir: &Path) -> anyhow::Result<Option<std::fs::File>> {
-    use std::os::fd::AsRawFd;
     let path = dir.join(".switchyard.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: a valid open descriptor; flock has no memory effects.
-    let held = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-    Ok(held.then_some(file))
+    switchyard_actors::process::lock_file(&path, false).with_context(|| format!("locking {}", path.display()))
 }

@@ -342,18 +342,9 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 /// for another process's fetch of the same model.
 async fn lock(path: PathBuf) -> anyhow::Result<std::fs::File> {
     tokio::task::spawn_blocking(move || {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: a valid open descriptor; flock has no memory effects.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            bail!("locking {}: {}", path.display(), std::io::Error::last_os_error());
-        }
-        Ok(file)
+        switchyard_actors::process::lock_file(&path, true)
+            .with_context(|| format!("locking {}", path.display()))?
+            .context("no lock")
     })
     .await?
 }
