@@ -4,7 +4,7 @@
 //! `{cache}/.partial/{name}/` and the directory is renamed into place after every
 //! SHA-256 matched, with the manifest inside (`.switchyard-manifest.json`). Each file
 //! keeps a resume point (`.partial/{name}/.resume/{path}.json`: the object's id, the
-//! bytes on disk, the next stream sequence) written after the bytes are synced, so a
+//! bytes on disk, the next stream sequence) written after the bytes are written, so a
 //! fetch killed mid-way, or cut by a NATS failover, carries on where it stopped. One
 //! fetch per model per machine at a time (`.partial/{name}.lock`).
 
@@ -195,6 +195,7 @@ impl Store {
         file.set_len(bytes)?;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0))?;
         let sha = hash_prefix(&path, bytes).await?;
+        let resumed_at = bytes;
         progress.skip(bytes);
         if bytes > 0 && bytes < f.size {
             tracing::info!(file = %f.path, bytes, "resuming a partial fetch");
@@ -260,15 +261,19 @@ impl Store {
                 progress.advance(n);
                 if since_checkpoint >= CHECKPOINT && bytes < f.size {
                     since_checkpoint = 0;
-                    out.sync().await?;
-                    save(
-                        &resume_file,
-                        &ResumePoint {
+                    // Saved by the writer once the bytes before it are in the kernel's
+                    // hands: a killed process resumes there. After a power cut the
+                    // bytes may not be, and the file's SHA-256 check catches that.
+                    let (resume_file, point) = (
+                        resume_file.clone(),
+                        ResumePoint {
                             nuid: info.nuid.clone(),
                             bytes,
                             next_seq: seq + 1,
                         },
-                    )?;
+                    );
+                    out.then(move || save(&resume_file, &point).map_err(std::io::Error::other))
+                        .await?;
                 }
             }
         }
@@ -276,6 +281,14 @@ impl Store {
         let _ = std::fs::remove_file(&resume_file);
         if got != f.sha256 {
             let _ = std::fs::remove_file(&path);
+            if resumed_at > 0 {
+                // The kept bytes were not all on disk (a power cut after a resume
+                // point): the next try starts the file over.
+                bail!(
+                    "the copy of {} resumed at {resumed_at} bytes did not verify; fetching it whole again",
+                    f.path
+                );
+            }
             bail!(
                 "SHA-256 of {} does not match the manifest: expected {}, received {got} (the file was dropped; the store's copy is damaged or was replaced — push the model again)",
                 f.path,

@@ -15,6 +15,9 @@ enum Op {
     Data(Bytes),
     /// Flush and fsync, then answer.
     Sync(tokio::sync::oneshot::Sender<std::io::Result<()>>),
+    /// Hand what is buffered to the kernel, then run the closure (no fsync, no
+    /// wait for the sender).
+    Then(Box<dyn FnOnce() -> std::io::Result<()> + Send>),
 }
 
 /// A file being written and hashed by its own thread.
@@ -30,12 +33,20 @@ impl FileSink {
         let (tx, rx) = mpsc::sync_channel::<Op>(QUEUE);
         let thread = std::thread::spawn(move || {
             let mut sha = sha;
-            let mut out = std::io::BufWriter::with_capacity(4 << 20, file);
+            // Chunks of 256 KiB or more (the store's) go to the file without a copy into the
+            // buffer; smaller ones (HTTP's) are gathered into writes of that size.
+            let mut out = std::io::BufWriter::with_capacity(256 << 10, file);
             while let Ok(op) = rx.recv() {
                 match op {
                     Op::Data(b) => {
                         sha.update(&b);
                         out.write_all(&b)?;
+                    }
+                    Op::Then(f) => {
+                        out.flush()?;
+                        if let Err(e) = f() {
+                            tracing::warn!(error = %e, "after writing a received file's bytes");
+                        }
                     }
                     Op::Sync(done) => {
                         let r = out.flush().and_then(|_| out.get_ref().sync_data());
@@ -77,6 +88,19 @@ impl FileSink {
         let (done, wait) = tokio::sync::oneshot::channel();
         self.write_op(Op::Sync(done)).await?;
         wait.await.map_err(|_| self.failure())?
+    }
+
+    /// Runs `f` on the writer thread once everything queued so far has been handed
+    /// to the kernel (it survives this process, not a power cut; no fsync). Does not
+    /// wait: the caller goes on receiving. An error of `f` is logged.
+    pub async fn then(&mut self, f: impl FnOnce() -> std::io::Result<()> + Send + 'static) -> std::io::Result<()> {
+        let tx = self.tx.as_ref().expect("open").clone();
+        let op = match tx.try_send(Op::Then(Box::new(f))) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::TrySendError::Full(op)) => op,
+            Err(mpsc::TrySendError::Disconnected(_)) => return Err(self.failure()),
+        };
+        self.write_op(op).await
     }
 
     async fn write_op(&mut self, op: Op) -> std::io::Result<()> {

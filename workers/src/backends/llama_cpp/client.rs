@@ -62,6 +62,33 @@ impl Shared {
     }
 }
 
+/// `e` with its sources (`error sending request: client error (Connect): …`), which
+/// reqwest's own message leaves out.
+fn with_sources(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Whether `e` is a connection that failed or closed before any answer came: the
+/// server did not start on the request.
+fn closed_before_answer(e: &reqwest::Error) -> bool {
+    let text = with_sources(e).to_lowercase();
+    e.is_connect()
+        || [
+            "connection closed before message completed",
+            "connection reset",
+            "broken pipe",
+        ]
+        .iter()
+        .any(|s| text.contains(s))
+}
+
 fn unavailable(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Unavailable(format!("llama.cpp server {what}: {e}"))
 }
@@ -91,7 +118,7 @@ impl LlamaCppModel {
                     ))
                 }
                 Err(e) if tokio::time::Instant::now() >= deadline => {
-                    return Err(unavailable(&format!("at {url} is unreachable"), e))
+                    return Err(unavailable(&format!("at {url} is unreachable"), with_sources(&e)))
                 }
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
@@ -177,9 +204,9 @@ impl LlamaCppModel {
             .json(&body)
             .send()
             .await
-            .map_err(|e| self.shared.lost(path, e))?;
+            .map_err(|e| self.shared.lost(path, with_sources(&e)))?;
         let status = r.status();
-        let v: Value = r.json().await.map_err(|e| self.shared.lost(path, e))?;
+        let v: Value = r.json().await.map_err(|e| self.shared.lost(path, with_sources(&e)))?;
         if !status.is_success() {
             return Err(server_error(path, status, &v));
         }
@@ -340,11 +367,21 @@ impl LlamaCppModel {
         for (k, v) in switchyard_actors::trace::http_headers(&tracing::Span::current()) {
             request = request.header(k, v);
         }
-        let r = request
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| self.shared.lost("/completion", e))?;
+        let request = request.json(&body);
+        let again = request.try_clone();
+        let r = match (request.send().await, again) {
+            (Ok(r), _) => r,
+            // A pooled connection the server closed as the request went out: nothing
+            // was generated, so it goes once more on a fresh connection.
+            (Err(e), Some(again)) if closed_before_answer(&e) => {
+                tracing::warn!(url = %self.url(), "llama.cpp /completion: {}; sending it again", with_sources(&e));
+                again
+                    .send()
+                    .await
+                    .map_err(|e| self.shared.lost("/completion", with_sources(&e)))?
+            }
+            (Err(e), _) => return Err(self.shared.lost("/completion", with_sources(&e))),
+        };
         let status = r.status();
         if !status.is_success() {
             let v: Value = r.json().await.unwrap_or_default();
@@ -368,7 +405,7 @@ impl LlamaCppModel {
                     .shared
                     .lost("went away mid-generation", "the stream ended without a final event"));
             };
-            buf.extend_from_slice(&chunk.map_err(|e| self.shared.lost("went away mid-generation", e))?);
+            buf.extend_from_slice(&chunk.map_err(|e| self.shared.lost("went away mid-generation", with_sources(&e)))?);
             // Server-sent events: `data: {json}` lines separated by blank lines.
             while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
                 let event: Vec<u8> = buf.drain(..end + 2).collect();
