@@ -12,6 +12,10 @@
 #   native  GGML_NATIVE=ON (-march=native): the fastest llama.cpp for this host, the peer
 #           `switchyard bench llama` measures against. Cached per CPU feature set (a
 #           binary built on an AVX-512 host would die on an AVX2-only one).
+#   quantize
+#           llama.cpp's `llama-quantize` from the native build tree, beside the native
+#           llama-server: scripts/make-sized-models.sh quantizes the benchmark models with
+#           it.
 #   cuda    native plus GGML_CUDA=ON, for an NVIDIA GPU box: the peer for switchyard's CUDA
 #           engine. Needs a CUDA toolkit (nvcc on PATH, $CUDACXX, or /usr/local/cuda/bin/nvcc,
 #           with cuBLAS; the PyPI wheels of scripts/build-cuda.sh carry no cuBLAS) but no GPU.
@@ -48,7 +52,7 @@ cpu_key() {
 dest_of() {
   case "$1" in
     avx2) echo "$ROOT/avx2" ;;
-    native) echo "$ROOT/native-$(cpu_key)" ;;
+    native | quantize) echo "$ROOT/native-$(cpu_key)" ;;
     cuda) echo "$ROOT/cuda-sm$CUDA_CAP-$(cpu_key)" ;;
     *) say "unknown variant '$1' (avx2 | native | cuda)"; exit 2 ;;
   esac
@@ -63,7 +67,7 @@ cmake_flags_of() {
       echo "-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
         "-DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF" \
         "-DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF" ;;
-    native)
+    native | quantize)
       echo "-DGGML_NATIVE=ON" ;;
     cuda)
       echo "-DGGML_NATIVE=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_CAP" ;;
@@ -89,10 +93,18 @@ build_of() {
   esac
 }
 
+# The program a variant builds.
+tool_of() {
+  case "$1" in
+    quantize) echo llama-quantize ;;
+    *) echo llama-server ;;
+  esac
+}
+
 # Which requested variants are missing?
 missing=()
 for v in "$@"; do
-  bin="$(dest_of "$v")/bin/llama-server"
+  bin="$(dest_of "$v")/bin/$(tool_of "$v")"
   if [ -x "$bin" ]; then say "$v: cached at $bin"; else missing+=("$v"); fi
 done
 
@@ -135,20 +147,21 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [ "$v" = cuda ]; then
       say "$v: building llama-server with $(nproc) jobs (the CUDA kernels take most of it)"
     else
-      say "$v: building llama-server with $(nproc) jobs (about 9 minutes on 2 cores from scratch;" \
+      say "$v: building $(tool_of "$v") with $(nproc) jobs (about 9 minutes on 2 cores from scratch;" \
         "a few when only ggml's CPU backend changes)"
     fi
-    cmake --build "$BUILD" --target llama-server -j "$(nproc)" >&2
+    tool=$(tool_of "$v")
+    cmake --build "$BUILD" --target "$tool" -j "$(nproc)" >&2
     mkdir -p "$dest/bin"
-    install -m 0755 "$BUILD/bin/llama-server" "$dest/bin/llama-server.part"
-    mv "$dest/bin/llama-server.part" "$dest/bin/llama-server"
+    install -m 0755 "$BUILD/bin/$tool" "$dest/bin/$tool.part"
+    mv "$dest/bin/$tool.part" "$dest/bin/$tool"
     # switchyard finds the native build for its host by these (node::find_llama_server);
     # for cuda they only record the CPU it was built for.
     if [ "$v" = native ] || [ "$v" = cuda ]; then cpu_flags > "$dest/cpu-flags"; fi
-    say "$v: built $dest/bin/llama-server"
+    say "$v: built $dest/bin/$tool"
   done
 fi
 
 for v in "$@"; do
-  echo "$(dest_of "$v")/bin/llama-server"
+  echo "$(dest_of "$v")/bin/$(tool_of "$v")"
 done

@@ -7,9 +7,14 @@ tokens, merges, token types) is copied from another GGUF (the SmolLM2 demo model
 the pre-tokenizer is set to "qwen2", so llama.cpp and switchyard tokenize with Qwen's
 split regex.
 
-usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|bf16]
+usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|bf16] [SHAPE]
 
-The last argument stores every 2-D weight in that type (norms and biases stay F32).
+The fifth argument stores every 2-D weight in that type (norms and biases stay F32).
+SHAPE (default `tiny`, the test model above) gives the layer shapes of a real model
+for benchmarks instead — `qwen2.5-0.5b`, `qwen2.5-1.5b`, `qwen2.5-3b` — with tied
+embeddings as those models have, at their full width and depth; only the vocabulary
+is the donor's (49,152 tokens for SmolLM2 instead of Qwen's 151,936). Random weights
+make meaningless text but honest timings (scripts/make-sized-models.sh).
 """
 import sys
 
@@ -36,14 +41,30 @@ src = GGUFReader(vocab_path)
 tokens = src.fields["tokenizer.ggml.tokens"].contents()
 merges = src.fields["tokenizer.ggml.merges"].contents()
 types = src.fields["tokenizer.ggml.token_type"].contents()
-n_vocab, n_embd, n_layer, n_ff, n_head, n_head_kv = len(tokens), 128, 2, 256, 4, 2
+# name: (width, layers, feed-forward, query heads, KV heads, tied embeddings)
+SHAPES = {
+    "tiny": (128, 2, 256, 4, 2, False),
+    "qwen2.5-0.5b": (896, 24, 4864, 14, 2, True),
+    "qwen2.5-1.5b": (1536, 28, 8960, 12, 2, True),
+    "qwen2.5-3b": (2048, 36, 11008, 16, 2, True),
+}
+shape = sys.argv[6] if len(sys.argv) > 6 else "tiny"
+if shape not in SHAPES:
+    sys.exit(f"unknown shape {shape!r}: use {', '.join(SHAPES)}")
+n_embd, n_layer, n_ff, n_head, n_head_kv, tied = SHAPES[shape]
+n_vocab = len(tokens)
 head_dim = n_embd // n_head
 
 rng = np.random.default_rng(seed)
 
 
 def mat(rows, cols, std):
-    return (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+    if shape == "tiny":
+        return (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+    # Faster for billions of weights (and a different stream than the tiny model's).
+    out = rng.standard_normal((rows, cols), dtype=np.float32)
+    out *= std
+    return out
 
 
 def add_weight(name, data):
@@ -62,15 +83,15 @@ def vec(n, mean=0.0, std=0.1):
 
 
 w = GGUFWriter(out_path, arch)
-w.add_name(f"random-{arch}")
-w.add_context_length(512)
+w.add_name(f"random-{arch}" if shape == "tiny" else f"random-{shape}")
+w.add_context_length(512 if shape == "tiny" else 32768)
 w.add_embedding_length(n_embd)
 w.add_block_count(n_layer)
 w.add_feed_forward_length(n_ff)
 w.add_head_count(n_head)
 w.add_head_count_kv(n_head_kv)
 w.add_layer_norm_rms_eps(1e-6)
-w.add_rope_freq_base(10000.0)
+w.add_rope_freq_base(10000.0 if shape == "tiny" else 1000000.0)
 if arch == "qwen3":
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
@@ -85,7 +106,8 @@ w.add_add_bos_token(False)
 
 add_weight("token_embd.weight", mat(n_vocab, n_embd, 1.0))
 w.add_tensor("output_norm.weight", vec(n_embd, 1.0))
-add_weight("output.weight", mat(n_vocab, n_embd, 0.2))
+if not tied:
+    add_weight("output.weight", mat(n_vocab, n_embd, 0.2))
 for i in range(n_layer):
     b = f"blk.{i}"
     w.add_tensor(f"{b}.attn_norm.weight", vec(n_embd, 1.0))

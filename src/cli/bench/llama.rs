@@ -216,5 +216,26 @@ pub async fn llama(
         their_rss as f64 / 1e6,
         our_rss as f64 / their_rss.max(1) as f64
     );
+    // The physical limit, measured after both engines are done (nothing else reading).
+    drop(server);
+    let step = super::limit::StepBytes::of(model)?;
+    let position = ours[0].prompt_tokens + ours[0].generated / 2;
+    let bytes = step.at(position) as f64;
+    let bandwidth = super::limit::read_bandwidth(threads);
+    let limit = bandwidth / bytes;
+    println!(
+        "physical limit: this host reads {:.1} GB/s ({threads} threads, streaming 1 GiB); a decode step \
+         at position {position} reads {:.1} MB (weights {:.1} + KV {:.1} at f16) → at most {limit:.1} tok/s",
+        bandwidth / 1e9,
+        bytes / 1e6,
+        step.weights as f64 / 1e6,
+        (step.kv_per_position * position) as f64 / 1e6,
+    );
+    println!(
+        "{:<20} {:>11.1}% {:>11.1}%",
+        "decode / limit",
+        100.0 * od / limit,
+        100.0 * ld / limit
+    );
     Ok(())
 }

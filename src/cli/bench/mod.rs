@@ -9,6 +9,7 @@ pub mod burst;
 pub mod chaos;
 pub mod gateway;
 pub mod kv;
+pub mod limit;
 pub mod llama;
 pub mod llama_cpp;
 pub mod mlx;
