@@ -73,7 +73,10 @@ pub fn read_bandwidth(threads: usize) -> f64 {
     for _ in 0..5 {
         let t = Instant::now();
         let sum: u64 = std::thread::scope(|s| {
-            let handles: Vec<_> = words.chunks(share).map(|part| s.spawn(move || sum_words(part))).collect();
+            let handles: Vec<_> = words
+                .chunks(share)
+                .map(|part| s.spawn(move || sum_words(part)))
+                .collect();
             handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
         });
         let secs = t.elapsed().as_secs_f64();

@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 /// `v` in both 256-bit halves.
 #[inline(always)]
-unsafe fn both(v: __m256i) -> __m512i {
+pub(super) unsafe fn both(v: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1)
 }
 
@@ -38,13 +38,13 @@ unsafe fn pair_bytes(a: *const i8, b: *const i8) -> __m512i {
 
 /// `a` in the low 8 lanes, `b` in the high 8.
 #[inline(always)]
-unsafe fn pair_ps(a: f32, b: f32) -> __m512 {
+pub(super) unsafe fn pair_ps(a: f32, b: f32) -> __m512 {
     _mm512_mask_broadcastss_ps(_mm512_set1_ps(a), 0xFF00, _mm_set_ss(b))
 }
 
 /// The two rows' sums of one paired accumulator.
 #[inline(always)]
-unsafe fn hsum_pair(acc: __m512) -> [f32; 2] {
+pub(super) unsafe fn hsum_pair(acc: __m512) -> [f32; 2] {
     [
         hsum_float_8(_mm512_castps512_ps256(acc)),
         hsum_float_8(_mm512_extractf32x8_ps(acc, 1)),

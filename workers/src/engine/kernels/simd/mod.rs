@@ -5,6 +5,8 @@
 //! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
 //! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
 //! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
+//! - `decode512`: AVX-512 VNNI tiles of eight interleaved Q4_0 weight rows against
+//!   one activation row (decode).
 //!
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
 //! is what makes calling the `#[target_feature]` functions behind it sound.
@@ -12,6 +14,8 @@
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod decode512;
 mod elementwise;
 pub mod portable;
 #[cfg(target_arch = "x86_64")]
@@ -28,6 +32,7 @@ type Q41x8 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32], &mut [[f32; 8]]);
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
+type Q80x8i<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> [f32; 8];
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
 type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
@@ -50,6 +55,7 @@ pub struct Kernels {
     pub q4_0: Q80<BlockQ4_0>,
     pub q4_0_x4: Q80x4<BlockQ4_0>,
     pub q4_0_x8: Q80x8<BlockQ4_0>,
+    pub q4_0_x8i: Q80x8i<BlockQ4_0>,
     pub q5_0: Q80<BlockQ5_0>,
     pub q5_0_x4: Q80x4<BlockQ5_0>,
     pub q5_0_x8: Q80x8<BlockQ5_0>,
@@ -207,6 +213,23 @@ macro_rules! x8_from_x4 {
     };
 }
 
+/// An `_x8i` tile from eight single-row calls, each row gathered from the
+/// interleaved blocks first (tables whose CPU has no tile of its own; only tests and
+/// a forced kernel variant reach it, since weights are interleaved only where the
+/// active variant has the tile).
+macro_rules! x8i_from_one {
+    ($one:expr) => {
+        |x, y, yd| {
+            let n = y.len();
+            assert!(x.len() == 8 * n, "eight interleaved rows of the input's length");
+            std::array::from_fn(|j| {
+                let row: Vec<_> = (0..n).map(|i| x[i * 8 + j]).collect();
+                ($one)(&row, y, yd)
+            })
+        }
+    };
+}
+
 static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     isa: Isa::Portable,
     q4_1: portable::dot_q4_1_q8_1,
@@ -215,6 +238,7 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_0: portable::dot_q4_0_q8_0,
     q4_0_x4: portable::dot_q4_0_q8_0_x4,
     q4_0_x8: x8_from_x4!(portable::dot_q4_0_q8_0_x4, |x, y, yd|),
+    q4_0_x8i: x8i_from_one!(portable::dot_q4_0_q8_0),
     q5_0: portable::dot_q5_0_q8_0,
     q5_0_x4: portable::dot_q5_0_q8_0_x4,
     q5_0_x8: x8_from_x4!(portable::dot_q5_0_q8_0_x4, |x, y, yd|),
@@ -249,6 +273,7 @@ macro_rules! x86_table {
             q4_0: |x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) },
             q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
             q4_0_x8: |x, y, yd, o| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd, o) },
+            q4_0_x8i: x8i_from_one!(|x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) }),
             q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
             q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
             q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },
@@ -291,6 +316,7 @@ static AVX512: Kernels = {
         q4_0: |x, y, yd| unsafe { v::dot_q4_0_q8_0(x, y, yd) },
         q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
         q4_0_x8: |x, y, yd, o| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd, o) },
+        q4_0_x8i: |x, y, yd| unsafe { decode512::dot_q4_0_q8_0_x8i(x, y, yd) },
         q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },
         q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
         q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },

@@ -345,6 +345,38 @@ fn panels_compute_the_portable_bits() {
     eprintln!("{checked} panels checked");
 }
 
+/// Decode's tile over eight interleaved Q4_0 rows gives each row the portable
+/// single-row bits, in every variant, for every input of the set.
+#[test]
+fn interleaved_tiles_compute_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(29);
+    let cols = 7 * QK;
+    let nb = cols / QK;
+    let a = acts(&mut rng, cols);
+    let rows: Vec<Vec<BlockQ4_0>> = (0..8)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ4_0 {
+                    d: rng.scale(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let interleaved: Vec<BlockQ4_0> = (0..nb).flat_map(|i| rows.iter().map(move |r| r[i])).collect();
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        for t in 0..8 {
+            let got = (k.q4_0_x8i)(&interleaved, &a.q8_0[t], &a.q8_0d[t]);
+            for (j, row) in rows.iter().enumerate() {
+                let want = (p.q4_0)(row, &a.q8_0[t], &a.q8_0d[t]);
+                assert_eq!(got[j].to_bits(), want.to_bits(), "{isa} q4_0_x8i row {j} input {t}");
+            }
+        }
+    }
+}
+
 /// A panel whose weights are not whole rows of the inputs' length is refused, not
 /// read past.
 #[test]

@@ -1,0 +1,58 @@
+//! Q4_0 matrices stored eight rows interleaved multiply exactly as in row order.
+
+use super::*;
+use crate::engine::kernels::isa::Isa;
+
+/// A small xorshift, so the weights are the same on every run.
+fn bytes(state: &mut u64) -> u8 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    (*state >> 24) as u8
+}
+
+#[test]
+fn interleaved_q4_0_gives_the_row_order_bits_for_every_variant_and_batch() {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    // 29 rows: three whole groups and five rows after them; 3 blocks per row.
+    let (rows, cols) = (29usize, 3 * QK);
+    let nb = cols / QK;
+    let blocks: Vec<BlockQ4_0> = (0..rows * nb)
+        .map(|_| BlockQ4_0 {
+            d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
+            qs: std::array::from_fn(|_| bytes(&mut state)),
+        })
+        .collect();
+    let plain = QMatrix {
+        rows,
+        cols,
+        data: QData::Q4_0(blocks.clone()),
+    };
+    let inter = QMatrix {
+        rows,
+        cols,
+        data: QData::Q4_0x8(interleave(&blocks, rows, nb)),
+    };
+    let mut row = vec![0.0; cols];
+    let mut want_row = vec![0.0; cols];
+    for r in 0..rows {
+        inter.row_f32(r, &mut row);
+        plain.row_f32(r, &mut want_row);
+        assert_eq!(row, want_row, "row {r} dequantized");
+    }
+    for n in [1usize, 2, 3, 4, 5, 8, 9, 17] {
+        let x: Vec<f32> = (0..n * cols).map(|_| bytes(&mut state) as f32 / 64.0 - 2.0).collect();
+        for isa in Isa::available() {
+            let k = Kernels::get(isa).unwrap();
+            let act = plain.prepare_with(k, &x, n);
+            let (mut want, mut got) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+            plain.matmul_with(k, &act, n, &mut want);
+            inter.matmul_with(k, &act, n, &mut got);
+            let (want, got): (Vec<u32>, Vec<u32>) = (
+                want.iter().map(|v| v.to_bits()).collect(),
+                got.iter().map(|v| v.to_bits()).collect(),
+            );
+            assert_eq!(got, want, "{isa}, {n} inputs");
+        }
+    }
+}
