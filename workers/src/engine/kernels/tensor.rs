@@ -240,6 +240,16 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// Cell `i`. (A method, so closures capture the whole `Sync` wrapper.)
+    ///
+    /// # Safety
+    /// `i` is in bounds of the output.
+    unsafe fn cell(self, i: usize) -> *mut f32 {
+        self.0.add(i)
+    }
+}
+
 impl QMatrix {
     /// The whole matrix as f32 values (small tensors: norms).
     pub fn to_f32(&self) -> Vec<f32> {
@@ -446,7 +456,7 @@ impl QMatrix {
             for i in 0..8 {
                 for (j, c) in cells.iter().enumerate() {
                     // SAFETY: (t + i, r0 + j) cells are disjoint across chunks and in bounds.
-                    unsafe { *p.0.add(at(t + i, r0 + j)) = c[i] };
+                    unsafe { *p.cell(at(t + i, r0 + j)) = c[i] };
                 }
             }
             t += 8;
@@ -456,7 +466,7 @@ impl QMatrix {
             for r in r0..r1 {
                 for (i, v) in self.tile4(k, r, act, t).into_iter().enumerate() {
                     // SAFETY: as above.
-                    unsafe { *p.0.add(at(t + i, r)) = v };
+                    unsafe { *p.cell(at(t + i, r)) = v };
                 }
             }
             t += 4;
@@ -465,7 +475,7 @@ impl QMatrix {
             for r in r0..r1 {
                 let v = self.dot(k, r, act, t);
                 // SAFETY: (t, r) cells are disjoint across chunks and in bounds.
-                unsafe { *p.0.add(at(t, r)) = v };
+                unsafe { *p.cell(at(t, r)) = v };
             }
         }
     }
@@ -484,8 +494,6 @@ impl QMatrix {
         if n < 4 {
             let whole = rows / 8 * 8;
             (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-                // The whole wrapper, not its field (which alone is not Sync).
-                let p = p;
                 let (r0, r1) = (ci * chunk, ((ci + 1) * chunk).min(rows));
                 for t in 0..n {
                     let (y, yd) = (&x[t * nb..(t + 1) * nb], &xd[t * nb..(t + 1) * nb]);
@@ -493,13 +501,13 @@ impl QMatrix {
                         let cells = (k.q4_0_x8i)(&v[g * 8 * nb..(g + 1) * 8 * nb], y, yd);
                         for (j, c) in cells.into_iter().enumerate() {
                             // SAFETY: (t, g * 8 + j) cells are this chunk's and in bounds.
-                            unsafe { *p.0.add(t * rows + g * 8 + j) = c };
+                            unsafe { *p.cell(t * rows + g * 8 + j) = c };
                         }
                     }
                     for r in r0.max(whole)..r1 {
                         let c = (k.q4_0)(&v[r * nb..(r + 1) * nb], y, yd);
                         // SAFETY: as above.
-                        unsafe { *p.0.add(t * rows + r) = c };
+                        unsafe { *p.cell(t * rows + r) = c };
                     }
                 }
             });
