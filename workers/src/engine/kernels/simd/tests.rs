@@ -80,6 +80,20 @@ fn acts(rng: &mut Rng, cols: usize) -> Acts {
     }
 }
 
+/// `rows` random Q4_0 rows of `nb` blocks.
+fn q4_0_rows(rng: &mut Rng, rows: usize, nb: usize) -> Vec<Vec<BlockQ4_0>> {
+    (0..rows)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ4_0 {
+                    d: rng.scale(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn refs<T, const N: usize>(v: &[Vec<T>]) -> [&[T]; N] {
     std::array::from_fn(|i| &v[i][..])
 }
@@ -264,16 +278,7 @@ fn panels_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w4_0: Vec<Vec<BlockQ4_0>> = (0..ROWS)
-        .map(|_| {
-            (0..nb)
-                .map(|_| BlockQ4_0 {
-                    d: rng.scale(),
-                    qs: rng.bytes(),
-                })
-                .collect()
-        })
-        .collect();
+    let w4_0 = q4_0_rows(&mut rng, ROWS, nb);
     let w4_1: Vec<Vec<BlockQ4_1>> = (0..ROWS)
         .map(|_| {
             (0..nb)
@@ -354,16 +359,7 @@ fn interleaved_tiles_compute_the_portable_bits() {
     let cols = 7 * QK;
     let nb = cols / QK;
     let a = acts(&mut rng, cols);
-    let rows: Vec<Vec<BlockQ4_0>> = (0..8)
-        .map(|_| {
-            (0..nb)
-                .map(|_| BlockQ4_0 {
-                    d: rng.scale(),
-                    qs: rng.bytes(),
-                })
-                .collect()
-        })
-        .collect();
+    let rows = q4_0_rows(&mut rng, 8, nb);
     let interleaved: Vec<BlockQ4_0> = (0..nb).flat_map(|i| rows.iter().map(move |r| r[i])).collect();
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
