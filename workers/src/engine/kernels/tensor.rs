@@ -17,8 +17,10 @@ pub enum QData {
     Q4_0(Vec<BlockQ4_0>),
     /// Q4_0 with each whole group of eight rows interleaved block by block (block `i`
     /// of the group's row `j` at `i * 8 + j`), the rows after the last whole group as
-    /// they were: a decode step reads a group as one stream ([`interleave_q4_0`]).
+    /// they were: a decode step reads a group as one stream ([`interleaved`]).
     Q4_0x8(Vec<BlockQ4_0>),
+    /// Q4_K likewise, in pairs of rows.
+    Q4Kx2(Vec<BlockQ4K>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
     Q8_0(Vec<BlockQ8_0>),
@@ -104,46 +106,6 @@ fn widen_q5_0(ct: &gguf_file::Content) -> bool {
     q5 * 12 / 22 <= all / 10
 }
 
-/// Whether Q4_0 matrices are stored eight rows interleaved ([`QData::Q4_0x8`]):
-/// where the active kernel variant has a tile for that layout (AVX-512), unless
-/// `SWITCHYARD_Q4_0_ROWS=1` keeps the rows as the file has them. Decode reads eight
-/// interleaved rows as one stream instead of eight (AMD EPYC, 2 threads, random
-/// Qwen2.5 shapes: 0.5B decode 113 → see docs/benchmarks.md); prefill puts each
-/// chunk of rows back in order once per matmul and runs the row kernels on it.
-fn interleave_q4_0() -> bool {
-    static ROWS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let keep_rows = *ROWS.get_or_init(|| std::env::var_os("SWITCHYARD_Q4_0_ROWS").is_some_and(|v| v == "1"));
-    !keep_rows && Kernels::active().isa == super::isa::Isa::Avx512
-}
-
-/// `v` (`rows` rows of `nb` blocks) with each whole group of eight rows interleaved.
-fn interleave<B: Copy>(v: &[B], rows: usize, nb: usize) -> Vec<B> {
-    let groups = rows / 8;
-    let mut out = Vec::with_capacity(v.len());
-    for g in 0..groups {
-        for i in 0..nb {
-            out.extend((0..8).map(|j| v[(g * 8 + j) * nb + i]));
-        }
-    }
-    out.extend_from_slice(&v[groups * 8 * nb..]);
-    out
-}
-
-/// Rows `r0..r1` of an [`interleave`]d matrix of `nb` blocks per row, in row order,
-/// into `out` (cleared first).
-fn rows_in_order<B: Copy>(v: &[B], rows: usize, nb: usize, r0: usize, r1: usize, out: &mut Vec<B>) {
-    let whole = rows / 8 * 8;
-    out.clear();
-    for r in r0..r1 {
-        if r < whole {
-            let (g, j) = (r / 8, r % 8);
-            out.extend((0..nb).map(|i| v[g * 8 * nb + i * 8 + j]));
-        } else {
-            out.extend_from_slice(&v[r * nb..(r + 1) * nb]);
-        }
-    }
-}
-
 /// Reads a tensor's raw bytes and keeps them in their block format (Q5_0 widened to
 /// Q8_0 where [`widen_q5_0`] says so).
 pub fn load<R: std::io::Read + std::io::Seek>(
@@ -196,9 +158,13 @@ pub fn load<R: std::io::Read + std::io::Seek>(
     let data = match info.ggml_dtype {
         GgmlDType::F32 => QData::F32(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::F16 => QData::F16(read_blocks(reader, bytes_len).map_err(io)?),
-        GgmlDType::Q4_0 if rows >= 8 && interleave_q4_0() => {
+        GgmlDType::Q4_0 if rows >= 8 && interleaved::wanted() => {
             let blocks: Vec<BlockQ4_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            QData::Q4_0x8(interleave(&blocks, rows, cols / QK))
+            QData::Q4_0x8(interleaved::interleave(&blocks, rows, cols / QK, 8))
+        }
+        GgmlDType::Q4K if rows >= 2 && interleaved::wanted() => {
+            let blocks: Vec<BlockQ4K> = read_blocks(reader, bytes_len).map_err(io)?;
+            QData::Q4Kx2(interleaved::interleave(&blocks, rows, cols / QK_K, 2))
         }
         GgmlDType::Q4_0 => QData::Q4_0(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
@@ -227,15 +193,17 @@ fn per_row<B: Send>(x: &[f32], cols: usize, n: usize, out: &mut [B], block: usiz
         .for_each(|(o, row)| quantize(row, o));
 }
 
+mod interleaved;
+
 /// Rows per parallel task: a few chunks per thread, enough to balance, few enough to
 /// keep dispatch cheap.
-fn chunk_rows(rows: usize) -> usize {
+pub(super) fn chunk_rows(rows: usize) -> usize {
     (rows / (rayon::current_num_threads() * 4)).clamp(16, MAX_CHUNK)
 }
 
 /// A raw pointer that may be shared across the rayon workers writing disjoint cells.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(*mut f32);
 // SAFETY: every parallel task writes a disjoint set of indices.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
@@ -245,7 +213,7 @@ impl OutPtr {
     ///
     /// # Safety
     /// `i` is in bounds of the output.
-    unsafe fn cell(self, i: usize) -> *mut f32 {
+    pub(super) unsafe fn cell(self, i: usize) -> *mut f32 {
         self.0.add(i)
     }
 }
@@ -275,8 +243,13 @@ impl QMatrix {
             QData::Q4_0(v) => dequantize_q4_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q4_0x8(v) => {
                 let mut row = Vec::with_capacity(nb);
-                rows_in_order(v, self.rows, nb, r, r + 1, &mut row);
+                interleaved::rows_in_order(v, self.rows, nb, 8, r..r + 1, &mut row);
                 dequantize_q4_0(&row, out)
+            }
+            QData::Q4Kx2(v) => {
+                let mut row = Vec::with_capacity(nk);
+                interleaved::rows_in_order(v, self.rows, nk, 2, r..r + 1, &mut row);
+                dequantize_q4_k(&row, out)
             }
             QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
             QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
@@ -316,7 +289,7 @@ impl QMatrix {
                 let d = b.iter().map(|b| h2f(b.d)).collect();
                 QAct::Q8_0(b, d)
             }
-            QData::Q4K(_) | QData::Q6K(_) => {
+            QData::Q4K(_) | QData::Q4Kx2(_) | QData::Q6K(_) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
                 per_row(x, self.cols, n, &mut b, QK_K, k.quantize_q8_k);
                 QAct::Q8K(b)
@@ -330,7 +303,7 @@ impl QMatrix {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) => 1,
             QData::Q4_0(_) | QData::Q4_0x8(_) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
-            QData::Q4K(_) | QData::Q6K(_) => 3,
+            QData::Q4K(_) | QData::Q4Kx2(_) | QData::Q6K(_) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
     }
@@ -420,8 +393,10 @@ impl QMatrix {
     pub fn matmul_with(&self, k: &Kernels, act: &QAct, n: usize, out: &mut [f32]) {
         assert!(out.len() >= n * self.rows);
         let ptr = OutPtr(out.as_mut_ptr());
-        if let QData::Q4_0x8(v) = &self.data {
-            return self.matmul_interleaved(k, v, act, n, ptr);
+        match &self.data {
+            QData::Q4_0x8(v) => return interleaved::matmul(self, k, v, act, n, ptr),
+            QData::Q4Kx2(v) => return interleaved::matmul(self, k, v, act, n, ptr),
+            _ => {}
         }
         let rows = self.rows;
         let chunk = chunk_rows(rows);
@@ -434,7 +409,7 @@ impl QMatrix {
     /// Rows `rs` of this matrix against the `n` prepared inputs, cell `(t, r)` written
     /// at `out[t * stride + offset + r]`.
     #[allow(clippy::too_many_arguments)]
-    fn rows_into(
+    pub(super) fn rows_into(
         &self,
         k: &Kernels,
         act: &QAct,
@@ -480,61 +455,6 @@ impl QMatrix {
         }
     }
 
-    /// [`Self::matmul_with`] for [`QData::Q4_0x8`]: fewer than four inputs (decode)
-    /// take the interleaved tiles, a group of eight rows at a time per input; more put
-    /// each chunk of rows back in row order once (into a buffer each thread keeps)
-    /// and run the row kernels on it, reading the weights once for all inputs.
-    fn matmul_interleaved(&self, k: &Kernels, v: &[BlockQ4_0], act: &QAct, n: usize, p: OutPtr) {
-        let QAct::Q8_0(x, xd) = act else {
-            unreachable!("prepare() matches the weight type")
-        };
-        let (rows, nb) = (self.rows, self.cols / QK);
-        // Whole groups only, so a chunk never splits one.
-        let chunk = (chunk_rows(rows) / 8 * 8).max(8);
-        if n < 4 {
-            let whole = rows / 8 * 8;
-            (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-                let (r0, r1) = (ci * chunk, ((ci + 1) * chunk).min(rows));
-                for t in 0..n {
-                    let (y, yd) = (&x[t * nb..(t + 1) * nb], &xd[t * nb..(t + 1) * nb]);
-                    for g in r0 / 8..r1.min(whole) / 8 {
-                        let cells = (k.q4_0_x8i)(&v[g * 8 * nb..(g + 1) * 8 * nb], y, yd);
-                        for (j, c) in cells.into_iter().enumerate() {
-                            // SAFETY: (t, g * 8 + j) cells are this chunk's and in bounds.
-                            unsafe { *p.cell(t * rows + g * 8 + j) = c };
-                        }
-                    }
-                    for r in r0.max(whole)..r1 {
-                        let c = (k.q4_0)(&v[r * nb..(r + 1) * nb], y, yd);
-                        // SAFETY: as above.
-                        unsafe { *p.cell(t * rows + r) = c };
-                    }
-                }
-            });
-            return;
-        }
-        thread_local! {
-            static IN_ORDER: std::cell::RefCell<Vec<BlockQ4_0>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-            let (r0, r1) = (ci * chunk, ((ci + 1) * chunk).min(rows));
-            IN_ORDER.with(|buf| {
-                let mut buf = buf.borrow_mut();
-                let mut blocks = std::mem::take(&mut *buf);
-                rows_in_order(v, rows, nb, r0, r1, &mut blocks);
-                let part = QMatrix {
-                    rows: r1 - r0,
-                    cols: self.cols,
-                    data: QData::Q4_0(blocks),
-                };
-                part.rows_into(k, act, n, 0..r1 - r0, p, rows, r0);
-                if let QData::Q4_0(blocks) = part.data {
-                    *buf = blocks;
-                }
-            });
-        });
-    }
-
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         match &self.data {
@@ -544,7 +464,7 @@ impl QMatrix {
             QData::Q4_1(v) => v.len() * 20,
             QData::Q5_0(v) => v.len() * 22,
             QData::Q8_0(v) => v.len() * 34,
-            QData::Q4K(v) => v.len() * std::mem::size_of::<BlockQ4K>(),
+            QData::Q4K(v) | QData::Q4Kx2(v) => v.len() * std::mem::size_of::<BlockQ4K>(),
             QData::Q6K(v) => v.len() * std::mem::size_of::<BlockQ6K>(),
         }
     }

@@ -28,7 +28,7 @@ pub(super) unsafe fn both(v: __m256i) -> __m512i {
 
 /// Two rows' 32 bytes side by side.
 #[inline(always)]
-unsafe fn pair_bytes(a: *const i8, b: *const i8) -> __m512i {
+pub(super) unsafe fn pair_bytes(a: *const i8, b: *const i8) -> __m512i {
     _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i)),
         _mm256_loadu_si256(b as *const __m256i),

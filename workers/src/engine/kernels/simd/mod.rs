@@ -5,7 +5,7 @@
 //! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
 //! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
 //! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
-//! - `decode512`: AVX-512 VNNI tiles of eight interleaved Q4_0 weight rows against
+//! - `decode512`: AVX-512 tiles of interleaved weight rows (eight Q4_0, two Q4_K) against
 //!   one activation row (decode).
 //!
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
@@ -33,6 +33,7 @@ type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
 type Q80x8i<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> [f32; 8];
+type QKx2i<B> = fn(&[B], &[BlockQ8K]) -> [f32; 2];
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
 type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
@@ -46,7 +47,9 @@ type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
 /// result. One call covers a whole run of weight rows, so the dispatch, the slicing
 /// of the inputs and the checks are paid once per panel, not once per row (on Gemma
 /// 3's 640-wide rows they were ~8% of a prefill); a variant tiles the panel as its
-/// registers allow.
+/// registers allow. `q4_0_x8i` and `q4_k_x2i` are decode's tiles: eight (two) weight
+/// rows stored interleaved (block `i` of row `j` at `i * 8 + j`, `i * 2 + j`) against
+/// one activation row.
 pub struct Kernels {
     pub isa: Isa,
     pub q4_1: Q41,
@@ -65,6 +68,7 @@ pub struct Kernels {
     pub q4_k: QK<BlockQ4K>,
     pub q4_k_x4: QKx4<BlockQ4K>,
     pub q4_k_x8: QKx8<BlockQ4K>,
+    pub q4_k_x2i: QKx2i<BlockQ4K>,
     pub q6_k: QK<BlockQ6K>,
     pub q6_k_x4: QKx4<BlockQ6K>,
     pub q6_k_x8: QKx8<BlockQ6K>,
@@ -230,6 +234,20 @@ macro_rules! x8i_from_one {
     };
 }
 
+/// An `_x2i` tile from two single-row calls, as `x8i_from_one!` does for eight.
+macro_rules! x2i_from_one {
+    ($one:expr) => {
+        |x, y| {
+            let n = y.len();
+            assert!(x.len() == 2 * n, "two interleaved rows of the input's length");
+            std::array::from_fn(|j| {
+                let row: Vec<_> = (0..n).map(|i| x[i * 2 + j]).collect();
+                ($one)(&row, y)
+            })
+        }
+    };
+}
+
 static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     isa: Isa::Portable,
     q4_1: portable::dot_q4_1_q8_1,
@@ -248,6 +266,7 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_k: portable::dot_q4_k_q8_k,
     q4_k_x4: portable::dot_q4_k_q8_k_x4,
     q4_k_x8: x8_from_x4!(portable::dot_q4_k_q8_k_x4, |x, y|),
+    q4_k_x2i: x2i_from_one!(portable::dot_q4_k_q8_k),
     q6_k: portable::dot_q6_k_q8_k,
     q6_k_x4: portable::dot_q6_k_q8_k_x4,
     q6_k_x8: x8_from_x4!(portable::dot_q6_k_q8_k_x4, |x, y|),
@@ -283,6 +302,7 @@ macro_rules! x86_table {
             q4_k: |x, y| unsafe { k::dot_q4_k_q8_k(x, y) },
             q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
             q4_k_x8: |x, y, o| unsafe { k::dot_q4_k_q8_k_x8(x, y, o) },
+            q4_k_x2i: x2i_from_one!(|x, y| unsafe { k::dot_q4_k_q8_k(x, y) }),
             q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
             q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
             q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },
@@ -326,6 +346,7 @@ static AVX512: Kernels = {
         q4_k: |x, y| unsafe { v::dot_q4_k_q8_k(x, y) },
         q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
         q4_k_x8: |x, y, o| unsafe { k::dot_q4_k_q8_k_x8(x, y, o) },
+        q4_k_x2i: |x, y| unsafe { decode512::dot_q4_k_q8_k_x2i(x, y) },
         q6_k: |x, y| unsafe { v::dot_q6_k_q8_k(x, y) },
         q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
         q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },

@@ -373,6 +373,40 @@ fn interleaved_tiles_compute_the_portable_bits() {
     }
 }
 
+/// Decode's tile over two interleaved Q4_K rows gives each row the portable
+/// single-row bits, in every variant, for every input of the set.
+#[test]
+fn interleaved_q4_k_tiles_compute_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(31);
+    let cols = 3 * QK_K;
+    let nk = cols / QK_K;
+    let a = acts(&mut rng, cols);
+    let rows: Vec<Vec<BlockQ4K>> = (0..2)
+        .map(|_| {
+            (0..nk)
+                .map(|_| BlockQ4K {
+                    d: rng.scale(),
+                    dmin: rng.scale(),
+                    scales: rng.bytes(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
+    let interleaved: Vec<BlockQ4K> = (0..nk).flat_map(|i| rows.iter().map(move |r| r[i])).collect();
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        for t in 0..8 {
+            let got = (k.q4_k_x2i)(&interleaved, &a.q8_k[t]);
+            for (j, row) in rows.iter().enumerate() {
+                let want = (p.q4_k)(row, &a.q8_k[t]);
+                assert_eq!(got[j].to_bits(), want.to_bits(), "{isa} q4_k_x2i row {j} input {t}");
+            }
+        }
+    }
+}
+
 /// A panel whose weights are not whole rows of the inputs' length is refused, not
 /// read past.
 #[test]

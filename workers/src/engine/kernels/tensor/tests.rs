@@ -1,4 +1,5 @@
-//! Q4_0 matrices stored eight rows interleaved multiply exactly as in row order.
+//! Matrices stored interleaved (Q4_0 by eight rows, Q4_K by two) dequantize and
+//! multiply exactly as in row order.
 
 use super::*;
 use crate::engine::kernels::isa::Isa;
@@ -31,7 +32,7 @@ fn interleaved_q4_0_gives_the_row_order_bits_for_every_variant_and_batch() {
     let inter = QMatrix {
         rows,
         cols,
-        data: QData::Q4_0x8(interleave(&blocks, rows, nb)),
+        data: QData::Q4_0x8(interleaved::interleave(&blocks, rows, nb, 8)),
     };
     let mut row = vec![0.0; cols];
     let mut want_row = vec![0.0; cols];
@@ -53,6 +54,50 @@ fn interleaved_q4_0_gives_the_row_order_bits_for_every_variant_and_batch() {
                 got.iter().map(|v| v.to_bits()).collect(),
             );
             assert_eq!(got, want, "{isa}, {n} inputs");
+        }
+    }
+}
+
+#[test]
+fn interleaved_q4_k_gives_the_row_order_bits_for_every_variant_and_batch() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    // 7 rows: three whole pairs and one row after them; 2 blocks per row.
+    let (rows, cols) = (7usize, 2 * QK_K);
+    let nk = cols / QK_K;
+    let blocks: Vec<BlockQ4K> = (0..rows * nk)
+        .map(|_| BlockQ4K {
+            d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
+            dmin: f2h(0.001 + bytes(&mut state) as f32 * 1e-5),
+            scales: std::array::from_fn(|_| bytes(&mut state)),
+            qs: std::array::from_fn(|_| bytes(&mut state)),
+        })
+        .collect();
+    let plain = QMatrix {
+        rows,
+        cols,
+        data: QData::Q4K(blocks.clone()),
+    };
+    let inter = QMatrix {
+        rows,
+        cols,
+        data: QData::Q4Kx2(interleaved::interleave(&blocks, rows, nk, 2)),
+    };
+    let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
+    for r in 0..rows {
+        inter.row_f32(r, &mut row);
+        plain.row_f32(r, &mut want_row);
+        assert_eq!(row, want_row, "row {r} dequantized");
+    }
+    for n in [1usize, 2, 3, 4, 8, 9] {
+        let x: Vec<f32> = (0..n * cols).map(|_| bytes(&mut state) as f32 / 64.0 - 2.0).collect();
+        for isa in Isa::available() {
+            let k = Kernels::get(isa).unwrap();
+            let act = plain.prepare_with(k, &x, n);
+            let (mut want, mut got) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+            plain.matmul_with(k, &act, n, &mut want);
+            inter.matmul_with(k, &act, n, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{isa}, {n} inputs");
         }
     }
 }
