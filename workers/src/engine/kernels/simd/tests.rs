@@ -94,6 +94,22 @@ fn q4_0_rows(rng: &mut Rng, rows: usize, nb: usize) -> Vec<Vec<BlockQ4_0>> {
         .collect()
 }
 
+/// `rows` random Q4_K rows of `nk` blocks.
+fn q4_k_rows(rng: &mut Rng, rows: usize, nk: usize) -> Vec<Vec<BlockQ4K>> {
+    (0..rows)
+        .map(|_| {
+            (0..nk)
+                .map(|_| BlockQ4K {
+                    d: rng.scale(),
+                    dmin: rng.scale(),
+                    scales: rng.bytes(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn refs<T, const N: usize>(v: &[Vec<T>]) -> [&[T]; N] {
     std::array::from_fn(|i| &v[i][..])
 }
@@ -254,18 +270,7 @@ fn panels_compute_the_portable_bits() {
     let a = acts(&mut rng, cols);
     let nb = cols / QK;
     const ROWS: usize = 7;
-    let w4_k: Vec<Vec<BlockQ4K>> = (0..ROWS)
-        .map(|_| {
-            (0..cols / QK_K)
-                .map(|_| BlockQ4K {
-                    d: rng.scale(),
-                    dmin: rng.scale(),
-                    scales: rng.bytes(),
-                    qs: rng.bytes(),
-                })
-                .collect()
-        })
-        .collect();
+    let w4_k = q4_k_rows(&mut rng, ROWS, cols / QK_K);
     let w6_k: Vec<Vec<BlockQ6K>> = (0..ROWS)
         .map(|_| {
             (0..cols / QK_K)
@@ -382,18 +387,7 @@ fn interleaved_q4_k_tiles_compute_the_portable_bits() {
     let cols = 3 * QK_K;
     let nk = cols / QK_K;
     let a = acts(&mut rng, cols);
-    let rows: Vec<Vec<BlockQ4K>> = (0..2)
-        .map(|_| {
-            (0..nk)
-                .map(|_| BlockQ4K {
-                    d: rng.scale(),
-                    dmin: rng.scale(),
-                    scales: rng.bytes(),
-                    qs: rng.bytes(),
-                })
-                .collect()
-        })
-        .collect();
+    let rows = q4_k_rows(&mut rng, 2, nk);
     let interleaved: Vec<BlockQ4K> = (0..nk).flat_map(|i| rows.iter().map(move |r| r[i])).collect();
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
