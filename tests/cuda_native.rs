@@ -70,7 +70,7 @@ fn load_both(path: &Path, ctx: usize, slots: usize) -> (CpuForward, CandleForwar
 }
 
 fn step(seq: usize, tokens: &[u32], pos: usize) -> SeqStep<'_> {
-    SeqStep { seq, tokens, pos }
+    SeqStep::new(seq, tokens, pos)
 }
 
 fn one(f: &mut dyn Forward, seq: usize, tokens: &[u32], pos: usize) -> Vec<f32> {

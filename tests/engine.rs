@@ -391,3 +391,123 @@ async fn a_long_prompt_is_prefilled_in_chunks_between_decode_steps() {
         "{during} runner tokens during a prefill of {long_tokens} tokens in chunks of 16"
     );
 }
+
+/// Prompts a stream answers partly by repeating them (prompt lookup's ground), and
+/// one that it does not.
+const QUOTED: &str = "Copy the list exactly.\nList: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, melons.\nCopy: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, melons.\nList: red, green, blue, yellow, orange, purple, pink, brown, black, white.\nCopy:";
+const CODE: &str = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\ndef div(a, b):\n";
+
+/// Speculative decoding with prompt lookup changes no token: greedy and seeded
+/// sampled streams (repeat penalty, a stop string) give exactly what they give
+/// without it, alone and in one batch with each other, on the demo model, Gemma 3
+/// (sliding-window rings) and a random-weight Qwen2 model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_decoding_changes_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let random = dir.path().join("random-qwen2-q4_0.gguf");
+    let out = std::process::Command::new(python())
+        .arg(repo().join("scripts/make-random-qwen-gguf.py"))
+        .arg(demo_model())
+        .arg(&random)
+        .args(["qwen2", "1234", "q4_0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let jobs: Vec<(&str, GenerateConfig)> = vec![
+        (
+            QUOTED,
+            GenerateConfig {
+                max_tokens: 48,
+                ..GenerateConfig::default()
+            },
+        ),
+        (
+            CODE,
+            GenerateConfig {
+                temperature: 0.7,
+                top_k: 20,
+                repeat_penalty: 1.1,
+                seed: Some(3),
+                max_tokens: 40,
+                ..GenerateConfig::default()
+            },
+        ),
+        (
+            QUOTED,
+            GenerateConfig {
+                temperature: 1.0,
+                seed: Some(11),
+                max_tokens: 40,
+                stop: vec!["white".into()],
+                ..GenerateConfig::default()
+            },
+        ),
+        (
+            "Once upon a time, in a small village by the sea,",
+            GenerateConfig {
+                max_tokens: 24,
+                ..GenerateConfig::default()
+            },
+        ),
+    ];
+    let mut models = vec![("demo", demo_model()), ("random qwen2", random)];
+    models.extend(gemma_model().map(|p| ("gemma 3", p)));
+    for (name, path) in models {
+        let load = |speculative: &str| {
+            let cfg = LoadConfig {
+                parallel_slots: 4,
+                speculative: speculative.into(),
+                ..LoadConfig::default()
+            };
+            EngineModel::load(&path, &cfg).unwrap()
+        };
+        let run = |model: &EngineModel, (prompt, cfg): &(&str, GenerateConfig)| {
+            model.generate(Prompt::Text(prompt.to_string()), cfg.clone(), CancelFlag::new())
+        };
+        let plain = load("off");
+        let mut want = Vec::new();
+        for job in &jobs {
+            let (ids, reason, m) = collect(run(&plain, job)).await;
+            assert_eq!(m.draft_tokens, 0, "{name}: no drafts when off");
+            want.push((ids, reason));
+        }
+        // The last prompt, its greedy answer and the prompt again.
+        let head = plain.tokenizer().encode(jobs[3].0).unwrap();
+        let echo = [head.clone(), want[3].0.clone(), head].concat();
+        // A repeat penalty below 1 favours what was said: even a random model loops.
+        let echo_job = GenerateConfig {
+            max_tokens: 64,
+            repeat_penalty: 0.3,
+            ..GenerateConfig::default()
+        };
+        let events = plain.generate(Prompt::Tokens(echo.clone()), echo_job.clone(), CancelFlag::new());
+        let (echo_want, ..) = collect(events).await;
+        let events = load("lookup").generate(Prompt::Tokens(echo), echo_job, CancelFlag::new());
+        let (ids, _, m) = collect(events).await;
+        assert_eq!(ids, echo_want, "{name}: the echo");
+        assert!(m.accepted_tokens > 0, "{name}: the echo's drafts were kept: {m:?}");
+        eprintln!("{name} echo: drafted {}, accepted {}", m.draft_tokens, m.accepted_tokens);
+        let spec = load("lookup");
+        let mut accepted = 0;
+        for (i, job) in jobs.iter().enumerate() {
+            let (ids, reason, m) = collect(run(&spec, job)).await;
+            assert_eq!((&ids, &reason), (&want[i].0, &want[i].1), "{name}: job {i} alone");
+            assert!(m.accepted_tokens <= m.draft_tokens, "{m:?}");
+            accepted += m.accepted_tokens;
+            eprintln!(
+                "{name} job {i}: {} tokens, drafted {}, accepted {}",
+                ids.len(),
+                m.draft_tokens,
+                m.accepted_tokens
+            );
+        }
+        if name == "demo" {
+            assert!(accepted > 20, "prompt lookup's drafts were checked and kept ({accepted})");
+        }
+        let together = futures::future::join_all(jobs.iter().map(|j| collect(run(&spec, j)))).await;
+        for (i, (ids, reason, _)) in together.into_iter().enumerate() {
+            assert_eq!((&ids, &reason), (&want[i].0, &want[i].1), "{name}: job {i} in a batch");
+        }
+        assert!(spec.batch_stats().peak.load(Ordering::Relaxed) >= 3, "{name}: batched");
+    }
+}

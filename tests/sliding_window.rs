@@ -162,7 +162,7 @@ fn split_steps_copies_and_written_rows_continue_like_one_pass() {
 }
 
 fn step(seq: usize, tokens: &[u32], pos: usize) -> SeqStep<'_> {
-    SeqStep { seq, tokens, pos }
+    SeqStep::new(seq, tokens, pos)
 }
 
 /// Greedy ids and metrics of `prompt` (token ids).

@@ -91,6 +91,15 @@ pub struct WorkerConfig {
     /// 0 = chosen per step from measured speeds (a chunk costs about one decode
     /// step). A request that arrives at an idle worker is prefilled at once.
     pub prefill_chunk: u32,
+    /// `cpu`: speculative decoding. `"lookup"`: each step also checks tokens
+    /// proposed by prompt lookup (continuations of n-grams that already occurred in
+    /// the prompt or output), so a stream that repeats its input generates several
+    /// tokens per step; lossless (greedy and seeded output are identical to
+    /// `"off"`). `"off"`: one token per step.
+    pub speculative: String,
+    /// `cpu`: the most tokens one step drafts per stream (1–32; the drafter adapts
+    /// below this to how many get accepted).
+    pub draft_max: u32,
 }
 
 impl Default for WorkerConfig {
@@ -118,6 +127,8 @@ impl Default for WorkerConfig {
             session_idle_secs: 600,
             kv_cache_mb: 256,
             prefill_chunk: 0,
+            speculative: "off".into(),
+            draft_max: 8,
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
             coalesce_ms: 20,
@@ -183,6 +194,16 @@ impl WorkerConfig {
                 self.coalesce_ms.to_string(),
                 "must be at most 100 and below worker.keepalive_ms",
             );
+        }
+        if !["off", "lookup"].contains(&self.speculative.as_str()) {
+            return invalid(
+                "worker.speculative",
+                self.speculative.clone(),
+                "must be \"off\" or \"lookup\"",
+            );
+        }
+        if !(1..=32).contains(&self.draft_max) {
+            return invalid("worker.draft_max", self.draft_max.to_string(), "must be 1 to 32");
         }
         if self.async_threads > 1024 {
             return invalid(

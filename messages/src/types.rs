@@ -124,6 +124,10 @@ pub struct LoadConfig {
     /// Prompt tokens a new request prefills per decode step while others generate;
     /// `0` = chosen per step from measured speeds.
     pub prefill_chunk: u32,
+    /// Speculative decoding: `"off"` (or empty) or `"lookup"` (prompt lookup).
+    pub speculative: String,
+    /// The most tokens one step drafts per generation; `0` = the engine's default.
+    pub draft_max: u32,
 }
 
 impl Default for LoadConfig {
@@ -137,6 +141,8 @@ impl Default for LoadConfig {
             threads: 0,
             kv_cache_mb: 0,
             prefill_chunk: 0,
+            speculative: String::new(),
+            draft_max: 0,
         }
     }
 }
@@ -201,9 +207,21 @@ pub struct GenerateMetrics {
     /// (protocol 1.4).
     #[serde(skip_serializing_if = "is_zero")]
     pub fleet_queue_us: u64,
+    /// Tokens proposed by speculative decoding (prompt lookup or a draft model)
+    /// and checked by the model (protocol 1.5).
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub draft_tokens: u32,
+    /// Of those, the tokens the model confirmed: generated without a step of their
+    /// own (`accepted_tokens / draft_tokens` is the acceptance rate).
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub accepted_tokens: u32,
 }
 
 fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero32(v: &u32) -> bool {
     *v == 0
 }
 

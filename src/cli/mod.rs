@@ -352,6 +352,14 @@ pub struct WorkerFlags {
     /// when a prompt starts with them again (default 256; 0 = off).
     #[arg(long)]
     pub kv_cache_mb: Option<u32>,
+    /// cpu: speculative decoding, `off` or `lookup` (prompt lookup: each step also checks
+    /// tokens that continued the stream's last n-gram where it occurred earlier in the
+    /// prompt or output; lossless, fastest on rewriting, extraction and code editing).
+    #[arg(long, value_parser = ["off", "lookup"])]
+    pub speculative: Option<String>,
+    /// cpu: the most tokens one step drafts per stream with --speculative (1-32, default 8).
+    #[arg(long)]
+    pub draft_max: Option<u32>,
 }
 
 /// `switchyard up`.
@@ -560,6 +568,12 @@ impl WorkerFlags {
         }
         if let Some(v) = self.kv_cache_mb {
             w.kv_cache_mb = v;
+        }
+        if let Some(v) = &self.speculative {
+            w.speculative = v.clone();
+        }
+        if let Some(v) = self.draft_max {
+            w.draft_max = v;
         }
         if let Some(v) = self.queue_depth {
             w.queue_depth = v;

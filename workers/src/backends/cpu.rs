@@ -92,6 +92,8 @@ pub async fn load_model_on(
         parallel_slots: w.parallel_slots,
         kv_cache_mb: w.kv_cache_mb,
         prefill_chunk: w.prefill_chunk,
+        speculative: w.speculative.clone(),
+        draft_max: w.draft_max,
         gpu_layers: w.gpu_layers,
         ..LoadConfig::default()
     };

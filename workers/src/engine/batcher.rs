@@ -20,6 +20,7 @@ use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp}
 use super::constraint::Guide;
 use super::model::forward::SeqStep;
 use super::sampler::Sampler;
+use super::speculate::Drafter;
 use super::stops::{StopCheck, StopFilter};
 use super::text::tokenizer::StreamDecoder;
 use std::collections::VecDeque;
@@ -44,6 +45,10 @@ struct Running {
     guide: Option<Guide>,
     generated: usize,
     max_tokens: usize,
+    /// Proposes tokens for the next step to check (speculative decoding).
+    drafter: Drafter,
+    /// The next step's tokens: the last one sampled, then any drafts.
+    feed: Vec<u32>,
 }
 
 impl Running {
@@ -58,6 +63,8 @@ impl Running {
         m.prefill_tokens_per_sec = rate((m.prompt_tokens - m.cached_tokens) as u64, m.prefill_us);
         // The first token comes from the prefill's logits; decode rate counts the rest.
         m.decode_tokens_per_sec = rate(self.generated.saturating_sub(1) as u64, m.decode_us);
+        m.draft_tokens = self.drafter.drafted;
+        m.accepted_tokens = self.drafter.accepted;
     }
 
     /// Sends the held tokens and `Done`, and records the metrics.
@@ -152,6 +159,40 @@ impl Running {
             return false;
         }
         true
+    }
+}
+
+impl Running {
+    /// Sets the next step's tokens: the last sampled one and what the drafter
+    /// proposes after it (never more than the stream may still generate).
+    fn plan(&mut self) {
+        let last = *self.history.last().expect("a running stream has a history");
+        let room = self.max_tokens.saturating_sub(self.generated + 1);
+        let drafts = self.drafter.draft(&self.history, self.generated, room);
+        self.feed.clear();
+        self.feed.push(last);
+        self.feed.extend(drafts);
+    }
+
+    /// Samples from the logits of each fed position in turn, exactly as plain
+    /// decoding would, while the sampled token is the one drafted next (so its
+    /// keys and values are already computed); true while the generation goes on.
+    fn verify(&mut self, rows: impl Iterator<Item = Vec<f32>>, engine: &Engine) -> bool {
+        let drafted = self.feed.len() - 1;
+        let mut accepted = 0;
+        let mut going = true;
+        for (i, logits) in rows.enumerate() {
+            going = self.advance(logits, engine);
+            if !going || i == drafted || self.history.last() != Some(&self.feed[i + 1]) {
+                break;
+            }
+            accepted += 1;
+        }
+        self.drafter.observe(drafted, accepted, self.generated);
+        let stats = &engine.stats;
+        stats.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+        going
     }
 }
 
@@ -384,6 +425,8 @@ impl Batcher {
             guide,
             generated: 0,
             max_tokens: job.config.max_tokens as usize,
+            drafter: Drafter::new(self.engine.speculative, self.engine.draft_max),
+            feed: Vec::new(),
             job,
         };
         // A resumed stream: its earlier tokens' bytes prime the UTF-8 decoder, so a
@@ -411,11 +454,7 @@ impl Batcher {
             return;
         }
         let Prefill { run, .. } = prefill;
-        let logits = self.engine.forward(&[SeqStep {
-            seq: slot,
-            tokens: &run.history[reused..],
-            pos: reused,
-        }]);
+        let logits = self.engine.forward(&[SeqStep::new(slot, &run.history[reused..], reused)]);
         let fed = run.history.len() - reused;
         self.budget.observe(0, fed, t0.elapsed().as_micros() as f64);
         self.prefilled(run, t0, logits.map(|mut l| l.pop().unwrap_or_default()));
@@ -470,11 +509,7 @@ impl Batcher {
         }
         let have = self.engine.slots[run.slot].resident.len();
         if have + 1 == run.history.len() && run.history[..have] == self.engine.slots[run.slot].resident[..] {
-            let step = SeqStep {
-                seq: run.slot,
-                tokens: &run.history[have..],
-                pos: have,
-            };
+            let step = SeqStep::new(run.slot, &run.history[have..], have);
             if let Err(e) = self.engine.forward(&[step]) {
                 tracing::warn!(
                     slot = run.slot,
@@ -488,13 +523,16 @@ impl Batcher {
     /// the first prompt being prefilled, in one forward pass.
     fn step(&mut self) {
         self.drop_stale_prefills();
+        self.running.iter_mut().for_each(Running::plan);
+        // A stream's last token and its drafts; every position yields logits.
         let mut steps: Vec<SeqStep<'_>> = self
             .running
             .iter()
             .map(|r| SeqStep {
                 seq: r.slot,
-                tokens: &r.history[r.history.len() - 1..],
+                tokens: &r.feed,
                 pos: r.history.len() - 1,
+                outputs: r.feed.len(),
             })
             .collect();
         let rows = steps.len();
@@ -505,11 +543,7 @@ impl Batcher {
             let budget = if rows == 0 { usize::MAX } else { self.budget.tokens() };
             let end = p.fed.saturating_add(budget).min(p.run.history.len());
             chunk = end - p.fed;
-            steps.push(SeqStep {
-                seq: p.run.slot,
-                tokens: &p.run.history[p.fed..end],
-                pos: p.fed,
-            });
+            steps.push(SeqStep::new(p.run.slot, &p.run.history[p.fed..end], p.fed));
         }
         if steps.is_empty() {
             return;
@@ -538,8 +572,16 @@ impl Batcher {
         }
         match outcome {
             Ok(all) => {
-                for (mut run, logits) in running.into_iter().zip(all) {
-                    if run.advance(logits, &self.engine) {
+                let mut rows = all.into_iter();
+                for mut run in running {
+                    let n = run.feed.len();
+                    let mine: Vec<Vec<f32>> = rows.by_ref().take(n).collect();
+                    let going = run.verify(mine.into_iter(), &self.engine);
+                    if n > 1 {
+                        // Drafts it did not keep leave the slot's resident tokens.
+                        self.engine.keep_resident(run.slot, &run.history);
+                    }
+                    if going {
                         self.running.push(run);
                     } else {
                         self.settle(&run);

@@ -79,6 +79,9 @@ pub struct BatchStats {
     pub rows: std::sync::atomic::AtomicU64,
     /// The largest batch one step ran.
     pub peak: std::sync::atomic::AtomicU64,
+    /// Tokens drafted for speculative decoding, and those the model confirmed.
+    pub drafted: std::sync::atomic::AtomicU64,
+    pub accepted: std::sync::atomic::AtomicU64,
 }
 
 /// What one KV slot holds.
@@ -119,6 +122,10 @@ pub struct Engine {
     ///
     /// [`LoadConfig::prefill_chunk`]: switchyard_messages::LoadConfig::prefill_chunk
     pub prefill_chunk: usize,
+    /// How generations draft tokens for speculative decoding.
+    pub speculative: super::speculate::Mode,
+    /// The most tokens one step drafts per generation.
+    pub draft_max: usize,
     clock: u64,
 }
 
@@ -194,6 +201,8 @@ impl Engine {
             kv_seed: 0,
             usage: Arc::default(),
             prefill_chunk: 0,
+            speculative: super::speculate::Mode::Off,
+            draft_max: 0,
             clock: 0,
         }
     }
@@ -286,11 +295,7 @@ impl Engine {
             self.restore(slot, target, kept)
         };
         if keep < target.len() {
-            self.forward(&[SeqStep {
-                seq: slot,
-                tokens: &target[keep..],
-                pos: keep,
-            }])?;
+            self.forward(&[SeqStep::new(slot, &target[keep..], keep)])?;
         } else {
             self.slots[slot].resident.truncate(keep);
         }
@@ -408,6 +413,15 @@ impl Engine {
         self.slots[slot].resident.len().max(have)
     }
 
+    /// Keeps only the leading resident tokens of `slot` that `history` starts with:
+    /// a step that checked drafted tokens wrote them all, and those not kept are
+    /// not the sequence's (their rows are overwritten by the next step).
+    pub fn keep_resident(&mut self, slot: usize, history: &[u32]) {
+        let s = &mut self.slots[slot];
+        let keep = common_prefix(&s.resident, history);
+        s.resident.truncate(keep);
+    }
+
     /// Gives a slot back; what it holds stays resident for later jobs.
     pub fn release(&mut self, slot: usize) {
         self.clock += 1;
@@ -428,16 +442,15 @@ impl Engine {
         if self.store.enabled() && self.model.ring().is_some() && steps.iter().any(|s| s.tokens.len() > max) {
             let mut rest = steps.to_vec();
             loop {
+                // The positions that want logits stay in the last pass.
                 let lead: Vec<SeqStep<'_>> = rest
                     .iter_mut()
-                    .filter(|s| s.tokens.len() > max)
+                    .filter(|s| s.tokens.len() > max && s.tokens.len() > s.outputs)
                     .map(|s| {
-                        let lead = SeqStep {
-                            tokens: &s.tokens[..max],
-                            ..*s
-                        };
-                        s.tokens = &s.tokens[max..];
-                        s.pos += max;
+                        let n = max.min(s.tokens.len() - s.outputs);
+                        let lead = SeqStep::new(s.seq, &s.tokens[..n], s.pos);
+                        s.tokens = &s.tokens[n..];
+                        s.pos += n;
                         lead
                     })
                     .collect();
@@ -486,11 +499,7 @@ impl Engine {
         let (slot, reused) = self
             .claim(&tokens)
             .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
-        let result = self.forward(&[SeqStep {
-            seq: slot,
-            tokens: &tokens[reused..],
-            pos: reused,
-        }]);
+        let result = self.forward(&[SeqStep::new(slot, &tokens[reused..], reused)]);
         let keys = result.and_then(|_| {
             self.model.cached_keys(slot, tokens.len()).ok_or_else(|| {
                 BackendError::Unavailable(format!(
@@ -540,11 +549,7 @@ impl Engine {
             }
             let steps: Vec<SeqStep<'_>> = claimed
                 .iter()
-                .map(|(_, t, slot, reused)| SeqStep {
-                    seq: *slot,
-                    tokens: &t[*reused..],
-                    pos: *reused,
-                })
+                .map(|(_, t, slot, reused)| SeqStep::new(*slot, &t[*reused..], *reused))
                 .collect();
             let outcome = self.forward(&steps);
             for (i, _, slot, _) in &claimed {

@@ -29,6 +29,7 @@ pub mod kvstore;
 pub mod model;
 pub mod sampler;
 pub mod session;
+pub mod speculate;
 pub mod stops;
 pub mod text;
 
@@ -295,6 +296,11 @@ impl EngineModel {
         );
         engine.store = kvstore::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
         engine.prefill_chunk = config.prefill_chunk as usize;
+        engine.speculative = speculate::Mode::parse(&config.speculative).map_err(load_err)?;
+        engine.draft_max = match config.draft_max {
+            0 => 8,
+            n => n.clamp(1, 32) as usize,
+        };
         // Block hashes are only comparable within one model: seed them with its identity.
         engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), limits.1).as_bytes());
         let stats = engine.stats.clone();

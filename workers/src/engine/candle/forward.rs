@@ -188,20 +188,20 @@ impl CandleForward {
             let down = layer.w_down.forward(&(act * up)?)?;
             x = residual(&x, down, layer.post_ffn_norm.as_ref(), p.rms_eps)?;
         }
-        // Only each step's last position needs logits.
+        // Only each step's last `outputs` positions need logits.
         let mut end = 0u32;
         let last: Vec<u32> = steps
             .iter()
-            .map(|s| {
+            .flat_map(|s| {
                 end += s.tokens.len() as u32;
-                end - 1
+                end - s.outputs as u32..end
             })
             .collect();
         let idx = Tensor::from_slice(&last, last.len(), x.device())?;
         let x = x.index_select(&idx, 0)?.to_device(&self.w.out_dev)?;
         let x = candle_nn::ops::rms_norm(&x, &self.w.out_norm, p.rms_eps)?;
         let logits = self.w.output.forward(&x)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        debug_assert_eq!(logits.len(), steps.len());
+        debug_assert_eq!(logits.len(), last.len());
         Ok(logits)
     }
 
@@ -352,8 +352,12 @@ impl Forward for CandleForward {
     fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
         let mut seen = vec![false; self.slots.len()];
         for s in steps {
-            if s.tokens.is_empty() {
-                return Err(BackendError::Compute("a step without tokens".into()));
+            if s.tokens.is_empty() || !(1..=s.tokens.len()).contains(&s.outputs) {
+                return Err(BackendError::Compute(format!(
+                    "a step of {} tokens wanting {} logits",
+                    s.tokens.len(),
+                    s.outputs
+                )));
             }
             if s.pos + s.tokens.len() > self.ctx {
                 return Err(BackendError::Compute(format!(

@@ -17,12 +17,27 @@ pub struct CachedKeys {
 }
 
 /// One sequence's part of a forward step: `tokens` at positions `pos..` of
-/// sequence `seq`.
+/// sequence `seq`, with logits wanted for the last `outputs` of them.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqStep<'a> {
     pub seq: usize,
     pub tokens: &'a [u32],
     pub pos: usize,
+    /// 1, but when verifying drafted tokens (speculative decoding): then the
+    /// position before each drafted token wants logits too.
+    pub outputs: usize,
+}
+
+impl<'a> SeqStep<'a> {
+    /// `tokens` at `pos..` of `seq`, logits of the last one only.
+    pub fn new(seq: usize, tokens: &'a [u32], pos: usize) -> Self {
+        Self {
+            seq,
+            tokens,
+            pos,
+            outputs: 1,
+        }
+    }
 }
 
 /// A model's forward pass over one or more independent KV sequences.
@@ -31,8 +46,9 @@ pub trait Forward: Send {
     fn sequences(&self) -> usize {
         1
     }
-    /// Runs every step (distinct sequences) as one pass and returns each step's
-    /// last-token logits, in order.
+    /// Runs every step (distinct sequences) as one pass and returns the logits of
+    /// each step's last `outputs` positions, step after step (one row per step
+    /// when every `outputs` is 1).
     fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError>;
     /// Which implementation this is (for logs and benchmarks).
     fn kind(&self) -> &'static str;
@@ -139,6 +155,7 @@ impl Forward for CpuForward {
                 cache,
                 tokens: s.tokens,
                 pos: s.pos,
+                outputs: s.outputs,
             });
         }
         Ok(self.model.forward_batch(&mut batch))

@@ -62,6 +62,9 @@ pub struct Step<'a> {
     pub cache: &'a mut KvCache,
     pub tokens: &'a [u32],
     pub pos: usize,
+    /// How many of the step's last positions want logits (1 but when verifying
+    /// drafted tokens: then every drafted position does).
+    pub outputs: usize,
 }
 
 impl LlamaModel {
@@ -149,13 +152,19 @@ impl LlamaModel {
     /// Runs `tokens` at positions `pos..pos + n` of `cache` and returns the logits
     /// of the last one.
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], pos: usize) -> Vec<f32> {
-        let mut steps = [Step { cache, tokens, pos }];
+        let mut steps = [Step {
+            cache,
+            tokens,
+            pos,
+            outputs: 1,
+        }];
         self.forward_batch(&mut steps).pop().unwrap_or_default()
     }
 
     /// One pass over several sequences at once: their rows go through every matmul
     /// together (each weight block is read once for all of them), attention runs per
-    /// sequence over its own cache. Returns each step's last-token logits, in order.
+    /// sequence over its own cache. Returns the logits of each step's last
+    /// `outputs` positions, step after step, in order.
     /// A row's arithmetic does not depend on its neighbours, so a sequence gets the
     /// same logits batched as alone.
     ///
@@ -174,6 +183,13 @@ impl LlamaModel {
                 s.pos + s.tokens.len() <= s.cache.context_len(),
                 "forward beyond the KV cache"
             );
+            assert!(
+                (1..=s.tokens.len().min(s.cache.max_pass())).contains(&s.outputs),
+                "a step wants logits of {} of its {} positions (at most {} in one pass)",
+                s.outputs,
+                s.tokens.len(),
+                s.cache.max_pass()
+            );
             assert_eq!(
                 s.cache.resumable(s.pos),
                 s.pos,
@@ -185,12 +201,14 @@ impl LlamaModel {
         loop {
             let mut lead = Vec::new();
             for (s, (tokens, pos)) in steps.iter_mut().zip(&mut rest) {
-                let max = s.cache.max_pass();
-                if tokens.len() > max {
+                // The positions that want logits stay in the last pass.
+                let max = s.cache.max_pass().min(tokens.len() - s.outputs);
+                if tokens.len() > s.cache.max_pass() && max > 0 {
                     lead.push(Step {
                         cache: &mut *s.cache,
                         tokens: &tokens[..max],
                         pos: *pos,
+                        outputs: 0,
                     });
                     *tokens = &tokens[max..];
                     *pos += max;
@@ -208,12 +226,14 @@ impl LlamaModel {
                 cache: &mut *s.cache,
                 tokens,
                 pos,
+                outputs: s.outputs,
             })
             .collect();
         self.pass(&mut last, true)
     }
 
-    /// One forward pass; each step's last-token logits when `logits`, else none.
+    /// One forward pass; the logits of each step's last `outputs` positions when
+    /// `logits`, else none.
     fn pass(&self, steps: &mut [Step<'_>], logits: bool) -> Vec<Vec<f32>> {
         let p = &self.params;
         let kern = Kernels::active();
@@ -336,13 +356,15 @@ impl LlamaModel {
         if !logits {
             return Vec::new();
         }
-        // Only each step's last position needs logits.
-        let m = steps.len();
+        // Only each step's last `outputs` positions need logits.
+        let m: usize = steps.iter().map(|s| s.outputs).sum();
         let mut last = vec![0.0f32; m * d];
-        let mut end = 0;
-        for (i, s) in steps.iter().enumerate() {
+        let (mut end, mut i) = (0, 0);
+        for s in steps.iter() {
             end += s.tokens.len();
-            last[i * d..(i + 1) * d].copy_from_slice(&x[(end - 1) * d..end * d]);
+            let rows = &x[(end - s.outputs) * d..end * d];
+            last[i * d..i * d + rows.len()].copy_from_slice(rows);
+            i += s.outputs;
         }
         let mut normed = vec![0.0f32; m * d];
         rms_norm(&last, &self.out_norm, p.rms_eps, d, &mut normed);
