@@ -486,7 +486,10 @@ async fn speculative_decoding_changes_no_token() {
         let (ids, _, m) = collect(events).await;
         assert_eq!(ids, echo_want, "{name}: the echo");
         assert!(m.accepted_tokens > 0, "{name}: the echo's drafts were kept: {m:?}");
-        eprintln!("{name} echo: drafted {}, accepted {}", m.draft_tokens, m.accepted_tokens);
+        eprintln!(
+            "{name} echo: drafted {}, accepted {}",
+            m.draft_tokens, m.accepted_tokens
+        );
         let spec = load("lookup");
         let mut accepted = 0;
         for (i, job) in jobs.iter().enumerate() {
@@ -502,7 +505,10 @@ async fn speculative_decoding_changes_no_token() {
             );
         }
         if name == "demo" {
-            assert!(accepted > 20, "prompt lookup's drafts were checked and kept ({accepted})");
+            assert!(
+                accepted > 20,
+                "prompt lookup's drafts were checked and kept ({accepted})"
+            );
         }
         let together = futures::future::join_all(jobs.iter().map(|j| collect(run(&spec, j)))).await;
         for (i, (ids, reason, _)) in together.into_iter().enumerate() {

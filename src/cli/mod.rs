@@ -163,6 +163,11 @@ pub enum BenchCommand {
     /// and constrained to a nested schema, alternating runs: decode tok/s and ratio,
     /// per model (default: both reference models).
     Structured(bench::structured::BenchStructuredArgs),
+    /// Speculative decoding by prompt lookup on tasks whose answers repeat their input
+    /// (rewrite, extract, edit code): the CPU engine without and with it, and
+    /// llama-server plain and with its n-gram speculation, same GGUF, alternating greedy
+    /// runs: decode tok/s, speed-ups, acceptance rates; checks the answers are identical.
+    Spec(bench::spec::BenchSpecArgs),
     /// Fetching a model over NATS (JetStream's object store, as workers do) against
     /// the same bytes over plain HTTP on the same host, alternating: MB/s and ratio.
     /// Starts its own JetStream nats-server unless --nats is given.

@@ -18,9 +18,9 @@ fn worker_backend<'a>(command: &'a Command, config: &'a Config) -> Option<&'a st
         Command::Bench(BenchCommand::Gateway(a)) => &a.worker,
         Command::Bench(BenchCommand::KvRouting(a)) => &a.worker,
         Command::Bench(BenchCommand::Prefix(a)) => &a.worker,
-        Command::Bench(BenchCommand::Llama(_) | BenchCommand::Stall(_) | BenchCommand::Structured(_)) => {
-            return Some("cpu")
-        }
+        Command::Bench(
+            BenchCommand::Llama(_) | BenchCommand::Stall(_) | BenchCommand::Structured(_) | BenchCommand::Spec(_),
+        ) => return Some("cpu"),
         _ => return None,
     };
     Some(flags.backend.as_deref().unwrap_or(&config.worker.backend))

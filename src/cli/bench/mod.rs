@@ -16,6 +16,7 @@ pub mod mlx;
 pub mod prefix;
 pub mod pull;
 pub mod routing;
+pub mod spec;
 pub mod stall;
 pub mod structured;
 

@@ -20,7 +20,7 @@ use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp}
 use super::constraint::Guide;
 use super::model::forward::SeqStep;
 use super::sampler::Sampler;
-use super::speculate::Drafter;
+use super::speculate::{Drafter, StepCosts};
 use super::stops::{StopCheck, StopFilter};
 use super::text::tokenizer::StreamDecoder;
 use std::collections::VecDeque;
@@ -164,11 +164,12 @@ impl Running {
 
 impl Running {
     /// Sets the next step's tokens: the last sampled one and what the drafter
-    /// proposes after it (never more than the stream may still generate).
-    fn plan(&mut self) {
+    /// proposes after it (never more than the stream may still generate), given
+    /// `cost(k)`, the estimated time of the step with `k` more positions.
+    fn plan(&mut self, cost: impl Fn(usize) -> Option<f64>) {
         let last = *self.history.last().expect("a running stream has a history");
         let room = self.max_tokens.saturating_sub(self.generated + 1);
-        let drafts = self.drafter.draft(&self.history, self.generated, room);
+        let drafts = self.drafter.draft(&self.history, self.generated, room, cost);
         self.feed.clear();
         self.feed.push(last);
         self.feed.extend(drafts);
@@ -267,6 +268,8 @@ pub struct Batcher {
     /// Generations whose prompts are fed a chunk per step, first come first.
     prefilling: VecDeque<Prefill>,
     budget: ChunkBudget,
+    /// What steps cost by their positions, for choosing how many tokens to draft.
+    costs: StepCosts,
 }
 
 impl Batcher {
@@ -279,6 +282,7 @@ impl Batcher {
             running: Vec::new(),
             prefilling: VecDeque::new(),
             budget,
+            costs: StepCosts::default(),
         }
     }
 
@@ -454,7 +458,9 @@ impl Batcher {
             return;
         }
         let Prefill { run, .. } = prefill;
-        let logits = self.engine.forward(&[SeqStep::new(slot, &run.history[reused..], reused)]);
+        let logits = self
+            .engine
+            .forward(&[SeqStep::new(slot, &run.history[reused..], reused)]);
         let fed = run.history.len() - reused;
         self.budget.observe(0, fed, t0.elapsed().as_micros() as f64);
         self.prefilled(run, t0, logits.map(|mut l| l.pop().unwrap_or_default()));
@@ -523,7 +529,12 @@ impl Batcher {
     /// the first prompt being prefilled, in one forward pass.
     fn step(&mut self) {
         self.drop_stale_prefills();
-        self.running.iter_mut().for_each(Running::plan);
+        // Each stream drafts given the positions planned before it.
+        let mut planned = self.running.len();
+        for r in &mut self.running {
+            r.plan(|k| self.costs.estimate(planned + k));
+            planned += r.feed.len() - 1;
+        }
         // A stream's last token and its drafts; every position yields logits.
         let mut steps: Vec<SeqStep<'_>> = self
             .running
@@ -554,7 +565,9 @@ impl Batcher {
         stats.peak.fetch_max(rows as u64, Ordering::Relaxed);
         let t0 = Instant::now();
         let mut outcome = self.engine.forward(&steps);
-        self.budget.observe(rows, chunk, t0.elapsed().as_micros() as f64);
+        let took = t0.elapsed().as_micros() as f64;
+        self.budget.observe(rows, chunk, took);
+        self.costs.observe(planned + chunk, took);
         let running = std::mem::take(&mut self.running);
         if chunk > 0 {
             let mut p = self.prefilling.pop_front().expect("the chunk's prefill");

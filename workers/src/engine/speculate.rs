@@ -48,18 +48,69 @@ const MIN_ACCEPTANCE: f64 = 0.4;
 const PAUSE_TOKENS: usize = 32;
 /// Verifications a rate needs before it can pause drafting.
 const MIN_CHECKS: u32 = 4;
+/// The acceptance a stream is assumed to have before its first check: high enough
+/// that drafting gets tried.
+const PRIOR_ACCEPTANCE: f64 = 0.8;
 
-/// One stream's drafting state: how many tokens to propose, adapted to how many
-/// were accepted, and its counts for the metrics.
+/// What a forward step costs by how many positions it computes (all sequences
+/// together): measured, exponentially averaged, so the drafter knows what checking
+/// `k` more tokens costs on this model and host. A checked position is cheap where
+/// decode is bound by reading the weights (they are read once for all positions)
+/// and costs nearly a decode step where it is bound by arithmetic (small models).
+#[derive(Debug, Clone, Default)]
+pub struct StepCosts {
+    /// `us[r]`: microseconds of a step of `r` positions (0 = not seen yet).
+    us: Vec<f64>,
+}
+
+impl StepCosts {
+    /// The most positions tracked; larger steps are prefill, not decode.
+    const MAX: usize = 64;
+
+    /// A step of `rows` positions took `us` microseconds.
+    pub fn observe(&mut self, rows: usize, us: f64) {
+        if rows == 0 || rows > Self::MAX {
+            return;
+        }
+        if self.us.len() <= rows {
+            self.us.resize(rows + 1, 0.0);
+        }
+        let avg = &mut self.us[rows];
+        *avg = if *avg <= 0.0 { us } else { 0.8 * *avg + 0.2 * us };
+    }
+
+    /// Estimated microseconds of a step of `rows` positions: measured, else
+    /// interpolated between the nearest measured sizes, else (larger than any
+    /// measured) the largest measured: optimistic, so an untried size gets tried
+    /// once and is known from then on. `None` before any step was measured.
+    pub fn estimate(&self, rows: usize) -> Option<f64> {
+        let seen = |r: usize| self.us.get(r).copied().filter(|&u| u > 0.0);
+        if let Some(u) = seen(rows) {
+            return Some(u);
+        }
+        let below = (1..rows.min(self.us.len())).rev().find_map(|r| seen(r).map(|u| (r, u)));
+        let above = (rows + 1..self.us.len()).find_map(|r| seen(r).map(|u| (r, u)));
+        match (below, above) {
+            (Some((r0, u0)), Some((r1, u1))) => Some(u0 + (u1 - u0) * (rows - r0) as f64 / (r1 - r0) as f64),
+            (Some((_, u)), None) | (None, Some((_, u))) => Some(u),
+            (None, None) => None,
+        }
+    }
+}
+
+/// One stream's drafting state: its acceptance, from which the number of tokens to
+/// propose is chosen against what checking them costs, and its counts for the
+/// metrics.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     mode: Mode,
     /// The most tokens one step proposes.
     max: usize,
-    /// Tokens the next step proposes (at most `max`).
-    k: usize,
-    /// Rolling acceptance rate (accepted / drafted, exponentially averaged).
-    rate: f64,
+    /// Decayed counts of drafted tokens kept, and of checks that ended on a rejected
+    /// one: the chance that each next drafted token is kept is about
+    /// `kept / (kept + rejected)`.
+    kept: f64,
+    rejected: f64,
     checks: u32,
     /// Generated-token count before which drafting is paused.
     paused_until: usize,
@@ -74,8 +125,8 @@ impl Drafter {
         Self {
             mode,
             max,
-            k: max.min(4),
-            rate: 1.0,
+            kept: 0.0,
+            rejected: 0.0,
             checks: 0,
             paused_until: 0,
             drafted: 0,
@@ -83,14 +134,46 @@ impl Drafter {
         }
     }
 
-    /// Up to `limit` tokens likely to follow `history` (empty: a plain step).
-    /// `generated` is how many tokens the stream has generated so far.
-    pub fn draft(&self, history: &[u32], generated: usize, limit: usize) -> Vec<u32> {
-        let k = self.k.min(limit);
-        if self.mode == Mode::Off || k == 0 || generated < self.paused_until {
+    /// The estimated chance that a drafted token is kept, given the ones before it
+    /// were.
+    pub fn acceptance(&self) -> f64 {
+        let (a, r) = (
+            self.kept + 2.0 * PRIOR_ACCEPTANCE,
+            self.rejected + 2.0 * (1.0 - PRIOR_ACCEPTANCE),
+        );
+        a / (a + r)
+    }
+
+    /// Up to `limit` tokens likely to follow `history` (empty: a plain step), as
+    /// many as maximise the expected tokens per microsecond given `cost(k)`, the
+    /// estimated time of the step with `k` drafted tokens added (`None`: unknown,
+    /// then every drafted token is proposed). `generated` is how many tokens the
+    /// stream has generated so far.
+    pub fn draft(
+        &self,
+        history: &[u32],
+        generated: usize,
+        limit: usize,
+        cost: impl Fn(usize) -> Option<f64>,
+    ) -> Vec<u32> {
+        let k = self.max.min(limit);
+        if k == 0 || generated < self.paused_until {
             return Vec::new();
         }
-        lookup(history, k)
+        let mut drafts = lookup(history, k);
+        let a = self.acceptance();
+        // Expected tokens from a step checking k drafts: 1 + a + … + a^k.
+        let mut best = (0, 1.0 / cost(0).unwrap_or(1.0));
+        let mut expected = 1.0;
+        for k in 1..=drafts.len() {
+            expected += a.powi(k as i32);
+            let rate = expected / cost(k).unwrap_or(1.0);
+            if rate > best.1 {
+                best = (k, rate);
+            }
+        }
+        drafts.truncate(best.0);
+        drafts
     }
 
     /// A step proposed `drafted` tokens and the stream kept `accepted` of them;
@@ -102,18 +185,12 @@ impl Drafter {
         self.drafted += drafted as u32;
         self.accepted += accepted as u32;
         self.checks += 1;
-        self.rate = 0.7 * self.rate + 0.3 * accepted as f64 / drafted as f64;
-        self.k = if accepted == drafted {
-            (self.k * 2).min(self.max)
-        } else {
-            (accepted + 1).clamp(1, self.max)
-        };
-        if self.checks >= MIN_CHECKS && self.rate < MIN_ACCEPTANCE {
+        self.kept = 0.8 * self.kept + accepted as f64;
+        self.rejected = 0.8 * self.rejected + f64::from(u8::from(accepted < drafted));
+        if self.checks >= MIN_CHECKS && self.acceptance() < MIN_ACCEPTANCE {
             // Drafts keep failing here: plain steps for a while, then a fresh try.
             self.paused_until = generated + PAUSE_TOKENS;
-            self.rate = 1.0;
-            self.checks = 0;
-            self.k = self.max.min(4);
+            (self.kept, self.rejected, self.checks) = (0.0, 0.0, 0);
         }
     }
 }
@@ -158,21 +235,55 @@ mod tests {
     }
 
     #[test]
-    fn k_follows_acceptance_and_drafting_pauses_when_it_stays_low() {
+    fn drafts_are_as_many_as_pay_for_their_check() {
+        let h = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3];
         let mut d = Drafter::new(Mode::Lookup, 8);
+        // Unknown costs, or checked positions that cost nothing: every draft.
+        assert_eq!(d.draft(&h, 0, 100, |_| None).len(), 8);
+        assert_eq!(d.draft(&h, 0, 100, |_| Some(100.0)).len(), 8);
+        assert_eq!(d.draft(&h, 0, 3, |_| Some(100.0)).len(), 3, "never past the limit");
+        // Each checked position costing a whole step: never worth it.
+        assert!(d.draft(&h, 0, 100, |k| Some(100.0 * (k + 1) as f64)).is_empty());
+        // Half a step each: two at the first guess of acceptance (0.8: 2.44
+        // tokens for two steps' time), none once acceptance is low.
+        let half = |k: usize| Some(100.0 + 50.0 * k as f64);
+        assert_eq!(d.draft(&h, 0, 100, half).len(), 2);
+        for g in 0..3 {
+            d.observe(4, 0, g);
+        }
+        assert!(d.acceptance() < 0.5, "{}", d.acceptance());
+        assert!(d.draft(&h, 3, 100, half).is_empty());
+        assert!(Drafter::new(Mode::Off, 8).draft(&h, 0, 100, |_| None).is_empty());
+    }
+
+    #[test]
+    fn drafting_pauses_while_acceptance_stays_low() {
         let h = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3];
-        assert_eq!(d.draft(&h, 0, 100).len(), 4);
-        d.observe(4, 4, 5);
-        assert_eq!(d.draft(&h, 5, 100).len(), 8);
-        assert_eq!(d.draft(&h, 5, 3).len(), 3, "never past the limit");
-        d.observe(8, 2, 8);
-        assert_eq!(d.draft(&h, 8, 100).len(), 3);
-        d.observe(3, 0, 9);
-        assert_eq!(d.draft(&h, 9, 100).len(), 1);
-        d.observe(1, 0, 10);
-        assert!(d.draft(&h, 12, 100).is_empty(), "paused after low acceptance");
-        assert_eq!(d.draft(&h, 10 + PAUSE_TOKENS, 100).len(), 4, "and tries again later");
-        assert_eq!((d.drafted, d.accepted), (16, 6));
-        assert!(Drafter::new(Mode::Off, 8).draft(&h, 0, 100).is_empty());
+        let mut d = Drafter::new(Mode::Lookup, 8);
+        for g in 1..=3 {
+            d.observe(4, 0, g);
+        }
+        assert!(!d.draft(&h, 3, 100, |_| None).is_empty(), "not yet");
+        d.observe(4, 0, 4);
+        assert!(d.draft(&h, 4, 100, |_| None).is_empty(), "paused after low acceptance");
+        assert_eq!(
+            d.draft(&h, 4 + PAUSE_TOKENS, 100, |_| None).len(),
+            8,
+            "and tries again later"
+        );
+        assert_eq!((d.drafted, d.accepted), (16, 0));
+    }
+
+    #[test]
+    fn step_costs_interpolate_between_measured_sizes() {
+        let mut c = StepCosts::default();
+        assert_eq!(c.estimate(3), None);
+        c.observe(1, 100.0);
+        c.observe(5, 300.0);
+        assert_eq!(c.estimate(1), Some(100.0));
+        assert_eq!(c.estimate(3), Some(200.0));
+        assert_eq!(c.estimate(9), Some(300.0), "optimistic beyond what was seen");
+        c.observe(1, 200.0);
+        assert_eq!(c.estimate(1), Some(120.0), "averaged");
     }
 }
