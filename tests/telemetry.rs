@@ -106,6 +106,9 @@ fn spans(c: &Collected) -> Vec<(String, Span)> {
     out
 }
 
+/// A prompt the demo model continues by repeating it (prompt lookup's ground).
+const COUNTING: &str = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metrics() {
     let collected = Collected::default();
@@ -136,11 +139,30 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
     let nats = nats();
     let url = nats.url();
     let mut coordinator = coordinator_proc(&url, "coordinator");
-    let mut worker = worker_proc(&url, "w-otel");
+    // With prompt lookup on, and a prompt it continues by repeating itself, so the
+    // generation reports speculative decoding's counts.
+    let model = demo_model();
+    let mut worker = switchyard(
+        "w-otel",
+        &[
+            "--nats",
+            &url,
+            "worker",
+            "--worker-id",
+            "w-otel",
+            "--heartbeat-ms",
+            "200",
+            "--speculative",
+            "lookup",
+            "--model",
+            model.to_str().unwrap(),
+        ],
+    );
+    worker.wait_for("up on", Duration::from_secs(60));
     let client = client(&url, Duration::from_secs(20)).await;
     wait_for_workers(&client, &["w-otel"], Duration::from_secs(20)).await;
     let done = client
-        .generate(greedy("The capital of France is", 8))
+        .generate(greedy(COUNTING, 8))
         .await
         .unwrap()
         .collect()
@@ -279,9 +301,16 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
             "gen_ai.usage.output_tokens",
             "switchyard.kv.cached_tokens",
             "switchyard.queue_us",
+            "switchyard.speculative.draft_tokens",
+            "switchyard.speculative.accepted_tokens",
         ],
     );
-    let sent = greedy("The capital of France is", 8).config;
+    let sent = greedy(COUNTING, 8).config;
+    assert!(g["switchyard.speculative.draft_tokens"] > 0, "{g:?}");
+    assert!(
+        (1..=g["switchyard.speculative.draft_tokens"]).contains(&g["switchyard.speculative.accepted_tokens"]),
+        "{g:?}"
+    );
     assert_eq!(g["gen_ai.request.max_tokens"], 8);
     assert_eq!(g["gen_ai.request.top_k"], i64::from(sent.top_k));
     assert_eq!(g["gen_ai.usage.output_tokens"], 8);
@@ -386,6 +415,8 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         ("switchyard-worker", "switchyard.kv.store.budget", "By"),
         ("switchyard-worker", "switchyard.kv.hit_ratio", "1"),
         ("switchyard-worker", "switchyard.model.weights", "By"),
+        ("switchyard-worker", "switchyard.speculative.draft_tokens", "{token}"),
+        ("switchyard-worker", "switchyard.speculative.accepted_tokens", "{token}"),
         ("switchyard-coordinator", "switchyard.routing.decisions", "{request}"),
     ] {
         assert!(

@@ -75,5 +75,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// fleet queueing — the head's `tenant`, `priority` and `queue_ms`, keep-alive chunks
 /// from a coordinator while a request waits (the forward's `Sy-First-Seq` tells the
 /// worker where its chunks' `seq` starts), `fleet_queue_us` in the final metrics,
-/// `queues` in the fleet status.
-pub const PROTOCOL_MINOR: u32 = 4;
+/// `queues` in the fleet status. 1.5: speculative decoding's `draft_tokens` and
+/// `accepted_tokens` in the final metrics and, summed, in `RecentLatency`.
+pub const PROTOCOL_MINOR: u32 = 5;

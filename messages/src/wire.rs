@@ -321,6 +321,10 @@ pub struct RecentLatency {
     pub ttft_ms: f64,
     /// Time per output token after the first, milliseconds.
     pub tpot_ms: f64,
+    /// Tokens speculative decoding proposed over these requests, and those the
+    /// model kept (protocol 1.5; zero where nothing was drafted).
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
 }
 
 /// What a worker measured of its own speed over its recent requests: the heartbeat

@@ -56,7 +56,7 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<28} {:<16} {:<12} {:<9} {:<30} {:>9} {:>6} {:>9} {:>8} {:>9} {:>5} {:>8} {:>7} {:>6}  NATS",
+        "{:<28} {:<16} {:<12} {:<9} {:<30} {:>9} {:>6} {:>9} {:>8} {:>9} {:>5} {:>8} {:>7} {:>5} {:>6}  NATS",
         "WORKER",
         "HOST",
         "DEVICE",
@@ -70,6 +70,7 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
         "HIT%",
         "TTFT-ms",
         "TPOT-ms",
+        "SPEC%",
         "AGE"
     );
     for w in &fleet.workers {
@@ -88,9 +89,14 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             Some(k) => format!("{}/{k}", s.device),
             None => s.device.clone(),
         };
+        // Speculative decoding's acceptance over the recent requests.
+        let spec = match s.recent.draft_tokens {
+            0 => "-".to_string(),
+            d => format!("{:.0}", s.recent.accepted_tokens as f64 * 100.0 / d as f64),
+        };
         let _ = writeln!(
             out,
-            "{:<28} {:<16} {:<12} {:<9} {:<30} {:>5}/{:<3} {:>6} {:>9} {:>8} {:>9} {:>5.0} {:>8.1} {:>7.1} {:>4}ms  {}{state}",
+            "{:<28} {:<16} {:<12} {:<9} {:<30} {:>5}/{:<3} {:>6} {:>9} {:>8} {:>9} {:>5.0} {:>8.1} {:>7.1} {:>5} {:>4}ms  {}{state}",
             s.worker_id,
             s.host,
             device,
@@ -105,6 +111,7 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             s.kv.hit_ratio * 100.0,
             s.recent.ttft_ms,
             s.recent.tpot_ms,
+            spec,
             w.age_ms,
             if s.nats_server.is_empty() { "-" } else { s.nats_server.as_str() }
         );

@@ -180,6 +180,9 @@ impl Running {
     /// keys and values are already computed); true while the generation goes on.
     fn verify(&mut self, rows: impl Iterator<Item = Vec<f32>>, engine: &Engine) -> bool {
         let drafted = self.feed.len() - 1;
+        // Counted as they go: a stream that ends in this step reports its metrics
+        // from inside `advance`.
+        self.drafter.drafted += drafted as u32;
         let mut accepted = 0;
         let mut going = true;
         for (i, logits) in rows.enumerate() {
@@ -188,6 +191,7 @@ impl Running {
                 break;
             }
             accepted += 1;
+            self.drafter.accepted += 1;
         }
         self.drafter.observe(drafted, accepted, self.generated);
         let stats = &engine.stats;

@@ -19,6 +19,9 @@ struct Sample {
     prefill_tps: Option<f64>,
     /// Prefill + decode, milliseconds: how long the request held its slot.
     service_ms: f64,
+    /// Speculative decoding's drafted and kept tokens.
+    drafted: u32,
+    accepted: u32,
 }
 
 /// Fewest computed prompt tokens a prefill rate is taken from.
@@ -53,6 +56,8 @@ impl Recent {
                     .then(|| f64::from(computed) / (m.prefill_us as f64 / 1e6))
             },
             service_ms: (m.prefill_us + m.decode_us) as f64 / 1e3,
+            drafted: m.draft_tokens,
+            accepted: m.accepted_tokens,
         });
         while self.samples.len() > WINDOW {
             self.samples.pop_front();
@@ -65,6 +70,8 @@ impl Recent {
             requests: self.samples.len() as u32,
             ttft_ms: median(self.samples.iter().map(|s| s.ttft_ms).collect()),
             tpot_ms: median(self.samples.iter().filter_map(|s| s.tpot_ms).collect()),
+            draft_tokens: self.samples.iter().map(|s| u64::from(s.drafted)).sum(),
+            accepted_tokens: self.samples.iter().map(|s| u64::from(s.accepted)).sum(),
         }
     }
 
@@ -110,11 +117,17 @@ mod tests {
                 generated_tokens: 11,
                 prompt_tokens: 100,
                 cached_tokens: 50,
+                draft_tokens: 4,
+                accepted_tokens: 3,
                 ..Default::default()
             });
         }
         let l = r.latency();
         assert_eq!(l.requests, WINDOW as u32);
+        assert_eq!(
+            (l.draft_tokens, l.accepted_tokens),
+            (4 * WINDOW as u64, 3 * WINDOW as u64)
+        );
         // TTFTs are 1 + i ms for i = 10..74: the median is the 33rd of 64.
         assert_eq!(l.ttft_ms, 1.0 + 10.0 + 32.0);
         assert_eq!(l.tpot_ms, 1.0);

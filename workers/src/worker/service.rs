@@ -236,6 +236,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         switchyard.request.id = %req.head.request_id,
         switchyard.kv.cached_tokens = tracing::field::Empty,
         switchyard.queue_us = tracing::field::Empty,
+        switchyard.speculative.draft_tokens = tracing::field::Empty,
+        switchyard.speculative.accepted_tokens = tracing::field::Empty,
     );
     switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
     let attrs = crate::worker::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
@@ -379,6 +381,13 @@ pub async fn pump(
                     span.record("gen_ai.response.finish_reasons", finish_reason.as_str());
                     span.record("switchyard.kv.cached_tokens", i64::from(metrics.cached_tokens));
                     span.record("switchyard.queue_us", switchyard_actors::trace::int(metrics.queue_us));
+                    if metrics.draft_tokens > 0 {
+                        span.record("switchyard.speculative.draft_tokens", i64::from(metrics.draft_tokens));
+                        span.record(
+                            "switchyard.speculative.accepted_tokens",
+                            i64::from(metrics.accepted_tokens),
+                        );
+                    }
                     crate::worker::telemetry::record_success(attrs, &metrics);
                     // The held tokens ride on the final chunk.
                     sink.finish(out.take(), finish_reason, metrics, tool_calls).await;

@@ -29,6 +29,8 @@ struct Instruments {
     tokens: Histogram<u64>,
     rejections: Counter<u64>,
     stale: Counter<u64>,
+    drafted: Counter<u64>,
+    accepted: Counter<u64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -64,6 +66,16 @@ fn instruments() -> &'static Instruments {
                 .u64_counter("switchyard.worker.stale_forwards")
                 .with_unit("{request}")
                 .with_description("Forwards dropped unrun because their coordinator had stopped waiting for them")
+                .build(),
+            drafted: m
+                .u64_counter("switchyard.speculative.draft_tokens")
+                .with_unit("{token}")
+                .with_description("Tokens speculative decoding proposed and the model checked")
+                .build(),
+            accepted: m
+                .u64_counter("switchyard.speculative.accepted_tokens")
+                .with_unit("{token}")
+                .with_description("Proposed tokens the model kept (generated without a step of their own)")
                 .build(),
             rejections: m
                 .u64_counter("switchyard.worker.admission.rejections")
@@ -101,6 +113,10 @@ pub fn record_success(attrs: &[KeyValue], m: &GenerateMetrics) {
     };
     i.tokens.record(u64::from(m.prompt_tokens), &with("input"));
     i.tokens.record(u64::from(m.generated_tokens), &with("output"));
+    if m.draft_tokens > 0 {
+        i.drafted.add(u64::from(m.draft_tokens), attrs);
+        i.accepted.add(u64::from(m.accepted_tokens), attrs);
+    }
 }
 
 /// Writes the `queue` (admission to compute start, `queue_us` long) and `prefill`

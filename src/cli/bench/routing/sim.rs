@@ -145,6 +145,7 @@ impl Inner {
                 Timing::Modelled { tpot, .. } if !s.recent.is_empty() => tpot.as_secs_f64() * 1e3,
                 _ => 0.0,
             },
+            ..RecentLatency::default()
         };
         let status = WorkerStatus {
             v: PROTOCOL_VERSION,
