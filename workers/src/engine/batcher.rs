@@ -20,7 +20,7 @@ use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp}
 use super::constraint::Guide;
 use super::model::forward::SeqStep;
 use super::sampler::Sampler;
-use super::speculate::{Drafter, StepCosts};
+use super::speculate::{Drafter, Prior, StepCosts};
 use super::stops::{StopCheck, StopFilter};
 use super::text::tokenizer::StreamDecoder;
 use std::collections::VecDeque;
@@ -178,7 +178,7 @@ impl Running {
     /// Samples from the logits of each fed position in turn, exactly as plain
     /// decoding would, while the sampled token is the one drafted next (so its
     /// keys and values are already computed); true while the generation goes on.
-    fn verify(&mut self, rows: impl Iterator<Item = Vec<f32>>, engine: &Engine) -> bool {
+    fn verify(&mut self, rows: impl Iterator<Item = Vec<f32>>, engine: &Engine, prior: &mut Prior) -> bool {
         let drafted = self.feed.len() - 1;
         // Counted as they go: a stream that ends in this step reports its metrics
         // from inside `advance`.
@@ -194,6 +194,7 @@ impl Running {
             self.drafter.accepted += 1;
         }
         self.drafter.observe(drafted, accepted, self.generated);
+        prior.observe(drafted, accepted);
         let stats = &engine.stats;
         stats.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
         stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
@@ -274,6 +275,8 @@ pub struct Batcher {
     budget: ChunkBudget,
     /// What steps cost by their positions, for choosing how many tokens to draft.
     costs: StepCosts,
+    /// Acceptance of recent drafts, a new stream's first guess of its own.
+    prior: Prior,
 }
 
 impl Batcher {
@@ -287,6 +290,7 @@ impl Batcher {
             prefilling: VecDeque::new(),
             budget,
             costs: StepCosts::default(),
+            prior: Prior::default(),
         }
     }
 
@@ -433,7 +437,7 @@ impl Batcher {
             guide,
             generated: 0,
             max_tokens: job.config.max_tokens as usize,
-            drafter: Drafter::new(self.engine.speculative, self.engine.draft_max),
+            drafter: Drafter::new(self.engine.speculative, self.engine.draft_max, self.prior.acceptance()),
             feed: Vec::new(),
             job,
         };
@@ -593,7 +597,7 @@ impl Batcher {
                 for mut run in running {
                     let n = run.feed.len();
                     let mine: Vec<Vec<f32>> = rows.by_ref().take(n).collect();
-                    let going = run.verify(mine.into_iter(), &self.engine);
+                    let going = run.verify(mine.into_iter(), &self.engine, &mut self.prior);
                     if n > 1 {
                         // Drafts it did not keep leave the slot's resident tokens.
                         self.engine.keep_resident(run.slot, &run.history);

@@ -48,9 +48,40 @@ const MIN_ACCEPTANCE: f64 = 0.4;
 const PAUSE_TOKENS: usize = 32;
 /// Verifications a rate needs before it can pause drafting.
 const MIN_CHECKS: u32 = 4;
-/// The acceptance a stream is assumed to have before its first check: high enough
-/// that drafting gets tried.
+/// The acceptance assumed before anything was checked: high enough that drafting
+/// gets tried.
 const PRIOR_ACCEPTANCE: f64 = 0.8;
+
+/// Acceptance over the engine's recent checks (decayed counts), the starting guess
+/// of a new stream's: where the traffic's drafts keep failing, a new stream does not
+/// spend its first steps finding that out again.
+#[derive(Debug, Clone, Default)]
+pub struct Prior {
+    kept: f64,
+    rejected: f64,
+}
+
+impl Prior {
+    /// A check of `drafted` tokens kept `accepted`.
+    pub fn observe(&mut self, drafted: usize, accepted: usize) {
+        if drafted > 0 {
+            self.kept = 0.98 * self.kept + accepted as f64;
+            self.rejected = 0.98 * self.rejected + f64::from(u8::from(accepted < drafted));
+        }
+    }
+
+    /// The estimated chance that a drafted token is kept.
+    pub fn acceptance(&self) -> f64 {
+        estimate(self.kept, self.rejected, PRIOR_ACCEPTANCE)
+    }
+}
+
+/// The chance that the next drafted token is kept, from decayed counts of kept
+/// tokens and of checks that ended on a rejected one, with `prior` weighing as two
+/// observations.
+fn estimate(kept: f64, rejected: f64, prior: f64) -> f64 {
+    (kept + 2.0 * prior) / (kept + rejected + 2.0)
+}
 
 /// What a forward step costs by how many positions it computes (all sequences
 /// together): measured, exponentially averaged, so the drafter knows what checking
@@ -113,6 +144,8 @@ pub struct Drafter {
     checks: u32,
     /// Generated-token count before which drafting is paused.
     paused_until: usize,
+    /// The acceptance assumed before this stream's own checks.
+    prior: f64,
     /// Tokens proposed and tokens accepted, over the stream (counted by the
     /// batcher as it checks them).
     pub drafted: u32,
@@ -120,10 +153,12 @@ pub struct Drafter {
 }
 
 impl Drafter {
-    pub fn new(mode: Mode, max: usize) -> Self {
+    /// A stream's drafter, starting from the engine's `prior` acceptance.
+    pub fn new(mode: Mode, max: usize, prior: f64) -> Self {
         let max = if mode == Mode::Off { 0 } else { max };
         Self {
             max,
+            prior,
             kept: 0.0,
             rejected: 0.0,
             checks: 0,
@@ -136,11 +171,7 @@ impl Drafter {
     /// The estimated chance that a drafted token is kept, given the ones before it
     /// were.
     pub fn acceptance(&self) -> f64 {
-        let (a, r) = (
-            self.kept + 2.0 * PRIOR_ACCEPTANCE,
-            self.rejected + 2.0 * (1.0 - PRIOR_ACCEPTANCE),
-        );
-        a / (a + r)
+        estimate(self.kept, self.rejected, self.prior)
     }
 
     /// Up to `limit` tokens likely to follow `history` (empty: a plain step), as
@@ -234,7 +265,7 @@ mod tests {
     #[test]
     fn drafts_are_as_many_as_pay_for_their_check() {
         let h = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3];
-        let mut d = Drafter::new(Mode::Lookup, 8);
+        let mut d = Drafter::new(Mode::Lookup, 8, PRIOR_ACCEPTANCE);
         // Unknown costs, or checked positions that cost nothing: every draft.
         assert_eq!(d.draft(&h, 0, 100, |_| None).len(), 8);
         assert_eq!(d.draft(&h, 0, 100, |_| Some(100.0)).len(), 8);
@@ -250,13 +281,15 @@ mod tests {
         }
         assert!(d.acceptance() < 0.5, "{}", d.acceptance());
         assert!(d.draft(&h, 3, 100, half).is_empty());
-        assert!(Drafter::new(Mode::Off, 8).draft(&h, 0, 100, |_| None).is_empty());
+        assert!(Drafter::new(Mode::Off, 8, PRIOR_ACCEPTANCE)
+            .draft(&h, 0, 100, |_| None)
+            .is_empty());
     }
 
     #[test]
     fn drafting_pauses_while_acceptance_stays_low() {
         let h = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3];
-        let mut d = Drafter::new(Mode::Lookup, 8);
+        let mut d = Drafter::new(Mode::Lookup, 8, PRIOR_ACCEPTANCE);
         for g in 1..=3 {
             d.observe(4, 0, g);
         }
@@ -268,6 +301,25 @@ mod tests {
             8,
             "and tries again later"
         );
+    }
+
+    #[test]
+    fn the_engine_prior_follows_recent_checks() {
+        let mut p = Prior::default();
+        assert_eq!(p.acceptance(), PRIOR_ACCEPTANCE);
+        for _ in 0..10 {
+            p.observe(4, 0);
+        }
+        assert!(p.acceptance() < 0.2, "{}", p.acceptance());
+        let d = Drafter::new(Mode::Lookup, 8, p.acceptance());
+        let h = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3];
+        let half = |k: usize| Some(100.0 + 50.0 * k as f64);
+        assert!(d.draft(&h, 0, 100, half).is_empty(), "a new stream starts from it");
+        let low = p.acceptance();
+        p.observe(0, 0);
+        assert_eq!(p.acceptance(), low, "a step without drafts says nothing");
+        p.observe(4, 4);
+        assert!(p.acceptance() > low + 0.2, "{}", p.acceptance());
     }
 
     #[test]
