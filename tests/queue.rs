@@ -270,6 +270,22 @@ async fn completed(c: &Client) -> u64 {
     }
 }
 
+/// Waits until `n` different coordinators have answered a status that lists
+/// `worker` (status requests go to any member of the queue group).
+async fn known_by_coordinators(c: &Client, n: usize, worker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < n {
+        assert!(Instant::now() < deadline, "{worker} known by only {seen:?}");
+        if let Ok(s) = c.status().await {
+            if s.workers.iter().any(|w| w.status.worker_id == worker) {
+                seen.insert(s.coordinator_id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// One request's single outcome: served, or a retryable error.
 fn outcome(r: &Result<GenerateMetrics, ClientError>) -> &'static str {
     match r {
@@ -304,13 +320,16 @@ async fn requests_waiting_at_a_dead_or_stopping_coordinator_end_with_one_outcome
     for (round, how) in ["kill -9", "SIGTERM"].into_iter().enumerate() {
         let mut doomed = coordinator_proc(&url, &format!("doomed-{round}"));
         let _spare = coordinator_proc(&url, &format!("spare-{round}"));
-        wait_for_workers(&c, &["w1"], Duration::from_secs(10)).await;
+        // Both must know the worker: one that has not had its heartbeat yet answers
+        // its share of the requests `no_worker` (retryable, but not served).
+        known_by_coordinators(&c, 2, "w1").await;
         let before = completed(&c).await;
-        // 16 requests on one slot: most wait, about half of them at `doomed`.
+        // 16 requests on one slot: most wait, about half of them at `doomed`. Long
+        // enough (~0.4 s each) that many still wait when it goes at 0.7 s.
         let deadline = switchyard_actors::now_ms() + 40_000;
         let reqs: Vec<_> = (0..16)
             .map(|_| {
-                let mut r = request("", Priority::Interactive, 16);
+                let mut r = request("", Priority::Interactive, 64);
                 r.head.deadline_ms = Some(deadline);
                 tokio::spawn(served(c.clone(), r))
             })
