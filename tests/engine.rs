@@ -515,5 +515,55 @@ async fn speculative_decoding_changes_no_token() {
             assert_eq!((&ids, &reason), (&want[i].0, &want[i].1), "{name}: job {i} in a batch");
         }
         assert!(spec.batch_stats().peak.load(Ordering::Relaxed) >= 3, "{name}: batched");
+        if name != "demo" {
+            continue;
+        }
+        // A draft model: the demo model drafting for itself (every greedy draft is
+        // right) and the random model drafting for it (nearly every draft is wrong).
+        for (draft_name, draft) in [
+            ("itself", demo_model()),
+            ("random", dir.path().join("random-qwen2-q4_0.gguf")),
+        ] {
+            let cfg = LoadConfig {
+                parallel_slots: 4,
+                speculative: "draft".into(),
+                draft_model: draft.display().to_string(),
+                ..LoadConfig::default()
+            };
+            let spec = EngineModel::load(&path, &cfg).unwrap();
+            let mut drafted = 0;
+            for (i, job) in jobs.iter().enumerate() {
+                let (ids, reason, m) = collect(run(&spec, job)).await;
+                assert_eq!(
+                    (&ids, &reason),
+                    (&want[i].0, &want[i].1),
+                    "draft {draft_name}: job {i} alone"
+                );
+                drafted += m.draft_tokens;
+                eprintln!(
+                    "draft {draft_name} job {i}: drafted {}, accepted {}",
+                    m.draft_tokens, m.accepted_tokens
+                );
+            }
+            assert!(drafted > 0, "draft {draft_name}: nothing drafted");
+            let together = futures::future::join_all(jobs.iter().map(|j| collect(run(&spec, j)))).await;
+            for (i, (ids, reason, _)) in together.into_iter().enumerate() {
+                assert_eq!(
+                    (&ids, &reason),
+                    (&want[i].0, &want[i].1),
+                    "draft {draft_name}: job {i} in a batch"
+                );
+            }
+        }
+    }
+    // A draft whose vocabulary is not the model's is refused by name.
+    if let Some(gemma) = gemma_model() {
+        let cfg = LoadConfig {
+            speculative: "draft".into(),
+            draft_model: gemma.display().to_string(),
+            ..LoadConfig::default()
+        };
+        let err = EngineModel::load(&demo_model(), &cfg).err().expect("refused");
+        assert!(err.to_string().contains("vocabulary"), "{err}");
     }
 }

@@ -94,9 +94,13 @@ pub struct WorkerConfig {
     /// `cpu`: speculative decoding. `"lookup"`: each step also checks tokens
     /// proposed by prompt lookup (continuations of n-grams that already occurred in
     /// the prompt or output), so a stream that repeats its input generates several
-    /// tokens per step; lossless (greedy and seeded output are identical to
-    /// `"off"`). `"off"`: one token per step.
+    /// tokens per step. `"draft"`: a smaller model with the same vocabulary
+    /// (`draft_model`) proposes them greedily. Lossless (greedy and seeded output
+    /// are identical to `"off"`). `"off"`: one token per step.
     pub speculative: String,
+    /// `cpu`: the draft model's GGUF for `speculative = "draft"`: same vocabulary
+    /// as the model, token for token (e.g. a smaller quant or size of the same family).
+    pub draft_model: String,
     /// `cpu`: the most tokens one step drafts per stream (1–32; the drafter adapts
     /// below this to how many get accepted).
     pub draft_max: u32,
@@ -128,6 +132,7 @@ impl Default for WorkerConfig {
             kv_cache_mb: 256,
             prefill_chunk: 0,
             speculative: "off".into(),
+            draft_model: String::new(),
             draft_max: 8,
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
@@ -195,11 +200,18 @@ impl WorkerConfig {
                 "must be at most 100 and below worker.keepalive_ms",
             );
         }
-        if !["off", "lookup"].contains(&self.speculative.as_str()) {
+        if !["off", "lookup", "draft"].contains(&self.speculative.as_str()) {
             return invalid(
                 "worker.speculative",
                 self.speculative.clone(),
-                "must be \"off\" or \"lookup\"",
+                "must be \"off\", \"lookup\" or \"draft\"",
+            );
+        }
+        if (self.speculative == "draft") != !self.draft_model.is_empty() {
+            return invalid(
+                "worker.draft_model",
+                format!("{:?}", self.draft_model),
+                "is needed by speculative = \"draft\" and only by it",
             );
         }
         if !(1..=32).contains(&self.draft_max) {

@@ -124,8 +124,11 @@ pub struct LoadConfig {
     /// Prompt tokens a new request prefills per decode step while others generate;
     /// `0` = chosen per step from measured speeds.
     pub prefill_chunk: u32,
-    /// Speculative decoding: `"off"` (or empty) or `"lookup"` (prompt lookup).
+    /// Speculative decoding: `"off"` (or empty), `"lookup"` (prompt lookup) or
+    /// `"draft"` (a draft model, `draft_model`).
     pub speculative: String,
+    /// The draft model's GGUF (same vocabulary), with `speculative = "draft"`.
+    pub draft_model: String,
     /// The most tokens one step drafts per generation; `0` = the engine's default.
     pub draft_max: u32,
 }
@@ -142,6 +145,7 @@ impl Default for LoadConfig {
             kv_cache_mb: 0,
             prefill_chunk: 0,
             speculative: String::new(),
+            draft_model: String::new(),
             draft_max: 0,
         }
     }

@@ -357,11 +357,16 @@ pub struct WorkerFlags {
     /// when a prompt starts with them again (default 256; 0 = off).
     #[arg(long)]
     pub kv_cache_mb: Option<u32>,
-    /// cpu: speculative decoding, `off` or `lookup` (prompt lookup: each step also checks
+    /// cpu: speculative decoding, `off`, `lookup` (prompt lookup: each step also checks
     /// tokens that continued the stream's last n-gram where it occurred earlier in the
-    /// prompt or output; lossless, fastest on rewriting, extraction and code editing).
-    #[arg(long, value_parser = ["off", "lookup"])]
+    /// prompt or output; fastest on rewriting, extraction and code editing) or `draft`
+    /// (a smaller model with the same vocabulary proposes them: --draft-model).
+    /// Lossless: the same tokens as `off`.
+    #[arg(long, value_parser = ["off", "lookup", "draft"])]
     pub speculative: Option<String>,
+    /// cpu: the draft model's GGUF for --speculative draft (same vocabulary as --model).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
     /// cpu: the most tokens one step drafts per stream with --speculative (1-32, default 8).
     #[arg(long)]
     pub draft_max: Option<u32>,
@@ -579,6 +584,9 @@ impl WorkerFlags {
         }
         if let Some(v) = self.draft_max {
             w.draft_max = v;
+        }
+        if let Some(v) = &self.draft_model {
+            w.draft_model = v.display().to_string();
         }
         if let Some(v) = self.queue_depth {
             w.queue_depth = v;

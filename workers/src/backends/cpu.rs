@@ -93,6 +93,7 @@ pub async fn load_model_on(
         kv_cache_mb: w.kv_cache_mb,
         prefill_chunk: w.prefill_chunk,
         speculative: w.speculative.clone(),
+        draft_model: w.draft_model.clone(),
         draft_max: w.draft_max,
         gpu_layers: w.gpu_layers,
         ..LoadConfig::default()

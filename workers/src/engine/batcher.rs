@@ -20,7 +20,7 @@ use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp}
 use super::constraint::Guide;
 use super::model::forward::SeqStep;
 use super::sampler::Sampler;
-use super::speculate::{Drafter, Prior, StepCosts};
+use super::speculate::{Drafter, Mode, Prior, StepCosts};
 use super::stops::{StopCheck, StopFilter};
 use super::text::tokenizer::StreamDecoder;
 use std::collections::VecDeque;
@@ -49,6 +49,8 @@ struct Running {
     drafter: Drafter,
     /// The next step's tokens: the last one sampled, then any drafts.
     feed: Vec<u32>,
+    /// Tokens the draft model should propose for the next step.
+    want: usize,
 }
 
 impl Running {
@@ -169,10 +171,17 @@ impl Running {
     fn plan(&mut self, cost: impl Fn(usize) -> Option<f64>) {
         let last = *self.history.last().expect("a running stream has a history");
         let room = self.max_tokens.saturating_sub(self.generated + 1);
-        let drafts = self.drafter.draft(&self.history, self.generated, room, cost);
         self.feed.clear();
         self.feed.push(last);
-        self.feed.extend(drafts);
+        self.want = 0;
+        match self.drafter.mode() {
+            Mode::Off => {}
+            Mode::Lookup => {
+                let drafts = self.drafter.draft(&self.history, self.generated, room, cost);
+                self.feed.extend(drafts);
+            }
+            Mode::Draft => self.want = self.drafter.wanted(self.generated, room, cost),
+        }
     }
 
     /// Samples from the logits of each fed position in turn, exactly as plain
@@ -439,6 +448,7 @@ impl Batcher {
             max_tokens: job.config.max_tokens as usize,
             drafter: Drafter::new(self.engine.speculative, self.engine.draft_max, self.prior.acceptance()),
             feed: Vec::new(),
+            want: 0,
             job,
         };
         // A resumed stream: its earlier tokens' bytes prime the UTF-8 decoder, so a
@@ -537,11 +547,25 @@ impl Batcher {
     /// the first prompt being prefilled, in one forward pass.
     fn step(&mut self) {
         self.drop_stale_prefills();
-        // Each stream drafts given the positions planned before it.
+        // Each stream drafts given the positions planned before it (and, with a
+        // draft model, what its passes cost).
         let mut planned = self.running.len();
+        let pass_us = self.engine.draft.as_ref().map_or(0.0, |d| d.pass_us);
         for r in &mut self.running {
-            r.plan(|k| self.costs.estimate(planned + k));
-            planned += r.feed.len() - 1;
+            r.plan(|k| self.costs.estimate(planned + k).map(|c| c + k as f64 * pass_us));
+            planned += r.feed.len() - 1 + r.want;
+        }
+        if let Some(draft) = self.engine.draft.as_mut() {
+            let wants: Vec<(usize, &[u32], usize)> =
+                self.running.iter().map(|r| (r.slot, &r.history[..], r.want)).collect();
+            match draft.draft(&wants) {
+                Ok(drafts) => {
+                    for (r, d) in self.running.iter_mut().zip(drafts) {
+                        r.feed.extend(d);
+                    }
+                }
+                Err(e) => tracing::warn!("the draft model failed ({e}); this step checks no drafts"),
+            }
         }
         // A stream's last token and its drafts; every position yields logits.
         let mut steps: Vec<SeqStep<'_>> = self

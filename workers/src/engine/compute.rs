@@ -126,6 +126,8 @@ pub struct Engine {
     pub speculative: super::speculate::Mode,
     /// The most tokens one step drafts per generation.
     pub draft_max: usize,
+    /// The draft model, with speculative mode `Draft`.
+    pub draft: Option<super::speculate::DraftModel>,
     clock: u64,
 }
 
@@ -203,6 +205,7 @@ impl Engine {
             prefill_chunk: 0,
             speculative: super::speculate::Mode::Off,
             draft_max: 0,
+            draft: None,
             clock: 0,
         }
     }

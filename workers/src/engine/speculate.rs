@@ -17,6 +17,11 @@
 //! and seeded sampled output are identical token for token with and without
 //! speculation.
 
+use super::compute::common_prefix;
+use super::model::forward::{Forward, SeqStep};
+use super::sampler::argmax;
+use switchyard_messages::BackendError;
+
 /// How a stream drafts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -24,6 +29,8 @@ pub enum Mode {
     Off,
     /// Prompt lookup: continuations of n-grams that already occurred.
     Lookup,
+    /// A smaller model with the same vocabulary drafts greedily ([`DraftModel`]).
+    Draft,
 }
 
 impl Mode {
@@ -32,8 +39,9 @@ impl Mode {
         match s {
             "" | "off" => Ok(Self::Off),
             "lookup" | "ngram" => Ok(Self::Lookup),
+            "draft" => Ok(Self::Draft),
             other => Err(format!(
-                "unknown speculative mode {other:?} (expected \"off\" or \"lookup\")"
+                "unknown speculative mode {other:?} (expected \"off\", \"lookup\" or \"draft\")"
             )),
         }
     }
@@ -134,6 +142,7 @@ impl StepCosts {
 /// metrics.
 #[derive(Debug, Clone)]
 pub struct Drafter {
+    mode: Mode,
     /// The most tokens one step proposes (0: speculation is off).
     max: usize,
     /// Decayed counts of drafted tokens kept, and of checks that ended on a rejected
@@ -157,6 +166,7 @@ impl Drafter {
     pub fn new(mode: Mode, max: usize, prior: f64) -> Self {
         let max = if mode == Mode::Off { 0 } else { max };
         Self {
+            mode,
             max,
             prior,
             kept: 0.0,
@@ -165,6 +175,15 @@ impl Drafter {
             paused_until: 0,
             drafted: 0,
             accepted: 0,
+        }
+    }
+
+    /// How this stream drafts.
+    pub fn mode(&self) -> Mode {
+        if self.max == 0 {
+            Mode::Off
+        } else {
+            self.mode
         }
     }
 
@@ -191,19 +210,34 @@ impl Drafter {
             return Vec::new();
         }
         let mut drafts = lookup(history, k);
+        drafts.truncate(self.size(drafts.len(), cost));
+        drafts
+    }
+
+    /// How many tokens a draft model should propose (up to `limit`), as
+    /// [`Self::draft`] chooses.
+    pub fn wanted(&self, generated: usize, limit: usize, cost: impl Fn(usize) -> Option<f64>) -> usize {
+        if generated < self.paused_until {
+            return 0;
+        }
+        self.size(self.max.min(limit), cost)
+    }
+
+    /// The number of drafts, at most `available`, that maximises expected tokens per
+    /// microsecond.
+    fn size(&self, available: usize, cost: impl Fn(usize) -> Option<f64>) -> usize {
         let a = self.acceptance();
         // Expected tokens from a step checking k drafts: 1 + a + … + a^k.
         let mut best = (0, 1.0 / cost(0).unwrap_or(1.0));
         let mut expected = 1.0;
-        for k in 1..=drafts.len() {
+        for k in 1..=available {
             expected += a.powi(k as i32);
             let rate = expected / cost(k).unwrap_or(1.0);
             if rate > best.1 {
                 best = (k, rate);
             }
         }
-        drafts.truncate(best.0);
-        drafts
+        best.0
     }
 
     /// A step proposed `drafted` tokens and the stream kept `accepted` of them;
@@ -220,6 +254,90 @@ impl Drafter {
             self.paused_until = generated + PAUSE_TOKENS;
             (self.kept, self.rejected, self.checks) = (0.0, 0.0, 0);
         }
+    }
+}
+
+/// A smaller model with the target's vocabulary that drafts greedily, one KV
+/// sequence per slot of the target (seed 004's draft model). Greedy drafts are a
+/// point mass, so checking them as prompt lookup's keeps output exact.
+pub struct DraftModel {
+    pub model: Box<dyn Forward>,
+    /// Per slot, the tokens whose keys and values the draft model holds.
+    resident: Vec<Vec<u32>>,
+    /// Microseconds one drafting pass took (exponential average; 0 = none yet).
+    pub pass_us: f64,
+}
+
+impl DraftModel {
+    pub fn new(model: Box<dyn Forward>) -> Self {
+        let resident = vec![Vec::new(); model.sequences()];
+        Self {
+            model,
+            resident,
+            pass_us: 0.0,
+        }
+    }
+
+    /// Greedy drafts for each `(slot, history, k)`: up to `k` tokens continuing
+    /// `history`. The first pass brings each slot up to its history (only what it
+    /// lacks: what it held beyond a rejected draft is overwritten); each further pass
+    /// feeds every stream's latest draft, all streams in one batch.
+    pub fn draft(&mut self, wants: &[(usize, &[u32], usize)]) -> Result<Vec<Vec<u32>>, BackendError> {
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); wants.len()];
+        let active: Vec<usize> = (0..wants.len()).filter(|&i| wants[i].2 > 0).collect();
+        if active.is_empty() {
+            return Ok(out);
+        }
+        let steps: Vec<SeqStep<'_>> = active
+            .iter()
+            .map(|&i| {
+                let (slot, history, _) = wants[i];
+                let have = common_prefix(&self.resident[slot], history).min(history.len() - 1);
+                SeqStep::new(slot, &history[have..], have)
+            })
+            .collect();
+        let logits = self.model.forward_batch(&steps);
+        // Whatever happened, a slot holds its history's prefix at most.
+        for &i in &active {
+            let (slot, history, _) = wants[i];
+            let keep = common_prefix(&self.resident[slot], history).min(history.len() - 1);
+            self.resident[slot].truncate(keep);
+        }
+        for (&i, l) in active.iter().zip(logits?) {
+            let (slot, history, _) = wants[i];
+            self.resident[slot] = history.to_vec();
+            out[i].push(argmax(&l));
+        }
+        // The passes after the first (which may catch up a whole prompt) are what
+        // each further drafted token costs.
+        let (started, mut passes) = (std::time::Instant::now(), 0);
+        loop {
+            let more: Vec<usize> = active.iter().copied().filter(|&i| out[i].len() < wants[i].2).collect();
+            if more.is_empty() {
+                break;
+            }
+            passes += 1;
+            let fed: Vec<[u32; 1]> = more.iter().map(|&i| [*out[i].last().expect("drafted")]).collect();
+            let steps: Vec<SeqStep<'_>> = more
+                .iter()
+                .zip(&fed)
+                .map(|(&i, t)| SeqStep::new(wants[i].0, t, self.resident[wants[i].0].len()))
+                .collect();
+            let logits = self.model.forward_batch(&steps)?;
+            for ((&i, t), l) in more.iter().zip(&fed).zip(logits) {
+                self.resident[wants[i].0].push(t[0]);
+                out[i].push(argmax(&l));
+            }
+        }
+        if passes > 0 {
+            let us = started.elapsed().as_micros() as f64 / f64::from(passes);
+            self.pass_us = if self.pass_us <= 0.0 {
+                us
+            } else {
+                0.8 * self.pass_us + 0.2 * us
+            };
+        }
+        Ok(out)
     }
 }
 
