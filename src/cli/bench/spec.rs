@@ -1,5 +1,5 @@
-//! `switchyard bench spec`: speculative decoding by prompt lookup on tasks whose
-//! answers repeat their input (rewrite a paragraph, extract fields, edit code). The
+//! `switchyard bench spec`: speculative decoding by prompt lookup (or, with
+//! `--draft-model`, a draft model) on tasks whose answers repeat their input (rewrite a paragraph, extract fields, edit code). The
 //! CPU engine (in this process, one KV slot) with `speculative = "off"` and
 //! `"lookup"`, and llama-server on the same GGUF plain and with its own n-gram
 //! speculation (`--spec-type ngram-simple`), alternating runs, greedy: decode tok/s,
@@ -38,6 +38,11 @@ pub struct BenchSpecArgs {
     /// `--spec-ngram-simple-size-m` too.
     #[arg(long, default_value_t = 8)]
     pub draft_max: u32,
+    /// Speculate with this draft model (a GGUF with the same vocabulary as every
+    /// --model) instead of prompt lookup, on both sides (`speculative = "draft"`;
+    /// llama-server `--model-draft`, `--spec-draft-n-max` = --draft-max).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
 }
 
 /// Input-grounded tasks: most of each answer is in its prompt.
@@ -128,37 +133,52 @@ pub async fn run(args: &BenchSpecArgs, server_bin: &Path) -> anyhow::Result<()> 
     }
     println!(
         "(decode tok/s, medians of {} alternating greedy runs per task after a warm-up; x = with / without \
-         speculation; acceptance = accepted / drafted tokens; vs llama = our lookup / llama.cpp's ngram-simple)",
+         speculation; acceptance = accepted / drafted tokens; vs llama = ours / llama.cpp's, both speculating)",
         args.runs
     );
     Ok(())
 }
 
 async fn measure(model: &Path, server_bin: &Path, args: &BenchSpecArgs) -> anyhow::Result<()> {
+    let draft = args.draft_model.as_ref().map(|p| p.display().to_string());
     let load = |speculative: &str| LoadConfig {
         threads: args.threads as u32,
         parallel_slots: 1,
         context_len: switchyard_procs::llama_server::CONTEXT,
         speculative: speculative.into(),
+        draft_model: if speculative == "draft" {
+            draft.clone().unwrap_or_default()
+        } else {
+            String::new()
+        },
         draft_max: args.draft_max,
         ..LoadConfig::default()
     };
+    let mode = if draft.is_some() { "draft" } else { "lookup" };
     eprintln!(
-        "loading {} in switchyard's cpu engine, without and with prompt lookup …",
+        "loading {} in switchyard's cpu engine, speculative off and {mode} …",
         model.display()
     );
     let plain = switchyard_workers::CpuBackend.load_model(model, &load("off"))?;
-    let lookup = switchyard_workers::CpuBackend.load_model(model, &load("lookup"))?;
+    let lookup = switchyard_workers::CpuBackend.load_model(model, &load(mode))?;
     let m = args.draft_max.to_string();
-    // The same n-gram and draft length as ours.
-    let spec_args = [
-        "--spec-type",
-        "ngram-simple",
-        "--spec-ngram-simple-size-n",
-        "3",
-        "--spec-ngram-simple-size-m",
-        &m,
-    ];
+    let spec_args: Vec<&str> = match &draft {
+        // The same n-gram and draft length as ours.
+        None => vec![
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "3",
+            "--spec-ngram-simple-size-m",
+            &m,
+        ],
+        Some(d) => vec!["--model-draft", d, "--spec-draft-n-max", &m],
+    };
+    let (ours_label, theirs_label) = if draft.is_some() {
+        ("draft", "draft")
+    } else {
+        ("lookup", "ngram")
+    };
     let their_plain = LlamaServer::start_with(server_bin, model, args.threads, 1, &[]).await?;
     let their_spec = LlamaServer::start_with(server_bin, model, args.threads, 1, &spec_args).await?;
     let settle = || tokio::time::sleep(std::time::Duration::from_millis(300));
@@ -168,7 +188,7 @@ async fn measure(model: &Path, server_bin: &Path, args: &BenchSpecArgs) -> anyho
         .unwrap_or_default();
     println!(
         "{name}: {:<8} {:>9} {:>9} {:>6} {:>8} {:>9} {:>9} {:>6} {:>8} {:>9} {:>7}",
-        "task", "ours off", "lookup", "x", "accept", "llama off", "ngram", "x", "accept", "vs llama", "tokens"
+        "task", "ours off", ours_label, "x", "accept", "llama off", theirs_label, "x", "accept", "vs llama", "tokens"
     );
     for (task, prompt) in TASKS {
         let max = args.max_tokens;
@@ -176,7 +196,7 @@ async fn measure(model: &Path, server_bin: &Path, args: &BenchSpecArgs) -> anyho
         let (a, b) = (ours(&plain, prompt, max).await?, ours(&lookup, prompt, max).await?);
         anyhow::ensure!(
             a.text == b.text,
-            "{task}: prompt lookup changed the answer:\n--- off ---\n{}\n--- lookup ---\n{}",
+            "{task}: speculation changed the answer:\n--- off ---\n{}\n--- {mode} ---\n{}",
             a.text,
             b.text
         );

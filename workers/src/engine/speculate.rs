@@ -119,9 +119,10 @@ impl StepCosts {
     }
 
     /// Estimated microseconds of a step of `rows` positions: measured, else
-    /// interpolated between the nearest measured sizes, else (larger than any
-    /// measured) the largest measured: optimistic, so an untried size gets tried
-    /// once and is known from then on. `None` before any step was measured.
+    /// interpolated between the nearest measured sizes; larger than any measured,
+    /// the largest measured (optimistic, so an untried size gets tried once and is
+    /// known from then on); smaller, in proportion to the smallest measured. `None`
+    /// before any step was measured.
     pub fn estimate(&self, rows: usize) -> Option<f64> {
         let seen = |r: usize| self.us.get(r).copied().filter(|&u| u > 0.0);
         if let Some(u) = seen(rows) {
@@ -131,7 +132,10 @@ impl StepCosts {
         let above = (rows + 1..self.us.len()).find_map(|r| seen(r).map(|u| (r, u)));
         match (below, above) {
             (Some((r0, u0)), Some((r1, u1))) => Some(u0 + (u1 - u0) * (rows - r0) as f64 / (r1 - r0) as f64),
-            (Some((_, u)), None) | (None, Some((_, u))) => Some(u),
+            // Smaller than any measured: in proportion (a step of fewer positions
+            // costs no more per position), so plain steps get tried and measured.
+            (None, Some((r1, u1))) => Some(u1 * rows as f64 / r1 as f64),
+            (Some((_, u)), None) => Some(u),
             (None, None) => None,
         }
     }
@@ -444,6 +448,9 @@ mod tests {
     fn step_costs_interpolate_between_measured_sizes() {
         let mut c = StepCosts::default();
         assert_eq!(c.estimate(3), None);
+        c.observe(9, 900.0);
+        assert_eq!(c.estimate(3), Some(300.0), "in proportion below what was seen");
+        let mut c = StepCosts::default();
         c.observe(1, 100.0);
         c.observe(5, 300.0);
         assert_eq!(c.estimate(1), Some(100.0));
