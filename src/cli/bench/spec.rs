@@ -172,7 +172,15 @@ async fn measure(model: &Path, server_bin: &Path, args: &BenchSpecArgs) -> anyho
             "--spec-ngram-simple-size-m",
             &m,
         ],
-        Some(d) => vec!["--model-draft", d, "--spec-draft-n-max", &m],
+        // (A plain draft GGUF needs its type named: llama.cpp infers only MTP heads.)
+        Some(d) => vec![
+            "--spec-type",
+            "draft-simple",
+            "--model-draft",
+            d,
+            "--spec-draft-n-max",
+            &m,
+        ],
     };
     let (ours_label, theirs_label) = if draft.is_some() {
         ("draft", "draft")

@@ -11,11 +11,12 @@
 //! one go (which would stall every running stream for the whole prefill). It is fed
 //! a chunk per step, its chunk riding in the same forward pass as the running
 //! streams' tokens, until its last chunk yields its first token. The chunk is sized
-//! so it costs about one decode step ([`ChunkBudget`]), so a running stream's
+//! so it costs about one decode step ([`super::chunking::ChunkBudget`]), so a running stream's
 //! inter-token time at most about doubles while a long prompt comes in. Chunking
 //! changes no result: a row's arithmetic does not depend on the rows beside it, and
 //! attention over the cache gives the same bits whatever the split.
 
+use super::chunking::ChunkBudget;
 use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp};
 use super::constraint::Guide;
 use super::model::forward::SeqStep;
@@ -162,9 +163,7 @@ impl Running {
         }
         true
     }
-}
 
-impl Running {
     /// Sets the next step's tokens: the last sampled one and what the drafter
     /// proposes after it (never more than the stream may still generate), given
     /// `cost(k)`, the estimated time of the step with `k` more positions.
@@ -204,9 +203,6 @@ impl Running {
         }
         self.drafter.observe(drafted, accepted, self.generated);
         prior.observe(drafted, accepted);
-        let stats = &engine.stats;
-        stats.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
-        stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
         going
     }
 }
@@ -217,60 +213,6 @@ struct Prefill {
     /// Prompt tokens already in its slot.
     fed: usize,
     began: Instant,
-}
-
-/// How many prompt tokens a chunk gets: fixed, or so that a chunk costs about one
-/// decode step, from running averages of what steps took.
-struct ChunkBudget {
-    /// Tokens per chunk; 0 = from the averages.
-    fixed: usize,
-    /// Microseconds of a step with no chunk (exponential average).
-    step_us: f64,
-    /// Microseconds per prompt token (exponential average).
-    token_us: f64,
-}
-
-impl ChunkBudget {
-    /// Bounds of a measured chunk: small enough to matter, large enough that the
-    /// prompt's matmuls still run as tiles.
-    const MIN: usize = 16;
-    const MAX: usize = 512;
-
-    fn new(fixed: usize) -> Self {
-        Self {
-            fixed,
-            step_us: 0.0,
-            token_us: 0.0,
-        }
-    }
-
-    fn tokens(&self) -> usize {
-        if self.fixed > 0 {
-            return self.fixed;
-        }
-        if self.step_us <= 0.0 || self.token_us <= 0.0 {
-            return 64;
-        }
-        ((self.step_us / self.token_us) as usize).clamp(Self::MIN, Self::MAX)
-    }
-
-    fn average(avg: &mut f64, sample: f64) {
-        *avg = if *avg <= 0.0 { sample } else { 0.8 * *avg + 0.2 * sample };
-    }
-
-    /// A step of `rows` decode rows and `chunk` prompt tokens took `us`.
-    fn observe(&mut self, rows: usize, chunk: usize, us: f64) {
-        if chunk == 0 {
-            if rows > 0 {
-                Self::average(&mut self.step_us, us);
-            }
-        } else if rows == 0 {
-            Self::average(&mut self.token_us, us / chunk as f64);
-        } else if self.step_us > 0.0 {
-            let extra = (us - self.step_us).max(us * 0.1);
-            Self::average(&mut self.token_us, extra / chunk as f64);
-        }
-    }
 }
 
 /// The compute thread's scheduler.
@@ -556,14 +498,9 @@ impl Batcher {
             planned += r.feed.len() - 1 + r.want;
         }
         if let Some(draft) = self.engine.draft.as_mut() {
-            let wants: Vec<(usize, &[u32], usize)> =
-                self.running.iter().map(|r| (r.slot, &r.history[..], r.want)).collect();
+            let wants: Vec<_> = self.running.iter().map(|r| (r.slot, &r.history[..], r.want)).collect();
             match draft.draft(&wants) {
-                Ok(drafts) => {
-                    for (r, d) in self.running.iter_mut().zip(drafts) {
-                        r.feed.extend(d);
-                    }
-                }
+                Ok(drafts) => self.running.iter_mut().zip(drafts).for_each(|(r, d)| r.feed.extend(d)),
                 Err(e) => tracing::warn!("the draft model failed ({e}); this step checks no drafts"),
             }
         }

@@ -79,9 +79,6 @@ pub struct BatchStats {
     pub rows: std::sync::atomic::AtomicU64,
     /// The largest batch one step ran.
     pub peak: std::sync::atomic::AtomicU64,
-    /// Tokens drafted for speculative decoding, and those the model confirmed.
-    pub drafted: std::sync::atomic::AtomicU64,
-    pub accepted: std::sync::atomic::AtomicU64,
 }
 
 /// What one KV slot holds.

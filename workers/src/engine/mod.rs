@@ -22,6 +22,7 @@
 
 pub mod batcher;
 pub mod candle;
+pub mod chunking;
 pub mod compute;
 pub mod constraint;
 pub mod kernels;
@@ -308,9 +309,9 @@ impl EngineModel {
                 ))
             }
             (speculate::Mode::Draft, draft) => {
-                let model = Self::load_draft(Path::new(draft), &tokenizer, context_len, slots)
+                let model = speculate::DraftModel::load(Path::new(draft), &tokenizer, context_len, slots)
                     .map_err(|e| load_err(format!("draft model {draft}: {e}")))?;
-                engine.draft = Some(speculate::DraftModel::new(model));
+                engine.draft = Some(model);
             }
             (_, "") => {}
             (_, draft) => {
@@ -338,36 +339,6 @@ impl EngineModel {
             memory,
             usage,
         })
-    }
-
-    /// A draft model for speculative decoding: a GGUF whose vocabulary is the
-    /// target's token for token, with the target's context and slots.
-    fn load_draft(
-        path: &Path,
-        target: &tokenizer::GgufTokenizer,
-        context_len: usize,
-        slots: usize,
-    ) -> Result<Box<dyn forward::Forward>, String> {
-        let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-        let content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
-            .map_err(|e| format!("not a readable GGUF file: {e}"))?;
-        let vocab = tokenizer::GgufTokenizer::from_gguf(&content).map_err(|e| e.to_string())?;
-        if vocab.vocab_size() != target.vocab_size() {
-            return Err(format!(
-                "its vocabulary has {} tokens, the model's {}: a draft must share the vocabulary",
-                vocab.vocab_size(),
-                target.vocab_size()
-            ));
-        }
-        if let Some(id) = (0..vocab.vocab_size() as u32).find(|&id| vocab.token_bytes(id) != target.token_bytes(id)) {
-            return Err(format!(
-                "token {id} is {:?} in it and {:?} in the model: a draft must share the vocabulary",
-                String::from_utf8_lossy(vocab.token_bytes(id)),
-                String::from_utf8_lossy(target.token_bytes(id))
-            ));
-        }
-        drop(vocab);
-        Self::forward_impl(content, &mut file, context_len, slots)
     }
 
     /// The batcher's decode-step counters.

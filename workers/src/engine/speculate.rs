@@ -17,9 +17,12 @@
 //! and seeded sampled output are identical token for token with and without
 //! speculation.
 
-use super::compute::common_prefix;
-use super::model::forward::{Forward, SeqStep};
+use super::model::forward::{CpuForward, Forward, SeqStep};
+use super::model::llama::LlamaModel;
 use super::sampler::argmax;
+use super::text::tokenizer::GgufTokenizer;
+use candle_core::quantized::gguf_file;
+use std::path::Path;
 use switchyard_messages::BackendError;
 
 /// How a stream drafts.
@@ -273,6 +276,32 @@ pub struct DraftModel {
 }
 
 impl DraftModel {
+    /// A draft model for speculative decoding: a GGUF whose vocabulary is the
+    /// target's token for token, with the target's context and slots.
+    pub fn load(path: &Path, target: &GgufTokenizer, context_len: usize, slots: usize) -> Result<Self, String> {
+        let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        let content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
+            .map_err(|e| format!("not a readable GGUF file: {e}"))?;
+        let vocab = GgufTokenizer::from_gguf(&content).map_err(|e| e.to_string())?;
+        if vocab.vocab_size() != target.vocab_size() {
+            return Err(format!(
+                "its vocabulary has {} tokens, the model's {}: a draft must share the vocabulary",
+                vocab.vocab_size(),
+                target.vocab_size()
+            ));
+        }
+        if let Some(id) = (0..vocab.vocab_size() as u32).find(|&id| vocab.token_bytes(id) != target.token_bytes(id)) {
+            return Err(format!(
+                "token {id} is {:?} in it and {:?} in the model: a draft must share the vocabulary",
+                String::from_utf8_lossy(vocab.token_bytes(id)),
+                String::from_utf8_lossy(target.token_bytes(id))
+            ));
+        }
+        drop(vocab);
+        let model = LlamaModel::load(&content, &mut file, context_len).map_err(|e| e.to_string())?;
+        Ok(Self::new(Box::new(CpuForward::new(model, slots))))
+    }
+
     pub fn new(model: Box<dyn Forward>) -> Self {
         let resident = vec![Vec::new(); model.sequences()];
         Self {
@@ -343,6 +372,11 @@ impl DraftModel {
         }
         Ok(out)
     }
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Prompt lookup: the tokens that followed the most recent earlier occurrence of
