@@ -207,7 +207,7 @@ impl WorkerConfig {
                 "must be \"off\", \"lookup\" or \"draft\"",
             );
         }
-        if (self.speculative == "draft") != !self.draft_model.is_empty() {
+        if (self.speculative == "draft") == self.draft_model.is_empty() {
             return invalid(
                 "worker.draft_model",
                 format!("{:?}", self.draft_model),

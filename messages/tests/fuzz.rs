@@ -474,6 +474,8 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 peak_memory_bytes: 1 << 30,
                 active_memory_bytes: 1 << 29,
                 fleet_queue_us: 2_500,
+                draft_tokens: 9,
+                accepted_tokens: 7,
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),
@@ -551,6 +553,8 @@ fn seed_status() -> WorkerStatus {
             requests: 64,
             ttft_ms: 12.5,
             tpot_ms: 3.25,
+            draft_tokens: 900,
+            accepted_tokens: 700,
         },
         nats_server: "n1 (10.0.0.5:4222)".into(),
     }
