@@ -274,7 +274,10 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
         p.wait_for("up on", Duration::from_secs(60));
         p
     };
-    let _w2 = worker(2, url(&[2, 3]), "w2");
+    // w2 fails over to n1 when n2 dies: with n3 as its only other server it would sit
+    // behind the h3 cut too, and when the leaf also happened to be linked through n3
+    // every worker was unreachable for those 5 s (a quarter of the run failed).
+    let _w2 = worker(2, url(&[2, 1]), "w2");
     let _w3 = worker(3, url(&[3, 1]), "w3");
     let _w4 = worker(4, url(&[4]), "w4");
     for w in ["w2", "w3", "w4"] {
