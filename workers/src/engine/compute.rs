@@ -128,10 +128,7 @@ pub struct Engine {
     clock: u64,
 }
 
-/// Length of the common prefix of `a` and `b`.
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
+pub use super::kvstore::common_prefix;
 
 pub use switchyard_actors::panic_message;
 

@@ -12,6 +12,11 @@
 
 use std::collections::HashMap;
 
+/// Length of the common prefix of `a` and `b` (tokens a slot holds and tokens wanted).
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 32;
 

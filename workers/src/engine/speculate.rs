@@ -17,6 +17,7 @@
 //! and seeded sampled output are identical token for token with and without
 //! speculation.
 
+use super::kvstore::common_prefix;
 use super::model::forward::{CpuForward, Forward, SeqStep};
 use super::model::llama::LlamaModel;
 use super::sampler::argmax;
@@ -372,11 +373,6 @@ impl DraftModel {
         }
         Ok(out)
     }
-}
-
-/// Length of the common prefix of `a` and `b`.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Prompt lookup: the tokens that followed the most recent earlier occurrence of
