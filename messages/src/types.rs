@@ -131,6 +131,10 @@ pub struct LoadConfig {
     pub draft_model: String,
     /// The most tokens one step drafts per generation; `0` = the engine's default.
     pub draft_max: u32,
+    /// The CPU engine copies a prefix another slot computed instead of sharing its
+    /// KV pages (each slot holding its own copy, as before pages): only for `bench
+    /// kv`'s before/after comparison.
+    pub copy_kv_prefixes: bool,
 }
 
 impl Default for LoadConfig {
@@ -147,6 +151,7 @@ impl Default for LoadConfig {
             speculative: String::new(),
             draft_model: String::new(),
             draft_max: 0,
+            copy_kv_prefixes: false,
         }
     }
 }

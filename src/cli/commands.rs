@@ -158,6 +158,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             super::bench::structured::structured(&models, args.threads, args.runs, args.max_tokens).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(super::BenchCommand::Kv(args)) => {
+            super::bench::pages::run(&args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Spec(args)) => {
             let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
             super::bench::spec::run(&args, &bin).await?;

@@ -19,7 +19,11 @@ fn worker_backend<'a>(command: &'a Command, config: &'a Config) -> Option<&'a st
         Command::Bench(BenchCommand::KvRouting(a)) => &a.worker,
         Command::Bench(BenchCommand::Prefix(a)) => &a.worker,
         Command::Bench(
-            BenchCommand::Llama(_) | BenchCommand::Stall(_) | BenchCommand::Structured(_) | BenchCommand::Spec(_),
+            BenchCommand::Llama(_)
+            | BenchCommand::Kv(_)
+            | BenchCommand::Stall(_)
+            | BenchCommand::Structured(_)
+            | BenchCommand::Spec(_),
         ) => return Some("cpu"),
         _ => return None,
     };

@@ -13,6 +13,7 @@ pub mod limit;
 pub mod llama;
 pub mod llama_cpp;
 pub mod mlx;
+pub mod pages;
 pub mod prefix;
 pub mod pull;
 pub mod routing;

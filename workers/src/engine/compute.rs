@@ -207,7 +207,10 @@ impl Engine {
     /// Refreshes [`Engine::usage`].
     pub fn publish_usage(&self) {
         let resident: usize = self.slots.iter().map(|s| s.resident.len()).sum();
-        let bytes: usize = self.slots.iter().map(|s| self.model.kv_bytes(s.resident.len())).sum();
+        let bytes = self
+            .model
+            .kv_held_bytes()
+            .unwrap_or_else(|| self.slots.iter().map(|s| self.model.kv_bytes(s.resident.len())).sum());
         let store = self.store.stats();
         let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         *u = switchyard_messages::KvUsage {

@@ -296,6 +296,7 @@ impl EngineModel {
             last_metrics.clone(),
         );
         engine.store = kvstore::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
+        engine.model.share_prefixes(!config.copy_kv_prefixes);
         engine.prefill_chunk = config.prefill_chunk as usize;
         engine.speculative = speculate::Mode::parse(&config.speculative).map_err(load_err)?;
         engine.draft_max = match config.draft_max {

@@ -1,13 +1,12 @@
 //! Causal grouped-query attention over a sequence's f16 KV cache, with llama.cpp's
 //! rounding (Q and the attention weights in f16) and the engine's kernel variant.
 //!
-//! A layer's keys and values are `[kv_head][row][head_dim]` with position `p` at row
-//! `p % rows`: every position on a global layer (`rows` = the context), a ring on a
-//! sliding-window layer. Keys are always visited in position order, so a window that
-//! wraps around the ring is read as two runs of rows with the same sums, in the same
-//! order, as one.
+//! A layer's keys and values come as runs of whole rows in position order
+//! ([`LayerView::runs`]): one per page on a layer that holds every position, one or
+//! two (where the window wraps) on a sliding-window layer's ring. The sums run over
+//! the runs in position order, so they are the same however the rows are stored.
 
-use super::kv_cache::wrap;
+use super::kv_cache::LayerView;
 use super::params::LlamaParams;
 use crate::engine::kernels::simd::Kernels;
 
@@ -16,18 +15,8 @@ use crate::engine::kernels::simd::Kernels;
 /// order for a head size that is a multiple of 8), the scaled softmax with ggml's
 /// `expf`, the weights rounded to f16, then V accumulated row by row (vectorised).
 /// With `window > 0` a query at position `i` sees only keys at `j > i - window`.
-/// `k` and `v` start at the layer's first row; `rows` is its rows per KV head.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn attention(
-    p: &LlamaParams,
-    q: &[f32],
-    k: &[u16],
-    v: &[u16],
-    rows: usize,
-    pos: usize,
-    window: usize,
-    out: &mut [f32],
-) {
+/// `kv` is the sequence's layer.
+pub(super) fn attention(p: &LlamaParams, q: &[f32], kv: LayerView<'_>, pos: usize, window: usize, out: &mut [f32]) {
     use rayon::prelude::*;
     let kern = Kernels::active();
     let hd = p.head_dim;
@@ -35,7 +24,7 @@ pub(super) fn attention(
     let scale = p.attn_scale;
     let d = p.q_dim();
     if out.len() / d * group > 8 {
-        return tiled(p, q, k, v, rows, pos, window, out);
+        return tiled(p, q, kv, pos, window, out);
     }
     // A decode step (one query per head, a few sequences' worth at most) reads the
     // f16 rows directly, widening them in registers: the same values as [`tiled`]
@@ -47,18 +36,18 @@ pub(super) fn attention(
         (kern.round_f16)(&mut qrow);
         let len = pos + t + 1;
         let first = if window > 0 { len.saturating_sub(window) } else { 0 };
-        let head = kvh * rows * hd;
-        let seen = wrap(first, len, rows).map(|r| head + r.start * hd..head + r.end * hd);
+        let mut seen = Vec::new();
+        kv.runs(kvh, first, len, |k, v| seen.push((k, v)));
         let mut scores: Vec<f32> = seen
             .iter()
-            .flat_map(|r| k[r.clone()].chunks_exact(hd))
+            .flat_map(|(k, _)| k.chunks_exact(hd))
             .map(|kr| (kern.dot_f16_f32)(kr, &qrow) * scale)
             .collect();
         (kern.softmax)(&mut scores);
         // The weights as f16, like llama.cpp's f16 KQ·V matmul.
         (kern.round_f16)(&mut scores);
         o.iter_mut().for_each(|x| *x = 0.0);
-        for (vr, &w) in seen.iter().flat_map(|r| v[r.clone()].chunks_exact(hd)).zip(&scores) {
+        for (vr, &w) in seen.iter().flat_map(|(_, v)| v.chunks_exact(hd)).zip(&scores) {
             (kern.axpy_f16)(o, vr, w);
         }
     });
@@ -71,8 +60,7 @@ pub(super) fn attention(
 /// each query's softmax, the weights rounded to f16, and the same walk over the value
 /// blocks accumulates each query's output. Every score and every output value is
 /// computed exactly as in the one-query path (see `kernels::simd::attend`).
-#[allow(clippy::too_many_arguments)]
-fn tiled(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], rows: usize, pos: usize, window: usize, out: &mut [f32]) {
+fn tiled(p: &LlamaParams, q: &[f32], kv: LayerView<'_>, pos: usize, window: usize, out: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
     let kern = Kernels::active();
@@ -112,21 +100,20 @@ fn tiled(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], rows: usize, pos: usi
                 qr.copy_from_slice(&q[t * d + h * hd..t * d + (h + 1) * hd]);
             }
             (kern.round_f16)(&mut qt);
-            let head = kvh * rows * hd;
-            // Positions `b0..b1` into `buf`, in order (one or two runs of rows).
-            let widen = |src: &[u16], b0: usize, b1: usize, buf: &mut [f32]| {
+            // Keys (`values` false) or values of positions `b0..b1` into `buf`, in order.
+            let widen = |values: bool, b0: usize, b1: usize, buf: &mut [f32]| {
                 let mut at = 0;
-                for r in wrap(b0, b1, rows) {
-                    let bits = &src[head + r.start * hd..head + r.end * hd];
+                kv.runs(kvh, b0, b1, |k, v| {
+                    let bits = if values { v } else { k };
                     // SAFETY: f16 is a transparent wrapper of u16 with the same size and alignment.
                     let halves = unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const half::f16, bits.len()) };
                     halves.convert_to_f32_slice(&mut buf[at..at + bits.len()]);
                     at += bits.len();
-                }
+                });
             };
             for b0 in (lo..hi).step_by(block) {
                 let b1 = (b0 + block).min(hi);
-                widen(k, b0, b1, &mut buf);
+                widen(false, b0, b1, &mut buf);
                 for (i, qr) in qt.chunks_exact(hd).enumerate() {
                     let (f, l) = seen(i);
                     let (s, e) = (b0.max(f), b1.min(l));
@@ -147,7 +134,7 @@ fn tiled(p: &LlamaParams, q: &[f32], k: &[u16], v: &[u16], rows: usize, pos: usi
             }
             for b0 in (lo..hi).step_by(block) {
                 let b1 = (b0 + block).min(hi);
-                widen(v, b0, b1, &mut buf);
+                widen(true, b0, b1, &mut buf);
                 for i in 0..nq {
                     let (f, l) = seen(i);
                     let (s, e) = (b0.max(f), b1.min(l));

@@ -3,7 +3,9 @@
 //! slot). The candle pass ([`crate::engine::candle::CandleForward`], the `cuda`
 //! backend's native engine) is the other implementation.
 
+use super::kv_cache::KvPage;
 use super::llama::{KvCache, LlamaModel, Step};
+use std::sync::Arc;
 use switchyard_messages::BackendError;
 
 /// Post-RoPE keys read from a KV cache.
@@ -68,6 +70,9 @@ pub trait Forward: Send {
     fn resumable(&self, _seq: usize, want: usize) -> usize {
         want
     }
+    /// Whether [`Forward::copy_prefix`] shares memory between the sequences where the
+    /// implementation can (true) or copies (false).
+    fn share_prefixes(&mut self, _share: bool) {}
     /// Copies positions `0..len` of sequence `from` into sequence `to`; false when
     /// the implementation cannot.
     fn copy_prefix(&mut self, _from: usize, _to: usize, _len: usize) -> bool {
@@ -82,6 +87,11 @@ pub trait Forward: Send {
     /// Bytes `tokens` cached positions take in one sequence.
     fn kv_bytes(&self, tokens: usize) -> usize {
         tokens * self.kv_bytes_per_token()
+    }
+    /// Bytes of KV all sequences hold together, where sequences share memory (pages
+    /// of a common prefix counted once); `None`: as [`Forward::kv_bytes`] of each.
+    fn kv_held_bytes(&self) -> Option<usize> {
+        None
     }
     /// Keys and values of positions `start..start + n` of sequence `seq`, when the
     /// implementation can read them out (and still holds them).
@@ -115,13 +125,21 @@ pub trait Forward: Send {
 pub struct CpuForward {
     pub model: LlamaModel,
     pub caches: Vec<KvCache>,
+    /// Whether a prefix taken from another sequence shares its pages (else: copies
+    /// them, each sequence holding its own — the layout before pages, kept for `bench
+    /// kv`'s comparison).
+    pub share_pages: bool,
 }
 
 impl CpuForward {
     /// `model` with `slots` (at least 1) independent sequences.
     pub fn new(model: LlamaModel, slots: usize) -> Self {
         let caches = (0..slots.max(1)).map(|_| model.new_cache()).collect();
-        Self { model, caches }
+        Self {
+            model,
+            caches,
+            share_pages: true,
+        }
     }
 }
 
@@ -173,6 +191,11 @@ impl Forward for CpuForward {
         self.caches.get(seq).map_or(0, |c| c.resumable(want))
     }
 
+    fn share_prefixes(&mut self, share: bool) {
+        self.share_pages = share;
+    }
+
+    /// Shares the pages of positions `0..len` (see [`KvCache::copy_prefix`]).
     fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> bool {
         if from == to || from >= self.caches.len() || to >= self.caches.len() {
             return false;
@@ -184,7 +207,7 @@ impl Forward for CpuForward {
             let (a, b) = self.caches.split_at_mut(from);
             (&b[0], &mut a[to])
         };
-        dst.copy_prefix(src, len, &self.model.params);
+        dst.copy_prefix(src, len, self.share_pages);
         true
     }
 
@@ -194,6 +217,17 @@ impl Forward for CpuForward {
 
     fn kv_bytes(&self, tokens: usize) -> usize {
         self.caches[0].bytes(tokens, &self.model.params)
+    }
+
+    /// Each page once, however many sequences hold it, and each sequence's rings.
+    fn kv_held_bytes(&self) -> Option<usize> {
+        let pages: std::collections::HashSet<*const KvPage> = self
+            .caches
+            .iter()
+            .flat_map(|c| c.pages().iter().map(Arc::as_ptr))
+            .collect();
+        let rings: usize = self.caches.iter().map(KvCache::ring_bytes_held).sum();
+        Some(pages.len() * self.caches[0].page_bytes() + rings)
     }
 
     fn read_rows(&self, seq: usize, start: usize, n: usize) -> Option<(Vec<u16>, Vec<u16>)> {

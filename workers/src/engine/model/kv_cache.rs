@@ -1,9 +1,20 @@
-//! One sequence's f16 KV cache, with rings on sliding-window layers.
+//! One sequence's f16 KV cache: pages shared between sequences on the layers that
+//! hold every position, rings on sliding-window layers.
 //!
-//! A global layer holds every position: `[kv_head][pos][head_dim]` for `ctx`
-//! positions. A sliding-window layer (Gemma 3's local layers) attends only to the
+//! **Pages.** A layer that holds every position keeps it in a page: [`PAGE`]
+//! consecutive positions of every such layer and KV head, `[layer][kv_head][row]
+//! [head_dim]`. A sequence holds a list of pages, reference-counted: a prefix another
+//! sequence computed is shared page by page ([`KvCache::copy_prefix`]), not copied,
+//! so many streams behind one system prompt hold it once. A page is written only by
+//! a sequence that owns it alone: before a pass writes positions, [`KvCache::wrote`]
+//! copies each page it touches that another sequence still holds (copy-on-write, at
+//! the first divergent page) and drops the pages past what the pass writes. A page is
+//! freed when the last sequence holding it lets it go, never before.
+//!
+//! **Rings.** A sliding-window layer (Gemma 3's local layers) attends only to the
 //! last `window` positions, so with a ring it holds `ring = window + SWA_PASS` rows
-//! per KV head, position `p` at row `p % ring`. One pass writes at most
+//! per KV head, position `p` at row `p % ring`, in the sequence's own buffer (rings
+//! are short and rewritten every step: nothing to share). One pass writes at most
 //! [`SWA_PASS`] positions (`LlamaModel::forward_batch` splits longer steps), so the
 //! rows a pass reads (its first query's window to its last position, at most
 //! `window - 1 + SWA_PASS`) never overlap the rows it overwrites. The rings keep only
@@ -13,11 +24,16 @@
 use super::params::LlamaParams;
 use crate::engine::kernels::quants::h2f;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// The most positions one forward pass writes into a cache with rings; a ring holds
 /// `window + SWA_PASS` rows. The largest prefill chunk the batcher measures
 /// (`ChunkBudget::MAX`), so only a prompt prefilled alone is split.
 pub const SWA_PASS: usize = 512;
+
+/// Positions per page: the block store's block (`kvstore::BLOCK_TOKENS`), so the
+/// blocks the store keys and the pages slots share are the same token runs.
+pub const PAGE: usize = 32;
 
 /// The rows of positions `a..b` (at most `rows` of them) in a layer where position
 /// `p` sits at row `p % rows`: one range, or two when they wrap.
@@ -30,21 +46,99 @@ pub(super) fn wrap(a: usize, b: usize, rows: usize) -> [Range<usize>; 2] {
     }
 }
 
-/// One sequence's keys and values as f16 bits, per layer `[kv_head][row][head_dim]`.
-/// Allocated zeroed, so the operating system commits its pages only as rows are
+/// Keys and values of [`PAGE`] consecutive positions on every paged layer, as f16
+/// bits. Allocated zeroed, so the operating system commits its memory as rows are
 /// written.
+#[derive(Clone)]
+pub struct KvPage {
+    k: Box<[u16]>,
+    v: Box<[u16]>,
+}
+
+impl KvPage {
+    fn new(len: usize) -> Self {
+        Self {
+            k: vec![0; len].into_boxed_slice(),
+            v: vec![0; len].into_boxed_slice(),
+        }
+    }
+
+    /// Bytes of keys and values the page holds.
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 2
+    }
+}
+
+/// Where a layer keeps its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In the pages, from this offset of each page.
+    Paged(usize),
+    /// In a ring of the sequence's own buffers, from this offset.
+    Ring(usize),
+}
+
+/// One sequence's keys and values.
 pub struct KvCache {
-    pub(super) k: Vec<u16>,
-    pub(super) v: Vec<u16>,
+    /// Page `i` holds positions `i * PAGE..(i + 1) * PAGE` of the paged layers.
+    pages: Vec<Arc<KvPage>>,
+    /// Values (keys or values) per page: paged layers × KV heads × `PAGE` × head size.
+    page_len: usize,
+    /// The rings, `[ring layer][kv_head][row][head_dim]`.
+    ring_k: Vec<u16>,
+    ring_v: Vec<u16>,
     ctx: usize,
     /// Rows per KV head of a sliding-window layer; 0 = no rings (every layer holds
     /// every position).
     ring: usize,
     window: usize,
-    /// Where each layer starts in `k` and `v`, and its rows per KV head.
-    layers: Vec<(usize, usize)>,
+    layers: Vec<Place>,
     /// The first position the rings still hold (0 without rings).
     start: usize,
+    /// Positions written: `0..held`.
+    held: usize,
+    heads: usize,
+    head_dim: usize,
+}
+
+/// One layer of one sequence, as attention reads it.
+#[derive(Clone, Copy)]
+pub(super) struct LayerView<'a> {
+    cache: &'a KvCache,
+    place: Place,
+}
+
+impl<'a> LayerView<'a> {
+    /// Calls `f` with the keys and values of positions `a..b` (held) of KV head `h`,
+    /// as runs of whole rows in position order: one per page touched, or the one or
+    /// two runs of a ring.
+    pub(super) fn runs(&self, h: usize, a: usize, b: usize, mut f: impl FnMut(&'a [u16], &'a [u16])) {
+        let c = self.cache;
+        let hd = c.head_dim;
+        match self.place {
+            Place::Paged(off) => {
+                let head = off + h * PAGE * hd;
+                let mut p = a;
+                while p < b {
+                    let (page, r0) = (p / PAGE, p % PAGE);
+                    let r1 = (b - page * PAGE).min(PAGE);
+                    let pg = &c.pages[page];
+                    let span = head + r0 * hd..head + r1 * hd;
+                    f(&pg.k[span.clone()], &pg.v[span]);
+                    p = page * PAGE + r1;
+                }
+            }
+            Place::Ring(off) => {
+                let head = off + h * c.ring * hd;
+                for r in wrap(a, b, c.ring) {
+                    if !r.is_empty() {
+                        let span = head + r.start * hd..head + r.end * hd;
+                        f(&c.ring_k[span.clone()], &c.ring_v[span]);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl KvCache {
@@ -62,22 +156,32 @@ impl KvCache {
     }
 
     fn build(p: &LlamaParams, ctx: usize, ring: usize) -> Self {
-        let mut at = 0;
+        let (head, hd) = (p.n_head_kv, p.head_dim);
+        let (mut paged, mut at) = (0, 0);
         let layers = (0..p.n_layer)
             .map(|il| {
-                let rows = if ring > 0 && p.is_swa(il) { ring } else { ctx };
-                at += p.n_head_kv * rows * p.head_dim;
-                (at - p.n_head_kv * rows * p.head_dim, rows)
+                if ring > 0 && p.is_swa(il) {
+                    at += head * ring * hd;
+                    Place::Ring(at - head * ring * hd)
+                } else {
+                    paged += 1;
+                    Place::Paged((paged - 1) * head * PAGE * hd)
+                }
             })
             .collect();
         Self {
-            k: vec![0; at],
-            v: vec![0; at],
+            pages: Vec::new(),
+            page_len: paged * head * PAGE * hd,
+            ring_k: vec![0; at],
+            ring_v: vec![0; at],
             ctx,
             ring,
             window: p.swa_window,
             layers,
             start: 0,
+            held: 0,
+            heads: head,
+            head_dim: hd,
         }
     }
 
@@ -117,133 +221,201 @@ impl KvCache {
         }
     }
 
-    /// Where layer `il` starts in `k` and `v`, and its rows per KV head.
-    pub(super) fn layer(&self, il: usize) -> (usize, usize) {
-        self.layers[il]
+    /// The pages the sequence holds (page `i`: positions `i * PAGE..`); another
+    /// sequence may hold the same ones.
+    pub fn pages(&self) -> &[Arc<KvPage>] {
+        &self.pages
+    }
+
+    /// Bytes of one page (0 when every layer keeps a ring).
+    pub fn page_bytes(&self) -> usize {
+        self.page_len * 4
+    }
+
+    /// Bytes of the rings written so far.
+    pub fn ring_bytes_held(&self) -> usize {
+        self.ring_bytes(self.held)
+    }
+
+    /// Bytes of the rings the sequence has written, when it holds `tokens`
+    /// positions (a ring stops growing at its length).
+    pub fn ring_bytes(&self, tokens: usize) -> usize {
+        if self.ring == 0 {
+            return 0;
+        }
+        self.ring_k.len() / self.ring * tokens.min(self.ring) * 4
+    }
+
+    /// Layer `il`, for attention.
+    pub(super) fn view(&self, il: usize) -> LayerView<'_> {
+        LayerView {
+            cache: self,
+            place: self.layers[il],
+        }
+    }
+
+    /// Where the row of position `pos`, layer `il`, KV head `h` starts: in the page
+    /// `pos / PAGE`, or in the rings.
+    fn at(&self, il: usize, h: usize, pos: usize) -> (Option<usize>, usize) {
+        let hd = self.head_dim;
+        match self.layers[il] {
+            Place::Paged(off) => (Some(pos / PAGE), off + (h * PAGE + pos % PAGE) * hd),
+            Place::Ring(off) => (None, off + (h * self.ring + pos % self.ring) * hd),
+        }
+    }
+
+    /// The key and value rows of position `pos`, layer `il`, KV head `h`, to write.
+    /// The page holding it must be the sequence's own: [`Self::wrote`] made it so.
+    pub(super) fn row_mut(&mut self, il: usize, h: usize, pos: usize) -> (&mut [u16], &mut [u16]) {
+        let hd = self.head_dim;
+        match self.at(il, h, pos) {
+            (Some(page), o) => {
+                let page = Arc::get_mut(&mut self.pages[page]).expect("a page is written only by its sole holder");
+                (&mut page.k[o..o + hd], &mut page.v[o..o + hd])
+            }
+            (None, o) => (&mut self.ring_k[o..o + hd], &mut self.ring_v[o..o + hd]),
+        }
     }
 
     /// Positions `pos..pos + n` are about to be written: a write at 0 starts the
-    /// sequence over; the rings lose what the new rows overwrite.
+    /// sequence over; the rings lose what the new rows overwrite; the pages past the
+    /// written ones go (another sequence may still hold them), the pages written are
+    /// new, or copied first where another sequence holds them too.
     pub(super) fn wrote(&mut self, pos: usize, n: usize) {
-        if self.ring == 0 {
+        self.held = pos + n;
+        if self.ring > 0 {
+            if pos == 0 {
+                self.start = 0;
+            }
+            self.start = self.start.max((pos + n).saturating_sub(self.ring));
+        }
+        if self.page_len == 0 || n == 0 {
             return;
         }
-        if pos == 0 {
-            self.start = 0;
+        let end = (pos + n).div_ceil(PAGE);
+        self.pages.truncate(end);
+        while self.pages.len() < end {
+            self.pages.push(Arc::new(KvPage::new(self.page_len)));
         }
-        self.start = self.start.max((pos + n).saturating_sub(self.ring));
+        for page in &mut self.pages[pos / PAGE..end] {
+            Arc::make_mut(page);
+        }
     }
 
     /// Bytes each position takes on the layers that hold every position.
     pub fn bytes_per_token(&self, p: &LlamaParams) -> usize {
-        let full = self.layers.iter().filter(|l| l.1 == self.ctx).count();
+        let full = self.layers.iter().filter(|l| matches!(l, Place::Paged(_))).count();
         2 * 2 * full * p.n_head_kv * p.head_dim
     }
 
-    /// Bytes `tokens` positions take: the full layers' rows and the rings' rows
-    /// written (a ring stops growing at its length).
+    /// Bytes `tokens` positions take held by this sequence alone: the full layers'
+    /// rows and the rings' rows written (a ring stops growing at its length).
     pub fn bytes(&self, tokens: usize, p: &LlamaParams) -> usize {
-        let rings = self.layers.iter().filter(|l| l.1 < self.ctx).count();
-        tokens * self.bytes_per_token(p) + 2 * 2 * rings * p.n_head_kv * p.head_dim * tokens.min(self.ring)
+        tokens * self.bytes_per_token(p) + self.ring_bytes(tokens)
     }
 
-    /// The element ranges of positions `a..b` (held) of layer `il`, head `h`.
-    fn spans(&self, il: usize, h: usize, a: usize, b: usize, hd: usize) -> impl Iterator<Item = Range<usize>> {
-        let (off, rows) = self.layers[il];
-        let head = off + h * rows * hd;
-        wrap(a, b, rows)
-            .into_iter()
-            .filter(|r| !r.is_empty())
-            .map(move |r| head + r.start * hd..head + r.end * hd)
-    }
-
-    /// Copies positions `0..len` of `from` (same model, same size) into this cache:
-    /// a prefix another sequence already computed costs a memory copy, not a prefill.
-    /// The rings get what `from`'s hold of the last `ring` positions; `len` should be
+    /// Takes positions `0..len` of `from` (same model, same size): a prefix another
+    /// sequence already computed costs neither a prefill nor, on the paged layers,
+    /// memory — its pages are shared (or copied, when `share` is false). The rings
+    /// get a copy of what `from`'s hold of the last `ring` positions; `len` should be
     /// [`Self::resumable`] in `from`.
-    pub fn copy_prefix(&mut self, from: &KvCache, len: usize, p: &LlamaParams) {
+    pub fn copy_prefix(&mut self, from: &KvCache, len: usize, share: bool) {
+        let pages = &from.pages[..len.div_ceil(PAGE).min(from.pages.len())];
+        self.pages = if share {
+            pages.to_vec()
+        } else {
+            pages.iter().map(|p| Arc::new(KvPage::clone(p))).collect()
+        };
         let lo = if self.ring > 0 {
             from.start.max(len.saturating_sub(self.ring)).min(len)
         } else {
             0
         };
-        for il in 0..p.n_layer {
-            let a = if self.layers[il].1 < self.ctx { lo } else { 0 };
-            for h in 0..p.n_head_kv {
-                for r in self.spans(il, h, a, len, p.head_dim).collect::<Vec<_>>() {
-                    self.k[r.clone()].copy_from_slice(&from.k[r.clone()]);
-                    self.v[r.clone()].copy_from_slice(&from.v[r]);
+        for il in 0..self.layers.len() {
+            if let Place::Ring(_) = self.layers[il] {
+                for h in 0..self.heads {
+                    for q in lo..len {
+                        let (_, o) = from.at(il, h, q);
+                        let (k, v) = self.row_mut(il, h, q);
+                        k.copy_from_slice(&from.ring_k[o..o + k.len()]);
+                        v.copy_from_slice(&from.ring_v[o..o + v.len()]);
+                    }
                 }
             }
         }
         self.start = lo;
+        self.held = len;
+    }
+
+    /// Whether positions `start..start + n` are all held.
+    fn holds(&self, start: usize, n: usize) -> bool {
+        start + n <= self.ctx
+            && (self.page_len == 0 || start + n <= self.pages.len() * PAGE)
+            && (self.ring == 0 || (start >= self.start && n <= self.ring))
     }
 
     /// Keys and values of positions `start..start + n`, every layer and KV head, as
-    /// two `[layer][kv_head][n][head_dim]` arrays of f16 bits; `None` when the rings
-    /// no longer hold them.
+    /// two `[layer][kv_head][n][head_dim]` arrays of f16 bits; `None` when the
+    /// sequence no longer holds them (the rings lost them, or they were never
+    /// written).
     pub fn read_rows(&self, start: usize, n: usize, p: &LlamaParams) -> Option<(Vec<u16>, Vec<u16>)> {
-        if start + n > self.ctx || (self.ring > 0 && (start < self.start || n > self.ring)) {
+        if !self.holds(start, n) {
             return None;
         }
-        let hd = p.head_dim;
-        let (mut k, mut v) = (Vec::with_capacity(2 * n * hd), Vec::new());
-        v.reserve(k.capacity());
+        let len = p.n_layer * p.n_head_kv * n * p.head_dim;
+        let (mut k, mut v) = (Vec::with_capacity(len), Vec::with_capacity(len));
         for il in 0..p.n_layer {
             for h in 0..p.n_head_kv {
-                for r in self.spans(il, h, start, start + n, hd) {
-                    k.extend_from_slice(&self.k[r.clone()]);
-                    v.extend_from_slice(&self.v[r]);
-                }
+                self.view(il).runs(h, start, start + n, |kr, vr| {
+                    k.extend_from_slice(kr);
+                    v.extend_from_slice(vr);
+                });
             }
         }
         Some((k, v))
     }
 
     /// Writes what [`Self::read_rows`] returned back at positions `start..start + n`;
-    /// false (nothing written) when they do not fit: beyond the context, or, with
-    /// rings, neither continuing what they hold nor starting over at 0.
+    /// false (nothing written) when they do not fit: beyond the context, past a gap,
+    /// or, with rings, neither continuing what they hold nor starting over at 0.
     pub fn write_rows(&mut self, start: usize, n: usize, k: &[u16], v: &[u16], p: &LlamaParams) -> bool {
         let hd = p.head_dim;
-        let per_head = n * hd;
         if start + n > self.ctx
-            || k.len() != p.n_layer * p.n_head_kv * per_head
+            || k.len() != p.n_layer * p.n_head_kv * n * hd
             || v.len() != k.len()
+            || (self.page_len > 0 && start > self.pages.len() * PAGE)
             || (self.ring > 0 && ((start > 0 && start < self.start) || n > self.ring))
         {
             return false;
         }
         self.wrote(start, n);
-        let mut src = 0;
-        for il in 0..p.n_layer {
-            for h in 0..p.n_head_kv {
-                for r in self.spans(il, h, start, start + n, hd).collect::<Vec<_>>() {
-                    let len = r.len();
-                    self.k[r.clone()].copy_from_slice(&k[src..src + len]);
-                    self.v[r].copy_from_slice(&v[src..src + len]);
-                    src += len;
-                }
-            }
+        let rows = k.chunks_exact(hd).zip(v.chunks_exact(hd));
+        let at = (0..p.n_layer)
+            .flat_map(|il| (0..p.n_head_kv).flat_map(move |h| (start..start + n).map(move |q| (il, h, q))));
+        for ((il, h, q), (kr, vr)) in at.zip(rows) {
+            let (kd, vd) = self.row_mut(il, h, q);
+            kd.copy_from_slice(kr);
+            vd.copy_from_slice(vr);
         }
         true
     }
 
     /// Post-RoPE keys of positions `0..len`, as `[layer][kv_head]` → `len * head_dim`
-    /// floats (seed 000's AttentionSnapshot); `None` when the rings no longer hold
+    /// floats (seed 000's AttentionSnapshot); `None` when the sequence no longer holds
     /// them all.
     pub fn keys(&self, len: usize, p: &LlamaParams) -> Option<Vec<Vec<Vec<f32>>>> {
-        if len > self.ctx || (self.ring > 0 && (self.start > 0 || len > self.ring)) {
+        if !self.holds(0, len) {
             return None;
         }
-        let hd = p.head_dim;
         Some(
             (0..p.n_layer)
                 .map(|l| {
                     (0..p.n_head_kv)
                         .map(|h| {
-                            self.spans(l, h, 0, len, hd)
-                                .flat_map(|r| self.k[r].iter().map(|&b| h2f(b)))
-                                .collect()
+                            let mut out = Vec::with_capacity(len * p.head_dim);
+                            self.view(l)
+                                .runs(h, 0, len, |k, _| out.extend(k.iter().map(|&b| h2f(b))));
+                            out
                         })
                         .collect()
                 })
@@ -303,10 +475,11 @@ mod tests {
     #[test]
     fn rings_keep_the_last_positions_and_resume_only_within_them() {
         let p = params();
-        // Rings of 4 + 2 rows on layers 0..5; layer 5 holds all 32 positions.
+        // Rings of 4 + 2 rows on layers 0..5; layer 5 holds all 32 positions, in pages.
         let mut c = KvCache::windowed(&p, 32, 2);
         assert_eq!((c.ring(), c.max_pass()), (Some(6), 2));
-        assert_eq!((c.layer(4), c.layer(5)), ((4 * 6 * 2, 6), (5 * 6 * 2, 32)));
+        assert_eq!((c.layers[4], c.layers[5]), (Place::Ring(4 * 6 * 2), Place::Paged(0)));
+        assert_eq!(c.page_bytes(), PAGE * 2 * 2 * 2);
         assert_eq!(
             (c.bytes_per_token(&p), c.bytes(3, &p), c.bytes(20, &p)),
             (8, 8 * 3 + 40 * 3, 8 * 20 + 40 * 6)
@@ -333,11 +506,12 @@ mod tests {
 
         // A prefix copy takes the rings' last positions and the global layer's all.
         let mut d = KvCache::windowed(&p, 32, 2);
-        d.copy_prefix(&c, 9, &p);
+        d.copy_prefix(&c, 9, true);
         assert_eq!(d.ring_start(), 4);
         assert_eq!(d.read_rows(4, 5, &p), Some(rows(4, 5, &p)));
-        let (g, _) = d.layer(5);
-        assert_eq!(d.k[g..g + 18], rows(0, 9, &p).0[..18]);
+        let mut global = Vec::new();
+        d.view(5).runs(0, 0, 9, |k, _| global.extend_from_slice(k));
+        assert_eq!(global, rows(0, 9, &p).0[..18]);
 
         // Writing at 0 starts over: everything is readable again.
         let (k, v) = rows(0, 2, &p);
@@ -345,6 +519,7 @@ mod tests {
         assert_eq!((c.ring_start(), c.resumable(1)), (0, 1));
         assert_eq!(c.read_rows(0, 2, &p), Some(rows(0, 2, &p)));
         assert_eq!(c.keys(2, &p).unwrap()[0][0], [0, 0, 1, 1].map(h2f));
+        assert_eq!(d.read_rows(4, 5, &p), Some(rows(4, 5, &p)), "d's pages are its own now");
     }
 
     #[test]
@@ -356,5 +531,53 @@ mod tests {
         }
         let global = LlamaParams { swa_window: 0, ..p };
         assert_eq!(KvCache::windowed(&global, 32, 2).ring(), None);
+    }
+
+    /// Writes positions `a..b` of `c` as `rows` would, one pass.
+    fn fill(c: &mut KvCache, a: usize, b: usize, p: &LlamaParams, salt: u16) {
+        let (k, v) = rows(a, b - a, p);
+        let (k, v): (Vec<u16>, Vec<u16>) = (
+            k.iter().map(|x| x + salt).collect(),
+            v.iter().map(|x| x + salt).collect(),
+        );
+        assert!(c.write_rows(a, b - a, &k, &v, p));
+    }
+
+    #[test]
+    fn pages_are_shared_copied_on_write_and_freed_by_their_last_holder() {
+        let p = LlamaParams {
+            swa_window: 0,
+            ..params()
+        };
+        let mut a = KvCache::new(&p, 4 * PAGE);
+        fill(&mut a, 0, 2 * PAGE + 5, &p, 0);
+        assert_eq!(a.pages().len(), 3);
+        // b shares a's first 2 pages and 5 rows of the third.
+        let mut b = KvCache::new(&p, 4 * PAGE);
+        b.copy_prefix(&a, 2 * PAGE + 5, true);
+        assert!(a.pages().iter().zip(b.pages()).all(|(x, y)| Arc::ptr_eq(x, y)));
+        assert_eq!(Arc::strong_count(&a.pages()[0]), 2);
+        // b diverges at 2 * PAGE + 5: its third page is copied first; a's is untouched.
+        fill(&mut b, 2 * PAGE + 5, 2 * PAGE + 9, &p, 1000);
+        assert!(Arc::ptr_eq(&a.pages()[1], &b.pages()[1]));
+        assert!(!Arc::ptr_eq(&a.pages()[2], &b.pages()[2]));
+        assert_eq!(b.read_rows(0, 2 * PAGE + 5, &p), a.read_rows(0, 2 * PAGE + 5, &p));
+        let (bk, _) = b.read_rows(2 * PAGE + 5, 4, &p).unwrap();
+        assert_eq!(bk[..2], [2 * PAGE as u16 + 1005; 2]);
+        // a starts over: b alone holds the old pages now, unchanged.
+        let before = b.read_rows(0, 2 * PAGE + 9, &p);
+        let first = Arc::downgrade(&b.pages()[0]);
+        fill(&mut a, 0, 3, &p, 7);
+        assert_eq!(a.pages().len(), 1);
+        assert_eq!(b.read_rows(0, 2 * PAGE + 9, &p), before);
+        assert_eq!(first.strong_count(), 1);
+        // b's last holder goes: its pages are freed.
+        drop(b);
+        assert!(first.upgrade().is_none());
+        // A copy (no sharing) holds pages of its own with the same rows.
+        let mut c = KvCache::new(&p, 4 * PAGE);
+        c.copy_prefix(&a, 3, false);
+        assert!(!Arc::ptr_eq(&a.pages()[0], &c.pages()[0]));
+        assert_eq!(c.read_rows(0, 3, &p), a.read_rows(0, 3, &p));
     }
 }

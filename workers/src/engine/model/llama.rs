@@ -300,21 +300,19 @@ impl LlamaModel {
             rope.apply(&mut k, p.n_head_kv, hd);
             let mut row = 0;
             for s in steps.iter_mut() {
-                let ((base, held), rows) = (s.cache.layer(li), s.tokens.len());
+                let rows = s.tokens.len();
                 for t in 0..rows {
                     for h in 0..p.n_head_kv {
-                        let dst = base + (h * held + (s.pos + t) % held) * hd;
                         let src = (row + t) * kv_d + h * hd;
-                        (kern.to_f16)(&k[src..src + hd], &mut s.cache.k[dst..dst + hd]);
-                        (kern.to_f16)(&v[src..src + hd], &mut s.cache.v[dst..dst + hd]);
+                        let (kd, vd) = s.cache.row_mut(li, h, s.pos + t);
+                        (kern.to_f16)(&k[src..src + hd], kd);
+                        (kern.to_f16)(&v[src..src + hd], vd);
                     }
                 }
                 super::attention::attention(
                     p,
                     &q[row * q_d..(row + rows) * q_d],
-                    &s.cache.k[base..],
-                    &s.cache.v[base..],
-                    held,
+                    s.cache.view(li),
                     s.pos,
                     if swa { p.swa_window } else { 0 },
                     &mut attn[row * q_d..(row + rows) * q_d],
