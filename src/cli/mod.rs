@@ -130,10 +130,7 @@ pub enum BenchCommand {
     /// rate, requests per worker and wall time. Starts its own nats-servers.
     #[command(name = "kv-routing")]
     KvRouting(BenchKvArgs),
-    /// KV memory of many streams behind one long system prompt (default 32 streams, a
-    /// 1,500-token prompt, the demo model), in this process: the CPU engine's shared
-    /// pages against a copy per slot (the layout before pages): KV held, per stream,
-    /// streams per GiB, RSS growth, time to first token cold and warm.
+    /// KV of 32 streams behind one 1,500-token prompt: shared pages vs a copy per slot.
     Kv(bench::pages::BenchKvPagesArgs),
     /// Continuous batching: aggregate tok/s with 1, 4 and 8 concurrent streams on one
     /// CPU worker (through NATS) against llama-server with --parallel 8 on the same

@@ -2,7 +2,7 @@
 //! jobs from a channel (generations continuously batched by [`super::batcher`]).
 //! Nothing here runs on an async task.
 
-use super::kvstore::{self, KvStore, BLOCK_TOKENS};
+use super::kvstore::{self, KvStore, Stored, BLOCK_TOKENS};
 use super::model::forward::{CachedKeys, Forward, SeqStep};
 use super::text::template::ChatTemplate;
 use super::text::tokenizer::GgufTokenizer;
@@ -365,8 +365,14 @@ impl Engine {
             if self.store.contains(hash) {
                 continue;
             }
-            if let Some((k, v)) = self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS) {
-                self.store.put(hash, k, v);
+            let block = match self.model.page(slot, b) {
+                Some(page) => Some(Stored::Page(page)),
+                None => {
+                    (self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS)).map(|(k, v)| Stored::Rows { k, v })
+                }
+            };
+            if let Some(block) = block {
+                self.store.put(hash, block);
             }
         }
     }
@@ -403,9 +409,12 @@ impl Engine {
         self.save_tail(slot, have);
         self.slots[slot].resident.truncate(have);
         for (b, &hash) in hashes.iter().enumerate().take(n).skip(have / BLOCK_TOKENS) {
-            let Some((k, v)) = self.store.get(hash) else { break };
-            let (k, v) = (k.to_vec(), v.to_vec());
-            if !self.model.write_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS, &k, &v) {
+            let restored = match self.store.get(hash) {
+                Some(Stored::Page(page)) => self.model.adopt_page(slot, b, page),
+                Some(Stored::Rows { k, v }) => self.model.write_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS, &k, &v),
+                None => false,
+            };
+            if !restored {
                 break;
             }
             self.slots[slot].resident = tokens[..(b + 1) * BLOCK_TOKENS].to_vec();

@@ -7,18 +7,26 @@
 //! stored blocks gets them copied back into its slot — a memory copy instead of a
 //! prefill — whichever slot, request or session computed them. Block `i`'s hash
 //! covers the model identity and tokens `0..(i + 1) * BLOCK_TOKENS`, so equal hashes
-//! mean equal prefixes of the same model. Stored blocks are copies: evicting one
-//! never touches a block a slot is using.
+//! mean equal prefixes of the same model.
+//!
+//! A block is the CPU engine's KV page itself where the page holds every layer (no
+//! sliding-window rings): saving it takes a reference, restoring it shares it with the
+//! slot again — no copy either way, and a slot that writes into it copies it first.
+//! Otherwise (rings, other engines) a block is a copy of the slot's rows. Either way,
+//! evicting a block never touches what a slot is using.
 
+use super::model::kv_cache::KvPage;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Length of the common prefix of `a` and `b` (tokens a slot holds and tokens wanted).
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Tokens per block.
+/// Tokens per block: a KV page's positions, so a page can be stored as a block.
 pub const BLOCK_TOKENS: usize = 32;
+const _: () = assert!(BLOCK_TOKENS == super::model::kv_cache::PAGE);
 
 const PRIME: u64 = 0x0000_0100_0000_01b3;
 
@@ -39,16 +47,28 @@ pub fn chain(seed: u64, tokens: &[u32]) -> Vec<u64> {
         .collect()
 }
 
-struct Block {
-    k: Vec<u16>,
-    v: Vec<u16>,
-    last_used: u64,
+/// A stored block's keys and values.
+#[derive(Clone)]
+pub enum Stored {
+    /// Rows copied out of a slot, `[layer][kv_head][row][head_dim]` f16 bits.
+    Rows { k: Vec<u16>, v: Vec<u16> },
+    /// A KV page, shared with the slots that hold it.
+    Page(Arc<KvPage>),
 }
 
-impl Block {
-    fn bytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * 2
+impl Stored {
+    /// Bytes the block holds (a page counts whole, shared or not).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Stored::Rows { k, v } => (k.len() + v.len()) * 2,
+            Stored::Page(p) => p.bytes(),
+        }
     }
+}
+
+struct Block {
+    data: Stored,
+    last_used: u64,
 }
 
 /// Counters for observation and tests.
@@ -111,26 +131,25 @@ impl KvStore {
         hashes.iter().take_while(|h| self.blocks.contains_key(h)).count()
     }
 
-    /// The block's keys and values, marked as just used.
-    pub fn get(&mut self, hash: u64) -> Option<(&[u16], &[u16])> {
+    /// The block (a copy of its rows, or the shared page), marked as just used.
+    pub fn get(&mut self, hash: u64) -> Option<Stored> {
         self.clock += 1;
         let clock = self.clock;
         let b = self.blocks.get_mut(&hash)?;
         b.last_used = clock;
         self.stats.restored += 1;
-        Some((&b.k, &b.v))
+        Some(b.data.clone())
     }
 
     /// Saves a block, evicting the least recently used ones to stay in budget. A
     /// block larger than the whole budget is not kept.
-    pub fn put(&mut self, hash: u64, k: Vec<u16>, v: Vec<u16>) {
+    pub fn put(&mut self, hash: u64, data: Stored) {
         self.clock += 1;
         let block = Block {
-            k,
-            v,
+            data,
             last_used: self.clock,
         };
-        let size = block.bytes();
+        let size = block.data.bytes();
         if size > self.budget || self.blocks.contains_key(&hash) {
             return;
         }
@@ -139,7 +158,7 @@ impl KvStore {
                 break;
             };
             if let Some(b) = self.blocks.remove(&oldest) {
-                self.stats.bytes -= b.bytes();
+                self.stats.bytes -= b.data.bytes();
                 self.stats.evicted += 1;
             }
         }
@@ -166,12 +185,13 @@ mod tests {
         assert_ne!(chain(2, &a)[0], ha[0], "another model, other hashes");
 
         // Room for two blocks of 8 bytes.
+        let rows = |k: Vec<u16>, v: Vec<u16>| Stored::Rows { k, v };
         let mut s = KvStore::new(16);
-        s.put(ha[0], vec![1, 2], vec![3, 4]);
-        s.put(ha[1], vec![5, 6], vec![7, 8]);
+        s.put(ha[0], rows(vec![1, 2], vec![3, 4]));
+        s.put(ha[1], rows(vec![5, 6], vec![7, 8]));
         assert_eq!(s.leading(&ha), 2);
         assert!(s.get(ha[0]).is_some()); // block 0 is now the most recent
-        s.put(ha[2], vec![9, 9], vec![9, 9]); // evicts block 1
+        s.put(ha[2], rows(vec![9, 9], vec![9, 9])); // evicts block 1
         assert!(s.contains(ha[0]) && !s.contains(ha[1]) && s.contains(ha[2]));
         assert_eq!(s.leading(&ha), 1);
         let st = s.stats();
@@ -179,7 +199,7 @@ mod tests {
             (st.blocks, st.bytes, st.saved, st.evicted, st.restored),
             (2, 16, 3, 1, 1)
         );
-        assert_eq!(s.get(ha[0]), Some((&[1u16, 2][..], &[3u16, 4][..])));
+        assert!(matches!(s.get(ha[0]), Some(Stored::Rows { k, v }) if k == [1, 2] && v == [3, 4]));
         assert!(!KvStore::new(0).enabled());
     }
 }

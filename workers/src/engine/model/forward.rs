@@ -98,6 +98,16 @@ pub trait Forward: Send {
     fn read_rows(&self, _seq: usize, _start: usize, _n: usize) -> Option<(Vec<u16>, Vec<u16>)> {
         None
     }
+    /// Block `b` (positions `b * PAGE..(b + 1) * PAGE`) of sequence `seq` as a shared
+    /// page, where the implementation keeps every layer of it in one.
+    fn page(&self, _seq: usize, _b: usize) -> Option<Arc<KvPage>> {
+        None
+    }
+    /// Makes `page` block `b` of sequence `seq` (see [`KvCache::adopt`]); false when
+    /// the implementation cannot (then nothing changed).
+    fn adopt_page(&mut self, _seq: usize, _b: usize, _page: Arc<KvPage>) -> bool {
+        false
+    }
     /// Writes what [`Forward::read_rows`] returned into sequence `seq` at `start`;
     /// false when it cannot (then nothing was written).
     fn write_rows(&mut self, _seq: usize, _start: usize, _n: usize, _k: &[u16], _v: &[u16]) -> bool {
@@ -236,6 +246,15 @@ impl Forward for CpuForward {
 
     fn ring(&self) -> Option<usize> {
         self.caches[0].ring()
+    }
+
+    fn page(&self, seq: usize, b: usize) -> Option<Arc<KvPage>> {
+        let c = self.caches.get(seq).filter(|c| c.ring().is_none())?;
+        c.pages().get(b).cloned()
+    }
+
+    fn adopt_page(&mut self, seq: usize, b: usize, page: Arc<KvPage>) -> bool {
+        self.caches.get_mut(seq).is_some_and(|c| c.adopt(b, page))
     }
 
     fn max_pass(&self) -> usize {
