@@ -11,7 +11,7 @@ mod common;
 use candle_core::quantized::gguf_file;
 use common::*;
 use futures::StreamExt;
-use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt, TextModel};
+use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, GenerateMetrics, LoadConfig, Prompt, TextModel};
 use switchyard_workers::engine::model::forward::{CpuForward, Forward, SeqStep};
 use switchyard_workers::engine::model::llama::LlamaModel;
 use switchyard_workers::EngineModel;
@@ -28,15 +28,24 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 }
 
 async fn tokens(model: &EngineModel, prompt: Vec<u32>, config: GenerateConfig, cancel: CancelFlag) -> Vec<u32> {
+    run(model, prompt, config, cancel).await.0
+}
+
+async fn run(
+    model: &EngineModel,
+    prompt: Vec<u32>,
+    config: GenerateConfig,
+    cancel: CancelFlag,
+) -> (Vec<u32>, GenerateMetrics) {
     let mut events = model.generate(Prompt::Tokens(prompt), config, cancel);
     let mut out = Vec::new();
     while let Some(ev) = events.next().await {
         match ev.unwrap() {
             GenerateEvent::Token(t) => out.push(t.id),
-            GenerateEvent::Done { .. } => break,
+            GenerateEvent::Done { metrics, .. } => return (out, metrics),
         }
     }
-    out
+    panic!("the stream ended without a result")
 }
 
 fn jobs(prefix: &[u32]) -> Vec<(Vec<u32>, GenerateConfig)> {
@@ -95,6 +104,43 @@ async fn streams_behind_one_prompt_hold_it_once_and_get_their_solo_tokens() {
         assert!(usage.resident_tokens >= 4 * 300, "{usage:?}");
     }
     assert!(held[0] * 2 < held[1], "shared {} vs copied {} bytes", held[0], held[1]);
+}
+
+/// Three prompts behind one 400-token head arrive together while another stream
+/// generates, so they are prefilled in chunks, one after another: the first computes
+/// the head; the others take it over when their turn comes (and still get their solo
+/// tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_arriving_together_behind_one_head_compute_it_once() {
+    let prefix = ids(400, 9);
+    let jobs: Vec<_> = jobs(&prefix).into_iter().take(3).collect();
+    let alone = load(1, false);
+    let mut solo = Vec::new();
+    for (prompt, config) in &jobs {
+        solo.push(tokens(&alone, prompt.clone(), config.clone(), CancelFlag::new()).await);
+    }
+    let model = load(4, false);
+    let busy = GenerateConfig {
+        max_tokens: 400,
+        ..GenerateConfig::default()
+    };
+    let cancel = CancelFlag::new();
+    let mut other = model.generate(Prompt::Tokens(ids(20, 77)), busy, cancel.clone());
+    assert!(matches!(other.next().await, Some(Ok(GenerateEvent::Token(_)))));
+    let runs = jobs
+        .iter()
+        .map(|(p, c)| run(&model, p.clone(), c.clone(), CancelFlag::new()));
+    let together = futures::future::join_all(runs).await;
+    cancel.cancel();
+    let cached: Vec<u32> = together.iter().map(|(_, m)| m.cached_tokens).collect();
+    for (i, (a, (b, _))) in solo.iter().zip(&together).enumerate() {
+        assert_eq!(a, b, "job {i}");
+    }
+    assert_eq!(
+        cached.iter().filter(|&&c| c >= 400).count(),
+        2,
+        "cached tokens {cached:?}"
+    );
 }
 
 /// A stream cancelled mid-page, behind a prompt another slot shares: once both slots

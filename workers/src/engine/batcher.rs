@@ -17,7 +17,7 @@
 //! attention over the cache gives the same bits whatever the split.
 
 use super::chunking::ChunkBudget;
-use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job, SessionOp};
+use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job};
 use super::constraint::Guide;
 use super::model::forward::SeqStep;
 use super::sampler::Sampler;
@@ -269,34 +269,9 @@ impl Batcher {
     /// jobs queue for a free slot.
     fn accept(&mut self, job: Job) {
         match job {
-            Job::Session(op) => self.session(op),
+            Job::Session(op) => self.engine.session_op(op),
             Job::Generate(g) if g.session_slot.is_some() => self.start(g),
             other => self.waiting.push_back(other),
-        }
-    }
-
-    fn session(&mut self, op: SessionOp) {
-        match op {
-            SessionOp::Open { reply } => {
-                let _ = reply.send(self.engine.pin());
-            }
-            SessionOp::Set {
-                slot,
-                target,
-                invalidate,
-                reply,
-            } => {
-                let _ = reply.send(self.engine.set_resident(slot, &target, invalidate));
-            }
-            SessionOp::Resident { slot, reply } => {
-                let tokens = self.engine.slots.get(slot).map(|s| s.resident.clone());
-                let _ = reply.send(tokens.unwrap_or_default());
-            }
-            SessionOp::Close { slot } => {
-                if let Some(s) = self.engine.slots.get_mut(slot) {
-                    s.pinned = false;
-                }
-            }
         }
     }
 
@@ -306,7 +281,7 @@ impl Batcher {
             let Some(job) = self.waiting.pop_front() else { return };
             match job {
                 Job::Generate(g) => self.start(g),
-                Job::Session(op) => self.session(op),
+                Job::Session(op) => self.engine.session_op(op),
                 Job::Inspect {
                     prompt,
                     architecture,
@@ -517,7 +492,14 @@ impl Batcher {
             .collect();
         let rows = steps.len();
         let mut chunk = 0;
-        if let Some(p) = self.prefilling.front() {
+        if let Some(p) = self.prefilling.front_mut() {
+            // A prompt that arrived behind another with the same head takes what that
+            // one has computed since.
+            let fed = self.engine.take_longer_prefix(p.run.slot, &p.run.history, p.fed);
+            if fed > p.fed {
+                p.run.metrics.cached_tokens += (fed - p.fed) as u32;
+                p.fed = fed;
+            }
             // With nothing else running there is nothing to keep flowing: the rest of
             // the prompt goes at once.
             let budget = if rows == 0 { usize::MAX } else { self.budget.tokens() };

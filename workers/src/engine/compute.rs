@@ -3,14 +3,14 @@
 //! Nothing here runs on an async task.
 
 use super::kvstore::{self, KvStore, Stored, BLOCK_TOKENS};
-use super::model::forward::{CachedKeys, Forward, SeqStep};
+use super::model::forward::{Forward, SeqStep};
 use super::text::template::ChatTemplate;
 use super::text::tokenizer::GgufTokenizer;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use switchyard_messages::{
     AttentionSnapshot, BackendError, CancelFlag, ClassifyResult, GenerateConfig, GenerateMetrics, Prompt,
-    ResidentUpdate, Token,
+    ResidentUpdate,
 };
 
 /// Work for the compute thread.
@@ -329,21 +329,43 @@ impl Engine {
         let slot = (0..self.slots.len())
             .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
             .max_by_key(|&i| (lcp[i], std::cmp::Reverse(self.slots[i].last_used)))?;
-        let mut have = lcp[slot];
-        if let Some(best) = (0..self.slots.len()).max_by_key(|&i| lcp[i]) {
-            let longer = lcp[best];
-            if longer > have {
-                // What the slot held beyond the shared part is about to go.
-                self.save_tail(slot, have);
-                if self.model.copy_prefix(best, slot, longer) {
-                    self.slots[slot].resident = tokens[..longer].to_vec();
-                    have = longer;
-                }
-            }
-        }
+        let have = self.take_longer_prefix(slot, tokens, lcp[slot]);
         let have = self.restore(slot, &tokens[..last], have);
         self.slots[slot].busy = true;
         Some((slot, self.model.resumable(slot, have.min(last))))
+    }
+
+    /// Makes `slot`, which holds the first `have` of `tokens`, hold the longest prefix
+    /// of `tokens` (short of the last token) that another slot holds, even a busy one,
+    /// when that is longer: taken over (pages shared on the CPU engine), not computed
+    /// again. Returns how many leading tokens `slot` holds now. A prompt waiting its
+    /// turn to prefill calls this again when its turn comes, so prompts arriving
+    /// together behind one system prompt compute it once.
+    pub fn take_longer_prefix(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
+        if !self.model.reuses_prefix() {
+            return have;
+        }
+        let last = tokens.len().saturating_sub(1);
+        let best = (0..self.slots.len())
+            .filter(|&i| i != slot)
+            .map(|i| {
+                (
+                    self.model
+                        .resumable(i, common_prefix(&self.slots[i].resident, tokens).min(last)),
+                    i,
+                )
+            })
+            .max();
+        let Some((longer, from)) = best.filter(|b| b.0 > have) else {
+            return have;
+        };
+        // What the slot held beyond the shared part is about to go.
+        self.save_tail(slot, have);
+        if !self.model.copy_prefix(from, slot, longer) {
+            return have;
+        }
+        self.slots[slot].resident = tokens[..longer].to_vec();
+        longer
     }
 
     /// Saves the full blocks of `slot` from the one holding position `from` on into
@@ -499,94 +521,6 @@ impl Engine {
             });
         }
         Ok(())
-    }
-
-    /// Prefills `prompt` in a free slot and returns the post-RoPE keys of every layer.
-    pub fn inspect(&mut self, prompt: &Prompt, architecture: String) -> Result<AttentionSnapshot, BackendError> {
-        let tokens = self.tokenize(prompt)?;
-        self.check_fits(&tokens, 0)?;
-        let (slot, reused) = self
-            .claim(&tokens)
-            .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
-        let result = self.forward(&[SeqStep::new(slot, &tokens[reused..], reused)]);
-        let keys = result.and_then(|_| {
-            self.model.cached_keys(slot, tokens.len()).ok_or_else(|| {
-                BackendError::Unavailable(format!(
-                    "the {} engine cannot read the keys of these {} positions from its KV cache \
-                     (it keeps none, or only a sliding window of them)",
-                    self.model.kind(),
-                    tokens.len()
-                ))
-            })
-        });
-        self.release(slot);
-        let CachedKeys { keys, heads, head_dim } = keys?;
-        Ok(AttentionSnapshot {
-            num_layers: keys.len() as u32,
-            num_heads: heads as u32,
-            seq_len: tokens.len() as u32,
-            head_dim: head_dim as u32,
-            keys,
-            architecture,
-        })
-    }
-
-    /// Prefill-only passes: the argmax token and, if asked, the logits of each
-    /// prompt. Prompts run together as one ragged batch per group of free slots
-    /// (every prompt's rows in the same matmuls, no padding); a failing prompt fails
-    /// alone.
-    pub fn classify(&mut self, prompts: &[Prompt], return_logits: bool) -> Vec<Result<ClassifyResult, BackendError>> {
-        let mut results: Vec<Option<Result<ClassifyResult, BackendError>>> = Vec::new();
-        let mut ready = Vec::new();
-        for (i, p) in prompts.iter().enumerate() {
-            match self.tokenize(p).and_then(|t| self.check_fits(&t, 0).map(|_| t)) {
-                Ok(t) => {
-                    results.push(None);
-                    ready.push((i, t));
-                }
-                Err(e) => results.push(Some(Err(e))),
-            }
-        }
-        let group = self.free_slots().max(1);
-        for chunk in ready.chunks(group) {
-            let mut claimed = Vec::new();
-            for (i, tokens) in chunk {
-                match self.claim(tokens) {
-                    Some((slot, reused)) => claimed.push((*i, tokens, slot, reused)),
-                    None => results[*i] = Some(Err(BackendError::Unavailable("no free KV slot".into()))),
-                }
-            }
-            let steps: Vec<SeqStep<'_>> = claimed
-                .iter()
-                .map(|(_, t, slot, reused)| SeqStep::new(*slot, &t[*reused..], *reused))
-                .collect();
-            let outcome = self.forward(&steps);
-            for (i, _, slot, _) in &claimed {
-                self.release(*slot);
-                results[*i] = Some(Err(BackendError::Compute("no logits".into())));
-            }
-            match outcome {
-                Ok(all) => {
-                    for ((i, ..), logits) in claimed.iter().zip(all) {
-                        let id = super::sampler::argmax(&logits);
-                        let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
-                        results[*i] = Some(Ok(ClassifyResult {
-                            token: Token { id, text },
-                            logits: if return_logits { logits } else { Vec::new() },
-                        }));
-                    }
-                }
-                Err(e) => {
-                    for (i, ..) in &claimed {
-                        results[*i] = Some(Err(e.clone()));
-                    }
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(BackendError::Compute("not run".into()))))
-            .collect()
     }
 }
 

@@ -28,6 +28,7 @@ pub mod constraint;
 pub mod kernels;
 pub mod kvstore;
 pub mod model;
+mod passes;
 pub mod sampler;
 pub mod session;
 pub mod speculate;

@@ -2,7 +2,7 @@
 //! thread's job channel (so its prefills and decodes interleave with other requests'
 //! decode steps, and its decode joins the continuous batch).
 
-use super::compute::{Job, SessionOp};
+use super::compute::{Engine, Job, SessionOp};
 use super::text::tokenizer::GgufTokenizer;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -103,5 +103,33 @@ impl ModelSession for CpuSession {
 impl Drop for CpuSession {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+impl Engine {
+    /// Answers a session's call on its pinned slot (between decode steps).
+    pub fn session_op(&mut self, op: SessionOp) {
+        match op {
+            SessionOp::Open { reply } => {
+                let _ = reply.send(self.pin());
+            }
+            SessionOp::Set {
+                slot,
+                target,
+                invalidate,
+                reply,
+            } => {
+                let _ = reply.send(self.set_resident(slot, &target, invalidate));
+            }
+            SessionOp::Resident { slot, reply } => {
+                let tokens = self.slots.get(slot).map(|s| s.resident.clone());
+                let _ = reply.send(tokens.unwrap_or_default());
+            }
+            SessionOp::Close { slot } => {
+                if let Some(s) = self.slots.get_mut(slot) {
+                    s.pinned = false;
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,97 @@
+//! Work outside the continuous batch, run between decode steps on the compute
+//! thread: the attention inspector (prefill, then read the post-RoPE keys) and
+//! classification (prefill-only passes, one ragged batch per group of free slots).
+
+use super::compute::Engine;
+use super::model::forward::{CachedKeys, SeqStep};
+use switchyard_messages::{AttentionSnapshot, BackendError, ClassifyResult, Prompt, Token};
+
+impl Engine {
+    /// Prefills `prompt` in a free slot and returns the post-RoPE keys of every layer.
+    pub fn inspect(&mut self, prompt: &Prompt, architecture: String) -> Result<AttentionSnapshot, BackendError> {
+        let tokens = self.tokenize(prompt)?;
+        self.check_fits(&tokens, 0)?;
+        let (slot, reused) = self
+            .claim(&tokens)
+            .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
+        let result = self.forward(&[SeqStep::new(slot, &tokens[reused..], reused)]);
+        let keys = result.and_then(|_| {
+            self.model.cached_keys(slot, tokens.len()).ok_or_else(|| {
+                BackendError::Unavailable(format!(
+                    "the {} engine cannot read the keys of these {} positions from its KV cache \
+                     (it keeps none, or only a sliding window of them)",
+                    self.model.kind(),
+                    tokens.len()
+                ))
+            })
+        });
+        self.release(slot);
+        let CachedKeys { keys, heads, head_dim } = keys?;
+        Ok(AttentionSnapshot {
+            num_layers: keys.len() as u32,
+            num_heads: heads as u32,
+            seq_len: tokens.len() as u32,
+            head_dim: head_dim as u32,
+            keys,
+            architecture,
+        })
+    }
+
+    /// Prefill-only passes: the argmax token and, if asked, the logits of each
+    /// prompt. Prompts run together as one ragged batch per group of free slots
+    /// (every prompt's rows in the same matmuls, no padding); a failing prompt fails
+    /// alone.
+    pub fn classify(&mut self, prompts: &[Prompt], return_logits: bool) -> Vec<Result<ClassifyResult, BackendError>> {
+        let mut results: Vec<Option<Result<ClassifyResult, BackendError>>> = Vec::new();
+        let mut ready = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            match self.tokenize(p).and_then(|t| self.check_fits(&t, 0).map(|_| t)) {
+                Ok(t) => {
+                    results.push(None);
+                    ready.push((i, t));
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let group = self.free_slots().max(1);
+        for chunk in ready.chunks(group) {
+            let mut claimed = Vec::new();
+            for (i, tokens) in chunk {
+                match self.claim(tokens) {
+                    Some((slot, reused)) => claimed.push((*i, tokens, slot, reused)),
+                    None => results[*i] = Some(Err(BackendError::Unavailable("no free KV slot".into()))),
+                }
+            }
+            let steps: Vec<SeqStep<'_>> = claimed
+                .iter()
+                .map(|(_, t, slot, reused)| SeqStep::new(*slot, &t[*reused..], *reused))
+                .collect();
+            let outcome = self.forward(&steps);
+            for (i, _, slot, _) in &claimed {
+                self.release(*slot);
+                results[*i] = Some(Err(BackendError::Compute("no logits".into())));
+            }
+            match outcome {
+                Ok(all) => {
+                    for ((i, ..), logits) in claimed.iter().zip(all) {
+                        let id = super::sampler::argmax(&logits);
+                        let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
+                        results[*i] = Some(Ok(ClassifyResult {
+                            token: Token { id, text },
+                            logits: if return_logits { logits } else { Vec::new() },
+                        }));
+                    }
+                }
+                Err(e) => {
+                    for (i, ..) in &claimed {
+                        results[*i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(BackendError::Compute("not run".into()))))
+            .collect()
+    }
+}
