@@ -84,9 +84,32 @@ pub mod avx2 {
     use super::*;
     use std::arch::x86_64::*;
 
+    /// ggml's AVX2 `quantize_row_q8_0`: the same bits as the portable steps (the
+    /// largest magnitude, its scale, each value times the inverse rounded to nearest
+    /// even), eight values per instruction.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
-        super::quantize_q8_0(x, out)
+        let sign = _mm256_set1_ps(-0.0);
+        for (b, chunk) in out.iter_mut().zip(x.chunks_exact(32)) {
+            let p = chunk.as_ptr();
+            let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
+            let mut m = _mm256_andnot_ps(sign, v[0]);
+            for x in &v[1..] {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *x));
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let q = v.map(|x| {
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, id));
+                _mm256_cvtps_epi32(r)
+            });
+            let r = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            let r = _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, r);
+            b.d = crate::engine::kernels::quants::f2h(amax / 127.0);
+        }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {

@@ -118,6 +118,29 @@ fn bits<const N: usize>(v: [f32; N]) -> [u32; N] {
     v.map(f32::to_bits)
 }
 
+/// Activations quantized by each variant equal the portable quantizer's, including a
+/// block of zeros, negative zeros and values that round to ±127 or halfway.
+#[test]
+fn every_variant_quantizes_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(11);
+    let mut x: Vec<f32> = (0..32 * 64).map(|_| rng.f32() * 3.0).collect();
+    x[..32].fill(0.0);
+    x[32..64].fill(-0.0);
+    for (i, v) in x[64..96].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 0.5 + 0.25;
+    }
+    let mut want = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; 64];
+    (p.quantize_q8_0)(&x, &mut want);
+    for isa in Isa::available().into_iter().filter_map(Kernels::get) {
+        let mut got = vec![BlockQ8_0 { d: 1, qs: [1; 32] }; 64];
+        (isa.quantize_q8_0)(&x, &mut got);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!((a.d, a.qs), (b.d, b.qs), "{} block {i}", isa.isa);
+        }
+    }
+}
+
 #[test]
 fn every_variant_computes_the_portable_bits() {
     let p = Kernels::get(Isa::Portable).unwrap();
