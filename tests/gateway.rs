@@ -309,3 +309,155 @@ async fn no_worker_is_503_and_a_full_worker_429_both_with_retry_after() {
     worker.shutdown(Duration::from_secs(2)).await;
     coordinator.shutdown().await;
 }
+
+/// What OpenAI clients send and expect beyond the happy path: a lower-case `bearer`
+/// scheme; fields at their neutral values accepted (others still refused, naming the
+/// field); a GET on a POST route is a 405 in OpenAI's error shape; `GET
+/// /v1/models/{id}`; a prompt over the window is `context_length_exceeded`, while a
+/// request without `max_tokens` generates up to the window instead of being refused;
+/// CORS only for the configured origins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_clients_defaults_errors_and_cors() {
+    let f = fleet(|c| c.worker.context_len = 512).await;
+    let config = GatewayConfig {
+        listen: "127.0.0.1:0".into(),
+        keys: vec![ApiKey {
+            name: "good".into(),
+            sha256: hash_key(GOOD),
+            ..ApiKey::default()
+        }],
+        cors_origins: vec!["https://app.example.com".into()],
+        ..GatewayConfig::default()
+    };
+    let g = gateway::start(f.client().await, "sy", &config).await.unwrap();
+    let http = reqwest::Client::new();
+    let chat = format!("{}/v1/chat/completions", g.url());
+    let post = |body: serde_json::Value, auth: String| {
+        let (http, chat) = (http.clone(), chat.clone());
+        async move {
+            let r = http
+                .post(&chat)
+                .header("Authorization", auth)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let hi = serde_json::json!([{"role": "user", "content": "Hi"}]);
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let (s, v) = post(
+            serde_json::json!({"messages": hi, "max_tokens": 2}),
+            format!("{scheme} {GOOD}"),
+        )
+        .await;
+        assert_eq!(s, 200, "{scheme}: {v}");
+    }
+    let auth = format!("Bearer {GOOD}");
+    let neutral = serde_json::json!({"messages": hi, "max_tokens": 2, "store": false, "metadata": {},
+        "service_tier": "auto", "modalities": ["text"], "logit_bias": {},
+        "response_format": {"type": "text"}});
+    let (s, v) = post(neutral, auth.clone()).await;
+    assert_eq!(s, 200, "neutral fields: {v}");
+    for (field, value) in [
+        ("store", serde_json::json!(true)),
+        ("logit_bias", serde_json::json!({"42": 5})),
+        ("modalities", serde_json::json!(["text", "audio"])),
+    ] {
+        let mut body = serde_json::json!({"messages": hi, "max_tokens": 2});
+        body[field] = value;
+        let (s, v) = post(body, auth.clone()).await;
+        assert_eq!((s, v["error"]["param"].as_str()), (400, Some(field)), "{v}");
+    }
+
+    // The window is 512 tokens: a prompt over it is context_length_exceeded; one of
+    // ~450 tokens without max_tokens gets what is left, not a refusal.
+    let long = |words: usize| serde_json::json!([{"role": "user", "content": "word ".repeat(words)}]);
+    let (s, v) = post(
+        serde_json::json!({"messages": long(600), "max_tokens": 2}),
+        auth.clone(),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded")),
+        "{v}"
+    );
+    let (s, v) = post(
+        serde_json::json!({"messages": long(450), "temperature": 0.9, "seed": 1}),
+        auth.clone(),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (p, c) = (
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(p > 400 && p + c <= 512 && c >= 1, "prompt {p} + completion {c}");
+    let (s, v) = post(
+        serde_json::json!({"messages": long(450), "max_tokens": 1024}),
+        auth.clone(),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded")),
+        "an explicit max_tokens is kept: {v}"
+    );
+
+    // Methods, models.
+    let r = http.get(&chat).header("Authorization", &auth).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "method_not_allowed", "{v}");
+    let model = |id: &str| {
+        http.get(format!("{}/v1/models/{id}", g.url()))
+            .header("Authorization", &auth)
+            .send()
+    };
+    let r = model(DEMO_NAME).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["id"], DEMO_NAME);
+    let r = model("no-such-model").await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "model_not_found"
+    );
+
+    // CORS: a preflight from the configured origin, then its request; another origin.
+    let preflight = |origin: &str| {
+        http.request(reqwest::Method::OPTIONS, &chat)
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "POST")
+            .header("Access-Control-Request-Headers", "authorization, content-type")
+            .send()
+    };
+    let r = preflight("https://app.example.com").await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(r.headers()["access-control-allow-origin"], "https://app.example.com");
+    assert!(r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("authorization"));
+    let r = http
+        .post(&chat)
+        .header("Origin", "https://app.example.com")
+        .header("Authorization", &auth)
+        .json(&serde_json::json!({"messages": hi, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], "https://app.example.com");
+    let r = preflight("https://evil.example.net").await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "cors_origin_not_allowed"
+    );
+    g.shutdown().await;
+}

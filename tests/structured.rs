@@ -109,11 +109,13 @@ async fn langchain_litellm_and_npm_openai_get_structured_answers_and_calls() {
     }
     assert_eq!(lc["structured_json_mode"]["is_dict"], true);
     assert!(!lc["bind_tools"]["calls"].as_array().unwrap().is_empty());
+    assert_eq!(lc["context_overflow"]["raised"], "OpenAIContextOverflowError");
     let ll = script("tests/python/litellm_check.py", args(&base, DEMO_NAME, &[]))
         .await
         .unwrap();
     assert_eq!(ll["pydantic"]["valid"], true, "{}", ll["pydantic"]);
     assert_eq!(ll["tools_required"]["finish"], "tool_calls");
+    assert_eq!(ll["context_overflow"]["raised"], "ContextWindowExceededError");
     match script("tests/js/openai_check.mjs", args(&base, DEMO_NAME, &[])).await {
         Some(js) => {
             assert_eq!(js["json_schema"]["valid"], true, "{}", js["json_schema"]);

@@ -23,6 +23,9 @@ pub struct GatewayConfig {
     /// The longest a request waits in the fleet queue for a worker with room,
     /// milliseconds; then 429 with `Retry-After`.
     pub queue_timeout_ms: u64,
+    /// Web origins (`https://app.example.com`, or `*` for any) whose pages may call
+    /// the gateway from a browser (CORS); empty (the default): no cross-origin access.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for GatewayConfig {
@@ -35,6 +38,7 @@ impl Default for GatewayConfig {
             allow_no_keys: false,
             max_body_bytes: 1 << 20,
             queue_timeout_ms: 60_000,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -74,6 +78,17 @@ impl GatewayConfig {
                     "must be \"interactive\" or \"batch\"",
                 );
             }
+        }
+        if let Some(o) = self
+            .cors_origins
+            .iter()
+            .find(|o| o.as_str() != "*" && !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/'))
+        {
+            return invalid(
+                "gateway.cors_origins",
+                o.clone(),
+                "each must be an origin like https://app.example.com (scheme and host, no path) or *",
+            );
         }
         if self.max_body_bytes < 1024 {
             return invalid(

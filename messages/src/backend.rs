@@ -181,9 +181,13 @@ pub enum BackendError {
     /// The prompt is empty (after rendering).
     #[error("the prompt is empty")]
     EmptyPrompt,
-    /// Prompt plus `max_tokens` does not fit.
+    /// Prompt plus `max_tokens` does not fit. (Worded as OpenAI words it: client
+    /// libraries such as litellm recognise the sentence.)
     #[error(
-        "prompt of {prompt_tokens} tokens + max_tokens {max_tokens} exceeds the context window of {context_len} tokens"
+        "This model's maximum context length is {context_len} tokens. However, you requested {} tokens \
+         ({prompt_tokens} in the prompt, {max_tokens} for the completion). Please reduce the length of the \
+         prompt or of max_tokens.",
+        prompt_tokens + max_tokens
     )]
     ContextOverflow {
         /// Tokens in the prompt.

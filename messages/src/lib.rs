@@ -77,4 +77,4 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// worker where its chunks' `seq` starts), `fleet_queue_us` in the final metrics,
 /// `queues` in the fleet status. 1.5: speculative decoding's `draft_tokens` and
 /// `accepted_tokens` in the final metrics and, summed, in `RecentLatency`.
-pub const PROTOCOL_MINOR: u32 = 5;
+pub const PROTOCOL_MINOR: u32 = 6;

@@ -52,6 +52,10 @@ impl Message {
 pub struct GenerateConfig {
     /// Most tokens to generate.
     pub max_tokens: u32,
+    /// `max_tokens` is a default the caller did not choose: generate at most what
+    /// the context window leaves after the prompt instead of refusing the request
+    /// (`context_overflow` only when the prompt alone fills the window). Protocol 1.6.
+    pub fit_max_tokens: bool,
     /// Sampling temperature; `0` means greedy (argmax).
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens; `0` = off.
@@ -86,6 +90,7 @@ impl Default for GenerateConfig {
     fn default() -> Self {
         Self {
             max_tokens: 256,
+            fit_max_tokens: false,
             temperature: 0.0,
             top_k: 0,
             top_p: 0.0,

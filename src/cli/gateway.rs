@@ -27,6 +27,11 @@ pub struct GatewayArgs {
     /// then 429 with Retry-After (gateway.queue_timeout_ms, default 60000).
     #[arg(long)]
     pub queue_timeout_ms: Option<u64>,
+    /// A web origin (https://app.example.com, or * for any) whose pages may call the
+    /// gateway from a browser (CORS); repeat for several (gateway.cors_origins;
+    /// default none).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
 }
 
 impl GatewayArgs {
@@ -43,6 +48,9 @@ impl GatewayArgs {
         }
         if let Some(v) = self.queue_timeout_ms {
             c.gateway.queue_timeout_ms = v;
+        }
+        if !self.cors_origins.is_empty() {
+            c.gateway.cors_origins = self.cors_origins.clone();
         }
     }
 }

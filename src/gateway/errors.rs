@@ -55,7 +55,8 @@ impl ApiError {
     }
 
     /// A switchyard error as the status a client library expects: `bad_request`
-    /// and `context_overflow` 400, `unknown_model` 404, `overloaded` 429 with
+    /// and `context_overflow` 400 (the latter with OpenAI's code
+    /// `context_length_exceeded`), `unknown_model` 404, `overloaded` 429 with
     /// `Retry-After`, `no_worker`/`unavailable` 503, `deadline_exceeded` 504,
     /// `worker_lost` 502, the rest 500.
     pub fn from_wire(e: &WireError) -> Self {
@@ -70,8 +71,12 @@ impl ApiError {
             ErrorCode::WorkerLost => (StatusCode::BAD_GATEWAY, "api_error"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "api_error"),
         };
+        // OpenAI's own codes where clients act on them: LangChain raises its
+        // `ContextOverflowError` and litellm its `ContextWindowExceededError` on
+        // `context_length_exceeded` (and then trim or fall back).
         let code = match e.code {
             ErrorCode::UnknownModel => "model_not_found",
+            ErrorCode::ContextOverflow => "context_length_exceeded",
             other => other.as_str(),
         };
         let mut err = Self::new(status, kind, code, e.message.clone());

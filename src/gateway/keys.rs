@@ -107,7 +107,11 @@ impl KeyStore {
         let bearer = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| {
+                // The scheme is case-insensitive (RFC 9110): `bearer` and `BEARER` too.
+                let (scheme, key) = v.trim_start().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(key)
+            })
             .ok_or_else(|| unauthorized("no API key: send Authorization: Bearer <key>"))?;
         let presented: [u8; 32] = Sha256::digest(bearer.trim().as_bytes()).into();
         // Compare against every key, without stopping at a match.
@@ -244,6 +248,14 @@ mod tests {
         let status = |r: Result<Admitted, ApiError>| r.err().map(|e| e.status.as_u16());
         assert_eq!(status(s.admit(&HeaderMap::new(), "m1")), Some(401));
         assert_eq!(status(s.admit(&bearer("key-c"), "m1")), Some(401));
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            let mut h = HeaderMap::new();
+            h.insert("authorization", format!("{scheme} key-a").parse().unwrap());
+            assert!(s.admit(&h, "m1").is_ok(), "{scheme}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Basic key-a".parse().unwrap());
+        assert_eq!(status(s.admit(&h, "m1")), Some(401));
         assert_eq!(status(s.admit(&bearer("key-a"), "m2")), Some(403));
         // max_streams 1: a second concurrent request waits for the first to end.
         let first = s.admit(&bearer("key-a"), "m1").unwrap();

@@ -10,6 +10,7 @@
 //! - `page.html`: the fleet page and chat playground at `/`.
 
 pub mod complete;
+mod cors;
 pub mod errors;
 pub mod keys;
 pub mod metrics;
@@ -39,6 +40,8 @@ pub struct Gateway {
     keys: KeyStore,
     max_body: u32,
     queue_timeout_ms: u64,
+    /// Origins allowed to call from a browser (`*`: any).
+    cors_origins: Vec<String>,
 }
 
 /// A running gateway.
@@ -94,16 +97,20 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
         keys,
         max_body: config.max_body_bytes,
         queue_timeout_ms: config.queue_timeout_ms,
+        cors_origins: config.cors_origins.clone(),
     });
     let app = Router::new()
         .route("/v1/chat/completions", post(complete::chat))
         .route("/v1/completions", post(complete::completion))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
         .route("/v1/fleet", get(fleet))
         .route("/health", get(health))
         .route("/", get(page))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(config.max_body_bytes as usize))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), cors::cors))
         .with_state(state);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -139,15 +146,36 @@ async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Result<Res
         _ => Err(e),
     })?;
     let reply = g.client.models().await?;
-    let data: Vec<_> = reply
-        .models
-        .iter()
-        .map(|m| {
-            json!({"id": m.name, "object": "model", "created": 0, "owned_by": "switchyard",
-                   "backends": m.backends, "workers": m.workers.len(), "context_length": m.info.context_len})
-        })
-        .collect();
+    let data: Vec<_> = reply.models.iter().map(model_json).collect();
     Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
+}
+
+/// `GET /v1/models/{id}`: one model, as in the list; `model_not_found` (404) when
+/// no worker serves it.
+async fn model(
+    State(g): State<Arc<Gateway>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    g.keys.admit(&headers, "").or_else(|e| match e.status {
+        StatusCode::FORBIDDEN => Ok(keys_any()),
+        _ => Err(e),
+    })?;
+    let reply = g.client.models().await?;
+    let m = reply.models.iter().find(|m| m.name == id).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model {id:?} does not exist (no worker serves it)"),
+        )
+    })?;
+    Ok(axum::Json(model_json(m)).into_response())
+}
+
+fn model_json(m: &switchyard_messages::ModelEntry) -> serde_json::Value {
+    json!({"id": m.name, "object": "model", "created": 0, "owned_by": "switchyard",
+           "backends": m.backends, "workers": m.workers.len(), "context_length": m.info.context_len})
 }
 
 /// A key restricted to some models may still list them.
@@ -184,6 +212,16 @@ async fn health(State(g): State<Arc<Gateway>>) -> Response {
 /// `GET /`: the fleet page and chat playground, one static file in the binary.
 async fn page() -> Html<&'static str> {
     Html(include_str!("page.html"))
+}
+
+/// A known path with another method: 405 in OpenAI's error shape.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
 }
 
 async fn not_found() -> ApiError {

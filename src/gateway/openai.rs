@@ -140,6 +140,20 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(None, format!("invalid request body: {e}")))
 }
 
+/// Fields OpenAI defines that SDKs and frameworks send by default, at values that ask
+/// nothing of the answer: accepted and ignored (`docs/gateway.md`). `metadata` only
+/// tags a completion OpenAI stores; switchyard stores nothing, so any object is
+/// neutral.
+fn neutral(key: &str, v: &Value) -> bool {
+    match key {
+        "store" => v == &Value::Bool(false),
+        "metadata" => v.is_object(),
+        "modalities" => v.as_array().is_some_and(|m| m.iter().all(|x| x == "text")),
+        "logit_bias" => v.as_object().is_some_and(Map::is_empty),
+        _ => false,
+    }
+}
+
 fn refuse(param: &str, why: &str) -> ApiError {
     ApiError::bad_request(Some(param.to_string()), format!("{param}: {why}"))
 }
@@ -157,7 +171,7 @@ impl Sampling {
 
     /// Refuses what cannot be honoured, then fills `req.config` and the pins.
     pub fn apply(&self, req: &mut GenerateRequest) -> Result<(), ApiError> {
-        if let Some((k, _)) = self.rest.iter().find(|(_, v)| !v.is_null()) {
+        if let Some((k, _)) = self.rest.iter().find(|(k, v)| !v.is_null() && !neutral(k, v)) {
             return Err(refuse(
                 k,
                 "not supported by this gateway (docs/gateway.md lists the fields it takes)",
@@ -188,10 +202,12 @@ impl Sampling {
             return Err(refuse("stream_options", "only with stream: true"));
         }
         let c = &mut req.config;
-        c.max_tokens = self
-            .max_completion_tokens
-            .or(self.max_tokens)
-            .unwrap_or(DEFAULT_MAX_TOKENS);
+        // Without a limit from the request, generate up to the window (as OpenAI,
+        // vLLM and llama.cpp do), at most DEFAULT_MAX_TOKENS: the worker fits it to
+        // what the window leaves after the prompt instead of refusing.
+        let asked = self.max_completion_tokens.or(self.max_tokens);
+        c.max_tokens = asked.unwrap_or(DEFAULT_MAX_TOKENS);
+        c.fit_max_tokens = asked.is_none();
         chat_defaults(c, self.temperature, self.top_k, self.top_p, self.min_p);
         if let Some(p) = self.repeat_penalty {
             c.repeat_penalty = p;

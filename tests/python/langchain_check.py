@@ -154,6 +154,19 @@ def _(res):
             "invalid_tool_calls": acc.invalid_tool_calls}
 
 
+@section("context_overflow")
+def _(res):
+    """A prompt over the model's window: LangChain's ContextOverflowError (the gateway's
+    code is OpenAI's context_length_exceeded), so trimming and fallbacks can act on it."""
+    from langchain_core.exceptions import ContextOverflowError
+    try:
+        llm.invoke([HumanMessage("word " * 9000)])
+        res["raised"] = None
+    except ContextOverflowError as e:
+        res["raised"] = type(e).__name__
+    check(res["raised"], f"context_overflow: no ContextOverflowError ({res})")
+
+
 out["failures"] = failures
 print(json.dumps(out, default=str))
 if failures:

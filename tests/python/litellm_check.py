@@ -150,6 +150,17 @@ def _(res):
     return {"finish": ch.finish_reason, "calls": calls, "n_calls": len(calls), "content": ch.message.content}
 
 
+@section("context_overflow")
+def _(res):
+    """A prompt over the model's window: litellm's ContextWindowExceededError."""
+    try:
+        litellm.completion(messages=[{"role": "user", "content": "word " * 9000}], **COMMON)
+        res["raised"] = None
+    except litellm.ContextWindowExceededError as e:
+        res["raised"] = type(e).__name__
+    check(res["raised"], f"context_overflow: no ContextWindowExceededError ({res})")
+
+
 out["failures"] = failures
 print(json.dumps(out, default=str))
 if failures:

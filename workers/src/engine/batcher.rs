@@ -324,9 +324,10 @@ impl Batcher {
             Ok(p) => p,
             Err(e) => return fail(&job, e),
         };
-        if let Err(e) = self.engine.check_fits(&prompt, job.config.max_tokens as usize) {
-            return fail(&job, e);
-        }
+        let max_tokens = match self.engine.max_tokens(&prompt, &job.config) {
+            Ok(n) => n,
+            Err(e) => return fail(&job, e),
+        };
         let mut guide = match &job.config.constraint {
             None => None,
             Some(c) => match self.engine.grammars.compile(c) {
@@ -362,7 +363,7 @@ impl Batcher {
             stops: StopFilter::new(&job.config.stop),
             guide,
             generated: 0,
-            max_tokens: job.config.max_tokens as usize,
+            max_tokens,
             drafter: Drafter::new(self.engine.speculative, self.engine.draft_max, self.prior.acceptance()),
             feed: Vec::new(),
             want: 0,

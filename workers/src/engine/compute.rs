@@ -508,6 +508,18 @@ impl Engine {
         Ok(logits)
     }
 
+    /// The most tokens a job over `tokens` generates: `config.max_tokens`, or with
+    /// `fit_max_tokens` no more than the context leaves after the prompt; refused when
+    /// that does not fit (with `fit_max_tokens`: when the prompt fills the context).
+    pub fn max_tokens(&self, tokens: &[u32], config: &GenerateConfig) -> Result<usize, BackendError> {
+        let mut n = config.max_tokens as usize;
+        if config.fit_max_tokens {
+            n = n.min(self.context_len.saturating_sub(tokens.len())).max(1);
+        }
+        self.check_fits(tokens, n)?;
+        Ok(n)
+    }
+
     /// Checks that a prompt of `tokens` plus `max_tokens` fits the context.
     pub fn check_fits(&self, tokens: &[u32], max_tokens: usize) -> Result<(), BackendError> {
         if tokens.is_empty() {

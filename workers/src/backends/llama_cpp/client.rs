@@ -356,7 +356,10 @@ impl LlamaCppModel {
         slot: Option<u32>,
     ) -> Result<(), BackendError> {
         constraint_supported(config)?;
-        let prompt = self.prompt_value(&prompt, config.max_tokens).await?;
+        // A default max_tokens needs only the prompt to fit: the server stops
+        // generating where its slot's context ends.
+        let room = if config.fit_max_tokens { 1 } else { config.max_tokens };
+        let prompt = self.prompt_value(&prompt, room).await?;
         let mut body = completion_body(prompt, config, true);
         if let Some(slot) = slot {
             body["id_slot"] = json!(slot);

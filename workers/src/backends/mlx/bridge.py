@@ -308,10 +308,23 @@ class Bridge:
             raise BridgeError("bad_request", f"no session {req.get('session')!r} (closed, or the bridge restarted)")
         return s
 
+    def fit_max_tokens(self, n, cfg):
+        """`config.max_tokens`, or with `fit_max_tokens` (a default the caller did not
+        choose) at most what the context leaves after `n` prompt tokens; written back
+        into `cfg` for the generation."""
+        max_tokens = int(cfg.get("max_tokens", 256))
+        ctx = self.info.get("context_len") or 0
+        if cfg.get("fit_max_tokens") and ctx:
+            max_tokens = max(1, min(max_tokens, ctx - n))
+            cfg["max_tokens"] = max_tokens
+        return max_tokens
+
     def check_context(self, n, max_tokens):
         ctx = self.info.get("context_len") or 0
         if ctx and n + max_tokens > ctx:
-            raise BridgeError("context_overflow", f"{n} prompt tokens + {max_tokens} exceed the context of {ctx}")
+            raise BridgeError("context_overflow", f"This model's maximum context length is {ctx} tokens. However, "
+                              f"you requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the "
+                              "completion). Please reduce the length of the prompt or of max_tokens.")
 
     def grammar_tokenizer(self):
         """llguidance's tokenizer for the loaded model (built once: ~0.3 s for a 49k
@@ -350,7 +363,7 @@ class Bridge:
         self.need_model()
         tokens = self.tokens_of(req)
         cfg = req.get("config") or {}
-        max_tokens = int(cfg.get("max_tokens", 256))
+        max_tokens = self.fit_max_tokens(len(tokens), cfg)
         self.check_context(len(tokens), max_tokens)
         started = time.time()
         guide = self.guide(cfg)

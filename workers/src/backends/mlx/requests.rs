@@ -76,6 +76,7 @@ pub(super) fn body(op: &str, prompt: Option<&Prompt>, extra: Value) -> Value {
 pub(super) fn config_json(config: &GenerateConfig) -> Value {
     json!({
         "max_tokens": config.max_tokens,
+        "fit_max_tokens": config.fit_max_tokens,
         "temperature": config.temperature,
         "top_k": config.top_k,
         "top_p": config.top_p,
