@@ -567,3 +567,36 @@ async fn speculative_decoding_changes_no_token() {
         assert!(err.to_string().contains("vocabulary"), "{err}");
     }
 }
+
+/// `logit_bias` is added before any other sampling step: +100 on one token makes
+/// greedy decoding repeat it, −100 on the greedy first token bans it; an id outside
+/// the vocabulary is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_forces_and_bans_tokens() {
+    let model = EngineModel::load(&demo_model(), &LoadConfig::default()).unwrap();
+    let run = |bias: Vec<(u32, f32)>| {
+        let cfg = GenerateConfig {
+            max_tokens: 6,
+            logit_bias: bias,
+            ..GenerateConfig::default()
+        };
+        let mut s = model.generate(Prompt::Text("The capital of France is".into()), cfg, CancelFlag::new());
+        async move {
+            let mut ids = Vec::new();
+            while let Some(ev) = s.next().await {
+                match ev {
+                    Ok(GenerateEvent::Token(t)) => ids.push(t.id),
+                    Ok(GenerateEvent::Done { .. }) => return Ok(ids),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(ids)
+        }
+    };
+    let plain = run(Vec::new()).await.unwrap();
+    assert_eq!(run(vec![(1234, 100.0)]).await.unwrap(), vec![1234; 6]);
+    let banned = run(vec![(plain[0], -100.0)]).await.unwrap();
+    assert_ne!(banned[0], plain[0]);
+    let err = run(vec![(49152, 1.0)]).await.unwrap_err();
+    assert!(err.to_string().contains("logit_bias: token id 49152"), "{err}");
+}

@@ -361,9 +361,19 @@ async fn openai_clients_defaults_errors_and_cors() {
         "response_format": {"type": "text"}});
     let (s, v) = post(neutral, auth.clone()).await;
     assert_eq!(s, 200, "neutral fields: {v}");
+    // logit_bias: +100 on one token makes greedy decoding repeat it.
+    let (s, v) = post(
+        serde_json::json!({"messages": hi, "max_tokens": 3, "temperature": 0, "logit_bias": {"1234": 100}}),
+        auth.clone(),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!text.is_empty() && text == text[..text.len() / 3].repeat(3), "{text:?}");
     for (field, value) in [
         ("store", serde_json::json!(true)),
-        ("logit_bias", serde_json::json!({"42": 5})),
+        ("logit_bias", serde_json::json!({"forty-two": 5})),
+        ("logit_bias", serde_json::json!({"42": 101})),
         ("modalities", serde_json::json!(["text", "audio"])),
     ] {
         let mut body = serde_json::json!({"messages": hi, "max_tokens": 2});

@@ -134,9 +134,38 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
         Some(Err(BackendError::ContextOverflow { max_tokens: 5000, .. }))
     ));
     assert!(matches!(
-        remote.classify(vec![long], false).await[0],
+        remote.classify(vec![long.clone()], false).await[0],
         Err(BackendError::ContextOverflow { .. })
     ));
+
+    // A default max_tokens (fit_max_tokens) needs only the prompt to fit: a prompt
+    // near the window's end generates what is left, no more.
+    let fit = GenerateConfig {
+        max_tokens: 1024,
+        fit_max_tokens: true,
+        ..greedy.clone()
+    };
+    let near = Prompt::Text("hello ".repeat(1900));
+    let (ids, _, _) = collect(&remote, near, fit).await;
+    assert!(
+        !ids.is_empty() && ids.len() < 1024 - 1900 % 1024,
+        "{} tokens",
+        ids.len()
+    );
+
+    // logit_bias reaches the server: the same first tokens as the CPU engine with the
+    // same bias (after a few, the biased text is no longer one where the two engines
+    // agree exactly: near ties, tests/greedy_reference.rs).
+    let biased = GenerateConfig {
+        max_tokens: 6,
+        logit_bias: vec![(theirs[0], -100.0), (theirs[2], 5.0)],
+        ..greedy.clone()
+    };
+    let prompt = Prompt::Text("The capital of France is".into());
+    let (a, _, _) = collect(&remote, prompt.clone(), biased.clone()).await;
+    let (b, _, _) = collect(&local, prompt, biased).await;
+    assert_ne!(a[0], theirs[0], "a banned token");
+    assert_eq!(a[..3], b[..3], "logit_bias: llama.cpp and the CPU engine");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

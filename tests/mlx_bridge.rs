@@ -120,6 +120,17 @@ fn the_bridge_generates_like_the_cpu_engine_cancels_and_reports_errors() {
     );
     b.send(json!({"id": 7, "op": "generate", "prompt": prompt, "config": {"max_tokens": 3}}));
     assert_eq!(b.tokens(7).0, mlx[..3]);
+    // logit_bias: the first greedy token banned, another pushed (as the CPU engine does).
+    let bias = json!({mlx[0].to_string(): -100.0, mlx[2].to_string(): 5.0});
+    b.send(json!({"id": 10, "op": "generate", "prompt": prompt, "config": {"max_tokens": 4, "logit_bias": bias}}));
+    let (biased, _) = b.tokens(10);
+    assert_ne!(biased[0], mlx[0]);
+    b.send(json!({"id": 11, "op": "generate", "prompt": prompt, "config": {"max_tokens": 4, "logit_bias": {"999999": 1.0}}}));
+    assert_eq!(b.next()["code"], "bad_request");
+    // A default max_tokens is fitted to the window (512 here) instead of refused.
+    b.send(json!({"id": 12, "op": "generate", "prompt": prompt, "config": {"max_tokens": 100000, "fit_max_tokens": true, "temperature": 0.0}}));
+    let (_, done) = b.tokens(12);
+    assert!(done["finish"].is_string(), "{done}");
 
     b.send(json!({"id": 8, "op": "quit"}));
     assert_eq!(b.next()["event"], "bye");

@@ -80,6 +80,11 @@ pub struct GenerateConfig {
     /// sampled before; protocol 1.1). The sampler skips them, so a seeded stream
     /// resumed elsewhere continues exactly as it would have.
     pub rng_position: u64,
+    /// (1.6) `(token id, bias)` pairs added to those tokens' logits before any
+    /// other sampling step (OpenAI's `logit_bias`: −100 all but bans a token, 100 all
+    /// but forces it); a token id outside the vocabulary is `bad_request`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logit_bias: Vec<(u32, f32)>,
     /// (1.3) What the generated text must be (a JSON schema, any JSON object, a
     /// regex or a grammar), enforced at every token; `None` = free text.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -102,6 +107,7 @@ impl Default for GenerateConfig {
             stop: Vec::new(),
             return_logits: false,
             rng_position: 0,
+            logit_bias: Vec::new(),
             constraint: None,
         }
     }

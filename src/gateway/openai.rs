@@ -87,6 +87,8 @@ pub struct Sampling {
     /// OpenAI's `service_tier: "flex"` means `batch` too.
     pub priority: Option<String>,
     pub service_tier: Option<String>,
+    /// `{"token id": bias}`, bias in −100..=100.
+    pub logit_bias: Option<Map<String, Value>>,
     /// Fields this gateway does not know.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -149,9 +151,30 @@ fn neutral(key: &str, v: &Value) -> bool {
         "store" => v == &Value::Bool(false),
         "metadata" => v.is_object(),
         "modalities" => v.as_array().is_some_and(|m| m.iter().all(|x| x == "text")),
-        "logit_bias" => v.as_object().is_some_and(Map::is_empty),
         _ => false,
     }
+}
+
+/// OpenAI's `logit_bias`, `{"token id": bias}`, as the wire's pairs (sorted by id).
+fn logit_bias(map: Option<&Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out = Vec::new();
+    for (k, v) in map.into_iter().flatten() {
+        let id = k
+            .parse::<u32>()
+            .map_err(|_| refuse("logit_bias", &format!("keys are token ids; {k:?} is not one")))?;
+        let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+            refuse(
+                "logit_bias",
+                &format!("token {id}: the bias must be a number from -100 to 100"),
+            )
+        })?;
+        out.push((id, bias as f32));
+    }
+    if out.len() > 1024 {
+        return Err(refuse("logit_bias", "at most 1024 tokens"));
+    }
+    out.sort_by_key(|p| p.0);
+    Ok(out)
 }
 
 fn refuse(param: &str, why: &str) -> ApiError {
@@ -215,6 +238,7 @@ impl Sampling {
         if let Some(n) = self.repeat_last_n {
             c.repeat_last_n = n;
         }
+        c.logit_bias = logit_bias(self.logit_bias.as_ref())?;
         // OpenAI's seed is a signed integer; its bits are the sampler's seed.
         c.seed = self.seed.map(|s| s as u64);
         c.stop = match &self.stop {

@@ -510,8 +510,15 @@ impl Engine {
 
     /// The most tokens a job over `tokens` generates: `config.max_tokens`, or with
     /// `fit_max_tokens` no more than the context leaves after the prompt; refused when
-    /// that does not fit (with `fit_max_tokens`: when the prompt fills the context).
+    /// that does not fit (with `fit_max_tokens`: when the prompt fills the context),
+    /// or when `logit_bias` names a token outside the vocabulary.
     pub fn max_tokens(&self, tokens: &[u32], config: &GenerateConfig) -> Result<usize, BackendError> {
+        let vocab = self.tokenizer.vocab_size();
+        if let Some((id, _)) = config.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            return Err(BackendError::Invalid(format!(
+                "logit_bias: token id {id} is outside the vocabulary of {vocab}"
+            )));
+        }
         let mut n = config.max_tokens as usize;
         if config.fit_max_tokens {
             n = n.min(self.context_len.saturating_sub(tokens.len())).max(1);

@@ -14,6 +14,8 @@ pub struct Sampler {
     repeat_penalty: f32,
     repeat_last_n: usize,
     rng: StdRng,
+    /// Added to these tokens' logits first.
+    bias: Vec<(u32, f32)>,
     /// Scratch buffer of (id, value) pairs, reused across steps.
     scratch: Vec<(u32, f32)>,
 }
@@ -40,6 +42,7 @@ impl Sampler {
             repeat_penalty: config.repeat_penalty,
             repeat_last_n: config.repeat_last_n as usize,
             rng,
+            bias: config.logit_bias.clone(),
             scratch: Vec::new(),
         }
     }
@@ -47,6 +50,11 @@ impl Sampler {
     /// Picks the next token from `logits` (modified in place by the repeat penalty),
     /// given the tokens so far (`history`: prompt + generated).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        for &(id, b) in &self.bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += b;
+            }
+        }
         if self.repeat_penalty > 0.0 && self.repeat_penalty != 1.0 {
             let start = history.len().saturating_sub(self.repeat_last_n);
             let mut seen = history[start..].to_vec();

@@ -305,6 +305,9 @@ pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value
     if let Some(seed) = c.seed {
         body["seed"] = json!(seed);
     }
+    if !c.logit_bias.is_empty() {
+        body["logit_bias"] = json!(c.logit_bias.iter().map(|&(id, b)| json!([id, b])).collect::<Vec<_>>());
+    }
     // llama.cpp enforces a JSON schema itself (converted to its GBNF grammar); what it
     // cannot enforce is refused before this ([`constraint_supported`]).
     match &c.constraint {

@@ -401,6 +401,7 @@ class Bridge:
         `stop`) once the grammar is complete and allows nothing more."""
         import mlx.core as mx
         import mlx_lm
+        import numpy as np
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
         max_tokens = int(cfg.get("max_tokens", 256))
@@ -415,13 +416,33 @@ class Bridge:
         )
         penalty = float(cfg.get("repeat_penalty") or 0.0)
         processors = []
+        bias = {int(k): float(v) for k, v in (cfg.get("logit_bias") or {}).items()}
+        if bias:
+            vocab = self.info.get("vocab_size") or 0
+            bad = [k for k in bias if k < 0 or (vocab and k >= vocab)]
+            if bad:
+                raise BridgeError("bad_request", f"logit_bias: token id {bad[0]} is outside the vocabulary of {vocab}")
+            dense = {}
+
+            def add_bias(seen, logits):
+                # First, like the CPU engine: the bias, then penalties and the guide.
+                n = logits.shape[-1]
+                if n not in dense:
+                    v = np.zeros(n, dtype=np.float32)
+                    for k, b in bias.items():
+                        if k < n:
+                            v[k] = b
+                    dense[n] = mx.array(v)
+                return logits + dense[n].astype(logits.dtype)
+
+            processors.append(add_bias)
         if penalty > 0.0 and penalty != 1.0:
             # mlx-lm's processor sees only the tokens fed in this call; give it the
             # cached prefix too, so reuse does not change what is penalised.
             window = int(cfg.get("repeat_last_n", 64)) or 64
             (inner,) = make_logits_processors(repetition_penalty=penalty, repetition_context_size=window)
             prefix = mx.array(tokens[:keep]) if keep else None
-            processors = [lambda seen, logits: inner(seen if prefix is None else mx.concat([prefix, seen]), logits)]
+            processors.append(lambda seen, logits: inner(seen if prefix is None else mx.concat([prefix, seen]), logits))
         if guide is not None:
             processors.append(guide)  # last: what it masks stays masked
         stop_ids = set(int(t) for t in cfg.get("stop_tokens", [])) | set(self.info["eos"])

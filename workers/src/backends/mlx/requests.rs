@@ -77,6 +77,7 @@ pub(super) fn config_json(config: &GenerateConfig) -> Value {
     json!({
         "max_tokens": config.max_tokens,
         "fit_max_tokens": config.fit_max_tokens,
+        "logit_bias": config.logit_bias.iter().map(|(id, b)| (id.to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
         "temperature": config.temperature,
         "top_k": config.top_k,
         "top_p": config.top_p,
