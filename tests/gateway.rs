@@ -101,7 +101,30 @@ async fn the_official_openai_client_works_against_the_gateway() {
     err("bad_key", "AuthenticationError", 401);
     err("unknown_model", "NotFoundError", 404);
     err("presence_penalty", "BadRequestError", 400);
-    err("n2", "BadRequestError", 400);
+    err("n0", "BadRequestError", 400);
+    err("n1000", "BadRequestError", 400);
+    assert_eq!(r["retrieve"], DEMO_NAME, "models.retrieve");
+    let n3 = &r["n3"];
+    assert_eq!(n3["indexes"], serde_json::json!([0, 1, 2]), "{n3}");
+    assert_eq!(n3["same_again"], true, "a seeded n=3 request is reproducible: {n3}");
+    assert_eq!(
+        n3["streamed"], n3["texts"],
+        "streamed choices equal the whole ones: {n3}"
+    );
+    let texts: Vec<&str> = n3["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "seeds differ per choice: {texts:?}"
+    );
+    assert!(
+        n3["completion_tokens"].as_u64().unwrap() > n3["prompt_tokens"].as_u64().unwrap() / 4,
+        "{n3}"
+    );
     err("overflow", "BadRequestError", 400);
     assert!(r["limited_first"].is_null(), "{}", r["limited_first"]);
     err("limited_second", "RateLimitError", 429);

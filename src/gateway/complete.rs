@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -104,29 +105,36 @@ impl Shape {
         }
     }
 
-    /// A whole answer.
-    fn whole(&self, text: String, reason: FinishReason, m: &GenerateMetrics, calls: &[ToolCall]) -> Value {
-        let choice = match self.kind {
+    /// Choice `index` of a whole answer.
+    fn choice(&self, index: usize, text: String, reason: FinishReason, calls: &[ToolCall]) -> Value {
+        match self.kind {
             Kind::Chat if !calls.is_empty() => {
                 let content = if text.trim().is_empty() {
                     Value::Null
                 } else {
                     json!(text)
                 };
-                json!({"index": 0, "message": {"role": "assistant", "content": content,
-                                               "tool_calls": calls_json(calls)},
+                json!({"index": index, "message": {"role": "assistant", "content": content,
+                                                   "tool_calls": calls_json(calls)},
                        "finish_reason": finish(reason), "logprobs": null})
             }
-            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
+            Kind::Chat => json!({"index": index, "message": {"role": "assistant", "content": text},
                                  "finish_reason": finish(reason), "logprobs": null}),
-            Kind::Completion => json!({"index": 0, "text": text, "finish_reason": finish(reason), "logprobs": null}),
-        };
-        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
-               "choices": [choice], "usage": usage(m)})
+            Kind::Completion => {
+                json!({"index": index, "text": text, "finish_reason": finish(reason), "logprobs": null})
+            }
+        }
     }
 
-    /// A streamed chunk carrying `text` (and, at the end, the finish reason).
-    fn chunk(&self, text: Option<&str>, reason: Option<FinishReason>, first: bool) -> Value {
+    /// A whole answer of `choices`.
+    fn whole(&self, choices: Vec<Value>, m: &GenerateMetrics) -> Value {
+        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
+               "choices": choices, "usage": usage(m)})
+    }
+
+    /// A streamed chunk of choice `index` carrying `text` (and, at the end, the
+    /// finish reason).
+    fn chunk(&self, index: usize, text: Option<&str>, reason: Option<FinishReason>, first: bool) -> Value {
         let reason = reason.map(finish);
         let choice = match self.kind {
             Kind::Chat => {
@@ -135,23 +143,23 @@ impl Shape {
                     (false, Some(t)) => json!({"content": t}),
                     (false, None) => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "finish_reason": reason, "logprobs": null})
+                json!({"index": index, "delta": delta, "finish_reason": reason, "logprobs": null})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": reason, "logprobs": null})
+                json!({"index": index, "text": text.unwrap_or(""), "finish_reason": reason, "logprobs": null})
             }
         };
         json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
                "choices": [choice]})
     }
 
-    /// A streamed chunk carrying call `index` whole (OpenAI streams the arguments in
-    /// pieces; one piece is a valid stream).
-    fn call_chunk(&self, index: usize, call: &ToolCall) -> Value {
+    /// A streamed chunk of choice `choice` carrying its call `index` whole (OpenAI
+    /// streams the arguments in pieces; one piece is a valid stream).
+    fn call_chunk(&self, choice: usize, index: usize, call: &ToolCall) -> Value {
         let delta = json!({"tool_calls": [{"index": index, "id": call.id, "type": "function",
                            "function": {"name": call.name, "arguments": call.arguments}}]});
         json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": null, "logprobs": null}]})
+               "choices": [{"index": choice, "delta": delta, "finish_reason": null, "logprobs": null}]})
     }
 
     fn usage_chunk(&self, m: &GenerateMetrics) -> Value {
@@ -219,24 +227,49 @@ async fn run(
         op.finish(Some(&e.code));
         e
     };
-    let mut stream = match g.client.start(subject, req).instrument(span.clone()).await {
+    // `n` choices: n requests over the same prompt (a worker computes the prompt
+    // once and shares its KV pages; the choices decode in one batch), seeds derived
+    // from `seed` so a seeded request is reproducible.
+    let n = sampling.n.unwrap_or(1) as usize;
+    let requests = (0..n).map(|i| {
+        let mut r = req.clone();
+        if i > 0 {
+            r.head.request_id = crate::Client::new_request_id();
+            r.config.seed = r.config.seed.map(|s| s.wrapping_add(i as u64));
+        }
+        g.client.start(subject.clone(), r)
+    });
+    let streams = match futures::future::try_join_all(requests).instrument(span.clone()).await {
         Ok(s) => s,
         Err(e) => return Err(failed(&mut op, e.into())),
     };
     if !sampling.streams() {
-        let done = match stream.collect().instrument(span).await {
-            Ok(d) => d,
-            Err(e) => return Err(failed(&mut op, e.into())),
-        };
+        let all = futures::future::join_all(streams.into_iter().map(ResponseStream::collect));
+        let mut choices = Vec::with_capacity(n);
+        let mut metrics = GenerateMetrics::default();
+        for (i, done) in all.instrument(span).await.into_iter().enumerate() {
+            let done = match done {
+                Ok(d) => d,
+                Err(e) => return Err(failed(&mut op, e.into())),
+            };
+            admitted.charge(done.metrics.generated_tokens);
+            add_usage(&mut metrics, &done.metrics, i);
+            choices.push(shape.choice(i, done.text, done.finish_reason, &done.tool_calls));
+        }
         op.finish(None);
-        admitted.charge(done.metrics.generated_tokens);
-        let whole = shape.whole(done.text, done.finish_reason, &done.metrics, &done.tool_calls);
-        return Ok(axum::Json(whole).into_response());
+        return Ok(axum::Json(shape.whole(choices, &metrics)).into_response());
     }
+    let mut stream: Choices = futures::stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
+        let tagged = futures::stream::unfold(s, move |mut s| async move {
+            let ev = s.next().await?;
+            Some(((i, ev), s))
+        });
+        Box::pin(tagged) as ChoiceStream
+    }));
     // The first event decides the status: an error before any token is an HTTP error.
     let first = match stream.next().instrument(span.clone()).await {
-        Some(Ok(ev)) => ev,
-        Some(Err(e)) => return Err(failed(&mut op, e.into())),
+        Some((i, Ok(ev))) => (i, ev),
+        Some((_, Err(e))) => return Err(failed(&mut op, e.into())),
         None => {
             let e = ApiError::new(
                 StatusCode::BAD_GATEWAY,
@@ -250,7 +283,9 @@ async fn run(
     let state = Streaming {
         stream,
         pending: Some(first),
-        queue: VecDeque::from([shape.chunk(None, None, true).to_string()]),
+        queue: (0..n).map(|i| shape.chunk(i, None, None, true).to_string()).collect(),
+        open: n,
+        metrics: GenerateMetrics::default(),
         shape,
         include_usage: sampling.include_usage(),
         admitted,
@@ -267,9 +302,28 @@ async fn run(
 
 /// A streamed answer in progress. Dropping it (the HTTP client went away) drops the
 /// [`ResponseStream`], which cancels the request on its worker.
+/// The events of the choices' streams, tagged with their choice.
+type ChoiceStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = (usize, Result<StreamEvent, crate::ClientError>)> + Send>>;
+type Choices = futures::stream::SelectAll<ChoiceStream>;
+
+/// Adds choice `i`'s usage to `total`: the prompt counts once (OpenAI's usage for
+/// `n` choices), the generated tokens of every choice.
+fn add_usage(total: &mut GenerateMetrics, m: &GenerateMetrics, i: usize) {
+    if i == 0 {
+        total.prompt_tokens = m.prompt_tokens;
+        total.cached_tokens = m.cached_tokens;
+    }
+    total.generated_tokens += m.generated_tokens;
+}
+
 struct Streaming {
-    stream: ResponseStream,
-    pending: Option<StreamEvent>,
+    stream: Choices,
+    pending: Option<(usize, StreamEvent)>,
+    /// Choices not finished yet.
+    open: usize,
+    /// Their usage so far.
+    metrics: GenerateMetrics,
     /// Events ready to send, before anything more is read.
     queue: VecDeque<String>,
     shape: Shape,
@@ -294,35 +348,42 @@ impl Streaming {
                 return None;
             }
             let ev = match self.pending.take() {
-                Some(ev) => Some(Ok(ev)),
+                Some((i, ev)) => Some((i, Ok(ev))),
                 None => self.stream.next().await,
             };
             match ev {
-                Some(Ok(StreamEvent::Tokens(t))) => {
+                Some((i, Ok(StreamEvent::Tokens(t)))) => {
                     let text: String = t.iter().map(|t| t.text.as_str()).collect();
                     if !text.is_empty() {
-                        return Some(self.shape.chunk(Some(&text), None, false).to_string());
+                        return Some(self.shape.chunk(i, Some(&text), None, false).to_string());
                     }
                 }
-                Some(Ok(StreamEvent::Done {
-                    finish_reason,
-                    metrics,
-                    tool_calls,
-                })) => {
+                Some((
+                    i,
+                    Ok(StreamEvent::Done {
+                        finish_reason,
+                        metrics,
+                        tool_calls,
+                    }),
+                )) => {
                     self.admitted.charge(metrics.generated_tokens);
-                    self.op.finish(None);
-                    self.over = true;
-                    for (i, call) in tool_calls.iter().enumerate() {
-                        self.queue.push_back(self.shape.call_chunk(i, call).to_string());
+                    add_usage(&mut self.metrics, &metrics, i);
+                    for (c, call) in tool_calls.iter().enumerate() {
+                        self.queue.push_back(self.shape.call_chunk(i, c, call).to_string());
                     }
                     self.queue
-                        .push_back(self.shape.chunk(None, Some(finish_reason), false).to_string());
-                    if self.include_usage {
-                        self.queue.push_back(self.shape.usage_chunk(&metrics).to_string());
+                        .push_back(self.shape.chunk(i, None, Some(finish_reason), false).to_string());
+                    self.open -= 1;
+                    if self.open == 0 {
+                        self.op.finish(None);
+                        self.over = true;
+                        if self.include_usage {
+                            self.queue.push_back(self.shape.usage_chunk(&self.metrics).to_string());
+                        }
+                        self.queue.push_back("[DONE]".to_string());
                     }
-                    self.queue.push_back("[DONE]".to_string());
                 }
-                Some(Err(e)) => {
+                Some((_, Err(e))) => {
                     self.over = true;
                     let e = ApiError::from(e);
                     self.op.finish(Some(&e.code));

@@ -24,6 +24,8 @@ pub const DEFAULT_MIN_P: f32 = 0.05;
 /// Tokens generated when a request gives neither `max_tokens` nor
 /// `max_completion_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+/// The most choices (`n`) one request asks for.
+pub const MAX_CHOICES: u32 = 16;
 
 /// Fills the sampling knobs a request left out with the chat defaults above; with
 /// `temperature` 0 the others default to off (greedy). The gateway, `switchyard
@@ -211,8 +213,8 @@ impl Sampling {
                 ));
             }
         }
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(refuse("n", "only n = 1 is supported; send several requests instead"));
+        if self.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
+            return Err(refuse("n", &format!("must be 1 to {MAX_CHOICES}")));
         }
         if matches!(&self.logprobs, Some(v) if !v.is_null() && v != &Value::Bool(false)) || self.top_logprobs.is_some()
         {

@@ -46,6 +46,23 @@ text = "".join(ch.choices[0].text for ch in c.completions.create(
 out["completion_stream_same"] = text == r.choices[0].text
 
 out["models"] = [m.id for m in c.models.list().data]
+out["retrieve"] = c.models.retrieve(model).id
+
+# n choices, whole and streamed; seeded, so the same request gives the same choices.
+ask = dict(model=model, messages=[{"role": "user", "content": "Name an animal."}], max_tokens=8,
+           temperature=1.0, seed=7, n=3)
+whole = [c.chat.completions.create(**ask) for _ in range(2)]
+streamed = {}
+for chunk in c.chat.completions.create(**ask, stream=True):
+    for ch in chunk.choices:
+        streamed.setdefault(ch.index, []).append(ch.delta.content or "")
+out["n3"] = {"indexes": [ch.index for ch in whole[0].choices],
+             "texts": [ch.message.content for ch in whole[0].choices],
+             "same_again": [ch.message.content for ch in whole[0].choices]
+             == [ch.message.content for ch in whole[1].choices],
+             "streamed": ["".join(streamed.get(i, [])) for i in range(3)],
+             "completion_tokens": whole[0].usage.completion_tokens,
+             "prompt_tokens": whole[0].usage.prompt_tokens}
 
 
 def error_of(fn):
@@ -63,8 +80,10 @@ out["unknown_model"] = error_of(lambda: c.chat.completions.create(
     model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=2))
 out["presence_penalty"] = error_of(lambda: c.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, presence_penalty=0.5))
-out["n2"] = error_of(lambda: c.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=2))
+out["n0"] = error_of(lambda: c.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=0))
+out["n1000"] = error_of(lambda: c.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=1000))
 out["overflow"] = error_of(lambda: c.completions.create(model=model, prompt="word " * 9000, max_tokens=2))
 lim = openai.OpenAI(base_url=base, api_key=limited, max_retries=0)
 out["limited_first"] = error_of(lambda: lim.chat.completions.create(
