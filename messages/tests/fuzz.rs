@@ -377,6 +377,8 @@ fn seed_config() -> GenerateConfig {
         stop: vec!["\n\n".into(), "</s>".into()],
         return_logits: true,
         rng_position: 3,
+        fit_max_tokens: true,
+        logit_bias: vec![(7, -100.0), (1234, 2.5)],
         constraint: Some(switchyard_messages::Constraint::JsonSchema {
             schema: r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#.into(),
         }),
