@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
+use switchyard_messages::{Backend, BackendError, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt};
 
 struct Bridge {
     child: Child,
@@ -111,7 +111,16 @@ fn the_bridge_generates_like_the_cpu_engine_cancels_and_reports_errors() {
     b.send(json!({"id": 4, "op": "generate", "prompt": "", "config": {}}));
     assert_eq!(b.next()["code"], "bad_request");
     b.send(json!({"id": 5, "op": "generate", "prompt": "Hi", "config": {"max_tokens": 100000}}));
-    assert_eq!(b.next()["code"], "context_overflow");
+    let overflow = b.next();
+    assert_eq!(overflow["code"], "context_overflow");
+    // With its numbers, so the worker answers the contract's context_overflow.
+    assert!(
+        matches!(
+            switchyard_workers::backends::mlx::child::error_from(&overflow),
+            BackendError::ContextOverflow { max_tokens: 100000, .. }
+        ),
+        "{overflow}"
+    );
     b.send(json!({"id": 6, "op": "fly"}));
     let e = b.next();
     assert_eq!(

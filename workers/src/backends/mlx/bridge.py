@@ -68,10 +68,11 @@ def f32_base64(array):
 
 
 class BridgeError(Exception):
-    def __init__(self, code, message):
+    def __init__(self, code, message, **extra):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.extra = extra
 
 
 class Cache:
@@ -324,7 +325,8 @@ class Bridge:
         if ctx and n + max_tokens > ctx:
             raise BridgeError("context_overflow", f"This model's maximum context length is {ctx} tokens. However, "
                               f"you requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the "
-                              "completion). Please reduce the length of the prompt or of max_tokens.")
+                              "completion). Please reduce the length of the prompt or of max_tokens.",
+                              prompt_tokens=n, max_tokens=max_tokens, context_len=ctx)
 
     def grammar_tokenizer(self):
         """llguidance's tokenizer for the loaded model (built once: ~0.3 s for a 49k
@@ -632,7 +634,7 @@ def main():
                 raise BridgeError("bad_request", f"unknown op {op!r}")
             send({"id": rid, **out})
         except BridgeError as e:
-            send({"id": rid, "event": "error", "code": e.code, "message": e.message})
+            send({"id": rid, "event": "error", "code": e.code, "message": e.message, **e.extra})
         except Exception as e:  # a bug or an MLX failure: this request fails, the bridge lives
             log(traceback.format_exc())
             send({"id": rid, "event": "error", "code": "backend_error", "message": f"{type(e).__name__}: {e}"})

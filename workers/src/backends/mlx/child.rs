@@ -68,12 +68,22 @@ fn gone(why: &str) -> BackendError {
     BackendError::Unavailable(format!("the MLX bridge {why}"))
 }
 
-/// An `error` event as the contract's error.
+/// An `error` event as the contract's error: `context_overflow` with its numbers
+/// (`prompt_tokens`, `max_tokens`, `context_len`) as the contract's own, so clients
+/// see the same code from every backend.
 pub fn error_from(ev: &Value) -> BackendError {
     let message = ev["message"].as_str().unwrap_or("MLX failed").to_string();
+    let n = |k: &str| ev[k].as_u64().map(|v| v as usize);
     match ev["code"].as_str() {
         Some("bad_request") => BackendError::Invalid(message),
-        Some("context_overflow") => BackendError::Invalid(format!("context overflow: {message}")),
+        Some("context_overflow") => match (n("prompt_tokens"), n("max_tokens"), n("context_len")) {
+            (Some(prompt_tokens), Some(max_tokens), Some(context_len)) => BackendError::ContextOverflow {
+                prompt_tokens,
+                max_tokens,
+                context_len,
+            },
+            _ => BackendError::Invalid(format!("context overflow: {message}")),
+        },
         Some("unavailable") => BackendError::Unavailable(message),
         Some("overloaded") => BackendError::Overloaded(message),
         _ => BackendError::Compute(message),
