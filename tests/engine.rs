@@ -584,13 +584,11 @@ async fn logit_bias_forces_and_bans_tokens() {
         async move {
             let mut ids = Vec::new();
             while let Some(ev) = s.next().await {
-                match ev {
-                    Ok(GenerateEvent::Token(t)) => ids.push(t.id),
-                    Ok(GenerateEvent::Done { .. }) => return Ok(ids),
-                    Err(e) => return Err(e),
+                if let GenerateEvent::Token(t) = ev? {
+                    ids.push(t.id);
                 }
             }
-            Ok(ids)
+            Ok::<_, switchyard_messages::BackendError>(ids)
         }
     };
     let plain = run(Vec::new()).await.unwrap();

@@ -65,8 +65,9 @@ async fn finish(model: &EngineModel, prompt: Vec<u32>, max_tokens: u32) -> anyho
     anyhow::bail!("the stream ended without a result")
 }
 
-/// The shared prompt, exactly `n` tokens, and stream `i`'s question.
-fn prompts(model: &EngineModel, n: usize, streams: usize) -> anyhow::Result<(Vec<u32>, Vec<Vec<u32>>)> {
+/// For each of `streams + 1` streams: the shared prompt (exactly `n` tokens), then
+/// its own question.
+fn prompts(model: &EngineModel, n: usize, streams: usize) -> anyhow::Result<Vec<Vec<u32>>> {
     let tok = model.tokenizer();
     let mut text = String::from("You are the archive's assistant. The archive holds these records:\n");
     let mut ids = Vec::new();
@@ -82,7 +83,7 @@ fn prompts(model: &EngineModel, n: usize, streams: usize) -> anyhow::Result<(Vec
         }
     }
     ids.truncate(n);
-    let questions = (0..=streams)
+    (0..=streams)
         .map(|i| {
             let q = tok.encode(&format!(
                 "\nQuestion {i}: what did record {} decide?\nAnswer:",
@@ -90,8 +91,7 @@ fn prompts(model: &EngineModel, n: usize, streams: usize) -> anyhow::Result<(Vec
             ));
             q.map(|q| [ids.as_slice(), &q].concat()).map_err(anyhow::Error::msg)
         })
-        .collect::<anyhow::Result<_>>()?;
-    Ok((ids, questions))
+        .collect()
 }
 
 async fn measure(path: &Path, args: &BenchKvPagesArgs, copy: bool) -> anyhow::Result<Outcome> {
@@ -103,7 +103,7 @@ async fn measure(path: &Path, args: &BenchKvPagesArgs, copy: bool) -> anyhow::Re
         ..LoadConfig::default()
     };
     let model = EngineModel::load(path, &config)?;
-    let (_, mut questions) = prompts(&model, args.prompt_tokens, args.streams)?;
+    let mut questions = prompts(&model, args.prompt_tokens, args.streams)?;
     let rss0 = switchyard_actors::host::process_memory(None).1;
     let cold = finish(&model, questions.remove(0), args.max_tokens).await?;
     let started = Instant::now();

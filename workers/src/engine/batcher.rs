@@ -324,6 +324,9 @@ impl Batcher {
             Ok(p) => p,
             Err(e) => return fail(&job, e),
         };
+        if let Err(e) = self.engine.check_logit_bias(&job.config) {
+            return fail(&job, e);
+        }
         let max_tokens = match self.engine.max_tokens(&prompt, &job.config) {
             Ok(n) => n,
             Err(e) => return fail(&job, e),

@@ -508,17 +508,21 @@ impl Engine {
         Ok(logits)
     }
 
+    /// Refuses a `logit_bias` naming a token outside the vocabulary.
+    pub fn check_logit_bias(&self, config: &GenerateConfig) -> Result<(), BackendError> {
+        let vocab = self.tokenizer.vocab_size();
+        match config.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            Some((id, _)) => Err(BackendError::Invalid(format!(
+                "logit_bias: token id {id} is outside the vocabulary of {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The most tokens a job over `tokens` generates: `config.max_tokens`, or with
     /// `fit_max_tokens` no more than the context leaves after the prompt; refused when
-    /// that does not fit (with `fit_max_tokens`: when the prompt fills the context),
-    /// or when `logit_bias` names a token outside the vocabulary.
+    /// that does not fit (with `fit_max_tokens`: when the prompt fills the context).
     pub fn max_tokens(&self, tokens: &[u32], config: &GenerateConfig) -> Result<usize, BackendError> {
-        let vocab = self.tokenizer.vocab_size();
-        if let Some((id, _)) = config.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
-            return Err(BackendError::Invalid(format!(
-                "logit_bias: token id {id} is outside the vocabulary of {vocab}"
-            )));
-        }
         let mut n = config.max_tokens as usize;
         if config.fit_max_tokens {
             n = n.min(self.context_len.saturating_sub(tokens.len())).max(1);
