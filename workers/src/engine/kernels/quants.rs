@@ -16,6 +16,51 @@ pub struct BlockQ4_0 {
     pub qs: [u8; 16],
 }
 
+/// Eight Q4_0 rows' block `i`, packed for kernels that keep one row per 32-bit lane
+/// (the layout of llama.cpp's repacked `block_q4_0x8`, with the nibbles kept as they
+/// are): the eight scales, then the quantized bytes in four steps of 32, step `s`
+/// holding bytes `4s..4s + 4` of row 0, then of row 1, …, of row 7. A 32-byte load of
+/// a step puts row `r`'s four bytes in lane `r`: their low nibbles are values
+/// `4s..4s + 4` and their high nibbles values `16 + 4s..16 + 4s + 4`. Same 144 bytes
+/// as the eight blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_0x8 {
+    pub d: [u16; 8],
+    pub qs: [u8; 128],
+}
+
+impl BlockQ4_0x8 {
+    /// Packs block `i` of eight rows.
+    pub fn pack(rows: [&BlockQ4_0; 8]) -> Self {
+        let mut qs = [0u8; 128];
+        for (r, b) in rows.iter().enumerate() {
+            for s in 0..4 {
+                qs[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&b.qs[4 * s..4 * s + 4]);
+            }
+        }
+        BlockQ4_0x8 {
+            d: rows.map(|b| b.d),
+            qs,
+        }
+    }
+
+    /// Row `r`'s block back.
+    pub fn row(&self, r: usize) -> BlockQ4_0 {
+        let mut qs = [0u8; 16];
+        for s in 0..4 {
+            qs[4 * s..4 * s + 4].copy_from_slice(&self.qs[32 * s + 4 * r..32 * s + 4 * r + 4]);
+        }
+        BlockQ4_0 { d: self.d[r], qs }
+    }
+}
+
+/// `−8 · Σ qs` of an activation block: what the Q4_0 kernels add to `Σ nibble · q`
+/// (weights taken as unsigned nibbles) to get `Σ (nibble − 8) · q`.
+pub fn q4_0_offset(b: &BlockQ8_0) -> i32 {
+    -8 * b.qs.iter().map(|&q| q as i32).sum::<i32>()
+}
+
 /// ggml `block_q4_1`: 32 weights = f16 scale + f16 min + 16 bytes of 4-bit values.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

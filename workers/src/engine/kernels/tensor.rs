@@ -14,12 +14,13 @@ const MAX_CHUNK: usize = 256;
 pub enum QData {
     F32(Vec<f32>),
     F16(Vec<u16>),
-    Q4_0(Vec<BlockQ4_0>),
-    /// Q4_0 with each whole group of eight rows interleaved block by block (block `i`
-    /// of the group's row `j` at `i * 8 + j`), the rows after the last whole group as
-    /// they were: a decode step reads a group as one stream ([`interleaved`]).
-    Q4_0x8(Vec<BlockQ4_0>),
-    /// Q4_K likewise, in pairs of rows.
+    /// Q4_0: each whole group of eight rows packed block by block ([`BlockQ4_0x8`],
+    /// group after group), then the rows after the last whole group in file order
+    /// ([`q4_0`]).
+    Q4_0x8(Vec<BlockQ4_0x8>, Vec<BlockQ4_0>),
+    /// Q4_K with each whole pair of rows interleaved block by block (block `i` of the
+    /// pair's row `j` at `2i + j`), the last odd row as it was: a decode step reads a
+    /// pair as one stream ([`interleaved`]).
     Q4Kx2(Vec<BlockQ4K>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
@@ -37,10 +38,11 @@ pub struct QMatrix {
 
 /// Activations prepared for one weight type. The 8-bit forms also carry their block
 /// scales (and Q8_1's sums) as f32: converting them once per matmul instead of once
-/// per weight row halves the work of a decode step's dot products.
+/// per weight row halves the work of a decode step's dot products. Q8_0 also carries
+/// each block's [`q4_0_offset`] for the Q4_0 kernels.
 pub enum QAct {
     F32(Vec<f32>),
-    Q8_0(Vec<BlockQ8_0>, Vec<f32>),
+    Q8_0(Vec<BlockQ8_0>, Vec<f32>, Vec<i32>),
     Q8_1(Vec<BlockQ8_1>, Vec<f32>, Vec<f32>),
     Q8K(Vec<BlockQ8K>),
 }
@@ -158,15 +160,14 @@ pub fn load<R: std::io::Read + std::io::Seek>(
     let data = match info.ggml_dtype {
         GgmlDType::F32 => QData::F32(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::F16 => QData::F16(read_blocks(reader, bytes_len).map_err(io)?),
-        GgmlDType::Q4_0 if rows >= 8 && interleaved::wanted() => {
+        GgmlDType::Q4_0 => {
             let blocks: Vec<BlockQ4_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            QData::Q4_0x8(interleaved::interleave(&blocks, rows, cols / QK, 8))
+            q4_0::pack(&blocks, rows, cols / QK)
         }
         GgmlDType::Q4K if rows >= 2 && interleaved::wanted() => {
             let blocks: Vec<BlockQ4K> = read_blocks(reader, bytes_len).map_err(io)?;
             QData::Q4Kx2(interleaved::interleave(&blocks, rows, cols / QK_K, 2))
         }
-        GgmlDType::Q4_0 => QData::Q4_0(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q5_0 if widen_q5_0(ct) => {
             let blocks: Vec<BlockQ5_0> = read_blocks(reader, bytes_len).map_err(io)?;
@@ -194,6 +195,7 @@ fn per_row<B: Send>(x: &[f32], cols: usize, n: usize, out: &mut [B], block: usiz
 }
 
 mod interleaved;
+mod q4_0;
 
 /// Rows per parallel task: a few chunks per thread, enough to balance, few enough to
 /// keep dispatch cheap.
@@ -240,12 +242,7 @@ impl QMatrix {
                     *o = h2f(*h);
                 }
             }
-            QData::Q4_0(v) => dequantize_q4_0(&v[r * nb..(r + 1) * nb], out),
-            QData::Q4_0x8(v) => {
-                let mut row = Vec::with_capacity(nb);
-                interleaved::rows_in_order(v, self.rows, nb, 8, r..r + 1, &mut row);
-                dequantize_q4_0(&row, out)
-            }
+            QData::Q4_0x8(groups, tail) => dequantize_q4_0(&q4_0::row(groups, tail, nb, r), out),
             QData::Q4Kx2(v) => {
                 let mut row = Vec::with_capacity(nk);
                 interleaved::rows_in_order(v, self.rows, nk, 2, r..r + 1, &mut row);
@@ -283,11 +280,12 @@ impl QMatrix {
                 let s = b.iter().map(|b| h2f(b.s)).collect();
                 QAct::Q8_1(b, d, s)
             }
-            QData::Q4_0(_) | QData::Q4_0x8(_) | QData::Q5_0(_) | QData::Q8_0(_) => {
+            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => {
                 let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
                 per_row(x, self.cols, n, &mut b, QK, k.quantize_q8_0);
                 let d = b.iter().map(|b| h2f(b.d)).collect();
-                QAct::Q8_0(b, d)
+                let o = b.iter().map(q4_0_offset).collect();
+                QAct::Q8_0(b, d, o)
             }
             QData::Q4K(_) | QData::Q4Kx2(_) | QData::Q6K(_) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
@@ -302,7 +300,7 @@ impl QMatrix {
         let kind = |m: &QMatrix| match m.data {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) => 1,
-            QData::Q4_0(_) | QData::Q4_0x8(_) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
+            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
             QData::Q4K(_) | QData::Q4Kx2(_) | QData::Q6K(_) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
@@ -316,9 +314,8 @@ impl QMatrix {
         let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
-            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => (k.q4_0)(&wq[w], &x[y.clone()], &xd[y]),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::Q4K(wq), QAct::Q8K(x)) => (k.q4_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
             (QData::Q6K(wq), QAct::Q8K(x)) => (k.q6_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
@@ -349,9 +346,8 @@ impl QMatrix {
         }
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
-            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => call!(q4_0_x4, &wq[w], x, xd),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => call!(q5_0_x4, &wq[w], x, xd),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => call!(q8_0_x4, &wq[w], x, xd),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => call!(q5_0_x4, &wq[w], x, xd),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => call!(q8_0_x4, &wq[w], x, xd),
             (QData::Q4K(wq), QAct::Q8K(x)) => {
                 (k.q4_k_x4)(&wq[r * nk..(r + 1) * nk], std::array::from_fn(|i| &x[ks[i].clone()]))
             }
@@ -373,9 +369,8 @@ impl QMatrix {
         let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
-            (QData::Q4_0(wq), QAct::Q8_0(x, xd)) => (k.q4_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
+            (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
+            (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             (QData::Q4K(wq), QAct::Q8K(x)) => (k.q4_k_x8)(&wq[w], &x[y], out),
             (QData::Q6K(wq), QAct::Q8K(x)) => (k.q6_k_x8)(&wq[w], &x[y], out),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
@@ -394,7 +389,7 @@ impl QMatrix {
         assert!(out.len() >= n * self.rows);
         let ptr = OutPtr(out.as_mut_ptr());
         match &self.data {
-            QData::Q4_0x8(v) => return interleaved::matmul(self, k, v, act, n, ptr),
+            QData::Q4_0x8(groups, tail) => return q4_0::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q4Kx2(v) => return interleaved::matmul(self, k, v, act, n, ptr),
             _ => {}
         }
@@ -460,7 +455,7 @@ impl QMatrix {
         match &self.data {
             QData::F32(v) => v.len() * 4,
             QData::F16(v) => v.len() * 2,
-            QData::Q4_0(v) | QData::Q4_0x8(v) => v.len() * 18,
+            QData::Q4_0x8(groups, tail) => groups.len() * 144 + tail.len() * 18,
             QData::Q4_1(v) => v.len() * 20,
             QData::Q5_0(v) => v.len() * 22,
             QData::Q8_0(v) => v.len() * 34,

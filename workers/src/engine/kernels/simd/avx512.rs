@@ -7,6 +7,10 @@
 //! bit-identical to [`super::x86::avx2`] while each instruction does twice the work.
 //! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
 //! (`x86::avx512_vl`).
+//!
+//! Q4_0 is different ([`dot_q4_0x8_q8_0`]): two packed groups of eight rows fill a
+//! register, one row per lane, against up to eight inputs at a time, with one FMA per
+//! block and cell (the portable kernel's arithmetic for Q4_0).
 
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
@@ -17,7 +21,7 @@ use super::x86::{
 };
 use super::{eight, panel_rows};
 use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
-use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
 /// `v` in both 256-bit halves.
@@ -156,7 +160,6 @@ macro_rules! q8_0_tiles {
     };
 }
 
-q8_0_tiles!(BlockQ4_0, dot_q4_0_q8_0_x4, dot_q4_0_q8_0_x8);
 q8_0_tiles!(BlockQ5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
 q8_0_tiles!(BlockQ8_0, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8);
 
@@ -467,14 +470,6 @@ unsafe fn nibbles_both(qs: &[u8; 16]) -> __m512i {
     _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, hi), _mm512_set1_epi8(0x0F))
 }
 
-impl UnpackUnsigned for BlockQ4_0 {
-    const SHIFT: u32 = 3;
-    #[inline(always)]
-    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
-        (nibbles_both(&self.qs), h2f(self.d))
-    }
-}
-
 impl UnpackUnsigned for BlockQ5_0 {
     const SHIFT: u32 = 4;
     #[inline(always)]
@@ -571,4 +566,110 @@ unsafe fn rows4_q4_1(x: [&[BlockQ4_1]; 4], y: [&[BlockQ8_1]; 8], yd: [&[f32]; 8]
         }
     }
     out
+}
+
+/// `N` (1–8) Q8_0 rows against two groups of eight packed Q4_0 rows (`x0` in the low
+/// eight lanes, `x1` in the high): per block and input, eight `vpdpbusd` of the
+/// unsigned nibbles against the input's broadcast bytes on top of its offset, then
+/// one multiply (the scales) and one FMA.
+#[inline(always)]
+unsafe fn groups2_q4_0<const N: usize>(
+    x0: &[BlockQ4_0x8],
+    x1: &[BlockQ4_0x8],
+    y: [&[BlockQ8_0]; N],
+    yd: [&[f32]; N],
+    yo: [&[i32]; N],
+) -> [__m512; N] {
+    let nb = x0.len();
+    // Checked once here, so the loop indexes without bounds checks.
+    assert!(x1.len() == nb);
+    for t in 0..N {
+        assert!(y[t].len() >= nb && yd[t].len() >= nb && yo[t].len() >= nb);
+    }
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        let mut sum: [__m512i; N] = std::array::from_fn(|t| _mm512_set1_epi32(*yo[t].get_unchecked(i)));
+        for s in 0..4 {
+            let w = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(a.qs.as_ptr().add(32 * s) as *const __m256i)),
+                _mm256_loadu_si256(b.qs.as_ptr().add(32 * s) as *const __m256i),
+                1,
+            );
+            let lo = _mm512_and_si512(w, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            for t in 0..N {
+                let q = y[t].get_unchecked(i).qs.as_ptr();
+                let ql = _mm512_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
+                let qh = _mm512_set1_epi32((q.add(16 + 4 * s) as *const i32).read_unaligned());
+                sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[t], lo, ql), hi, qh);
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(a.d.as_ptr() as *const __m128i)),
+            _mm_loadu_si128(b.d.as_ptr() as *const __m128i),
+            1,
+        ));
+        for t in 0..N {
+            let dd = _mm512_mul_ps(d, _mm512_set1_ps(*yd[t].get_unchecked(i)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd, acc[t]);
+        }
+    }
+    acc
+}
+
+/// [`super::Kernels::q4_0x8`]: pairs of groups against the inputs eight at a time;
+/// a last odd group goes through the 256-bit kernel (same arithmetic).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::q4_0x8_shape(x, y, yd, yo, n, out);
+    let width = 8 * groups;
+    for pair in 0..groups / 2 {
+        let g = 2 * pair;
+        let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
+        let mut t = 0;
+        while t < n {
+            macro_rules! tile {
+                ($m:literal) => {{
+                    let acc = groups2_q4_0::<$m>(
+                        x0,
+                        x1,
+                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
+                        std::array::from_fn(|k| &yd[(t + k) * nb..(t + k + 1) * nb]),
+                        std::array::from_fn(|k| &yo[(t + k) * nb..(t + k + 1) * nb]),
+                    );
+                    for (k, a) in acc.iter().enumerate() {
+                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
+                        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+                    }
+                    t += $m;
+                }};
+            }
+            match n - t {
+                1 => tile!(1),
+                2 => tile!(2),
+                3 => tile!(3),
+                4 => tile!(4),
+                5 => tile!(5),
+                6 => tile!(6),
+                7 => tile!(7),
+                _ => tile!(8),
+            }
+        }
+    }
+    if !groups.is_multiple_of(2) {
+        let g = groups - 1;
+        let mut cells = [0.0f32; 64];
+        for t0 in (0..n).step_by(8) {
+            let m = (n - t0).min(8);
+            let inputs = t0 * nb..(t0 + m) * nb;
+            let (yi, ydi, yoi) = (&y[inputs.clone()], &yd[inputs.clone()], &yo[inputs]);
+            super::x86::avx512_vl::dot_q4_0x8_q8_0(&x[g * nb..], yi, ydi, yoi, m, &mut cells[..8 * m]);
+            for t in 0..m {
+                let o = (t0 + t) * width + 8 * g;
+                out[o..o + 8].copy_from_slice(&cells[8 * t..8 * t + 8]);
+            }
+        }
+    }
 }

@@ -5,8 +5,10 @@
 //! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
 //! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
 //! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
-//! - `decode512`: AVX-512 tiles of interleaved weight rows (eight Q4_0, two Q4_K) against
-//!   one activation row (decode).
+//! - `decode512`: the AVX-512 tile of two interleaved Q4_K weight rows against one
+//!   activation row (decode).
+//! - Q4_0's kernels over packed groups of eight rows live with the others of their
+//!   variant (`portable`, `x86`, `avx512`).
 //!
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
 //! is what makes calling the `#[target_feature]` functions behind it sound.
@@ -23,7 +25,7 @@ mod x86;
 
 use super::isa::Isa;
 use super::kquants::{BlockQ4K, BlockQ6K, BlockQ8K};
-use super::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use elementwise as ew;
 
 type Q41 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32]) -> f32;
@@ -32,7 +34,7 @@ type Q41x8 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32], &mut [[f32; 8]]);
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
-type Q80x8i<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> [f32; 8];
+type Q40x8 = fn(&[BlockQ4_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
 type QKx2i<B> = fn(&[B], &[BlockQ8K]) -> [f32; 2];
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
@@ -47,18 +49,25 @@ type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
 /// result. One call covers a whole run of weight rows, so the dispatch, the slicing
 /// of the inputs and the checks are paid once per panel, not once per row (on Gemma
 /// 3's 640-wide rows they were ~8% of a prefill); a variant tiles the panel as its
-/// registers allow. `q4_0_x8i` and `q4_k_x2i` are decode's tiles: eight (two) weight
-/// rows stored interleaved (block `i` of row `j` at `i * 8 + j`, `i * 2 + j`) against
-/// one activation row.
+/// registers allow. `q4_k_x2i` is decode's tile: two weight rows stored interleaved
+/// (block `i` of row `j` at `i * 2 + j`) against one activation row.
+///
+/// Q4_0 has its own arithmetic and layout: `q4_0x8` takes groups of eight rows packed
+/// as [`BlockQ4_0x8`] (one row per 32-bit lane) against any number of inputs, and each
+/// cell is one integer sum per block and one fused multiply-add per block, in block
+/// order — what llama.cpp's repacked Q4_0 kernels compute, not the 8-lane float sums
+/// of ggml's row kernel (see [`portable::dot_q4_0_q8_0`]). `q4_0` (the same arithmetic,
+/// one row in file order) serves the rows after the last whole group.
 pub struct Kernels {
     pub isa: Isa,
     pub q4_1: Q41,
     pub q4_1_x4: Q41x4,
     pub q4_1_x8: Q41x8,
     pub q4_0: Q80<BlockQ4_0>,
-    pub q4_0_x4: Q80x4<BlockQ4_0>,
-    pub q4_0_x8: Q80x8<BlockQ4_0>,
-    pub q4_0_x8i: Q80x8i<BlockQ4_0>,
+    /// Groups of eight packed rows (`x`, group after group) against `n` inputs (`y`,
+    /// their scales and [`crate::engine::kernels::quants::q4_0_offset`]s, input after
+    /// input): `out[t * 8 * groups + 8 * g + r]`.
+    pub q4_0x8: Q40x8,
     pub q5_0: Q80<BlockQ5_0>,
     pub q5_0_x4: Q80x4<BlockQ5_0>,
     pub q5_0_x8: Q80x8<BlockQ5_0>,
@@ -170,6 +179,20 @@ macro_rules! with_elementwise {
     }};
 }
 
+/// Checks a [`Kernels::q4_0x8`] call's slices and returns (blocks per row, groups).
+#[inline(always)]
+fn q4_0x8_shape(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &[f32]) -> (usize, usize) {
+    assert!(n > 0 && y.len().is_multiple_of(n), "n inputs of equal length");
+    let nb = y.len() / n;
+    assert!(nb > 0 && x.len().is_multiple_of(nb), "groups of the inputs' length");
+    let groups = x.len() / nb;
+    assert!(
+        yd.len() == y.len() && yo.len() == y.len() && out.len() >= n * 8 * groups,
+        "a scale and an offset per input block, a cell per output"
+    );
+    (nb, groups)
+}
+
 /// A panel's eight activation rows: `y` cut into eight equal parts.
 #[inline(always)]
 fn eight<T>(y: &[T]) -> [&[T]; 8] {
@@ -217,24 +240,10 @@ macro_rules! x8_from_x4 {
     };
 }
 
-/// An `_x8i` tile from eight single-row calls, each row gathered from the
-/// interleaved blocks first (tables whose CPU has no tile of its own; only tests and
-/// a forced kernel variant reach it, since weights are interleaved only where the
-/// active variant has the tile).
-macro_rules! x8i_from_one {
-    ($one:expr) => {
-        |x, y, yd| {
-            let n = y.len();
-            assert!(x.len() == 8 * n, "eight interleaved rows of the input's length");
-            std::array::from_fn(|j| {
-                let row: Vec<_> = (0..n).map(|i| x[i * 8 + j]).collect();
-                ($one)(&row, y, yd)
-            })
-        }
-    };
-}
-
-/// An `_x2i` tile from two single-row calls, as `x8i_from_one!` does for eight.
+/// An `_x2i` tile from two single-row calls, each row gathered from the interleaved
+/// blocks first (tables whose CPU has no tile of its own; only tests and a forced
+/// kernel variant reach it, since weights are interleaved only where the active
+/// variant has the tile).
 macro_rules! x2i_from_one {
     ($one:expr) => {
         |x, y| {
@@ -254,9 +263,7 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_1_x4: portable::dot_q4_1_q8_1_x4,
     q4_1_x8: x8_from_x4!(portable::dot_q4_1_q8_1_x4, |x, y, yd, ys|),
     q4_0: portable::dot_q4_0_q8_0,
-    q4_0_x4: portable::dot_q4_0_q8_0_x4,
-    q4_0_x8: x8_from_x4!(portable::dot_q4_0_q8_0_x4, |x, y, yd|),
-    q4_0_x8i: x8i_from_one!(portable::dot_q4_0_q8_0),
+    q4_0x8: portable::dot_q4_0x8_q8_0,
     q5_0: portable::dot_q5_0_q8_0,
     q5_0_x4: portable::dot_q5_0_q8_0_x4,
     q5_0_x8: x8_from_x4!(portable::dot_q5_0_q8_0_x4, |x, y, yd|),
@@ -289,10 +296,8 @@ macro_rules! x86_table {
             q4_1: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1(x, y, yd, ys) },
             q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
             q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys, o) },
-            q4_0: |x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) },
-            q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
-            q4_0_x8: |x, y, yd, o| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd, o) },
-            q4_0_x8i: x8i_from_one!(|x, y, yd| unsafe { k::dot_q4_0_q8_0(x, y, yd) }),
+            q4_0: portable::dot_q4_0_q8_0,
+            q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
             q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
             q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
             q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },
@@ -333,10 +338,8 @@ static AVX512: Kernels = {
         q4_1: |x, y, yd, ys| unsafe { v::dot_q4_1_q8_1(x, y, yd, ys) },
         q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
         q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys, o) },
-        q4_0: |x, y, yd| unsafe { v::dot_q4_0_q8_0(x, y, yd) },
-        q4_0_x4: |x, y, yd| unsafe { k::dot_q4_0_q8_0_x4(x, y, yd) },
-        q4_0_x8: |x, y, yd, o| unsafe { k::dot_q4_0_q8_0_x8(x, y, yd, o) },
-        q4_0_x8i: |x, y, yd| unsafe { decode512::dot_q4_0_q8_0_x8i(x, y, yd) },
+        q4_0: portable::dot_q4_0_q8_0,
+        q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
         q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },
         q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
         q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },

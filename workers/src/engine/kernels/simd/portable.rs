@@ -3,7 +3,9 @@
 //! `vpmaddubsw` + `vpmaddwd` produce), every lane accumulates in f32 with one fused
 //! multiply-add per block, and the lanes are summed in `hsum_float_8`'s order. So the
 //! portable path computes the same bits as AVX2 and AVX-512, only slower; LLVM
-//! vectorises the lane loops with the target's baseline SIMD (SSE2, NEON).
+//! vectorises the lane loops with the target's baseline SIMD (SSE2, NEON). Q4_0 is
+//! the exception: one integer sum and one fused multiply-add per block
+//! ([`dot_q4_0_q8_0`]).
 
 use crate::engine::kernels::kquants::{q4k_scales_mins, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use crate::engine::kernels::quants::*;
@@ -87,8 +89,49 @@ fn unpack_q8_0(a: &BlockQ8_0) -> ([i8; 32], f32) {
     (a.qs, h2f(a.d))
 }
 
+/// One Q4_0 row against a Q8_0 row with the arithmetic every Q4_0 kernel shares:
+/// each block's exact integer sum `Σ (q − 8)·y`, then `acc = fma(sum, d_x·d_y, acc)`
+/// block after block. llama.cpp's repacked Q4_0 kernels (`ggml_gemv_q4_0_8x8_q8_0`,
+/// `ggml_gemm_q4_0_8x8_q8_0`, what its x86 CPU backend runs for Q4_0 by default)
+/// compute the same; ggml's row kernel instead keeps 8 float lanes per cell, which
+/// costs eight times the float work in a prefill and is what the other types here
+/// follow.
 pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
-    dot_q8_0_with(x, y, yd, unpack_q4_0)
+    let mut acc = 0.0f32;
+    for (i, (a, b)) in x.iter().zip(y).enumerate() {
+        let (q, dx) = unpack_q4_0(a);
+        let s: i32 = q.iter().zip(&b.qs).map(|(&q, &y)| q as i32 * y as i32).sum();
+        acc = (s as f32).mul_add(dx * yd[i], acc);
+    }
+    acc
+}
+
+/// Packed groups of eight Q4_0 rows against `n` Q8_0 rows (see
+/// [`crate::engine::kernels::simd::Kernels::q4_0x8`]): each cell exactly
+/// [`dot_q4_0_q8_0`] of the row unpacked.
+pub fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::q4_0x8_shape(x, y, yd, yo, n, out);
+    let width = 8 * groups;
+    for g in 0..groups {
+        for t in 0..n {
+            let mut acc = [0.0f32; 8];
+            for i in 0..nb {
+                let (a, b) = (&x[g * nb + i], &y[t * nb + i]);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let mut s = yo[t * nb + i];
+                    for step in 0..4 {
+                        for k in 0..4 {
+                            let q = a.qs[32 * step + 4 * r + k];
+                            s += (q & 0x0f) as i32 * b.qs[4 * step + k] as i32
+                                + (q >> 4) as i32 * b.qs[16 + 4 * step + k] as i32;
+                        }
+                    }
+                    *acc = (s as f32).mul_add(h2f(a.d[r]) * yd[t * nb + i], *acc);
+                }
+            }
+            out[t * width + 8 * g..t * width + 8 * g + 8].copy_from_slice(&acc);
+        }
+    }
 }
 
 pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
@@ -97,10 +140,6 @@ pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
 
 pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
     dot_q8_0_with(x, y, yd, unpack_q8_0)
-}
-
-pub fn dot_q4_0_q8_0_x4(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
-    [0, 1, 2, 3].map(|r| dot_q4_0_q8_0(x, y[r], yd[r]))
 }
 
 pub fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {

@@ -4,7 +4,9 @@
 
 use super::*;
 use crate::engine::kernels::kquants::{quantize_q8_k, QK_K};
-use crate::engine::kernels::quants::{f2h, h2f, quantize_q8_0, quantize_q8_1, QK};
+use crate::engine::kernels::quants::{
+    dequantize_q4_0, dequantize_q8_0, f2h, h2f, q4_0_offset, quantize_q8_0, quantize_q8_1, QK,
+};
 
 struct Rng(u64);
 
@@ -155,12 +157,6 @@ fn every_variant_computes_the_portable_bits() {
             qs: rng.bytes(),
         })
         .collect();
-    let w4_0: Vec<BlockQ4_0> = (0..nb)
-        .map(|_| BlockQ4_0 {
-            d: rng.scale(),
-            qs: rng.bytes(),
-        })
-        .collect();
     let w5_0: Vec<BlockQ5_0> = (0..nb)
         .map(|_| BlockQ5_0 {
             d: rng.scale(),
@@ -231,7 +227,6 @@ fn every_variant_computes_the_portable_bits() {
                     assert_eq!(x8[0][t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
                 }};
             }
-            q8_0_family!(w4_0, q4_0, q4_0_x4, q4_0_x8);
             q8_0_family!(w5_0, q5_0, q5_0_x4, q5_0_x8);
             q8_0_family!(w8_0, q8_0, q8_0_x4, q8_0_x8);
 
@@ -306,7 +301,6 @@ fn panels_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w4_0 = q4_0_rows(&mut rng, ROWS, nb);
     let w4_1: Vec<Vec<BlockQ4_1>> = (0..ROWS)
         .map(|_| {
             (0..nb)
@@ -363,8 +357,6 @@ fn panels_compute_the_portable_bits() {
             check("q4_1", &cells, &|r, t| {
                 (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
             });
-            (k.q4_0_x8)(&w4_0[..rows].concat(), &y0, &yd0, &mut cells);
-            check("q4_0", &cells, &|r, t| (p.q4_0)(&w4_0[r], &a.q8_0[t], &a.q8_0d[t]));
             (k.q5_0_x8)(&w5_0[..rows].concat(), &y0, &yd0, &mut cells);
             check("q5_0", &cells, &|r, t| (p.q5_0)(&w5_0[r], &a.q8_0[t], &a.q8_0d[t]));
             (k.q8_0_x8)(&w8_0[..rows].concat(), &y0, &yd0, &mut cells);
@@ -378,25 +370,63 @@ fn panels_compute_the_portable_bits() {
     eprintln!("{checked} panels checked");
 }
 
-/// Decode's tile over eight interleaved Q4_0 rows gives each row the portable
-/// single-row bits, in every variant, for every input of the set.
+/// Q4_0's packed groups: every variant gives each cell the portable single-row bits
+/// of its row, for one to five groups (the 512-bit kernel pairs them, an odd one
+/// goes alone) and any number of inputs.
 #[test]
-fn interleaved_tiles_compute_the_portable_bits() {
+fn packed_q4_0_groups_compute_the_portable_bits() {
     let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(29);
-    let cols = 7 * QK;
-    let nb = cols / QK;
+    let nb = 7;
+    let cols = nb * QK;
     let a = acts(&mut rng, cols);
-    let rows = q4_0_rows(&mut rng, 8, nb);
-    let interleaved: Vec<BlockQ4_0> = (0..nb).flat_map(|i| rows.iter().map(move |r| r[i])).collect();
+    let rows = q4_0_rows(&mut rng, 40, nb);
+    let packed: Vec<BlockQ4_0x8> = (0..5)
+        .flat_map(|g| {
+            let rows = &rows;
+            (0..nb).map(move |i| BlockQ4_0x8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
+        })
+        .collect();
+    let offsets: Vec<Vec<i32>> = a.q8_0.iter().map(|r| r.iter().map(q4_0_offset).collect()).collect();
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
-        for t in 0..8 {
-            let got = (k.q4_0_x8i)(&interleaved, &a.q8_0[t], &a.q8_0d[t]);
-            for (j, row) in rows.iter().enumerate() {
-                let want = (p.q4_0)(row, &a.q8_0[t], &a.q8_0d[t]);
-                assert_eq!(got[j].to_bits(), want.to_bits(), "{isa} q4_0_x8i row {j} input {t}");
+        for groups in 1..=5 {
+            for n in [1, 2, 3, 4, 5, 7, 8] {
+                let mut out = vec![f32::NAN; n * 8 * groups];
+                let (y, yd, yo) = (a.q8_0[..n].concat(), a.q8_0d[..n].concat(), offsets[..n].concat());
+                (k.q4_0x8)(&packed[..groups * nb], &y, &yd, &yo, n, &mut out);
+                for t in 0..n {
+                    for r in 0..8 * groups {
+                        let want = (p.q4_0)(&rows[r], &a.q8_0[t], &a.q8_0d[t]);
+                        assert_eq!(
+                            out[t * 8 * groups + r].to_bits(),
+                            want.to_bits(),
+                            "{isa} q4_0x8: {groups} groups, {n} inputs, row {r} input {t}"
+                        );
+                    }
+                }
             }
+        }
+    }
+}
+
+/// The Q4_0 arithmetic (one integer sum and one FMA per block) is the dot product of
+/// the dequantized values, up to f32 rounding.
+#[test]
+fn q4_0_block_sums_are_the_dot_product() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(41);
+    let nb = 24;
+    let a = acts(&mut rng, nb * QK);
+    for row in q4_0_rows(&mut rng, 16, nb) {
+        for t in 0..8 {
+            let (mut w, mut y) = (vec![0.0f32; nb * QK], vec![0.0f32; nb * QK]);
+            dequantize_q4_0(&row, &mut w);
+            dequantize_q8_0(&a.q8_0[t], &mut y);
+            let exact: f64 = w.iter().zip(&y).map(|(&w, &y)| w as f64 * y as f64).sum();
+            let scale: f64 = w.iter().zip(&y).map(|(&w, &y)| (w as f64 * y as f64).abs()).sum();
+            let got = (p.q4_0)(&row, &a.q8_0[t], &a.q8_0d[t]) as f64;
+            assert!((got - exact).abs() <= 1e-6 * scale, "{got} vs {exact}");
         }
     }
 }

@@ -79,17 +79,6 @@ pub(super) trait Unpack {
     unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32);
 }
 
-impl Unpack for crate::engine::kernels::quants::BlockQ4_0 {
-    #[inline(always)]
-    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32) {
-        use std::arch::x86_64::*;
-        (
-            _mm256_sub_epi8(bytes_from_nibbles_32(&self.qs), _mm256_set1_epi8(8)),
-            h2f(self.d),
-        )
-    }
-}
-
 impl Unpack for crate::engine::kernels::quants::BlockQ5_0 {
     #[inline(always)]
     unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32) {
@@ -205,7 +194,7 @@ macro_rules! x86_kernels {
         pub mod $module {
             use super::*;
             use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
-            use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+            use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
             use crate::engine::kernels::simd::{eight, halves, join, panel_rows};
             use std::arch::x86_64::*;
 
@@ -302,11 +291,6 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
-                rows_q8_0(x, [y], [yd])[0]
-            }
-
-            #[target_feature(enable = $features)]
             pub unsafe fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
                 rows_q8_0(x, [y], [yd])[0]
             }
@@ -314,11 +298,6 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
                 rows_q8_0(x, [y], [yd])[0]
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_0_q8_0_x4(x: &[BlockQ4_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
-                rows_q8_0(x, y, yd)
             }
 
             #[target_feature(enable = $features)]
@@ -358,11 +337,6 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_0_q8_0_x8(x: &[BlockQ4_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
-                panel_q8_0(x, y, yd, out)
-            }
-
-            #[target_feature(enable = $features)]
             pub unsafe fn dot_q5_0_q8_0_x8(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
                 panel_q8_0(x, y, yd, out)
             }
@@ -370,6 +344,102 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q8_0_q8_0_x8(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
                 panel_q8_0(x, y, yd, out)
+            }
+
+            /// `N` (1–4) Q8_0 rows against one group of eight packed Q4_0 rows, one
+            /// row per lane: the nibbles taken as unsigned bytes, each block's
+            /// integer sums plus the inputs' offsets, then one f32 multiply (the
+            /// scales) and one FMA per block and cell, as the portable kernel.
+            #[inline(always)]
+            pub(in crate::engine::kernels::simd) unsafe fn group_q4_0<const N: usize>(
+                x: &[BlockQ4_0x8],
+                y: [&[BlockQ8_0]; N],
+                yd: [&[f32]; N],
+                yo: [&[i32]; N],
+            ) -> [__m256; N] {
+                // Checked once here, so the loop indexes without bounds checks.
+                for t in 0..N {
+                    assert!(y[t].len() >= x.len() && yd[t].len() >= x.len() && yo[t].len() >= x.len());
+                }
+                let m4 = _mm256_set1_epi8(0x0f);
+                let mut acc = [_mm256_setzero_ps(); N];
+                for (i, a) in x.iter().enumerate() {
+                    // i16 sums (AVX2: sixteen products each, at most 16 · 15 · 128 =
+                    // 30,720 in magnitude, so nothing saturates or wraps) or i32
+                    // lanes (VNNI).
+                    let mut sum = [_mm256_setzero_si256(); N];
+                    for s in 0..4 {
+                        let w = _mm256_loadu_si256(a.qs.as_ptr().add(32 * s) as *const __m256i);
+                        let lo = _mm256_and_si256(w, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                        for t in 0..N {
+                            let q = y[t].get_unchecked(i).qs.as_ptr();
+                            let ql = _mm256_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
+                            let qh = _mm256_set1_epi32((q.add(16 + 4 * s) as *const i32).read_unaligned());
+                            sum[t] = if $dot == Dot::AvxVnni {
+                                _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(sum[t], lo, ql), hi, qh)
+                            } else if $dot == Dot::Avx512Vnni {
+                                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(sum[t], lo, ql), hi, qh)
+                            } else {
+                                let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ql), _mm256_maddubs_epi16(hi, qh));
+                                _mm256_add_epi16(sum[t], p)
+                            };
+                        }
+                    }
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(a.d.as_ptr() as *const __m128i));
+                    for t in 0..N {
+                        let mut isum = sum[t];
+                        if $dot == Dot::Madd {
+                            isum = _mm256_madd_epi16(isum, _mm256_set1_epi16(1));
+                        }
+                        isum = _mm256_add_epi32(isum, _mm256_set1_epi32(*yo[t].get_unchecked(i)));
+                        let dd = _mm256_mul_ps(d, _mm256_set1_ps(*yd[t].get_unchecked(i)));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
+                    }
+                }
+                acc
+            }
+
+            /// [`super::super::Kernels::q4_0x8`]: each group against the inputs four
+            /// at a time.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_0x8_q8_0(
+                x: &[BlockQ4_0x8],
+                y: &[BlockQ8_0],
+                yd: &[f32],
+                yo: &[i32],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                let (nb, groups) = crate::engine::kernels::simd::q4_0x8_shape(x, y, yd, yo, n, out);
+                let width = 8 * groups;
+                for g in 0..groups {
+                    let xg = &x[g * nb..(g + 1) * nb];
+                    let mut t = 0;
+                    while t < n {
+                        macro_rules! tile {
+                            ($m:literal) => {{
+                                let acc = group_q4_0::<$m>(
+                                    xg,
+                                    std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
+                                    std::array::from_fn(|k| &yd[(t + k) * nb..(t + k + 1) * nb]),
+                                    std::array::from_fn(|k| &yo[(t + k) * nb..(t + k + 1) * nb]),
+                                );
+                                for (k, a) in acc.iter().enumerate() {
+                                    let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
+                                    _mm256_storeu_ps(o.as_mut_ptr(), *a);
+                                }
+                                t += $m;
+                            }};
+                        }
+                        match n - t {
+                            1 => tile!(1),
+                            2 => tile!(2),
+                            3 => tile!(3),
+                            _ => tile!(4),
+                        }
+                    }
+                }
             }
 
             /// `ggml_vec_dot_q4_K_q8_K`'s AVX2 branch for `N` activation rows at once.

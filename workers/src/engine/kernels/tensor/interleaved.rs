@@ -1,5 +1,6 @@
 //! Weight matrices stored a few rows interleaved block by block, so that a decode
-//! step reads a group of rows as one stream ([`QData::Q4_0x8`], [`QData::Q4Kx2`]).
+//! step reads a group of rows as one stream ([`QData::Q4Kx2`]; Q4_0's packed groups
+//! are their own layout, `q4_0.rs`).
 //!
 //! Read row by row, a tile of several rows is several streams, and the hardware
 //! prefetcher falls behind: one thread over 200 MB of weights on a 2-core AMD EPYC,
@@ -12,13 +13,12 @@
 
 use super::{chunk_rows, OutPtr, QAct, QData, QMatrix};
 use crate::engine::kernels::kquants::{BlockQ4K, QK_K};
-use crate::engine::kernels::quants::{BlockQ4_0, QK};
 use crate::engine::kernels::simd::Kernels;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-/// Whether matrices are stored interleaved: where the active kernel variant has the
-/// group tiles (AVX-512), unless `SWITCHYARD_ROWS_IN_ORDER=1` keeps the file's order.
+/// Whether Q4_K matrices are stored interleaved: where the active kernel variant has
+/// the pair tile (AVX-512), unless `SWITCHYARD_ROWS_IN_ORDER=1` keeps the file's order.
 pub(super) fn wanted() -> bool {
     static KEEP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let keep = *KEEP.get_or_init(|| std::env::var_os("SWITCHYARD_ROWS_IN_ORDER").is_some_and(|v| v == "1"));
@@ -78,38 +78,6 @@ pub(super) trait Grouped: Copy + Send + Sync + 'static {
     fn tile(k: &Kernels, x: &[Self], act: &QAct, t: usize, out: &mut [f32]);
     /// One row in row order against prepared input `t`.
     fn one(k: &Kernels, x: &[Self], act: &QAct, t: usize) -> f32;
-}
-
-impl Grouped for BlockQ4_0 {
-    const G: usize = 8;
-    const BLOCK: usize = QK;
-    fn in_order(v: Vec<Self>) -> QData {
-        QData::Q4_0(v)
-    }
-    fn blocks(d: QData) -> Vec<Self> {
-        match d {
-            QData::Q4_0(v) => v,
-            _ => Vec::new(),
-        }
-    }
-    fn with_buffer(f: impl FnOnce(&mut Vec<Self>)) {
-        thread_local!(static BUF: RefCell<Vec<BlockQ4_0>> = const { RefCell::new(Vec::new()) });
-        BUF.with(|b| f(&mut b.borrow_mut()))
-    }
-    fn tile(k: &Kernels, x: &[Self], act: &QAct, t: usize, out: &mut [f32]) {
-        let QAct::Q8_0(y, yd) = act else {
-            unreachable!("prepare() matches the weight type")
-        };
-        let nb = x.len() / Self::G;
-        out[..Self::G].copy_from_slice(&(k.q4_0_x8i)(x, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb]));
-    }
-    fn one(k: &Kernels, x: &[Self], act: &QAct, t: usize) -> f32 {
-        let QAct::Q8_0(y, yd) = act else {
-            unreachable!("prepare() matches the weight type")
-        };
-        let nb = x.len();
-        (k.q4_0)(x, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb])
-    }
 }
 
 impl Grouped for BlockQ4K {

@@ -1,5 +1,5 @@
-//! Matrices stored interleaved (Q4_0 by eight rows, Q4_K by two) dequantize and
-//! multiply exactly as in row order.
+//! Matrices stored interleaved (Q4_K by two rows) or packed (Q4_0 by eight)
+//! dequantize and multiply exactly as in row order.
 
 use super::*;
 use crate::engine::kernels::isa::Isa;
@@ -36,29 +36,56 @@ fn assert_same_bits(plain: &QMatrix, inter: &QMatrix, ns: &[usize], state: &mut 
     }
 }
 
+/// Q4_0 packed by eight rows: every row dequantizes as in the file, and every cell of
+/// a matmul, for every kernel variant and batch size (the paired 512-bit groups, an
+/// odd last group, the rows after the last group), is the portable single-row dot
+/// product of that row.
 #[test]
-fn interleaved_q4_0_gives_the_row_order_bits_for_every_variant_and_batch() {
+fn packed_q4_0_gives_the_single_row_bits_for_every_variant_and_batch() {
     let mut state = 0x2545_f491_4f6c_dd1du64;
-    // 29 rows: three whole groups and five rows after them; 3 blocks per row.
-    let (rows, cols) = (29usize, 3 * QK);
-    let nb = cols / QK;
-    let blocks: Vec<BlockQ4_0> = (0..rows * nb)
-        .map(|_| BlockQ4_0 {
-            d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
-            qs: std::array::from_fn(|_| bytes(&mut state)),
-        })
-        .collect();
-    let plain = QMatrix {
-        rows,
-        cols,
-        data: QData::Q4_0(blocks.clone()),
-    };
-    let inter = QMatrix {
-        rows,
-        cols,
-        data: QData::Q4_0x8(interleaved::interleave(&blocks, rows, nb, 8)),
-    };
-    assert_same_bits(&plain, &inter, &[1, 2, 3, 4, 5, 8, 9, 17], &mut state);
+    // 29 rows: three whole groups and five rows after them; 40: five groups.
+    for (rows, nb) in [(29usize, 3usize), (40, 2), (5, 1)] {
+        let cols = nb * QK;
+        let blocks: Vec<BlockQ4_0> = (0..rows * nb)
+            .map(|_| BlockQ4_0 {
+                d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
+                qs: std::array::from_fn(|_| bytes(&mut state)),
+            })
+            .collect();
+        let m = QMatrix {
+            rows,
+            cols,
+            data: q4_0::pack(&blocks, rows, nb),
+        };
+        let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            m.row_f32(r, &mut row);
+            dequantize_q4_0(&blocks[r * nb..(r + 1) * nb], &mut want_row);
+            assert_eq!(row, want_row, "row {r} dequantized");
+        }
+        let p = Kernels::get(Isa::Portable).unwrap();
+        for n in [1, 2, 3, 4, 5, 8, 9, 17] {
+            let x: Vec<f32> = (0..n * cols).map(|_| bytes(&mut state) as f32 / 64.0 - 2.0).collect();
+            for isa in Isa::available() {
+                let k = Kernels::get(isa).unwrap();
+                let act = m.prepare_with(k, &x, n);
+                let QAct::Q8_0(y, yd, _) = &act else { unreachable!() };
+                let mut got = vec![f32::NAN; n * rows];
+                m.matmul_with(k, &act, n, &mut got);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let w = &blocks[r * nb..(r + 1) * nb];
+                        let want = (p.q4_0)(w, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb]);
+                        assert_eq!(
+                            got[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{isa}: {rows} rows, {n} inputs, cell ({t}, {r})"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]
