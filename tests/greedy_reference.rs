@@ -16,9 +16,11 @@
 //! between its two attention paths (`-fa on` / `-fa off`) changes the greedy output
 //! of 6 of 8 Gemma prompts and 4 of 8 SmolLM2 prompts within 32 tokens, with a mean
 //! log-probability difference of 0.035–0.039 nats; ours against `-fa off` measures
-//! 0.034–0.035. Five of the eight prompts per model match llama.cpp exactly for all
-//! 32 tokens; those are asserted to stay exact (any change in the arithmetic that
-//! moves a decision shows up there). The others first differ at a near tie.
+//! 0.034–0.035. Some prompts match llama.cpp exactly for all 32 tokens (SmolLM2: five
+//! of eight; Gemma 3: two, since its Q4_K matrices compute one integer sum per
+//! super-block instead of ggml's eight float lanes — before that, five); those are
+//! asserted to stay exact (any change in the arithmetic that moves a decision shows
+//! up there). The others first differ at a near tie.
 //!
 //! The reference is a llama-server built for AVX2: switchyard's engine computes ggml's
 //! AVX2 arithmetic whichever kernel variant the CPU runs (AVX2, AVX-VNNI, AVX-512,
@@ -82,7 +84,7 @@ async fn gemma3_greedy_matches_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let Some(model) = gemma_model() else { return };
     let chat = "<start_of_turn>user\nWrite a haiku about the ocean.<end_of_turn>\n<start_of_turn>model\n";
-    let exact = [PLAIN[0], PLAIN[1], PLAIN[2], PLAIN[5], PLAIN[6]];
+    let exact = [PLAIN[1], PLAIN[6]];
     compare(&bin, &model, chat, Some(&exact)).await;
 }
 

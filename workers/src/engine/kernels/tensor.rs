@@ -16,16 +16,13 @@ pub enum QData {
     F16(Vec<u16>),
     /// Q4_0: each whole group of eight rows packed block by block ([`BlockQ4_0x8`],
     /// group after group), then the rows after the last whole group in file order
-    /// ([`q4_0`]).
+    /// ([`packed`]).
     Q4_0x8(Vec<BlockQ4_0x8>, Vec<BlockQ4_0>),
-    /// Q4_K with each whole pair of rows interleaved block by block (block `i` of the
-    /// pair's row `j` at `2i + j`), the last odd row as it was: a decode step reads a
-    /// pair as one stream ([`interleaved`]).
-    Q4Kx2(Vec<BlockQ4K>),
+    /// Q4_K likewise ([`BlockQ4Kx8`]).
+    Q4Kx8(Vec<BlockQ4Kx8>, Vec<BlockQ4K>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
     Q8_0(Vec<BlockQ8_0>),
-    Q4K(Vec<BlockQ4K>),
     Q6K(Vec<BlockQ6K>),
 }
 
@@ -44,7 +41,8 @@ pub enum QAct {
     F32(Vec<f32>),
     Q8_0(Vec<BlockQ8_0>, Vec<f32>, Vec<i32>),
     Q8_1(Vec<BlockQ8_1>, Vec<f32>, Vec<f32>),
-    Q8K(Vec<BlockQ8K>),
+    /// Q8_K blocks and their [`q4_k_min_pairs`] (for Q4_K weights).
+    Q8K(Vec<BlockQ8K>, Vec<[i32; 4]>),
 }
 
 /// Why a tensor could not be loaded.
@@ -162,11 +160,11 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         GgmlDType::F16 => QData::F16(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q4_0 => {
             let blocks: Vec<BlockQ4_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            q4_0::pack(&blocks, rows, cols / QK)
+            packed::q4_0(&blocks, rows, cols / QK)
         }
-        GgmlDType::Q4K if rows >= 2 && interleaved::wanted() => {
+        GgmlDType::Q4K => {
             let blocks: Vec<BlockQ4K> = read_blocks(reader, bytes_len).map_err(io)?;
-            QData::Q4Kx2(interleaved::interleave(&blocks, rows, cols / QK_K, 2))
+            packed::q4_k(&blocks, rows, cols / QK_K)
         }
         GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q5_0 if widen_q5_0(ct) => {
@@ -174,7 +172,6 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             QData::Q8_0(blocks.iter().map(BlockQ5_0::to_q8_0).collect())
         }
         GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
-        GgmlDType::Q4K => QData::Q4K(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q6K => QData::Q6K(read_blocks(reader, bytes_len).map_err(io)?),
         _ => QData::Q8_0(read_blocks(reader, bytes_len).map_err(io)?),
     };
@@ -194,8 +191,7 @@ fn per_row<B: Send>(x: &[f32], cols: usize, n: usize, out: &mut [B], block: usiz
         .for_each(|(o, row)| quantize(row, o));
 }
 
-mod interleaved;
-mod q4_0;
+mod packed;
 
 /// Rows per parallel task: a few chunks per thread, enough to balance, few enough to
 /// keep dispatch cheap.
@@ -242,16 +238,11 @@ impl QMatrix {
                     *o = h2f(*h);
                 }
             }
-            QData::Q4_0x8(groups, tail) => dequantize_q4_0(&q4_0::row(groups, tail, nb, r), out),
-            QData::Q4Kx2(v) => {
-                let mut row = Vec::with_capacity(nk);
-                interleaved::rows_in_order(v, self.rows, nk, 2, r..r + 1, &mut row);
-                dequantize_q4_k(&row, out)
-            }
+            QData::Q4_0x8(groups, tail) => dequantize_q4_0(&packed::row(groups, tail, nb, r), out),
+            QData::Q4Kx8(groups, tail) => dequantize_q4_k(&packed::row(groups, tail, nk, r), out),
             QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
             QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
-            QData::Q4K(v) => dequantize_q4_k(&v[r * nk..(r + 1) * nk], out),
             QData::Q6K(v) => dequantize_q6_k(&v[r * nk..(r + 1) * nk], out),
         }
     }
@@ -287,10 +278,11 @@ impl QMatrix {
                 let o = b.iter().map(q4_0_offset).collect();
                 QAct::Q8_0(b, d, o)
             }
-            QData::Q4K(_) | QData::Q4Kx2(_) | QData::Q6K(_) => {
+            QData::Q4Kx8(..) | QData::Q6K(_) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
                 per_row(x, self.cols, n, &mut b, QK_K, k.quantize_q8_k);
-                QAct::Q8K(b)
+                let m = b.iter().map(q4_k_min_pairs).collect();
+                QAct::Q8K(b, m)
             }
         }
     }
@@ -301,7 +293,7 @@ impl QMatrix {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) => 1,
             QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
-            QData::Q4K(_) | QData::Q4Kx2(_) | QData::Q6K(_) => 3,
+            QData::Q4Kx8(..) | QData::Q6K(_) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
     }
@@ -316,8 +308,7 @@ impl QMatrix {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
-            (QData::Q4K(wq), QAct::Q8K(x)) => (k.q4_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
-            (QData::Q6K(wq), QAct::Q8K(x)) => (k.q6_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
+            (QData::Q6K(wq), QAct::Q8K(x, _)) => (k.q6_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
             (QData::F16(wq), QAct::F32(x)) => {
                 let xs = &x[t * c..(t + 1) * c];
@@ -348,10 +339,7 @@ impl QMatrix {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => call!(q5_0_x4, &wq[w], x, xd),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => call!(q8_0_x4, &wq[w], x, xd),
-            (QData::Q4K(wq), QAct::Q8K(x)) => {
-                (k.q4_k_x4)(&wq[r * nk..(r + 1) * nk], std::array::from_fn(|i| &x[ks[i].clone()]))
-            }
-            (QData::Q6K(wq), QAct::Q8K(x)) => {
+            (QData::Q6K(wq), QAct::Q8K(x, _)) => {
                 (k.q6_k_x4)(&wq[r * nk..(r + 1) * nk], std::array::from_fn(|i| &x[ks[i].clone()]))
             }
             _ => unreachable!("has_tiles() lists the kinds handled here"),
@@ -363,7 +351,7 @@ impl QMatrix {
     fn panel8(&self, k: &Kernels, rows: std::ops::Range<usize>, act: &QAct, t: usize, out: &mut [[f32; 8]]) {
         // Blocks per row, in the weight type's block size.
         let n = match self.data {
-            QData::Q4K(_) | QData::Q6K(_) => self.cols / QK_K,
+            QData::Q6K(_) => self.cols / QK_K,
             _ => self.cols / QK,
         };
         let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
@@ -371,8 +359,7 @@ impl QMatrix {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
-            (QData::Q4K(wq), QAct::Q8K(x)) => (k.q4_k_x8)(&wq[w], &x[y], out),
-            (QData::Q6K(wq), QAct::Q8K(x)) => (k.q6_k_x8)(&wq[w], &x[y], out),
+            (QData::Q6K(wq), QAct::Q8K(x, _)) => (k.q6_k_x8)(&wq[w], &x[y], out),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
@@ -389,8 +376,8 @@ impl QMatrix {
         assert!(out.len() >= n * self.rows);
         let ptr = OutPtr(out.as_mut_ptr());
         match &self.data {
-            QData::Q4_0x8(groups, tail) => return q4_0::matmul(self, k, groups, tail, act, n, ptr),
-            QData::Q4Kx2(v) => return interleaved::matmul(self, k, v, act, n, ptr),
+            QData::Q4_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
+            QData::Q4Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             _ => {}
         }
         let rows = self.rows;
@@ -459,7 +446,9 @@ impl QMatrix {
             QData::Q4_1(v) => v.len() * 20,
             QData::Q5_0(v) => v.len() * 22,
             QData::Q8_0(v) => v.len() * 34,
-            QData::Q4K(v) | QData::Q4Kx2(v) => v.len() * std::mem::size_of::<BlockQ4K>(),
+            QData::Q4Kx8(groups, tail) => {
+                groups.len() * std::mem::size_of::<BlockQ4Kx8>() + tail.len() * std::mem::size_of::<BlockQ4K>()
+            }
             QData::Q6K(v) => v.len() * std::mem::size_of::<BlockQ6K>(),
         }
     }

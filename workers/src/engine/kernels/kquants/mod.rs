@@ -43,6 +43,90 @@ pub struct BlockQ8K {
     pub bsums: [i16; QK_K / 16],
 }
 
+/// Eight Q4_K rows' super-block `i`, packed for kernels that keep one row per 32-bit
+/// lane: the scales as `f16` bits, the sub-block scales and mins unpacked to bytes,
+/// and the quantized bytes in steps of 4: `qs[256k + 32s + 4r..+4]` holds bytes
+/// `32k + 4s..+4` of row `r` (k < 4, s < 8), so a 32-byte load puts row `r`'s four
+/// bytes in lane `r` — their low nibbles are values `4s..+4` of sub-block `2k`, their
+/// high nibbles the same of sub-block `2k + 1`. 1,184 bytes for eight rows' 1,152.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4Kx8 {
+    pub d: [u16; 8],
+    pub dmin: [u16; 8],
+    /// `scales[j][r]`: sub-block `j`'s scale in row `r`.
+    pub scales: [[u8; 8]; 8],
+    /// `mins[p][2r + h]`: sub-block `2p + h`'s min in row `r` (pairs side by side, as
+    /// `vpmaddwd` takes them once widened to 16 bits).
+    pub mins: [[u8; 16]; 4],
+    pub qs: [u8; 1024],
+}
+
+impl BlockQ4Kx8 {
+    /// Packs super-block `i` of eight rows.
+    pub fn pack(rows: [&BlockQ4K; 8]) -> Self {
+        let mut out = BlockQ4Kx8 {
+            d: rows.map(|b| b.d),
+            dmin: rows.map(|b| b.dmin),
+            scales: [[0; 8]; 8],
+            mins: [[0; 16]; 4],
+            qs: [0; 1024],
+        };
+        for (r, b) in rows.iter().enumerate() {
+            for j in 0..8 {
+                let (sc, m) = scale_min_k4(j, &b.scales);
+                out.scales[j][r] = sc;
+                out.mins[j / 2][2 * r + j % 2] = m;
+            }
+            for k in 0..4 {
+                for s in 0..8 {
+                    let to = 256 * k + 32 * s + 4 * r;
+                    out.qs[to..to + 4].copy_from_slice(&b.qs[32 * k + 4 * s..32 * k + 4 * s + 4]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Row `r`'s super-block back (its scales re-packed as ggml packs them).
+    pub fn row(&self, r: usize) -> BlockQ4K {
+        let mut b = BlockQ4K {
+            d: self.d[r],
+            dmin: self.dmin[r],
+            scales: [0; K_SCALE_SIZE],
+            qs: [0; QK_K / 2],
+        };
+        for j in 0..8 {
+            let (sc, m) = (self.scales[j][r], self.mins[j / 2][2 * r + j % 2]);
+            if j < 4 {
+                b.scales[j] = sc;
+                b.scales[j + 4] = m;
+            } else {
+                b.scales[j + 4] = (sc & 0xf) | ((m & 0xf) << 4);
+                b.scales[j - 4] |= (sc >> 4) << 6;
+                b.scales[j] |= (m >> 4) << 6;
+            }
+        }
+        for k in 0..4 {
+            for s in 0..8 {
+                let from = 256 * k + 32 * s + 4 * r;
+                b.qs[32 * k + 4 * s..32 * k + 4 * s + 4].copy_from_slice(&self.qs[from..from + 4]);
+            }
+        }
+        b
+    }
+}
+
+/// An activation block's sub-block sums (`bsums` in pairs), two to a 32-bit word
+/// (`sum(2p)` in the low 16 bits, `sum(2p + 1)` in the high), as the Q4_K kernels
+/// multiply them with the mins: `|sum| ≤ 32 · 128` fits 16 bits.
+pub fn q4_k_min_pairs(b: &BlockQ8K) -> [i32; 4] {
+    std::array::from_fn(|p| {
+        let sum = |j: usize| (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32) as u16 as u32;
+        (sum(2 * p) | (sum(2 * p + 1) << 16)) as i32
+    })
+}
+
 impl BlockQ4K {
     pub const ZERO: Self = Self {
         d: 0,
@@ -110,7 +194,7 @@ pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8).
 #[inline]
-fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -119,23 +203,6 @@ fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
             (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
         )
     }
-}
-
-/// The dot products' unpacking of Q4_K scales: words 0-1 hold the 8 scales as bytes,
-/// words 2-3 the 8 mins (ggml's `utmp` with `kmask1..3`).
-#[inline]
-pub(crate) fn q4k_scales_mins(s: &[u8; K_SCALE_SIZE]) -> [u32; 4] {
-    const KMASK1: u32 = 0x3f3f3f3f;
-    const KMASK2: u32 = 0x0f0f0f0f;
-    const KMASK3: u32 = 0x03030303;
-    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
-    let mut utmp = [word(0), word(1), word(2), 0];
-    utmp[3] = ((utmp[2] >> 4) & KMASK2) | (((utmp[1] >> 6) & KMASK3) << 4);
-    let uaux = utmp[1] & KMASK1;
-    utmp[1] = (utmp[2] & KMASK2) | (((utmp[0] >> 6) & KMASK3) << 4);
-    utmp[2] = uaux;
-    utmp[0] &= KMASK1;
-    utmp
 }
 
 /// Dequantizes Q4_K blocks (ggml's `dequantize_row_q4_K`).

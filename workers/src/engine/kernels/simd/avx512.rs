@@ -8,19 +8,17 @@
 //! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
 //! (`x86::avx512_vl`).
 //!
-//! Q4_0 is different ([`dot_q4_0x8_q8_0`]): two packed groups of eight rows fill a
-//! register, one row per lane, against up to eight inputs at a time, with one FMA per
-//! block and cell (the portable kernel's arithmetic for Q4_0).
+//! Q4_0 and Q4_K are different ([`dot_q4_0x8_q8_0`], [`dot_q4_kx8_q8_k`]): two packed
+//! groups of eight rows fill a register, one row per lane, against several inputs at a
+//! time, with the blocks finished in integers (the portable kernels' arithmetic for
+//! those types).
 
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
-use super::x86::{
-    bytes_from_nibbles_32, get_scale_shuffle, get_scale_shuffle_k4, h2f, hsum_float_8, q4k_mins_scales, q6k_quarters,
-    Unpack,
-};
+use super::x86::{bytes_from_nibbles_32, get_scale_shuffle, h2f, hsum_float_8, q6k_quarters, Unpack};
 use super::{eight, panel_rows};
-use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ6K, BlockQ8K, QK_K};
 use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
@@ -190,122 +188,7 @@ unsafe fn panel_q8_0<B: Unpack + UnpackUnsigned>(x: &[B], y: &[BlockQ8_0], yd: &
     }
 }
 
-/// `N` Q8_K rows against one Q4_K weight row (ggml's AVX2 Q4_K kernel, two rows per
-/// register).
-#[inline(always)]
-unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32; N] {
-    let m4 = _mm256_set1_epi8(0xf);
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let mut acc_m = [_mm_setzero_ps(); N];
-    for (i, a) in x.iter().enumerate() {
-        let (mins, scales) = q4k_mins_scales(a);
-        let (ad, admin) = (h2f(a.d), h2f(a.dmin));
-
-        let q4 = a.qs.as_ptr();
-        let mut sumi = [_mm512_setzero_si512(); 4];
-        for j in 0..QK_K / 64 {
-            let scale_l = both(_mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j)));
-            let scale_h = both(_mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1)));
-            let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
-            let q4l = both(_mm256_and_si256(q4bits, m4));
-            let q4h = both(_mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4));
-            for p in 0..N / 2 {
-                let (q80, q81) = (y[2 * p][i].qs.as_ptr(), y[2 * p + 1][i].qs.as_ptr());
-                let q8l = pair_bytes(q80.add(64 * j), q81.add(64 * j));
-                let q8h = pair_bytes(q80.add(64 * j + 32), q81.add(64 * j + 32));
-                let p16l = _mm512_madd_epi16(scale_l, _mm512_maddubs_epi16(q4l, q8l));
-                let p16h = _mm512_madd_epi16(scale_h, _mm512_maddubs_epi16(q4h, q8h));
-                sumi[p] = _mm512_add_epi32(sumi[p], _mm512_add_epi32(p16l, p16h));
-            }
-        }
-        for (r, m) in acc_m.iter_mut().enumerate() {
-            let b = &y[r][i];
-            let dmin = -b.d * admin;
-            let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
-            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
-            let prod = _mm_madd_epi16(mins, q8s);
-            *m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *m);
-        }
-        for p in 0..N / 2 {
-            let d = pair_ps(y[2 * p][i].d * ad, y[2 * p + 1][i].d * ad);
-            acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[p]), acc[p]);
-        }
-    }
-    let mut out: [f32; N] = unpair(&acc);
-    for (o, mut m) in out.iter_mut().zip(acc_m) {
-        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        *o += _mm_cvtss_f32(m);
-    }
-    out
-}
-
-/// Two Q4_K weight rows against `N` Q8_K rows: [`q4k_rows`] for each row, with every
-/// activation pair loaded once for both rows. Each cell's arithmetic (and order) is
-/// the single-row kernel's.
-#[inline(always)]
-unsafe fn q4k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ4K]; 2]) -> [[f32; N]; 2] {
-    let m4 = _mm256_set1_epi8(0xf);
-    let mut acc = [[_mm512_setzero_ps(); 4]; 2];
-    let mut acc_m = [[_mm_setzero_ps(); N]; 2];
-    for i in 0..x[0].len() {
-        let a = [&x[0][i], &x[1][i]];
-        let (mins0, scales0) = q4k_mins_scales(a[0]);
-        let (mins1, scales1) = q4k_mins_scales(a[1]);
-        let (scales, mins) = ([scales0, scales1], [mins0, mins1]);
-        let mut sumi = [[_mm512_setzero_si512(); 4]; 2];
-        for j in 0..QK_K / 64 {
-            let mut scale_l = [_mm512_setzero_si512(); 2];
-            let mut scale_h = [_mm512_setzero_si512(); 2];
-            let mut q4l = [_mm512_setzero_si512(); 2];
-            let mut q4h = [_mm512_setzero_si512(); 2];
-            for w in 0..2 {
-                scale_l[w] = both(_mm256_shuffle_epi8(scales[w], get_scale_shuffle_k4(2 * j)));
-                scale_h[w] = both(_mm256_shuffle_epi8(scales[w], get_scale_shuffle_k4(2 * j + 1)));
-                let q4bits = _mm256_loadu_si256(a[w].qs.as_ptr().add(32 * j) as *const __m256i);
-                q4l[w] = both(_mm256_and_si256(q4bits, m4));
-                q4h[w] = both(_mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4));
-            }
-            for p in 0..N / 2 {
-                let (q80, q81) = (y[2 * p][i].qs.as_ptr(), y[2 * p + 1][i].qs.as_ptr());
-                let q8l = pair_bytes(q80.add(64 * j), q81.add(64 * j));
-                let q8h = pair_bytes(q80.add(64 * j + 32), q81.add(64 * j + 32));
-                for w in 0..2 {
-                    let p16l = _mm512_madd_epi16(scale_l[w], _mm512_maddubs_epi16(q4l[w], q8l));
-                    let p16h = _mm512_madd_epi16(scale_h[w], _mm512_maddubs_epi16(q4h[w], q8h));
-                    sumi[w][p] = _mm512_add_epi32(sumi[w][p], _mm512_add_epi32(p16l, p16h));
-                }
-            }
-        }
-        for w in 0..2 {
-            let (ad, admin) = (h2f(a[w].d), h2f(a[w].dmin));
-            for (r, m) in acc_m[w].iter_mut().enumerate() {
-                let b = &y[r][i];
-                let dmin = -b.d * admin;
-                let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
-                let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
-                let prod = _mm_madd_epi16(mins[w], q8s);
-                *m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *m);
-            }
-            for p in 0..N / 2 {
-                let d = pair_ps(y[2 * p][i].d * ad, y[2 * p + 1][i].d * ad);
-                acc[w][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[w][p]), acc[w][p]);
-            }
-        }
-    }
-    let mut out = [[0.0f32; N]; 2];
-    for w in 0..2 {
-        out[w] = unpair(&acc[w]);
-        for (o, mut m) in out[w].iter_mut().zip(acc_m[w]) {
-            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            *o += _mm_cvtss_f32(m);
-        }
-    }
-    out
-}
-
-/// Panels of K-quant rows against eight Q8_K rows, two weight rows at a time (a
+/// Panels of Q6_K rows against eight Q8_K rows, two weight rows at a time (a
 /// four-row tile would not fit the 32 registers), then single rows; each cell
 /// bit-identical to the single-row kernel.
 macro_rules! k_panel {
@@ -327,7 +210,6 @@ macro_rules! k_panel {
     };
 }
 
-k_panel!(dot_q4_k_q8_k_x8, BlockQ4K, q4k_rows2, q4k_rows);
 k_panel!(dot_q6_k_q8_k_x8, BlockQ6K, q6k_rows2, q6k_rows);
 
 /// `N` Q8_K rows against one Q6_K weight row (ggml's AVX2 Q6_K kernel, two rows per
@@ -440,11 +322,6 @@ unsafe fn q6k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ6K]; 2]) ->
         }
     }
     [unpair(&acc[0]), unpair(&acc[1])]
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-    q4k_rows(y, x)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -666,6 +543,139 @@ pub unsafe fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo
             let inputs = t0 * nb..(t0 + m) * nb;
             let (yi, ydi, yoi) = (&y[inputs.clone()], &yd[inputs.clone()], &yo[inputs]);
             super::x86::avx512_vl::dot_q4_0x8_q8_0(&x[g * nb..], yi, ydi, yoi, m, &mut cells[..8 * m]);
+            for t in 0..m {
+                let o = (t0 + t) * width + 8 * g;
+                out[o..o + 8].copy_from_slice(&cells[8 * t..8 * t + 8]);
+            }
+        }
+    }
+}
+
+/// `N` (1–4) Q8_K rows against two groups of eight packed Q4_K rows (`x0` in the low
+/// eight lanes, `x1` in the high): per sub-block eight `vpdpbusd` of the unsigned
+/// nibbles against the input's broadcast bytes, one `vpmulld` by the sub-block
+/// scales; the mins in `vpmaddwd` against the input's sub-block sums; two FMAs per
+/// super-block and cell.
+#[inline(always)]
+unsafe fn groups2_q4_k<const N: usize>(
+    x0: &[BlockQ4Kx8],
+    x1: &[BlockQ4Kx8],
+    y: [&[BlockQ8K]; N],
+    ym: [&[[i32; 4]]; N],
+) -> [__m512; N] {
+    let nb = x0.len();
+    // Checked once here, so the loop indexes without bounds checks.
+    assert!(x1.len() == nb);
+    for t in 0..N {
+        assert!(y[t].len() >= nb && ym[t].len() >= nb);
+    }
+    let m4 = _mm512_set1_epi8(0x0f);
+    let pair256 = |a: *const u8, b: *const u8| {
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i)),
+            _mm256_loadu_si256(b as *const __m256i),
+            1,
+        )
+    };
+    let pair128 = |a: *const u8, b: *const u8| {
+        _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
+            _mm_loadu_si128(b as *const __m128i),
+            1,
+        )
+    };
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        let mut sums = [_mm512_setzero_si512(); N];
+        for k in 0..4 {
+            let (mut lo_sum, mut hi_sum) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
+            for s in 0..8 {
+                let w = pair256(a.qs.as_ptr().add(256 * k + 32 * s), b.qs.as_ptr().add(256 * k + 32 * s));
+                let lo = _mm512_and_si512(w, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                for t in 0..N {
+                    let q = y[t].get_unchecked(i).qs.as_ptr().add(64 * k + 4 * s);
+                    let ql = _mm512_set1_epi32((q as *const i32).read_unaligned());
+                    let qh = _mm512_set1_epi32((q.add(32) as *const i32).read_unaligned());
+                    lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, ql);
+                    hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, qh);
+                }
+            }
+            let scale = |j: usize| {
+                let both = _mm_unpacklo_epi64(
+                    _mm_loadl_epi64(a.scales[j].as_ptr() as *const __m128i),
+                    _mm_loadl_epi64(b.scales[j].as_ptr() as *const __m128i),
+                );
+                _mm512_cvtepu8_epi32(both)
+            };
+            let (sl, sh) = (scale(2 * k), scale(2 * k + 1));
+            for t in 0..N {
+                let l = _mm512_mullo_epi32(lo_sum[t], sl);
+                let h = _mm512_mullo_epi32(hi_sum[t], sh);
+                sums[t] = _mm512_add_epi32(sums[t], _mm512_add_epi32(l, h));
+            }
+        }
+        let d = _mm512_cvtph_ps(pair128(a.d.as_ptr() as *const u8, b.d.as_ptr() as *const u8));
+        let dmin = _mm512_cvtph_ps(pair128(a.dmin.as_ptr() as *const u8, b.dmin.as_ptr() as *const u8));
+        for t in 0..N {
+            let pairs = ym[t].get_unchecked(i);
+            let mut mins = _mm512_setzero_si512();
+            for (p, &pair) in pairs.iter().enumerate() {
+                let m = _mm512_cvtepu8_epi16(pair128(a.mins[p].as_ptr(), b.mins[p].as_ptr()));
+                mins = _mm512_add_epi32(mins, _mm512_madd_epi16(m, _mm512_set1_epi32(pair)));
+            }
+            let dy = _mm512_set1_ps(y[t].get_unchecked(i).d);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[t]), _mm512_mul_ps(d, dy), acc[t]);
+            let neg = _mm512_xor_ps(_mm512_mul_ps(dmin, dy), _mm512_set1_ps(-0.0));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), neg, acc[t]);
+        }
+    }
+    acc
+}
+
+/// [`super::Kernels::q4_kx8`]: pairs of groups against the inputs four at a time; a
+/// last odd group goes through the 256-bit kernel (same arithmetic).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::q4_kx8_shape(x, y, ym, n, out);
+    let width = 8 * groups;
+    for pair in 0..groups / 2 {
+        let g = 2 * pair;
+        let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
+        let mut t = 0;
+        while t < n {
+            macro_rules! tile {
+                ($m:literal) => {{
+                    let acc = groups2_q4_k::<$m>(
+                        x0,
+                        x1,
+                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
+                        std::array::from_fn(|k| &ym[(t + k) * nb..(t + k + 1) * nb]),
+                    );
+                    for (k, a) in acc.iter().enumerate() {
+                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
+                        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+                    }
+                    t += $m;
+                }};
+            }
+            match n - t {
+                1 => tile!(1),
+                2 => tile!(2),
+                3 => tile!(3),
+                _ => tile!(4),
+            }
+        }
+    }
+    if !groups.is_multiple_of(2) {
+        let g = groups - 1;
+        let mut cells = [0.0f32; 64];
+        for t0 in (0..n).step_by(8) {
+            let m = (n - t0).min(8);
+            let inputs = t0 * nb..(t0 + m) * nb;
+            let (yi, ymi) = (&y[inputs.clone()], &ym[inputs]);
+            super::x86::avx512_vl::dot_q4_kx8_q8_k(&x[g * nb..], yi, ymi, m, &mut cells[..8 * m]);
             for t in 0..m {
                 let o = (t0 + t) * width + 8 * g;
                 out[o..o + 8].copy_from_slice(&cells[8 * t..8 * t + 8]);

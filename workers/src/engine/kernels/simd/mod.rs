@@ -5,10 +5,8 @@
 //! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
 //! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
 //! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
-//! - `decode512`: the AVX-512 tile of two interleaved Q4_K weight rows against one
-//!   activation row (decode).
-//! - Q4_0's kernels over packed groups of eight rows live with the others of their
-//!   variant (`portable`, `x86`, `avx512`).
+//! - Q4_0's and Q4_K's kernels over packed groups of eight rows live with the others
+//!   of their variant (`portable`, `x86`, `avx512`).
 //!
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
 //! is what makes calling the `#[target_feature]` functions behind it sound.
@@ -16,15 +14,13 @@
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
-mod decode512;
 mod elementwise;
 pub mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use super::isa::Isa;
-use super::kquants::{BlockQ4K, BlockQ6K, BlockQ8K};
+use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ8K};
 use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use elementwise as ew;
 
@@ -35,7 +31,7 @@ type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
 type Q40x8 = fn(&[BlockQ4_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
-type QKx2i<B> = fn(&[B], &[BlockQ8K]) -> [f32; 2];
+type Q4Kx8 = fn(&[BlockQ4Kx8], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
 type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
@@ -49,15 +45,16 @@ type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
 /// result. One call covers a whole run of weight rows, so the dispatch, the slicing
 /// of the inputs and the checks are paid once per panel, not once per row (on Gemma
 /// 3's 640-wide rows they were ~8% of a prefill); a variant tiles the panel as its
-/// registers allow. `q4_k_x2i` is decode's tile: two weight rows stored interleaved
-/// (block `i` of row `j` at `i * 2 + j`) against one activation row.
+/// registers allow.
 ///
-/// Q4_0 has its own arithmetic and layout: `q4_0x8` takes groups of eight rows packed
-/// as [`BlockQ4_0x8`] (one row per 32-bit lane) against any number of inputs, and each
-/// cell is one integer sum per block and one fused multiply-add per block, in block
-/// order — what llama.cpp's repacked Q4_0 kernels compute, not the 8-lane float sums
-/// of ggml's row kernel (see [`portable::dot_q4_0_q8_0`]). `q4_0` (the same arithmetic,
-/// one row in file order) serves the rows after the last whole group.
+/// Q4_0 and Q4_K have their own arithmetic and layout: `q4_0x8` and `q4_kx8` take
+/// groups of eight rows packed as [`BlockQ4_0x8`] / [`BlockQ4Kx8`] (one row per 32-bit
+/// lane) against any number of inputs, and each cell finishes a block in integers and
+/// does one fused multiply-add per block and sum, in block order — as llama.cpp's
+/// repacked kernels do, not the 8-lane float sums of ggml's row kernels (see
+/// [`portable::dot_q4_0_q8_0`], [`portable::dot_q4_k_q8_k`]). `q4_0` and `q4_k` (the
+/// same arithmetic, one row in file order, portable in every table) serve the rows
+/// after the last whole group.
 pub struct Kernels {
     pub isa: Isa,
     pub q4_1: Q41,
@@ -75,9 +72,9 @@ pub struct Kernels {
     pub q8_0_x4: Q80x4<BlockQ8_0>,
     pub q8_0_x8: Q80x8<BlockQ8_0>,
     pub q4_k: QK<BlockQ4K>,
-    pub q4_k_x4: QKx4<BlockQ4K>,
-    pub q4_k_x8: QKx8<BlockQ4K>,
-    pub q4_k_x2i: QKx2i<BlockQ4K>,
+    /// Groups of eight packed rows against `n` inputs (`y` and their
+    /// [`crate::engine::kernels::kquants::q4_k_min_pairs`]), as [`Self::q4_0x8`].
+    pub q4_kx8: Q4Kx8,
     pub q6_k: QK<BlockQ6K>,
     pub q6_k_x4: QKx4<BlockQ6K>,
     pub q6_k_x8: QKx8<BlockQ6K>,
@@ -193,6 +190,20 @@ fn q4_0x8_shape(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: u
     (nb, groups)
 }
 
+/// Checks a [`Kernels::q4_kx8`] call's slices and returns (blocks per row, groups).
+#[inline(always)]
+fn q4_kx8_shape(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &[f32]) -> (usize, usize) {
+    assert!(n > 0 && y.len().is_multiple_of(n), "n inputs of equal length");
+    let nb = y.len() / n;
+    assert!(nb > 0 && x.len().is_multiple_of(nb), "groups of the inputs' length");
+    let groups = x.len() / nb;
+    assert!(
+        ym.len() == y.len() && out.len() >= n * 8 * groups,
+        "min pairs per input block, a cell per output"
+    );
+    (nb, groups)
+}
+
 /// A panel's eight activation rows: `y` cut into eight equal parts.
 #[inline(always)]
 fn eight<T>(y: &[T]) -> [&[T]; 8] {
@@ -240,23 +251,6 @@ macro_rules! x8_from_x4 {
     };
 }
 
-/// An `_x2i` tile from two single-row calls, each row gathered from the interleaved
-/// blocks first (tables whose CPU has no tile of its own; only tests and a forced
-/// kernel variant reach it, since weights are interleaved only where the active
-/// variant has the tile).
-macro_rules! x2i_from_one {
-    ($one:expr) => {
-        |x, y| {
-            let n = y.len();
-            assert!(x.len() == 2 * n, "two interleaved rows of the input's length");
-            std::array::from_fn(|j| {
-                let row: Vec<_> = (0..n).map(|i| x[i * 2 + j]).collect();
-                ($one)(&row, y)
-            })
-        }
-    };
-}
-
 static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     isa: Isa::Portable,
     q4_1: portable::dot_q4_1_q8_1,
@@ -271,9 +265,7 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q8_0_x4: portable::dot_q8_0_q8_0_x4,
     q8_0_x8: x8_from_x4!(portable::dot_q8_0_q8_0_x4, |x, y, yd|),
     q4_k: portable::dot_q4_k_q8_k,
-    q4_k_x4: portable::dot_q4_k_q8_k_x4,
-    q4_k_x8: x8_from_x4!(portable::dot_q4_k_q8_k_x4, |x, y|),
-    q4_k_x2i: x2i_from_one!(portable::dot_q4_k_q8_k),
+    q4_kx8: portable::dot_q4_kx8_q8_k,
     q6_k: portable::dot_q6_k_q8_k,
     q6_k_x4: portable::dot_q6_k_q8_k_x4,
     q6_k_x8: x8_from_x4!(portable::dot_q6_k_q8_k_x4, |x, y|),
@@ -304,10 +296,8 @@ macro_rules! x86_table {
             q8_0: |x, y, yd| unsafe { k::dot_q8_0_q8_0(x, y, yd) },
             q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
             q8_0_x8: |x, y, yd, o| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd, o) },
-            q4_k: |x, y| unsafe { k::dot_q4_k_q8_k(x, y) },
-            q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
-            q4_k_x8: |x, y, o| unsafe { k::dot_q4_k_q8_k_x8(x, y, o) },
-            q4_k_x2i: x2i_from_one!(|x, y| unsafe { k::dot_q4_k_q8_k(x, y) }),
+            q4_k: portable::dot_q4_k_q8_k,
+            q4_kx8: |x, y, ym, n, o| unsafe { k::dot_q4_kx8_q8_k(x, y, ym, n, o) },
             q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
             q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
             q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },
@@ -346,10 +336,8 @@ static AVX512: Kernels = {
         q8_0: |x, y, yd| unsafe { v::dot_q8_0_q8_0(x, y, yd) },
         q8_0_x4: |x, y, yd| unsafe { k::dot_q8_0_q8_0_x4(x, y, yd) },
         q8_0_x8: |x, y, yd, o| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd, o) },
-        q4_k: |x, y| unsafe { v::dot_q4_k_q8_k(x, y) },
-        q4_k_x4: |x, y| unsafe { k::dot_q4_k_q8_k_x4(x, y) },
-        q4_k_x8: |x, y, o| unsafe { k::dot_q4_k_q8_k_x8(x, y, o) },
-        q4_k_x2i: |x, y| unsafe { decode512::dot_q4_k_q8_k_x2i(x, y) },
+        q4_k: portable::dot_q4_k_q8_k,
+        q4_kx8: |x, y, ym, n, o| unsafe { k::dot_q4_kx8_q8_k(x, y, ym, n, o) },
         q6_k: |x, y| unsafe { v::dot_q6_k_q8_k(x, y) },
         q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
         q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },

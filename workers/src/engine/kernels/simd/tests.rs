@@ -3,7 +3,7 @@
 //! all four variants; on an AVX2-only host, three.)
 
 use super::*;
-use crate::engine::kernels::kquants::{quantize_q8_k, QK_K};
+use crate::engine::kernels::kquants::{q4_k_min_pairs, quantize_q8_k, QK_K};
 use crate::engine::kernels::quants::{
     dequantize_q4_0, dequantize_q8_0, f2h, h2f, q4_0_offset, quantize_q8_0, quantize_q8_1, QK,
 };
@@ -171,14 +171,6 @@ fn every_variant_computes_the_portable_bits() {
             qs: rng.bytes::<32>().map(|b| b as i8),
         })
         .collect();
-    let w4_k: Vec<BlockQ4K> = (0..cols / QK_K)
-        .map(|_| BlockQ4K {
-            d: rng.scale(),
-            dmin: rng.scale(),
-            scales: rng.bytes(),
-            qs: rng.bytes(),
-        })
-        .collect();
     let w6_k: Vec<BlockQ6K> = (0..cols / QK_K)
         .map(|_| BlockQ6K {
             ql: rng.bytes(),
@@ -246,7 +238,6 @@ fn every_variant_computes_the_portable_bits() {
                     assert_eq!(x8[0][t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
                 }};
             }
-            k_family!(w4_k, q4_k, q4_k_x4, q4_k_x8);
             k_family!(w6_k, q6_k, q6_k_x4, q6_k_x8);
         }
         for n in [7, 64, cols + 5] {
@@ -288,7 +279,6 @@ fn panels_compute_the_portable_bits() {
     let a = acts(&mut rng, cols);
     let nb = cols / QK;
     const ROWS: usize = 7;
-    let w4_k = q4_k_rows(&mut rng, ROWS, cols / QK_K);
     let w6_k: Vec<Vec<BlockQ6K>> = (0..ROWS)
         .map(|_| {
             (0..cols / QK_K)
@@ -361,8 +351,6 @@ fn panels_compute_the_portable_bits() {
             check("q5_0", &cells, &|r, t| (p.q5_0)(&w5_0[r], &a.q8_0[t], &a.q8_0d[t]));
             (k.q8_0_x8)(&w8_0[..rows].concat(), &y0, &yd0, &mut cells);
             check("q8_0", &cells, &|r, t| (p.q8_0)(&w8_0[r], &a.q8_0[t], &a.q8_0d[t]));
-            (k.q4_k_x8)(&w4_k[..rows].concat(), &yk, &mut cells);
-            check("q4_k", &cells, &|r, t| (p.q4_k)(&w4_k[r], &a.q8_k[t]));
             (k.q6_k_x8)(&w6_k[..rows].concat(), &yk, &mut cells);
             check("q6_k", &cells, &|r, t| (p.q6_k)(&w6_k[r], &a.q8_k[t]));
         }
@@ -431,24 +419,46 @@ fn q4_0_block_sums_are_the_dot_product() {
     }
 }
 
-/// Decode's tile over two interleaved Q4_K rows gives each row the portable
-/// single-row bits, in every variant, for every input of the set.
+/// Q4_K's packed groups, as Q4_0's: every variant gives each cell the portable
+/// single-row bits of its row, for one to five groups and any number of inputs
+/// (including an all-zero activation block).
 #[test]
-fn interleaved_q4_k_tiles_compute_the_portable_bits() {
+fn packed_q4_k_groups_compute_the_portable_bits() {
     let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(31);
-    let cols = 3 * QK_K;
-    let nk = cols / QK_K;
-    let a = acts(&mut rng, cols);
-    let rows = q4_k_rows(&mut rng, 2, nk);
-    let interleaved: Vec<BlockQ4K> = (0..nk).flat_map(|i| rows.iter().map(move |r| r[i])).collect();
+    let nk = 3;
+    let mut a = acts(&mut rng, nk * QK_K);
+    a.q8_k[2][1] = BlockQ8K::ZERO;
+    let rows = q4_k_rows(&mut rng, 40, nk);
+    let packed: Vec<BlockQ4Kx8> = (0..5)
+        .flat_map(|g| {
+            let rows = &rows;
+            (0..nk).map(move |i| BlockQ4Kx8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
+        })
+        .collect();
+    let pairs: Vec<Vec<[i32; 4]>> = a.q8_k.iter().map(|r| r.iter().map(q4_k_min_pairs).collect()).collect();
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
-        for t in 0..8 {
-            let got = (k.q4_k_x2i)(&interleaved, &a.q8_k[t]);
-            for (j, row) in rows.iter().enumerate() {
-                let want = (p.q4_k)(row, &a.q8_k[t]);
-                assert_eq!(got[j].to_bits(), want.to_bits(), "{isa} q4_k_x2i row {j} input {t}");
+        for groups in 1..=5 {
+            for n in [1, 2, 3, 4, 5, 8] {
+                let mut out = vec![f32::NAN; n * 8 * groups];
+                (k.q4_kx8)(
+                    &packed[..groups * nk],
+                    &a.q8_k[..n].concat(),
+                    &pairs[..n].concat(),
+                    n,
+                    &mut out,
+                );
+                for t in 0..n {
+                    for r in 0..8 * groups {
+                        let want = (p.q4_k)(&rows[r], &a.q8_k[t]);
+                        assert_eq!(
+                            out[t * 8 * groups + r].to_bits(),
+                            want.to_bits(),
+                            "{isa} q4_kx8: {groups} groups, {n} inputs, row {r} input {t}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -94,17 +94,6 @@ impl Unpack for crate::engine::kernels::quants::BlockQ8_0 {
     }
 }
 
-/// ggml's `get_scale_shuffle_k4` table: row `i` repeats bytes `2i, 2i + 1`.
-static SHUFFLE_K4: [u8; 256] = {
-    let mut t = [0u8; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = (2 * (i / 32) + i % 2) as u8;
-        i += 1;
-    }
-    t
-};
-
 /// ggml's `get_scale_shuffle` table: row `i` is 8 × `2i` then 8 × `2i + 1`.
 static SHUFFLE: [u8; 128] = {
     let mut t = [0u8; 128];
@@ -116,37 +105,11 @@ static SHUFFLE: [u8; 128] = {
     t
 };
 
-/// Row `i` (32 bytes) of ggml's `get_scale_shuffle_k4` table.
-#[inline(always)]
-pub(super) unsafe fn get_scale_shuffle_k4(i: usize) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    _mm256_loadu_si256(SHUFFLE_K4.as_ptr().add(32 * i) as *const __m256i)
-}
-
 /// Row `i` of ggml's `get_scale_shuffle` table.
 #[inline(always)]
 pub(super) unsafe fn get_scale_shuffle(i: usize) -> std::arch::x86_64::__m128i {
     use std::arch::x86_64::*;
     _mm_loadu_si128(SHUFFLE.as_ptr().add(16 * i) as *const __m128i)
-}
-
-/// A Q4_K block's 8 mins (as 8 × i16) and its 8 scales (as 8 × i16, in both 128-bit
-/// halves), as ggml's AVX2 kernel unpacks them.
-#[inline(always)]
-pub(super) unsafe fn q4k_mins_scales(
-    a: &crate::engine::kernels::kquants::BlockQ4K,
-) -> (std::arch::x86_64::__m128i, std::arch::x86_64::__m256i) {
-    use std::arch::x86_64::*;
-    let utmp = crate::engine::kernels::kquants::q4k_scales_mins(&a.scales);
-    let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
-        utmp[3] as i32,
-        utmp[2] as i32,
-        utmp[1] as i32,
-        utmp[0] as i32,
-    ));
-    let mins = _mm256_extracti128_si256(mins_and_scales, 1);
-    let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
-    (mins, _mm256_set_m128i(sc128, sc128))
 }
 
 /// Half `j` (128 values) of a Q6_K block as four 32-byte vectors of unsigned 6-bit
@@ -193,7 +156,7 @@ macro_rules! x86_kernels {
         $(#[$attr])*
         pub mod $module {
             use super::*;
-            use crate::engine::kernels::kquants::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+            use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ6K, BlockQ8K, QK_K};
             use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
             use crate::engine::kernels::simd::{eight, halves, join, panel_rows};
             use std::arch::x86_64::*;
@@ -442,55 +405,115 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// `ggml_vec_dot_q4_K_q8_K`'s AVX2 branch for `N` activation rows at once.
+            /// `N` (1–4) Q8_K rows against one group of eight packed Q4_K rows, one
+            /// row per lane: per sub-block the integer sums of the unsigned nibbles
+            /// times the inputs' bytes, times the sub-block scale (AVX2: as 16-bit
+            /// pairs in `vpmaddwd`; VNNI: `vpmulld`), the mins against the inputs'
+            /// sub-block sums in `vpmaddwd`, then two FMAs per super-block and cell,
+            /// as the portable kernel.
             #[inline(always)]
-            unsafe fn q4k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ4K]) -> [f32; N] {
-                let m4 = _mm256_set1_epi8(0xf);
+            pub(in crate::engine::kernels::simd) unsafe fn group_q4_k<const N: usize>(
+                x: &[BlockQ4Kx8],
+                y: [&[BlockQ8K]; N],
+                ym: [&[[i32; 4]]; N],
+            ) -> [__m256; N] {
+                // Checked once here, so the loop indexes without bounds checks.
+                for t in 0..N {
+                    assert!(y[t].len() >= x.len() && ym[t].len() >= x.len());
+                }
+                let m4 = _mm256_set1_epi8(0x0f);
                 let mut acc = [_mm256_setzero_ps(); N];
-                let mut acc_m = [_mm_setzero_ps(); N];
                 for (i, a) in x.iter().enumerate() {
-                    let (mins, scales) = q4k_mins_scales(a);
-                    let (ad, admin) = (h2f(a.d), h2f(a.dmin));
-
-                    let q4 = a.qs.as_ptr();
-                    let mut sumi = [_mm256_setzero_si256(); N];
-                    for j in 0..QK_K / 64 {
-                        let scale_l = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j));
-                        let scale_h = _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(2 * j + 1));
-                        let q4bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
-                        let q4l = _mm256_and_si256(q4bits, m4);
-                        let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
-                        for r in 0..N {
-                            let q8 = y[r][i].qs.as_ptr();
-                            let q8l = _mm256_loadu_si256(q8.add(64 * j) as *const __m256i);
-                            let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                            let q8h = _mm256_loadu_si256(q8.add(64 * j + 32) as *const __m256i);
-                            let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
-                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16l, p16h));
+                    let mut sums = [_mm256_setzero_si256(); N];
+                    for k in 0..4 {
+                        // Sub-blocks 2k (low nibbles) and 2k + 1 (high): i16 sums for
+                        // AVX2 (sixteen products each, at most 30,720), i32 for VNNI.
+                        let (mut lo_sum, mut hi_sum) = ([_mm256_setzero_si256(); N], [_mm256_setzero_si256(); N]);
+                        for s in 0..8 {
+                            let w = _mm256_loadu_si256(a.qs.as_ptr().add(256 * k + 32 * s) as *const __m256i);
+                            let lo = _mm256_and_si256(w, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                            for t in 0..N {
+                                let q = y[t].get_unchecked(i).qs.as_ptr().add(64 * k + 4 * s);
+                                let ql = _mm256_set1_epi32((q as *const i32).read_unaligned());
+                                let qh = _mm256_set1_epi32((q.add(32) as *const i32).read_unaligned());
+                                if $dot == Dot::AvxVnni {
+                                    lo_sum[t] = _mm256_dpbusd_avx_epi32(lo_sum[t], lo, ql);
+                                    hi_sum[t] = _mm256_dpbusd_avx_epi32(hi_sum[t], hi, qh);
+                                } else if $dot == Dot::Avx512Vnni {
+                                    lo_sum[t] = _mm256_dpbusd_epi32(lo_sum[t], lo, ql);
+                                    hi_sum[t] = _mm256_dpbusd_epi32(hi_sum[t], hi, qh);
+                                } else {
+                                    lo_sum[t] = _mm256_add_epi16(lo_sum[t], _mm256_maddubs_epi16(lo, ql));
+                                    hi_sum[t] = _mm256_add_epi16(hi_sum[t], _mm256_maddubs_epi16(hi, qh));
+                                }
+                            }
+                        }
+                        let scale = |j: usize| {
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(a.scales[j].as_ptr() as *const __m128i))
+                        };
+                        let (sl, sh) = (scale(2 * k), scale(2 * k + 1));
+                        for t in 0..N {
+                            let (l, h) = if $dot == Dot::Madd {
+                                // (scale, scale) in each lane's two 16-bit halves.
+                                let pair = |v: __m256i| _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+                                (_mm256_madd_epi16(lo_sum[t], pair(sl)), _mm256_madd_epi16(hi_sum[t], pair(sh)))
+                            } else {
+                                (_mm256_mullo_epi32(lo_sum[t], sl), _mm256_mullo_epi32(hi_sum[t], sh))
+                            };
+                            sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(l, h));
                         }
                     }
-                    for r in 0..N {
-                        let b = &y[r][i];
-                        let d = b.d * ad;
-                        let dmin = -b.d * admin;
-                        let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
-                        let q8s = _mm_hadd_epi16(
-                            _mm256_extracti128_si256(q8sums, 0),
-                            _mm256_extracti128_si256(q8sums, 1),
-                        );
-                        let prod = _mm_madd_epi16(mins, q8s);
-                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(a.d.as_ptr() as *const __m128i));
+                    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(a.dmin.as_ptr() as *const __m128i));
+                    for t in 0..N {
+                        let pairs = ym[t].get_unchecked(i);
+                        let mut mins = _mm256_setzero_si256();
+                        for (p, &pair) in pairs.iter().enumerate() {
+                            let m = _mm256_cvtepu8_epi16(_mm_loadu_si128(a.mins[p].as_ptr() as *const __m128i));
+                            mins = _mm256_add_epi32(mins, _mm256_madd_epi16(m, _mm256_set1_epi32(pair)));
+                        }
+                        let dy = _mm256_set1_ps(y[t].get_unchecked(i).d);
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[t]), _mm256_mul_ps(d, dy), acc[t]);
+                        let neg = _mm256_xor_ps(_mm256_mul_ps(dmin, dy), _mm256_set1_ps(-0.0));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), neg, acc[t]);
                     }
                 }
-                let mut out = [0.0f32; N];
-                for r in 0..N {
-                    let mut m = acc_m[r];
-                    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                    out[r] = hsum_float_8(acc[r]) + _mm_cvtss_f32(m);
+                acc
+            }
+
+            /// [`super::super::Kernels::q4_kx8`]: each group against the inputs four
+            /// at a time.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+                let (nb, groups) = crate::engine::kernels::simd::q4_kx8_shape(x, y, ym, n, out);
+                let width = 8 * groups;
+                for g in 0..groups {
+                    let xg = &x[g * nb..(g + 1) * nb];
+                    let mut t = 0;
+                    while t < n {
+                        macro_rules! tile {
+                            ($m:literal) => {{
+                                let acc = group_q4_k::<$m>(
+                                    xg,
+                                    std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
+                                    std::array::from_fn(|k| &ym[(t + k) * nb..(t + k + 1) * nb]),
+                                );
+                                for (k, a) in acc.iter().enumerate() {
+                                    let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
+                                    _mm256_storeu_ps(o.as_mut_ptr(), *a);
+                                }
+                                t += $m;
+                            }};
+                        }
+                        match n - t {
+                            1 => tile!(1),
+                            2 => tile!(2),
+                            3 => tile!(3),
+                            _ => tile!(4),
+                        }
+                    }
                 }
-                out
             }
 
             /// `ggml_vec_dot_q6_K_q8_K`'s AVX2 branch for `N` activation rows at once.
@@ -545,16 +568,6 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
-                q4k_rows([y], x)[0]
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-                q4k_rows(y, x)
-            }
-
-            #[target_feature(enable = $features)]
             pub unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
                 q6k_rows([y], x)[0]
             }
@@ -564,16 +577,8 @@ macro_rules! x86_kernels {
                 q6k_rows(y, x)
             }
 
-            /// Panels of K-quant rows: each weight row against the inputs as two
-            /// passes of four (the integer sums take a register per input already).
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_k_q8_k_x8(x: &[BlockQ4K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
-                let (lo, hi) = halves(eight(y));
-                for (row, o) in panel_rows(x, lo[0].len(), out) {
-                    *o = join(q4k_rows(lo, row), q4k_rows(hi, row));
-                }
-            }
-
+            /// Panels of Q6_K rows: each weight row against the inputs as two passes
+            /// of four (the integer sums take a register per input already).
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
                 let (lo, hi) = halves(eight(y));

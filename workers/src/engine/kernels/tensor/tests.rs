@@ -1,5 +1,5 @@
-//! Matrices stored interleaved (Q4_K by two rows) or packed (Q4_0 by eight)
-//! dequantize and multiply exactly as in row order.
+//! Matrices packed by eight rows (Q4_0, Q4_K) dequantize as in the file and multiply
+//! to the single-row kernels' bits.
 
 use super::*;
 use crate::engine::kernels::isa::Isa;
@@ -10,30 +10,6 @@ fn bytes(state: &mut u64) -> u8 {
     *state ^= *state >> 7;
     *state ^= *state << 17;
     (*state >> 24) as u8
-}
-
-/// `inter` dequantizes every row as `plain` does, and multiplies `ns` inputs (random,
-/// from `state`) to the same bits with every kernel variant.
-fn assert_same_bits(plain: &QMatrix, inter: &QMatrix, ns: &[usize], state: &mut u64) {
-    let (rows, cols) = (plain.rows, plain.cols);
-    let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
-    for r in 0..rows {
-        inter.row_f32(r, &mut row);
-        plain.row_f32(r, &mut want_row);
-        assert_eq!(row, want_row, "row {r} dequantized");
-    }
-    for &n in ns {
-        let x: Vec<f32> = (0..n * cols).map(|_| bytes(state) as f32 / 64.0 - 2.0).collect();
-        for isa in Isa::available() {
-            let k = Kernels::get(isa).unwrap();
-            let act = plain.prepare_with(k, &x, n);
-            let (mut want, mut got) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
-            plain.matmul_with(k, &act, n, &mut want);
-            inter.matmul_with(k, &act, n, &mut got);
-            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "{isa}, {n} inputs");
-        }
-    }
 }
 
 /// Q4_0 packed by eight rows: every row dequantizes as in the file, and every cell of
@@ -55,7 +31,7 @@ fn packed_q4_0_gives_the_single_row_bits_for_every_variant_and_batch() {
         let m = QMatrix {
             rows,
             cols,
-            data: q4_0::pack(&blocks, rows, nb),
+            data: packed::q4_0(&blocks, rows, nb),
         };
         let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
         for r in 0..rows {
@@ -88,29 +64,51 @@ fn packed_q4_0_gives_the_single_row_bits_for_every_variant_and_batch() {
     }
 }
 
+/// Q4_K packed by eight rows, as Q4_0 above.
 #[test]
-fn interleaved_q4_k_gives_the_row_order_bits_for_every_variant_and_batch() {
+fn packed_q4_k_gives_the_single_row_bits_for_every_variant_and_batch() {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    // 7 rows: three whole pairs and one row after them; 2 blocks per row.
-    let (rows, cols) = (7usize, 2 * QK_K);
-    let nk = cols / QK_K;
-    let blocks: Vec<BlockQ4K> = (0..rows * nk)
-        .map(|_| BlockQ4K {
-            d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
-            dmin: f2h(0.001 + bytes(&mut state) as f32 * 1e-5),
-            scales: std::array::from_fn(|_| bytes(&mut state)),
-            qs: std::array::from_fn(|_| bytes(&mut state)),
-        })
-        .collect();
-    let plain = QMatrix {
-        rows,
-        cols,
-        data: QData::Q4K(blocks.clone()),
-    };
-    let inter = QMatrix {
-        rows,
-        cols,
-        data: QData::Q4Kx2(interleaved::interleave(&blocks, rows, nk, 2)),
-    };
-    assert_same_bits(&plain, &inter, &[1, 2, 3, 4, 8, 9], &mut state);
+    for (rows, nk) in [(29usize, 2usize), (40, 1), (3, 1)] {
+        let cols = nk * QK_K;
+        let blocks: Vec<BlockQ4K> = (0..rows * nk)
+            .map(|_| BlockQ4K {
+                d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
+                dmin: f2h(0.001 + bytes(&mut state) as f32 * 1e-5),
+                scales: std::array::from_fn(|_| bytes(&mut state)),
+                qs: std::array::from_fn(|_| bytes(&mut state)),
+            })
+            .collect();
+        let m = QMatrix {
+            rows,
+            cols,
+            data: packed::q4_k(&blocks, rows, nk),
+        };
+        let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            m.row_f32(r, &mut row);
+            dequantize_q4_k(&blocks[r * nk..(r + 1) * nk], &mut want_row);
+            assert_eq!(row, want_row, "row {r} dequantized");
+        }
+        let p = Kernels::get(Isa::Portable).unwrap();
+        for n in [1, 2, 3, 4, 5, 8, 9] {
+            let x: Vec<f32> = (0..n * cols).map(|_| bytes(&mut state) as f32 / 64.0 - 2.0).collect();
+            for isa in Isa::available() {
+                let k = Kernels::get(isa).unwrap();
+                let act = m.prepare_with(k, &x, n);
+                let QAct::Q8K(y, _) = &act else { unreachable!() };
+                let mut got = vec![f32::NAN; n * rows];
+                m.matmul_with(k, &act, n, &mut got);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let want = (p.q4_k)(&blocks[r * nk..(r + 1) * nk], &y[t * nk..(t + 1) * nk]);
+                        assert_eq!(
+                            got[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{isa}: {rows} rows, {n} inputs, cell ({t}, {r})"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
