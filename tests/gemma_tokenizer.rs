@@ -183,7 +183,7 @@ async fn gemma3_tokenizer_matches_llama_server() {
     assert!(tok.is_control(105) && tok.is_control(106) && tok.is_control(2));
     assert!(!tok.is_control(236746), "a normal token");
 
-    let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
+    let server = LlamaServer::start(&bin, &path, 1, 1).await.unwrap();
 
     for text in CORPUS {
         check(&server, &tok, text).await;
@@ -212,7 +212,7 @@ async fn gemma3_chat_template_matches_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let Some(path) = gemma_model() else { return };
     let model = switchyard_workers::EngineModel::load(&path, &switchyard_messages::LoadConfig::default()).unwrap();
-    let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
+    let server = LlamaServer::start(&bin, &path, 1, 1).await.unwrap();
     let turns = [
         ("system", "You are terse."),
         ("user", "Name a colour."),
@@ -236,7 +236,7 @@ async fn gemma3_token_bytes_match_llama_server_for_the_whole_vocabulary() {
     let Some(bin) = llama_server_bin() else { return };
     let Some(path) = gemma_model() else { return };
     let tok = GgufTokenizer::from_path(&path).expect("Gemma tokenizer loads");
-    let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
+    let server = LlamaServer::start(&bin, &path, 1, 1).await.unwrap();
 
     // Every token whose bytes are valid UTF-8, detokenized in batches with a separator
     // token (`<unused0>`) between them, must print exactly its `token_bytes`.

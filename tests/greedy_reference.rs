@@ -100,7 +100,7 @@ struct Step {
 /// also give all 32 tokens identical to llama's (they do today against the AVX2
 /// reference; this guards the arithmetic).
 async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: Option<&[&str]>) {
-    let server = LlamaServer::start_with(bin, path, 2, 1, &["-fa", "off"]).await.unwrap();
+    let server = LlamaServer::start_with(bin, path, 1, 1, &["-fa", "off"]).await.unwrap();
     let mut file = std::fs::File::open(path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
     let model = LlamaModel::load(&content, &mut file, 512).unwrap();

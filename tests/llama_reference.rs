@@ -29,7 +29,7 @@ async fn smollm2_tokenizer_and_chat_template_match_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let path = demo_model();
     let model = EngineModel::load(&path, &LoadConfig::default()).unwrap();
-    let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
+    let server = LlamaServer::start(&bin, &path, 1, 1).await.unwrap();
 
     // Tokenizer: identical ids, special tokens included.
     for text in CORPUS {

@@ -69,7 +69,7 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let arch = format!("{arch}/{wtype}");
         let model = EngineModel::load(&path, &LoadConfig::default()).unwrap();
-        let server = LlamaServer::start(&bin, &path, 2, 1).await.unwrap();
+        let server = LlamaServer::start(&bin, &path, 1, 1).await.unwrap();
 
         let theirs = server
             .post("/tokenize", json!({"content": TEXT, "add_special": true}))
