@@ -7,9 +7,13 @@ tokens, merges, token types) is copied from another GGUF (the SmolLM2 demo model
 the pre-tokenizer is set to "qwen2", so llama.cpp and switchyard tokenize with Qwen's
 split regex.
 
-usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|bf16] [SHAPE]
+usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|bf16] [SHAPE]
 
 The fifth argument stores every 2-D weight in that type (norms and biases stay F32).
+gguf-py cannot quantize K-quants, so q4_k and q5_k are quantized here (a plain
+min/max fit per 32-value sub-block, not llama-quantize's search: any valid blocks
+serve a reference test); their rows must be multiples of 256, so the tiny model is
+256 wide (feed-forward 512) for them.
 SHAPE (default `tiny`, the test model above) gives the layer shapes of a real model
 for benchmarks instead — `qwen2.5-0.5b`, `qwen2.5-1.5b`, `qwen2.5-3b` — with tied
 embeddings as those models have, at their full width and depth; only the vocabulary
@@ -32,7 +36,8 @@ QTYPES = {
     "q5_1": GGMLQuantizationType.Q5_1,
     "bf16": GGMLQuantizationType.BF16,
 }
-if wtype not in ("f32", "f16", *QTYPES):
+KQUANTS = {"q4_k": (GGMLQuantizationType.Q4_K, 4), "q5_k": (GGMLQuantizationType.Q5_K, 5)}
+if wtype not in ("f32", "f16", *QTYPES, *KQUANTS):
     sys.exit(f"unsupported weight type {wtype!r}: use f32, f16, {', '.join(QTYPES)}")
 if arch not in ("qwen2", "qwen3"):
     sys.exit(f"unsupported architecture {arch!r}: use qwen2 or qwen3")
@@ -52,6 +57,8 @@ shape = sys.argv[6] if len(sys.argv) > 6 else "tiny"
 if shape not in SHAPES:
     sys.exit(f"unknown shape {shape!r}: use {', '.join(SHAPES)}")
 n_embd, n_layer, n_ff, n_head, n_head_kv, tied = SHAPES[shape]
+if shape == "tiny" and wtype in KQUANTS:
+    n_embd, n_ff = 256, 512
 n_vocab = len(tokens)
 head_dim = n_embd // n_head
 
@@ -67,9 +74,48 @@ def mat(rows, cols, std):
     return out
 
 
+def quantize_k(data, bits):
+    """Q4_K (bits 4) or Q5_K (bits 5) blocks of `data` (rows a multiple of 256 long),
+    as bytes in ggml's block_q4_K / block_q5_K layout, one row of blocks per row."""
+    rows = data.shape[0]
+    nmax = (1 << bits) - 1
+    x = data.reshape(-1, 8, 32).astype(np.float32)
+    lo = np.minimum(x.min(axis=2), 0.0)
+    scale = (x.max(axis=2) - lo) / nmax
+    d = (scale.max(axis=1) / 63).astype(np.float16)
+    dmin = (np.max(-lo, axis=1) / 63).astype(np.float16)
+    df, dminf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(df > 0, np.clip(np.round(scale / df), 0, 63), 0).astype(np.uint8)
+        m = np.where(dminf > 0, np.clip(np.round(-lo / dminf), 0, 63), 0).astype(np.uint8)
+        step = (df * sc)[:, :, None]
+        q = np.where(step > 0, np.round((x + (dminf * m)[:, :, None]) / step), 0)
+    q = np.clip(q, 0, nmax).astype(np.uint8)
+    scales = np.concatenate(
+        [
+            sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
+            m[:, :4] | ((m[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 0xF) | ((m[:, 4:] & 0xF) << 4),
+        ],
+        axis=1,
+    )
+    qs = ((q[:, 0::2] & 0xF) | ((q[:, 1::2] & 0xF) << 4)).reshape(-1, 128)
+    parts = [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), scales]
+    if bits == 5:
+        qh = np.zeros((x.shape[0], 32), dtype=np.uint8)
+        for j in range(8):
+            qh |= ((q[:, j] >> 4) & 1) << j
+        parts.append(qh)
+    parts.append(qs)
+    return np.concatenate(parts, axis=1).reshape(rows, -1)
+
+
 def add_weight(name, data):
     """Adds a 2-D weight in the chosen storage type."""
-    if wtype == "f32":
+    if wtype in KQUANTS:
+        qtype, bits = KQUANTS[wtype]
+        w.add_tensor(name, quantize_k(data, bits), raw_dtype=qtype)
+    elif wtype == "f32":
         w.add_tensor(name, data)
     elif wtype == "f16":
         w.add_tensor(name, data.astype(np.float16))

@@ -31,7 +31,7 @@ async fn collect(model: &dyn TextModel, prompt: Prompt, config: GenerateConfig) 
 async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
     let Some(bin) = llama_server_bin() else { return };
     let path = demo_model();
-    let server = LlamaServer::start_with(&bin, &path, 1, 2, &["-fa", "off"])
+    let server = LlamaServer::start_with(&bin, &path, 2, 2, &["-fa", "off"])
         .await
         .unwrap();
     let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))

@@ -1,8 +1,8 @@
 //! Qwen2 and Qwen3 against llama.cpp on random-weight GGUFs made by
 //! scripts/make-random-qwen-gguf.py (no small Qwen GGUF ships on PyPI), with weights
-//! stored as F32, F16, Q8_0, Q4_0, Q4_1 and Q5_0: the same tokens from Qwen's pre-tokenizer, and
-//! the same argmax at every prompt position (a near tie, top-2 within 0.15 nats for
-//! both engines, may go either way).
+//! stored as F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q5_K: the same tokens from
+//! Qwen's pre-tokenizer, and the same argmax at every prompt position (a near tie,
+//! top-2 within 0.15 nats for both engines, may go either way).
 
 mod common;
 
@@ -56,6 +56,8 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
         ("qwen2", "q4_0"),
         ("qwen3", "q4_1"),
         ("qwen2", "q5_0"),
+        ("qwen3", "q4_k"),
+        ("qwen2", "q5_k"),
     ] {
         let path = dir.path().join(format!("random-{arch}-{wtype}.gguf"));
         let out = Command::new(python())

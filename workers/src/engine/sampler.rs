@@ -81,12 +81,17 @@ impl Sampler {
                 .enumerate()
                 .map(|(i, &l)| (i as u32, l / self.temperature)),
         );
-        c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+        // Only what the filters need is ordered: a partial selection for top-k, the
+        // best few for top-p (grown until they hold the mass), nothing for min-p or
+        // plain sampling. Sorting the whole vocabulary per token cost more than a
+        // decode step (Gemma 3: 262,144 entries, ~15 ms). Ties go to the lower id.
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if self.top_k > 0 && self.top_k < c.len() {
+            c.select_nth_unstable_by(self.top_k - 1, order);
             c.truncate(self.top_k);
         }
-        // Softmax over the survivors (sorted, so c[0] holds the max).
-        let max = c[0].1;
+        // Softmax over the survivors.
+        let max = c.iter().fold(f32::NEG_INFINITY, |m, e| m.max(e.1));
         let mut sum = 0.0f32;
         for e in c.iter_mut() {
             e.1 = (e.1 - max).exp();
@@ -96,21 +101,31 @@ impl Sampler {
             e.1 /= sum;
         }
         if self.min_p > 0.0 {
-            let floor = c[0].1 * self.min_p;
-            let keep = c.iter().take_while(|e| e.1 >= floor).count().max(1);
-            c.truncate(keep);
+            // The best token's probability is exp(0) / sum.
+            let floor = self.min_p / sum;
+            c.retain(|e| e.1 >= floor);
         }
         if self.top_p > 0.0 && self.top_p < 1.0 {
-            let mut mass = 0.0;
-            let mut keep = c.len();
-            for (i, e) in c.iter().enumerate() {
-                mass += e.1;
-                if mass >= self.top_p {
-                    keep = i + 1;
+            let mut m = 64.min(c.len());
+            loop {
+                if m < c.len() {
+                    c.select_nth_unstable_by(m - 1, order);
+                }
+                c[..m].sort_unstable_by(order);
+                let mut mass = 0.0;
+                let keep = c[..m].iter().position(|e| {
+                    mass += e.1;
+                    mass >= self.top_p
+                });
+                if let Some(i) = keep {
+                    c.truncate(i + 1);
                     break;
                 }
+                if m == c.len() {
+                    break;
+                }
+                m = (m * 8).min(c.len());
             }
-            c.truncate(keep);
         }
         let total: f32 = c.iter().map(|e| e.1).sum();
         let mut r = self.rng.random::<f32>() * total;
@@ -190,5 +205,36 @@ mod tests {
             // Token 2 has ~e^-10 of token 0's mass and must never be picked.
             assert_ne!(s.sample(&mut [10.0, 9.9, 0.0], &[]), 2);
         }
+    }
+
+    /// top-p keeps the fewest best tokens holding the mass, however many that is: on a
+    /// large vocabulary whose mass is spread over 3,000 equal tokens (beyond the first
+    /// guesses of 64 and 512), a draw falls on any of them but never on the tail.
+    #[test]
+    fn top_p_keeps_the_mass_however_wide_it_is() {
+        let mut c = cfg(1.0);
+        c.top_p = 0.9;
+        c.seed = Some(3);
+        let mut s = Sampler::new(&c);
+        let mut logits: Vec<f32> = (0..100_000)
+            .map(|i: u32| if i.is_multiple_of(20) && i < 60_000 { 5.0 } else { -30.0 })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..300 {
+            let t = s.sample(&mut logits.clone(), &[]);
+            assert!(t.is_multiple_of(20) && t < 60_000, "{t} is in the tail");
+            seen.insert(t);
+        }
+        assert!(seen.len() > 250, "draws spread over the 3,000: {}", seen.len());
+        // A peaked distribution: top-p 0.5 is the best token alone; top-k 2 of three
+        // never gives the third.
+        logits[7] = 40.0;
+        c.top_p = 0.5;
+        let mut s = Sampler::new(&c);
+        assert!((0..20).all(|_| s.sample(&mut logits.clone(), &[]) == 7));
+        let mut c = cfg(1.0);
+        c.top_k = 2;
+        let mut s = Sampler::new(&c);
+        assert!((0..50).all(|_| s.sample(&mut [3.0, -20.0, 3.1], &[]) != 1));
     }
 }

@@ -20,6 +20,8 @@ pub enum QData {
     Q4_0x8(Vec<BlockQ4_0x8>, Vec<BlockQ4_0>),
     /// Q4_K likewise ([`BlockQ4Kx8`]).
     Q4Kx8(Vec<BlockQ4Kx8>, Vec<BlockQ4K>),
+    /// Q5_K likewise ([`BlockQ5Kx8`]).
+    Q5Kx8(Vec<BlockQ5Kx8>, Vec<BlockQ5K>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
     Q8_0(Vec<BlockQ8_0>),
@@ -41,7 +43,7 @@ pub enum QAct {
     F32(Vec<f32>),
     Q8_0(Vec<BlockQ8_0>, Vec<f32>, Vec<i32>),
     Q8_1(Vec<BlockQ8_1>, Vec<f32>, Vec<f32>),
-    /// Q8_K blocks and their [`q4_k_min_pairs`] (for Q4_K weights).
+    /// Q8_K blocks and their [`q4_k_min_pairs`] (for Q4_K and Q5_K weights).
     Q8K(Vec<BlockQ8K>, Vec<[i32; 4]>),
 }
 
@@ -50,7 +52,7 @@ pub enum QAct {
 pub enum TensorError {
     #[error("tensor {0} is missing")]
     Missing(String),
-    #[error("tensor {name} has type {dtype}, which the cpu engine does not support (supported: F32, F16, BF16 in safetensors, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")]
+    #[error("tensor {name} has type {dtype}, which the cpu engine does not support (supported: F32, F16, BF16 in safetensors, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)")]
     Unsupported { name: String, dtype: String },
     #[error("tensor {name} has rows of {cols} values, not a multiple of its {dtype:?} block size")]
     BadShape {
@@ -132,6 +134,7 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         GgmlDType::Q5_0 => (QK, 22),
         GgmlDType::Q8_0 => (QK, 34),
         GgmlDType::Q4K => (QK_K, std::mem::size_of::<BlockQ4K>()),
+        GgmlDType::Q5K => (QK_K, std::mem::size_of::<BlockQ5K>()),
         GgmlDType::Q6K => (QK_K, std::mem::size_of::<BlockQ6K>()),
         dtype => {
             return Err(TensorError::Unsupported {
@@ -165,6 +168,10 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         GgmlDType::Q4K => {
             let blocks: Vec<BlockQ4K> = read_blocks(reader, bytes_len).map_err(io)?;
             packed::q4_k(&blocks, rows, cols / QK_K)
+        }
+        GgmlDType::Q5K => {
+            let blocks: Vec<BlockQ5K> = read_blocks(reader, bytes_len).map_err(io)?;
+            packed::q5_k(&blocks, rows, cols / QK_K)
         }
         GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q5_0 if widen_q5_0(ct) => {
@@ -240,6 +247,7 @@ impl QMatrix {
             }
             QData::Q4_0x8(groups, tail) => dequantize_q4_0(&packed::row(groups, tail, nb, r), out),
             QData::Q4Kx8(groups, tail) => dequantize_q4_k(&packed::row(groups, tail, nk, r), out),
+            QData::Q5Kx8(groups, tail) => dequantize_q5_k(&packed::row(groups, tail, nk, r), out),
             QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
             QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
@@ -278,7 +286,7 @@ impl QMatrix {
                 let o = b.iter().map(q4_0_offset).collect();
                 QAct::Q8_0(b, d, o)
             }
-            QData::Q4Kx8(..) | QData::Q6K(_) => {
+            QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6K(_) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
                 per_row(x, self.cols, n, &mut b, QK_K, k.quantize_q8_k);
                 let m = b.iter().map(q4_k_min_pairs).collect();
@@ -293,7 +301,7 @@ impl QMatrix {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) => 1,
             QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
-            QData::Q4Kx8(..) | QData::Q6K(_) => 3,
+            QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6K(_) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
     }
@@ -378,6 +386,7 @@ impl QMatrix {
         match &self.data {
             QData::Q4_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q4Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
+            QData::Q5Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             _ => {}
         }
         let rows = self.rows;
@@ -448,6 +457,9 @@ impl QMatrix {
             QData::Q8_0(v) => v.len() * 34,
             QData::Q4Kx8(groups, tail) => {
                 groups.len() * std::mem::size_of::<BlockQ4Kx8>() + tail.len() * std::mem::size_of::<BlockQ4K>()
+            }
+            QData::Q5Kx8(groups, tail) => {
+                groups.len() * std::mem::size_of::<BlockQ5Kx8>() + tail.len() * std::mem::size_of::<BlockQ5K>()
             }
             QData::Q6K(v) => v.len() * std::mem::size_of::<BlockQ6K>(),
         }

@@ -1,4 +1,4 @@
-//! K-quant super-blocks (256 values) in ggml's layouts — Q4_K and Q6_K weights, Q8_K
+//! K-quant super-blocks (256 values) in ggml's layouts — Q4_K, Q5_K and Q6_K weights, Q8_K
 //! activations — and their dot products with ggml's arithmetic: activations are
 //! quantized as `quantize_row_q8_K_ref` does (the x86 CPU backend's `from_float` for
 //! Q8_K), and the AVX2 dot products mirror `ggml_vec_dot_q{4,6}_K_q8_K`'s AVX2 branches
@@ -20,6 +20,18 @@ pub struct BlockQ4K {
     pub d: u16,
     pub dmin: u16,
     pub scales: [u8; K_SCALE_SIZE],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// ggml `block_q5_K`: as [`BlockQ4K`] with a fifth bit per value: value `l` of
+/// sub-block `j` is `(qs[32 * (j / 2) + l] >> 4 * (j % 2)) & 0xf | ((qh[l] >> j) & 1) << 4`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5K {
+    pub d: u16,
+    pub dmin: u16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qh: [u8; QK_K / 8],
     pub qs: [u8; QK_K / 2],
 }
 
@@ -117,6 +129,82 @@ impl BlockQ4Kx8 {
     }
 }
 
+/// Eight Q5_K rows' super-block `i`: their low four bits, scales and mins packed as
+/// [`BlockQ4Kx8`], and the fifth bits in the same lanes: `qh[32s + 4r..+4]` holds
+/// bytes `4s..+4` of row `r`'s `qh`, whose bit `j` belongs to sub-block `j`. 1,440
+/// bytes for eight rows' 1,408.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5Kx8 {
+    pub low: BlockQ4Kx8,
+    pub qh: [u8; 256],
+}
+
+impl BlockQ5Kx8 {
+    /// Packs super-block `i` of eight rows.
+    pub fn pack(rows: [&BlockQ5K; 8]) -> Self {
+        let lows = rows.map(|b| b.low());
+        let low = BlockQ4Kx8::pack(lows.each_ref());
+        let mut qh = [0; 256];
+        for (r, b) in rows.iter().enumerate() {
+            for s in 0..8 {
+                qh[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&b.qh[4 * s..4 * s + 4]);
+            }
+        }
+        BlockQ5Kx8 { low, qh }
+    }
+
+    /// Row `r`'s super-block back.
+    pub fn row(&self, r: usize) -> BlockQ5K {
+        let low = self.low.row(r);
+        let mut qh = [0; QK_K / 8];
+        for s in 0..8 {
+            qh[4 * s..4 * s + 4].copy_from_slice(&self.qh[32 * s + 4 * r..32 * s + 4 * r + 4]);
+        }
+        BlockQ5K {
+            d: low.d,
+            dmin: low.dmin,
+            scales: low.scales,
+            qh,
+            qs: low.qs,
+        }
+    }
+}
+
+/// Packed groups of eight Q4_K-like rows, for kernels written once for Q4_K and Q5_K:
+/// the low four bits of every value are [`Self::low`]; with [`Self::HIGH`] the fifth
+/// bits are [`Self::qh`] ([`BlockQ5Kx8`]'s layout).
+pub trait KGroup: Copy + Send + Sync + 'static {
+    const HIGH: bool;
+    fn low(&self) -> &BlockQ4Kx8;
+    fn qh(&self) -> &[u8; 256];
+}
+
+impl KGroup for BlockQ4Kx8 {
+    const HIGH: bool = false;
+    #[inline(always)]
+    fn low(&self) -> &BlockQ4Kx8 {
+        self
+    }
+    #[inline(always)]
+    fn qh(&self) -> &[u8; 256] {
+        static NONE: [u8; 256] = [0; 256];
+        &NONE
+    }
+}
+
+impl KGroup for BlockQ5Kx8 {
+    const HIGH: bool = true;
+    #[inline(always)]
+    fn low(&self) -> &BlockQ4Kx8 {
+        &self.low
+    }
+    #[inline(always)]
+    fn qh(&self) -> &[u8; 256] {
+        &self.qh
+    }
+}
+
 /// An activation block's sub-block sums (`bsums` in pairs), two to a 32-bit word
 /// (`sum(2p)` in the low 16 bits, `sum(2p + 1)` in the high), as the Q4_K kernels
 /// multiply them with the mins: `|sum| ≤ 32 · 128` fits 16 bits.
@@ -134,6 +222,18 @@ impl BlockQ4K {
         scales: [0; K_SCALE_SIZE],
         qs: [0; QK_K / 2],
     };
+}
+
+impl BlockQ5K {
+    /// Its low four bits as a Q4_K block (same scales and mins).
+    pub fn low(&self) -> BlockQ4K {
+        BlockQ4K {
+            d: self.d,
+            dmin: self.dmin,
+            scales: self.scales,
+            qs: self.qs,
+        }
+    }
 }
 
 impl BlockQ6K {
@@ -218,6 +318,22 @@ pub fn dequantize_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
             for l in 0..32 {
                 o[l] = d1 * (q[l] & 0xf) as f32 - m1;
                 o[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+            }
+        }
+    }
+}
+
+/// Dequantizes Q5_K blocks (ggml's `dequantize_row_q5_K`).
+pub fn dequantize_q5_k(blocks: &[BlockQ5K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = h2f(b.d);
+        let min = h2f(b.dmin);
+        for (j, o) in o.chunks_exact_mut(32).enumerate() {
+            let (sc, m) = scale_min_k4(j, &b.scales);
+            let (d1, m1) = (d * sc as f32, min * m as f32);
+            for (l, o) in o.iter_mut().enumerate() {
+                let q = (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf | ((b.qh[l] >> j) & 1) << 4;
+                *o = d1 * q as f32 - m1;
             }
         }
     }

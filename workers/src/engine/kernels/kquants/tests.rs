@@ -147,6 +147,22 @@ fn random_q4_k(n: usize, seed: u32) -> Vec<BlockQ4K> {
         .collect()
 }
 
+/// Q4_K's random blocks with random fifth bits.
+fn random_q5_k(n: usize, seed: u32) -> Vec<BlockQ5K> {
+    let qh = bytes(n * 32, seed ^ 0x55);
+    random_q4_k(n, seed)
+        .iter()
+        .zip(qh.chunks_exact(32))
+        .map(|(b, h)| BlockQ5K {
+            d: b.d,
+            dmin: b.dmin,
+            scales: b.scales,
+            qh: h.try_into().unwrap(),
+            qs: b.qs,
+        })
+        .collect()
+}
+
 fn random_q6_k(n: usize, seed: u32) -> Vec<BlockQ6K> {
     let r = bytes(n * 208, seed);
     r.chunks_exact(208)
@@ -167,6 +183,8 @@ fn random_q6_k(n: usize, seed: u32) -> Vec<BlockQ6K> {
 #[test]
 fn layouts_match_ggml() {
     assert_eq!(std::mem::size_of::<BlockQ4K>(), 144);
+    assert_eq!(std::mem::size_of::<BlockQ5K>(), 176);
+    assert_eq!(std::mem::size_of::<BlockQ5Kx8>(), 1440);
     assert_eq!(std::mem::size_of::<BlockQ6K>(), 210);
     assert_eq!(std::mem::size_of::<BlockQ8K>(), 292);
     assert_eq!(std::mem::align_of::<BlockQ4K>(), 2);
@@ -238,6 +256,52 @@ fn packed_q4_k_rows_round_trip() {
             (b.d, b.dmin, b.scales, b.qs),
             "row {r}"
         );
+    }
+}
+
+/// Q5_K's rows likewise, fifth bits included.
+#[test]
+fn packed_q5_k_rows_round_trip() {
+    let rows = random_q5_k(8, 78);
+    let packed = BlockQ5Kx8::pack(std::array::from_fn(|r| &rows[r]));
+    for (r, b) in rows.iter().enumerate() {
+        let back = packed.row(r);
+        assert_eq!(
+            (back.d, back.dmin, back.scales, back.qh, back.qs),
+            (b.d, b.dmin, b.scales, b.qh, b.qs),
+            "row {r}"
+        );
+    }
+}
+
+/// A Q5_K value is its Q4_K nibble plus 16 when its bit in `qh` (bit `j` of byte `l`
+/// for value `l` of sub-block `j`) is set: with no bits set it dequantizes as the
+/// Q4_K block of the same bytes; with one bit set, exactly one value moves, by
+/// `16·d·sc`.
+#[test]
+fn q5_k_fifth_bits_are_where_ggml_puts_them() {
+    let mut b = random_q5_k(1, 5)[0];
+    b.qh = [0; 32];
+    let (mut q4, mut q5) = (vec![0.0f32; QK_K], vec![0.0f32; QK_K]);
+    dequantize_q4_k(&[b.low()], &mut q4);
+    dequantize_q5_k(&[b], &mut q5);
+    assert_eq!(q4, q5);
+    for (j, l) in [(0, 0), (1, 5), (2, 31), (5, 17), (7, 9)] {
+        let mut one = b;
+        one.qh[l] = 1 << j;
+        dequantize_q5_k(&[one], &mut q5);
+        let (sc, _) = scale_min_k4(j, &b.scales);
+        for (i, (a, c)) in q4.iter().zip(&q5).enumerate() {
+            let want = if i == 32 * j + l {
+                a + 16.0 * h2f(b.d) * sc as f32
+            } else {
+                *a
+            };
+            assert!(
+                (c - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "j {j} l {l} value {i}: {c} vs {want}"
+            );
+        }
     }
 }
 
@@ -336,6 +400,13 @@ fn dots_agree_with_dequantized_weights() {
         dequantize_q4_k(&w, &mut deq);
         check(&deq, (Kernels::active().q4_k)(&w, &yq), "q4_k");
     }
+    let w = random_q5_k(n, 16);
+    dequantize_q5_k(&w, &mut deq);
+    check(
+        &deq,
+        crate::engine::kernels::simd::portable::dot_q5_k_q8_k(&w, &yq),
+        "q5_k",
+    );
     for w in [q6_k(&data(n * QK_K, 14)), random_q6_k(n, 15)] {
         dequantize_q6_k(&w, &mut deq);
         check(&deq, (Kernels::active().q6_k)(&w, &yq), "q6_k");

@@ -18,7 +18,7 @@
 
 use super::x86::{bytes_from_nibbles_32, get_scale_shuffle, h2f, hsum_float_8, q6k_quarters, Unpack};
 use super::{eight, panel_rows};
-use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ6K, BlockQ8K, QK_K};
+use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ8K, KGroup, QK_K};
 use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
@@ -551,15 +551,15 @@ pub unsafe fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo
     }
 }
 
-/// `N` (1–4) Q8_K rows against two groups of eight packed Q4_K rows (`x0` in the low
-/// eight lanes, `x1` in the high): per sub-block eight `vpdpbusd` of the unsigned
-/// nibbles against the input's broadcast bytes, one `vpmulld` by the sub-block
-/// scales; the mins in `vpmaddwd` against the input's sub-block sums; two FMAs per
-/// super-block and cell.
+/// `N` (1–4) Q8_K rows against two groups of eight packed Q4_K or Q5_K rows (`x0` in
+/// the low eight lanes, `x1` in the high): per sub-block eight `vpdpbusd` of the
+/// unsigned values (Q5_K: the nibbles with their fifth bits) against the input's
+/// broadcast bytes, one `vpmulld` by the sub-block scales; the mins in `vpmaddwd`
+/// against the input's sub-block sums; two FMAs per super-block and cell.
 #[inline(always)]
-unsafe fn groups2_q4_k<const N: usize>(
-    x0: &[BlockQ4Kx8],
-    x1: &[BlockQ4Kx8],
+unsafe fn groups2_k<G: KGroup, const N: usize>(
+    x0: &[G],
+    x1: &[G],
     y: [&[BlockQ8K]; N],
     ym: [&[[i32; 4]]; N],
 ) -> [__m512; N] {
@@ -570,6 +570,7 @@ unsafe fn groups2_q4_k<const N: usize>(
         assert!(y[t].len() >= nb && ym[t].len() >= nb);
     }
     let m4 = _mm512_set1_epi8(0x0f);
+    let bit4 = _mm512_set1_epi8(0x10);
     let pair256 = |a: *const u8, b: *const u8| {
         _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i)),
@@ -586,14 +587,23 @@ unsafe fn groups2_q4_k<const N: usize>(
     };
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
-        let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        let (ga, gb) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        let (a, b) = (ga.low(), gb.low());
         let mut sums = [_mm512_setzero_si512(); N];
         for k in 0..4 {
+            // Sub-block 2k's fifth bits are bit 2k of each `qh` byte.
+            let hshift = _mm_cvtsi32_si128(2 * k as i32);
             let (mut lo_sum, mut hi_sum) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
             for s in 0..8 {
                 let w = pair256(a.qs.as_ptr().add(256 * k + 32 * s), b.qs.as_ptr().add(256 * k + 32 * s));
-                let lo = _mm512_and_si512(w, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                let mut lo = _mm512_and_si512(w, m4);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                if G::HIGH {
+                    let h = pair256(ga.qh().as_ptr().add(32 * s), gb.qh().as_ptr().add(32 * s));
+                    let h = _mm512_srl_epi16(h, hshift);
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
+                }
                 for t in 0..N {
                     let q = y[t].get_unchecked(i).qs.as_ptr().add(64 * k + 4 * s);
                     let ql = _mm512_set1_epi32((q as *const i32).read_unaligned());
@@ -634,11 +644,12 @@ unsafe fn groups2_q4_k<const N: usize>(
     acc
 }
 
-/// [`super::Kernels::q4_kx8`]: pairs of groups against the inputs four at a time; a
-/// last odd group goes through the 256-bit kernel (same arithmetic).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::q4_kx8_shape(x, y, ym, n, out);
+/// [`super::Kernels::q4_kx8`] and [`super::Kernels::q5_kx8`]: pairs of groups against
+/// the inputs four at a time; a last odd group goes through the 256-bit kernel (same
+/// arithmetic).
+#[inline(always)]
+unsafe fn dot_kx8<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
     let width = 8 * groups;
     for pair in 0..groups / 2 {
         let g = 2 * pair;
@@ -647,7 +658,7 @@ pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]],
         while t < n {
             macro_rules! tile {
                 ($m:literal) => {{
-                    let acc = groups2_q4_k::<$m>(
+                    let acc = groups2_k::<G, $m>(
                         x0,
                         x1,
                         std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
@@ -675,11 +686,21 @@ pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]],
             let m = (n - t0).min(8);
             let inputs = t0 * nb..(t0 + m) * nb;
             let (yi, ymi) = (&y[inputs.clone()], &ym[inputs]);
-            super::x86::avx512_vl::dot_q4_kx8_q8_k(&x[g * nb..], yi, ymi, m, &mut cells[..8 * m]);
+            super::x86::avx512_vl::dot_kx8(&x[g * nb..], yi, ymi, m, &mut cells[..8 * m]);
             for t in 0..m {
                 let o = (t0 + t) * width + 8 * g;
                 out[o..o + 8].copy_from_slice(&cells[8 * t..8 * t + 8]);
             }
         }
     }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+    dot_kx8(x, y, ym, n, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q5_kx8_q8_k(x: &[BlockQ5Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+    dot_kx8(x, y, ym, n, out)
 }

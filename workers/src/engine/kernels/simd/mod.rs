@@ -20,7 +20,7 @@ pub mod portable;
 mod x86;
 
 use super::isa::Isa;
-use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ8K};
+use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ8K};
 use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use elementwise as ew;
 
@@ -31,7 +31,7 @@ type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
 type Q40x8 = fn(&[BlockQ4_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
-type Q4Kx8 = fn(&[BlockQ4Kx8], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
+type Kx8<G> = fn(&[G], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
 type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
@@ -74,7 +74,9 @@ pub struct Kernels {
     pub q4_k: QK<BlockQ4K>,
     /// Groups of eight packed rows against `n` inputs (`y` and their
     /// [`crate::engine::kernels::kquants::q4_k_min_pairs`]), as [`Self::q4_0x8`].
-    pub q4_kx8: Q4Kx8,
+    pub q4_kx8: Kx8<BlockQ4Kx8>,
+    /// Q5_K's groups ([`BlockQ5Kx8`]) likewise: Q4_K's kernel with the fifth bits.
+    pub q5_kx8: Kx8<BlockQ5Kx8>,
     pub q6_k: QK<BlockQ6K>,
     pub q6_k_x4: QKx4<BlockQ6K>,
     pub q6_k_x8: QKx8<BlockQ6K>,
@@ -190,9 +192,10 @@ fn q4_0x8_shape(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: u
     (nb, groups)
 }
 
-/// Checks a [`Kernels::q4_kx8`] call's slices and returns (blocks per row, groups).
+/// Checks a [`Kernels::q4_kx8`] or [`Kernels::q5_kx8`] call's slices and returns
+/// (blocks per row, groups).
 #[inline(always)]
-fn q4_kx8_shape(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &[f32]) -> (usize, usize) {
+fn kx8_shape<G>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &[f32]) -> (usize, usize) {
     assert!(n > 0 && y.len().is_multiple_of(n), "n inputs of equal length");
     let nb = y.len() / n;
     assert!(nb > 0 && x.len().is_multiple_of(nb), "groups of the inputs' length");
@@ -265,7 +268,8 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q8_0_x4: portable::dot_q8_0_q8_0_x4,
     q8_0_x8: x8_from_x4!(portable::dot_q8_0_q8_0_x4, |x, y, yd|),
     q4_k: portable::dot_q4_k_q8_k,
-    q4_kx8: portable::dot_q4_kx8_q8_k,
+    q4_kx8: portable::dot_kx8_q8_k,
+    q5_kx8: portable::dot_kx8_q8_k,
     q6_k: portable::dot_q6_k_q8_k,
     q6_k_x4: portable::dot_q6_k_q8_k_x4,
     q6_k_x8: x8_from_x4!(portable::dot_q6_k_q8_k_x4, |x, y|),
@@ -298,6 +302,7 @@ macro_rules! x86_table {
             q8_0_x8: |x, y, yd, o| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd, o) },
             q4_k: portable::dot_q4_k_q8_k,
             q4_kx8: |x, y, ym, n, o| unsafe { k::dot_q4_kx8_q8_k(x, y, ym, n, o) },
+            q5_kx8: |x, y, ym, n, o| unsafe { k::dot_q5_kx8_q8_k(x, y, ym, n, o) },
             q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
             q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
             q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },
@@ -338,6 +343,7 @@ static AVX512: Kernels = {
         q8_0_x8: |x, y, yd, o| unsafe { k::dot_q8_0_q8_0_x8(x, y, yd, o) },
         q4_k: portable::dot_q4_k_q8_k,
         q4_kx8: |x, y, ym, n, o| unsafe { k::dot_q4_kx8_q8_k(x, y, ym, n, o) },
+        q5_kx8: |x, y, ym, n, o| unsafe { k::dot_q5_kx8_q8_k(x, y, ym, n, o) },
         q6_k: |x, y| unsafe { v::dot_q6_k_q8_k(x, y) },
         q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
         q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },

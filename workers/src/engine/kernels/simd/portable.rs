@@ -7,7 +7,7 @@
 //! Q4_K are the exception: integer sums per block and one fused multiply-add per block
 //! and sum ([`dot_q4_0_q8_0`], [`dot_q4_k_q8_k`]).
 
-use crate::engine::kernels::kquants::{scale_min_k4, BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ8K, QK_K};
+use crate::engine::kernels::kquants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, KGroup, QK_K};
 use crate::engine::kernels::quants::*;
 
 /// `hsum_float_8`'s order: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
@@ -182,17 +182,40 @@ pub fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
     acc
 }
 
-/// Packed groups of eight Q4_K rows against `n` Q8_K rows (see
+/// One Q5_K row against a Q8_K row: [`dot_q4_k_q8_k`]'s arithmetic with the fifth
+/// bit of every value (so values 0–31 instead of 0–15).
+pub fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (a, b) in x.iter().zip(y) {
+        let (mut sums, mut mins) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, &a.scales);
+            let (q4, shift) = (&a.qs[32 * (j / 2)..32 * (j / 2) + 32], 4 * (j % 2));
+            let q8 = &b.qs[32 * j..32 * j + 32];
+            let p: i32 = (0..32)
+                .map(|l| (((q4[l] >> shift) & 0xf) | ((a.qh[l] >> j) & 1) << 4) as i32 * q8[l] as i32)
+                .sum();
+            sums += sc as i32 * p;
+            mins += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+        }
+        acc = (sums as f32).mul_add(h2f(a.d) * b.d, acc);
+        acc = (mins as f32).mul_add(-(h2f(a.dmin) * b.d), acc);
+    }
+    acc
+}
+
+/// Packed groups of eight Q4_K or Q5_K rows against `n` Q8_K rows (see
 /// [`crate::engine::kernels::simd::Kernels::q4_kx8`]): each cell exactly
-/// [`dot_q4_k_q8_k`] of the row unpacked.
-pub fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::q4_kx8_shape(x, y, ym, n, out);
+/// [`dot_q4_k_q8_k`] / [`dot_q5_k_q8_k`] of the row unpacked.
+pub fn dot_kx8_q8_k<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
     let width = 8 * groups;
     for g in 0..groups {
         for t in 0..n {
             let mut acc = [0.0f32; 8];
             for i in 0..nb {
-                let (a, b, pairs) = (&x[g * nb + i], &y[t * nb + i], &ym[t * nb + i]);
+                let (a, b, pairs) = (x[g * nb + i].low(), &y[t * nb + i], &ym[t * nb + i]);
+                let qh = x[g * nb + i].qh();
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let (mut sums, mut mins) = (0i32, 0i32);
                     for j in 0..8 {
@@ -200,7 +223,11 @@ pub fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usi
                         let mut p = 0i32;
                         for s in 0..8 {
                             for l in 0..4 {
-                                let q = (a.qs[256 * k + 32 * s + 4 * r + l] >> shift) & 0xf;
+                                let at = 32 * s + 4 * r + l;
+                                let mut q = (a.qs[256 * k + at] >> shift) & 0xf;
+                                if G::HIGH {
+                                    q |= ((qh[at] >> j) & 1) << 4;
+                                }
                                 p += q as i32 * b.qs[32 * j + 4 * s + l] as i32;
                             }
                         }

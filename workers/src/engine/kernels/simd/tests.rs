@@ -3,7 +3,7 @@
 //! all four variants; on an AVX2-only host, three.)
 
 use super::*;
-use crate::engine::kernels::kquants::{q4_k_min_pairs, quantize_q8_k, QK_K};
+use crate::engine::kernels::kquants::{q4_k_min_pairs, quantize_q8_k, BlockQ5K, QK_K};
 use crate::engine::kernels::quants::{
     dequantize_q4_0, dequantize_q8_0, f2h, h2f, q4_0_offset, quantize_q8_0, quantize_q8_1, QK,
 };
@@ -456,6 +456,59 @@ fn packed_q4_k_groups_compute_the_portable_bits() {
                             out[t * 8 * groups + r].to_bits(),
                             want.to_bits(),
                             "{isa} q4_kx8: {groups} groups, {n} inputs, row {r} input {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q5_K's packed groups, as Q4_K's (the AVX2 kernel scales its 16-bit sums twice per
+/// sub-block here, so the all-ones fifth bits of row 0 reach its largest sums).
+#[test]
+fn packed_q5_k_groups_compute_the_portable_bits() {
+    let mut rng = Rng(32);
+    let nk = 2;
+    let mut a = acts(&mut rng, nk * QK_K);
+    a.q8_k[1][0] = BlockQ8K::ZERO;
+    a.q8_k[0][0].qs = [127; QK_K];
+    let rows: Vec<Vec<BlockQ5K>> = q4_k_rows(&mut rng, 24, nk)
+        .into_iter()
+        .enumerate()
+        .map(|(r, row)| {
+            row.iter()
+                .map(|b| BlockQ5K {
+                    d: b.d,
+                    dmin: b.dmin,
+                    scales: if r == 0 { [0xff; 12] } else { b.scales },
+                    qh: if r == 0 { [0xff; 32] } else { rng.bytes() },
+                    qs: if r == 0 { [0xff; 128] } else { b.qs },
+                })
+                .collect()
+        })
+        .collect();
+    let packed: Vec<BlockQ5Kx8> = (0..3)
+        .flat_map(|g| {
+            let rows = &rows;
+            (0..nk).map(move |i| BlockQ5Kx8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
+        })
+        .collect();
+    let pairs: Vec<Vec<[i32; 4]>> = a.q8_k.iter().map(|r| r.iter().map(q4_k_min_pairs).collect()).collect();
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        for groups in 1..=3 {
+            for n in [1, 2, 3, 4, 5, 8] {
+                let mut out = vec![f32::NAN; n * 8 * groups];
+                let (y, ym) = (a.q8_k[..n].concat(), pairs[..n].concat());
+                (k.q5_kx8)(&packed[..groups * nk], &y, &ym, n, &mut out);
+                for t in 0..n {
+                    for r in 0..8 * groups {
+                        let want = portable::dot_q5_k_q8_k(&rows[r], &a.q8_k[t]);
+                        assert_eq!(
+                            out[t * 8 * groups + r].to_bits(),
+                            want.to_bits(),
+                            "{isa} q5_kx8: {groups} groups, {n} inputs, row {r} input {t}"
                         );
                     }
                 }

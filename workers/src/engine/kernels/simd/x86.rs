@@ -156,7 +156,7 @@ macro_rules! x86_kernels {
         $(#[$attr])*
         pub mod $module {
             use super::*;
-            use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ6K, BlockQ8K, QK_K};
+            use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ8K, KGroup, QK_K};
             use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
             use crate::engine::kernels::simd::{eight, halves, join, panel_rows};
             use std::arch::x86_64::*;
@@ -405,15 +405,15 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// `N` (1–4) Q8_K rows against one group of eight packed Q4_K rows, one
-            /// row per lane: per sub-block the integer sums of the unsigned nibbles
-            /// times the inputs' bytes, times the sub-block scale (AVX2: as 16-bit
-            /// pairs in `vpmaddwd`; VNNI: `vpmulld`), the mins against the inputs'
-            /// sub-block sums in `vpmaddwd`, then two FMAs per super-block and cell,
-            /// as the portable kernel.
+            /// `N` (1–4) Q8_K rows against one group of eight packed Q4_K or Q5_K rows,
+            /// one row per lane: per sub-block the integer sums of the unsigned values
+            /// (Q5_K: the nibble and its fifth bit) times the inputs' bytes, times the
+            /// sub-block scale (AVX2: as 16-bit pairs in `vpmaddwd`; VNNI: `vpmulld`),
+            /// the mins against the inputs' sub-block sums in `vpmaddwd`, then two FMAs
+            /// per super-block and cell, as the portable kernel.
             #[inline(always)]
-            pub(in crate::engine::kernels::simd) unsafe fn group_q4_k<const N: usize>(
-                x: &[BlockQ4Kx8],
+            pub(in crate::engine::kernels::simd) unsafe fn group_k<G: KGroup, const N: usize>(
+                x: &[G],
                 y: [&[BlockQ8K]; N],
                 ym: [&[[i32; 4]]; N],
             ) -> [__m256; N] {
@@ -422,17 +422,35 @@ macro_rules! x86_kernels {
                     assert!(y[t].len() >= x.len() && ym[t].len() >= x.len());
                 }
                 let m4 = _mm256_set1_epi8(0x0f);
+                let bit4 = _mm256_set1_epi8(0x10);
+                // AVX2 sums sixteen products per 16-bit lane: at most 30,720 for
+                // nibbles, but 5-bit values reach 63,488, so Q5_K's are scaled into
+                // 32 bits after every eight (31,744).
+                let flush = if G::HIGH && $dot == Dot::Madd { 4 } else { 8 };
                 let mut acc = [_mm256_setzero_ps(); N];
-                for (i, a) in x.iter().enumerate() {
+                for (i, g) in x.iter().enumerate() {
+                    let a = g.low();
                     let mut sums = [_mm256_setzero_si256(); N];
                     for k in 0..4 {
+                        let scale = |j: usize| {
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(a.scales[j].as_ptr() as *const __m128i))
+                        };
+                        let (sl, sh) = (scale(2 * k), scale(2 * k + 1));
+                        // Sub-block 2k's fifth bits are bit 2k of each `qh` byte.
+                        let hshift = _mm_cvtsi32_si128(2 * k as i32);
                         // Sub-blocks 2k (low nibbles) and 2k + 1 (high): i16 sums for
-                        // AVX2 (sixteen products each, at most 30,720), i32 for VNNI.
+                        // AVX2, i32 for VNNI.
                         let (mut lo_sum, mut hi_sum) = ([_mm256_setzero_si256(); N], [_mm256_setzero_si256(); N]);
                         for s in 0..8 {
                             let w = _mm256_loadu_si256(a.qs.as_ptr().add(256 * k + 32 * s) as *const __m256i);
-                            let lo = _mm256_and_si256(w, m4);
-                            let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                            let mut lo = _mm256_and_si256(w, m4);
+                            let mut hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                            if G::HIGH {
+                                let h = _mm256_loadu_si256(g.qh().as_ptr().add(32 * s) as *const __m256i);
+                                let h = _mm256_srl_epi16(h, hshift);
+                                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+                                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+                            }
                             for t in 0..N {
                                 let q = y[t].get_unchecked(i).qs.as_ptr().add(64 * k + 4 * s);
                                 let ql = _mm256_set1_epi32((q as *const i32).read_unaligned());
@@ -448,20 +466,20 @@ macro_rules! x86_kernels {
                                     hi_sum[t] = _mm256_add_epi16(hi_sum[t], _mm256_maddubs_epi16(hi, qh));
                                 }
                             }
-                        }
-                        let scale = |j: usize| {
-                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(a.scales[j].as_ptr() as *const __m128i))
-                        };
-                        let (sl, sh) = (scale(2 * k), scale(2 * k + 1));
-                        for t in 0..N {
-                            let (l, h) = if $dot == Dot::Madd {
-                                // (scale, scale) in each lane's two 16-bit halves.
-                                let pair = |v: __m256i| _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
-                                (_mm256_madd_epi16(lo_sum[t], pair(sl)), _mm256_madd_epi16(hi_sum[t], pair(sh)))
-                            } else {
-                                (_mm256_mullo_epi32(lo_sum[t], sl), _mm256_mullo_epi32(hi_sum[t], sh))
-                            };
-                            sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(l, h));
+                            if (s + 1) % flush != 0 {
+                                continue;
+                            }
+                            for t in 0..N {
+                                let (l, h) = if $dot == Dot::Madd {
+                                    // (scale, scale) in each lane's two 16-bit halves.
+                                    let pair = |v: __m256i| _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+                                    (_mm256_madd_epi16(lo_sum[t], pair(sl)), _mm256_madd_epi16(hi_sum[t], pair(sh)))
+                                } else {
+                                    (_mm256_mullo_epi32(lo_sum[t], sl), _mm256_mullo_epi32(hi_sum[t], sh))
+                                };
+                                sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(l, h));
+                                (lo_sum[t], hi_sum[t]) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                            }
                         }
                     }
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(a.d.as_ptr() as *const __m128i));
@@ -482,11 +500,17 @@ macro_rules! x86_kernels {
                 acc
             }
 
-            /// [`super::super::Kernels::q4_kx8`]: each group against the inputs four
-            /// at a time.
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
-                let (nb, groups) = crate::engine::kernels::simd::q4_kx8_shape(x, y, ym, n, out);
+            /// [`super::super::Kernels::q4_kx8`] and [`super::super::Kernels::q5_kx8`]:
+            /// each group against the inputs four at a time.
+            #[inline(always)]
+            pub(in crate::engine::kernels::simd) unsafe fn dot_kx8<G: KGroup>(
+                x: &[G],
+                y: &[BlockQ8K],
+                ym: &[[i32; 4]],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                let (nb, groups) = crate::engine::kernels::simd::kx8_shape(x, y, ym, n, out);
                 let width = 8 * groups;
                 for g in 0..groups {
                     let xg = &x[g * nb..(g + 1) * nb];
@@ -494,7 +518,7 @@ macro_rules! x86_kernels {
                     while t < n {
                         macro_rules! tile {
                             ($m:literal) => {{
-                                let acc = group_q4_k::<$m>(
+                                let acc = group_k::<G, $m>(
                                     xg,
                                     std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
                                     std::array::from_fn(|k| &ym[(t + k) * nb..(t + k + 1) * nb]),
@@ -514,6 +538,16 @@ macro_rules! x86_kernels {
                         }
                     }
                 }
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+                dot_kx8(x, y, ym, n, out)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q5_kx8_q8_k(x: &[BlockQ5Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+                dot_kx8(x, y, ym, n, out)
             }
 
             /// `ggml_vec_dot_q6_K_q8_K`'s AVX2 branch for `N` activation rows at once.

@@ -1,5 +1,6 @@
-//! Q4_0 and Q4_K matrices, stored as packed groups of eight rows ([`BlockQ4_0x8`],
-//! [`BlockQ4Kx8`]: one row per 32-bit lane, llama.cpp's repacked layouts) whatever the
+//! Q4_0, Q4_K and Q5_K matrices, stored as packed groups of eight rows ([`BlockQ4_0x8`],
+//! [`BlockQ4Kx8`], [`BlockQ5Kx8`]: one row per 32-bit lane, llama.cpp's repacked
+//! layouts and Q4_K's with a plane of fifth bits) whatever the
 //! CPU, because their arithmetic is defined on them: each block finished in integers,
 //! then one fused multiply-add per block and sum
 //! ([`crate::engine::kernels::simd::portable::dot_q4_0_q8_0`],
@@ -15,10 +16,11 @@
 //! hardware prefetcher falls behind: one thread on a 2-core EPYC, Q4_0 single rows 17
 //! GB/s, eight rows in file order 6.3, eight interleaved 26.9). Q4_0: the same 144
 //! bytes per group and block as the file; Q4_K: 1,184 per group and super-block for
-//! the file's 1,152 (the sub-block scales and mins unpacked to bytes).
+//! the file's 1,152 (the sub-block scales and mins unpacked to bytes); Q5_K: 1,440 for
+//! 1,408.
 
 use super::{chunk_rows, OutPtr, QAct, QData, QMatrix};
-use crate::engine::kernels::kquants::{BlockQ4K, BlockQ4Kx8, QK_K};
+use crate::engine::kernels::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, QK_K};
 use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_0x8, QK};
 use crate::engine::kernels::simd::Kernels;
 use rayon::prelude::*;
@@ -84,6 +86,30 @@ impl Packed for BlockQ4Kx8 {
         };
         let nb = x.len();
         (k.q4_k)(x, &y[t * nb..(t + 1) * nb])
+    }
+}
+
+impl Packed for BlockQ5Kx8 {
+    type Row = BlockQ5K;
+    const BLOCK: usize = QK_K;
+    fn pack(rows: [&BlockQ5K; 8]) -> Self {
+        BlockQ5Kx8::pack(rows)
+    }
+    fn row(&self, r: usize) -> BlockQ5K {
+        BlockQ5Kx8::row(self, r)
+    }
+    fn groups(k: &Kernels, x: &[Self], act: &QAct, n: usize, nb: usize, out: &mut [f32]) {
+        let QAct::Q8K(y, ym) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        (k.q5_kx8)(x, &y[..n * nb], &ym[..n * nb], n, out)
+    }
+    fn one(_: &Kernels, x: &[BlockQ5K], act: &QAct, t: usize) -> f32 {
+        let QAct::Q8K(y, _) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        let nb = x.len();
+        crate::engine::kernels::simd::portable::dot_q5_k_q8_k(x, &y[t * nb..(t + 1) * nb])
     }
 }
 
@@ -168,4 +194,10 @@ pub(super) fn q4_0(blocks: &[BlockQ4_0], rows: usize, nb: usize) -> QData {
 pub(super) fn q4_k(blocks: &[BlockQ4K], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q4Kx8(groups, tail)
+}
+
+/// A Q5_K matrix's [`QData`].
+pub(super) fn q5_k(blocks: &[BlockQ5K], rows: usize, nb: usize) -> QData {
+    let (groups, tail) = pack(blocks, rows, nb);
+    QData::Q5Kx8(groups, tail)
 }

@@ -1,4 +1,4 @@
-//! Matrices packed by eight rows (Q4_0, Q4_K) dequantize as in the file and multiply
+//! Matrices packed by eight rows (Q4_0, Q4_K, Q5_K) dequantize as in the file and multiply
 //! to the single-row kernels' bits.
 
 use super::*;
@@ -101,6 +101,58 @@ fn packed_q4_k_gives_the_single_row_bits_for_every_variant_and_batch() {
                 for t in 0..n {
                     for r in 0..rows {
                         let want = (p.q4_k)(&blocks[r * nk..(r + 1) * nk], &y[t * nk..(t + 1) * nk]);
+                        assert_eq!(
+                            got[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{isa}: {rows} rows, {n} inputs, cell ({t}, {r})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q5_K packed by eight rows, as Q4_K above.
+#[test]
+fn packed_q5_k_gives_the_single_row_bits_for_every_variant_and_batch() {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for (rows, nk) in [(27usize, 2usize), (16, 1)] {
+        let cols = nk * QK_K;
+        let blocks: Vec<BlockQ5K> = (0..rows * nk)
+            .map(|_| BlockQ5K {
+                d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
+                dmin: f2h(0.001 + bytes(&mut state) as f32 * 1e-5),
+                scales: std::array::from_fn(|_| bytes(&mut state)),
+                qh: std::array::from_fn(|_| bytes(&mut state)),
+                qs: std::array::from_fn(|_| bytes(&mut state)),
+            })
+            .collect();
+        let m = QMatrix {
+            rows,
+            cols,
+            data: packed::q5_k(&blocks, rows, nk),
+        };
+        let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            m.row_f32(r, &mut row);
+            dequantize_q5_k(&blocks[r * nk..(r + 1) * nk], &mut want_row);
+            assert_eq!(row, want_row, "row {r} dequantized");
+        }
+        for n in [1, 2, 4, 5, 9] {
+            let x: Vec<f32> = (0..n * cols).map(|_| bytes(&mut state) as f32 / 64.0 - 2.0).collect();
+            for isa in Isa::available() {
+                let k = Kernels::get(isa).unwrap();
+                let act = m.prepare_with(k, &x, n);
+                let QAct::Q8K(y, _) = &act else { unreachable!() };
+                let mut got = vec![f32::NAN; n * rows];
+                m.matmul_with(k, &act, n, &mut got);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let want = crate::engine::kernels::simd::portable::dot_q5_k_q8_k(
+                            &blocks[r * nk..(r + 1) * nk],
+                            &y[t * nk..(t + 1) * nk],
+                        );
                         assert_eq!(
                             got[t * rows + r].to_bits(),
                             want.to_bits(),
