@@ -110,6 +110,12 @@ async fn a_forward_its_coordinator_stopped_waiting_for_is_dropped_unrun() {
     // The same forward in time is admitted and streams.
     let (admitted, streamed) = forward(switchyard_actors::now_ms() + 2_000).await;
     assert!(admitted.is_some_and(|a| a.accepted) && streamed);
+    // Wait for it to finish (a loaded CI host may take seconds), then a little more:
+    // nothing else may be computed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while f.worker.status().await.unwrap().completed == before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = f.worker.status().await.unwrap().completed;
     assert_eq!(after - before, 1, "only the forward in time was computed");
