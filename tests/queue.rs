@@ -372,7 +372,14 @@ async fn requests_waiting_at_a_dead_or_stopping_coordinator_end_with_one_outcome
         }
         // Served once each: the worker completed exactly that many (a killed
         // coordinator's forwards already admitted still stream to their clients).
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The count comes from heartbeats (every 200 ms), which a loaded host delays:
+        // wait for it to reach `served`, then a second more, so that a request served
+        // twice would have had its heartbeat too.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while completed(&c).await - before < served && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let after = completed(&c).await;
         assert_eq!(
             after - before,

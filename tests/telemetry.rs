@@ -19,7 +19,7 @@ use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Layer as _, SubscriberExt};
 
 #[derive(Clone, Default)]
 struct Collected {
@@ -132,8 +132,16 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         )
         .with_batch_exporter(exporter)
         .build();
-    let subscriber =
-        tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    // Only the project's own spans: unfiltered, the OTLP receiver and exporter in this
+    // process (tonic, h2, hyper) trace their own work, every export makes more spans to
+    // export, and the flood overflows the batch queue until the spans looked for below
+    // are dropped.
+    let ours = tracing_subscriber::filter::filter_fn(|m| m.target().starts_with("switchyard"));
+    let subscriber = tracing_subscriber::registry().with(
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("test"))
+            .with_filter(ours),
+    );
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let nats = nats();
