@@ -7,18 +7,19 @@
 //! (teacher forcing), so every position is compared on the same context, and check:
 //!
 //! - our log-probability of llama's token is within [`MEAN_TOL`] of llama's on
-//!   average and within [`MAX_TOL`] everywhere;
+//!   average and within the model's [`Bounds::max`] everywhere;
 //! - where our argmax differs from llama's token, it is a near tie for both engines
-//!   (top-2 gap under [`TIE`] nats).
+//!   (top-2 gap under the model's [`Bounds::tie`] nats).
 //!
 //! Why not "32 identical tokens, always": these small models meet near ties within a
 //! few dozen tokens, and there llama.cpp disagrees with itself. Switching llama-server
 //! between its two attention paths (`-fa on` / `-fa off`) changes the greedy output
 //! of 6 of 8 Gemma prompts and 4 of 8 SmolLM2 prompts within 32 tokens, with a mean
 //! log-probability difference of 0.035–0.039 nats; ours against `-fa off` measures
-//! 0.034–0.035. Some prompts match llama.cpp exactly for all 32 tokens (SmolLM2: five
-//! of eight; Gemma 3: two, since its Q4_K matrices compute one integer sum per
-//! super-block instead of ggml's eight float lanes — before that, five); those are
+//! 0.034–0.035 (Gemma 3 since its Q6_K matrices went the same way: 0.042). Some
+//! prompts match llama.cpp exactly for all 32 tokens (SmolLM2: five of eight; Gemma
+//! 3: two, since its Q4_K and Q6_K matrices compute one integer sum per super-block
+//! instead of ggml's eight float lanes — before that, five); those are
 //! asserted to stay exact (any change in the arithmetic that moves a decision shows
 //! up there). The others first differ at a near tie.
 //!
@@ -41,10 +42,25 @@ use switchyard_workers::engine::model::llama::LlamaModel;
 const STEPS: usize = 32;
 /// Bound on the mean |Δ log p| of llama's token.
 const MEAN_TOL: f32 = 0.06;
-/// Bound on any single |Δ log p|.
-const MAX_TOL: f32 = 1.0;
-/// A top-2 gap below this (nats) is a near tie, where the engines may pick differently.
-const TIE: f32 = 0.75;
+
+/// Per model: the bound on any single |Δ log p|, and the top-2 gap (nats) below which
+/// a step is a near tie, where the engines may pick differently.
+struct Bounds {
+    max: f32,
+    tie: f32,
+}
+
+/// SmolLM2's Q4_1 matrices compute ggml's own arithmetic.
+const SMOLLM2: Bounds = Bounds { max: 1.0, tie: 0.75 };
+
+/// Gemma 3's Q4_K and Q6_K matrices (its FFN-down projections) finish each super-block
+/// in integers, closer to the exact product than llama.cpp's x86 row kernels (Q6_K:
+/// 3.6× less error on average, [`gemma3_q6_k_products_are_closer_to_exact_than_ggmls_lanes`]).
+/// The engines then part where Gemma amplifies a rounding difference — an activation
+/// quantized to the next Q8 step flips a later decision — measured: max |Δ log p|
+/// 1.34–1.37 and one teacher-forced step where llama.cpp's gap is 0.40–0.63 and our
+/// margin the other way 1.67; the mean stays at 0.042.
+const GEMMA3: Bounds = Bounds { max: 1.6, tie: 2.0 };
 
 const PLAIN: &[&str] = &[
     "The capital of France is",
@@ -61,14 +77,14 @@ async fn smollm2_greedy_matches_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let chat = "<|im_start|>user\nWrite a haiku about the ocean.<|im_end|>\n<|im_start|>assistant\n";
     let exact = [PLAIN[0], PLAIN[3], PLAIN[4], PLAIN[5], chat];
-    compare(&bin, &demo_model(), chat, Some(&exact)).await;
+    compare(&bin, &demo_model(), chat, &SMOLLM2, Some(&exact)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_agrees_with_a_native_llama_server() {
     let Some(bin) = native_llama_server_bin() else { return };
     let chat = "<|im_start|>user\nWrite a haiku about the ocean.<|im_end|>\n<|im_start|>assistant\n";
-    compare(&bin, &demo_model(), chat, None).await;
+    compare(&bin, &demo_model(), chat, &SMOLLM2, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,7 +92,7 @@ async fn gemma3_agrees_with_a_native_llama_server() {
     let Some(bin) = native_llama_server_bin() else { return };
     let Some(model) = gemma_model() else { return };
     let chat = "<start_of_turn>user\nWrite a haiku about the ocean.<end_of_turn>\n<start_of_turn>model\n";
-    compare(&bin, &model, chat, None).await;
+    compare(&bin, &model, chat, &GEMMA3, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,8 +100,8 @@ async fn gemma3_greedy_matches_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let Some(model) = gemma_model() else { return };
     let chat = "<start_of_turn>user\nWrite a haiku about the ocean.<end_of_turn>\n<start_of_turn>model\n";
-    let exact = [PLAIN[1], PLAIN[6]];
-    compare(&bin, &model, chat, Some(&exact)).await;
+    let exact = [PLAIN[1], PLAIN[5]];
+    compare(&bin, &model, chat, &GEMMA3, Some(&exact)).await;
 }
 
 /// One position of llama's greedy path.
@@ -99,7 +115,7 @@ struct Step {
 /// Compares every prompt by the rules above; the prompts in `exact` (when given) must
 /// also give all 32 tokens identical to llama's (they do today against the AVX2
 /// reference; this guards the arithmetic).
-async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: Option<&[&str]>) {
+async fn compare(bin: &Path, path: &Path, chat: &str, bounds: &Bounds, exact_prompts: Option<&[&str]>) {
     let server = LlamaServer::start_with(bin, path, 1, 1, &["-fa", "off"]).await.unwrap();
     let mut file = std::fs::File::open(path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
@@ -158,7 +174,7 @@ async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: Option<&[&s
                 first_difference.get_or_insert(i);
                 let our_margin = logits[ours as usize] - logits[step.token as usize];
                 assert!(
-                    step.gap < TIE && our_margin < TIE,
+                    step.gap < bounds.tie && our_margin < bounds.tie,
                     "{name}, {prompt:?}, step {i}: llama picks {} (gap {:.3}), we pick {ours} \
                      (by {our_margin:.3}) — not a near tie",
                     step.token,
@@ -187,7 +203,7 @@ async fn compare(bin: &Path, path: &Path, chat: &str, exact_prompts: Option<&[&s
         switchyard_workers::engine::kernels::isa::active()
     );
     assert!(mean <= MEAN_TOL, "{name}: mean |Δ log p| {mean} > {MEAN_TOL}");
-    assert!(worst <= MAX_TOL, "{name}: max |Δ log p| {worst} > {MAX_TOL}");
+    assert!(worst <= bounds.max, "{name}: max |Δ log p| {worst} > {}", bounds.max);
 }
 
 fn log_sum_exp(x: &[f32]) -> f32 {
@@ -203,4 +219,121 @@ fn argmax(x: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Gemma 3's real Q6_K matrices (nine of its FFN-down projections) against heavy-tailed
+/// activations: the engine's packed kernel and ggml's AVX2 arithmetic (eight float
+/// lanes per cell, what llama.cpp runs for Q6_K on x86), each against the exact value
+/// of the same quantized product (f64 over the same integers). Ours must be no further
+/// from it, which is why [`GEMMA3`]'s bounds are wider than [`SMOLLM2`]'s.
+#[test]
+fn gemma3_q6_k_products_are_closer_to_exact_than_ggmls_lanes() {
+    use std::io::{Read, Seek, SeekFrom};
+    use switchyard_workers::engine::kernels::kquants::{BlockQ6K, QK_K};
+    use switchyard_workers::engine::kernels::quants::h2f;
+    use switchyard_workers::engine::kernels::tensor::{load, QAct};
+    let Some(path) = gemma_model() else { return };
+    let mut f = std::fs::File::open(path).unwrap();
+    let ct = gguf_file::Content::read(&mut f).unwrap();
+    let mut names: Vec<&String> = ct
+        .tensor_infos
+        .iter()
+        .filter(|(_, i)| i.ggml_dtype == candle_core::quantized::GgmlDType::Q6K)
+        .map(|(n, _)| n)
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "Gemma 3 Q4_K_M holds Q6_K matrices");
+    let (mut err_ours, mut err_ggml, mut size, mut closer, mut cells) = (0f64, 0f64, 0f64, 0usize, 0usize);
+    let mut seed = 7u32;
+    let mut uniform = || {
+        seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+        seed as f32 / u32::MAX as f32
+    };
+    for name in names {
+        let m = load(&ct, &mut f, name).unwrap();
+        let nk = m.cols / QK_K;
+        let info = &ct.tensor_infos[name];
+        f.seek(SeekFrom::Start(ct.tensor_data_offset + info.offset)).unwrap();
+        let mut raw = vec![0u8; m.rows * nk * 210];
+        f.read_exact(&mut raw).unwrap();
+        let blocks: Vec<BlockQ6K> = raw
+            .chunks_exact(210)
+            .map(|b| {
+                let mut out = BlockQ6K::ZERO;
+                out.ql.copy_from_slice(&b[..128]);
+                out.qh.copy_from_slice(&b[128..192]);
+                for (s, &v) in out.scales.iter_mut().zip(&b[192..208]) {
+                    *s = v as i8;
+                }
+                out.d = u16::from_le_bytes([b[208], b[209]]);
+                out
+            })
+            .collect();
+        // One in a hundred activations a hundred times larger, as Gemma's are.
+        let n = 4;
+        let x: Vec<f32> = (0..n * m.cols)
+            .map(|_| {
+                let (u, v) = (uniform(), uniform() - 0.5);
+                if u < 0.01 {
+                    v * 400.0
+                } else {
+                    v * 4.0
+                }
+            })
+            .collect();
+        let act = m.prepare(&x, n);
+        let QAct::Q8K(y, _) = &act else { unreachable!() };
+        let mut out = vec![0f32; n * m.rows];
+        m.matmul(&act, n, &mut out);
+        for r in (0..m.rows).step_by(5) {
+            for t in 0..n {
+                let (mut exact, mut terms, mut lanes) = (0f64, 0f64, [0f32; 8]);
+                for (a, b) in blocks[r * nk..(r + 1) * nk].iter().zip(&y[t * nk..(t + 1) * nk]) {
+                    let (mut sum, mut lane) = (0i64, [0i32; 8]);
+                    for v in 0..QK_K {
+                        let (half, c, l) = (v / 128, v % 128 / 32, v % 32);
+                        let low = (a.ql[64 * half + 32 * (c % 2) + l] >> (4 * (c / 2))) & 0xf;
+                        let q = (low | ((a.qh[32 * half + l] >> (2 * c)) & 3) << 4) as i32;
+                        let sc = a.scales[v / 16] as i32;
+                        let p = sc * (q - 32) * b.qs[v] as i32;
+                        sum += p as i64;
+                        terms += (p as f64 * h2f(a.d) as f64 * b.d as f64).abs();
+                        // ggml's lanes: the unsigned products by position in the
+                        // 32-value chunk / 4, less 32 × sub-blocks 2l and 2l + 1.
+                        lane[l / 4] += sc * q * b.qs[v] as i32;
+                    }
+                    for (l, s) in lane.iter_mut().enumerate() {
+                        let (s0, s1) = (a.scales[2 * l] as i32, a.scales[2 * l + 1] as i32);
+                        *s -= (b.bsums[2 * l] as i32 * s0 + b.bsums[2 * l + 1] as i32 * s1) << 5;
+                    }
+                    exact += sum as f64 * h2f(a.d) as f64 * b.d as f64;
+                    let d = b.d * h2f(a.d);
+                    for (acc, &v) in lanes.iter_mut().zip(&lane) {
+                        *acc = d.mul_add(v as f32, *acc);
+                    }
+                }
+                // `hsum_float_8`'s order.
+                let h = [
+                    lanes[4] + lanes[0],
+                    lanes[5] + lanes[1],
+                    lanes[6] + lanes[2],
+                    lanes[7] + lanes[3],
+                ];
+                let ggml = ((h[0] + h[2]) + (h[1] + h[3])) as f64;
+                let ours = out[t * m.rows + r] as f64;
+                let (e_ours, e_ggml) = ((ours - exact).abs(), (ggml - exact).abs());
+                err_ours += e_ours;
+                err_ggml += e_ggml;
+                size += terms;
+                closer += usize::from(e_ours < e_ggml);
+                cells += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{cells} cells: mean |error| / Σ|terms|: ours {:.2e}, ggml's lanes {:.2e}; ours closer in {closer}",
+        err_ours / size,
+        err_ggml / size
+    );
+    assert!(err_ours <= err_ggml, "ours {err_ours} vs ggml's lanes {err_ggml}");
 }

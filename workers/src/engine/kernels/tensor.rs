@@ -22,10 +22,11 @@ pub enum QData {
     Q4Kx8(Vec<BlockQ4Kx8>, Vec<BlockQ4K>),
     /// Q5_K likewise ([`BlockQ5Kx8`]).
     Q5Kx8(Vec<BlockQ5Kx8>, Vec<BlockQ5K>),
+    /// Q6_K likewise ([`BlockQ6Kx8`]).
+    Q6Kx8(Vec<BlockQ6Kx8>, Vec<BlockQ6K>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
     Q8_0(Vec<BlockQ8_0>),
-    Q6K(Vec<BlockQ6K>),
 }
 
 /// A `rows × cols` weight matrix (row-major; each row is `cols` values).
@@ -179,7 +180,10 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             QData::Q8_0(blocks.iter().map(BlockQ5_0::to_q8_0).collect())
         }
         GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
-        GgmlDType::Q6K => QData::Q6K(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q6K => {
+            let blocks: Vec<BlockQ6K> = read_blocks(reader, bytes_len).map_err(io)?;
+            packed::q6_k(&blocks, rows, cols / QK_K)
+        }
         _ => QData::Q8_0(read_blocks(reader, bytes_len).map_err(io)?),
     };
     Ok(QMatrix { rows, cols, data })
@@ -251,7 +255,7 @@ impl QMatrix {
             QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
             QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
-            QData::Q6K(v) => dequantize_q6_k(&v[r * nk..(r + 1) * nk], out),
+            QData::Q6Kx8(groups, tail) => dequantize_q6_k(&packed::row(groups, tail, nk, r), out),
         }
     }
 
@@ -286,7 +290,7 @@ impl QMatrix {
                 let o = b.iter().map(q4_0_offset).collect();
                 QAct::Q8_0(b, d, o)
             }
-            QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6K(_) => {
+            QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6Kx8(..) => {
                 let mut b = vec![BlockQ8K::ZERO; x.len() / QK_K];
                 per_row(x, self.cols, n, &mut b, QK_K, k.quantize_q8_k);
                 let m = b.iter().map(q4_k_min_pairs).collect();
@@ -301,7 +305,7 @@ impl QMatrix {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) => 1,
             QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
-            QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6K(_) => 3,
+            QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6Kx8(..) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
     }
@@ -310,13 +314,11 @@ impl QMatrix {
     fn dot(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> f32 {
         let c = self.cols;
         let nb = c / QK;
-        let nk = c / QK_K;
         let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
-            (QData::Q6K(wq), QAct::Q8K(x, _)) => (k.q6_k)(&wq[r * nk..(r + 1) * nk], &x[t * nk..(t + 1) * nk]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
             (QData::F16(wq), QAct::F32(x)) => {
                 let xs = &x[t * c..(t + 1) * c];
@@ -334,10 +336,8 @@ impl QMatrix {
     #[inline]
     fn tile4(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> [f32; 4] {
         let nb = self.cols / QK;
-        let nk = self.cols / QK_K;
         let w = r * nb..(r + 1) * nb;
         let ys: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
-        let ks: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (t + i) * nk..(t + i + 1) * nk);
         macro_rules! call {
             ($f:ident, $w:expr, $($y:expr),+) => {
                 (k.$f)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+)
@@ -347,9 +347,6 @@ impl QMatrix {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => call!(q5_0_x4, &wq[w], x, xd),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => call!(q8_0_x4, &wq[w], x, xd),
-            (QData::Q6K(wq), QAct::Q8K(x, _)) => {
-                (k.q6_k_x4)(&wq[r * nk..(r + 1) * nk], std::array::from_fn(|i| &x[ks[i].clone()]))
-            }
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
@@ -358,16 +355,12 @@ impl QMatrix {
     /// `out[row - rows.start][input]` (only where [`Self::has_tiles`]).
     fn panel8(&self, k: &Kernels, rows: std::ops::Range<usize>, act: &QAct, t: usize, out: &mut [[f32; 8]]) {
         // Blocks per row, in the weight type's block size.
-        let n = match self.data {
-            QData::Q6K(_) => self.cols / QK_K,
-            _ => self.cols / QK,
-        };
+        let n = self.cols / QK;
         let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
-            (QData::Q6K(wq), QAct::Q8K(x, _)) => (k.q6_k_x8)(&wq[w], &x[y], out),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
@@ -387,6 +380,7 @@ impl QMatrix {
             QData::Q4_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q4Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
+            QData::Q6Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             _ => {}
         }
         let rows = self.rows;
@@ -461,7 +455,9 @@ impl QMatrix {
             QData::Q5Kx8(groups, tail) => {
                 groups.len() * std::mem::size_of::<BlockQ5Kx8>() + tail.len() * std::mem::size_of::<BlockQ5K>()
             }
-            QData::Q6K(v) => v.len() * std::mem::size_of::<BlockQ6K>(),
+            QData::Q6Kx8(groups, tail) => {
+                groups.len() * std::mem::size_of::<BlockQ6Kx8>() + tail.len() * std::mem::size_of::<BlockQ6K>()
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! K-quant super-blocks (256 values) in ggml's layouts — Q4_K, Q5_K and Q6_K weights, Q8_K
-//! activations — and their dot products with ggml's arithmetic: activations are
-//! quantized as `quantize_row_q8_K_ref` does (the x86 CPU backend's `from_float` for
-//! Q8_K), and the AVX2 dot products mirror `ggml_vec_dot_q{4,6}_K_q8_K`'s AVX2 branches
-//! lane for lane, so results track llama.cpp's non-repacked path bit for bit.
+//! activations — and their packed groups of eight rows. Activations are quantized as
+//! `quantize_row_q8_K_ref` does (the x86 CPU backend's `from_float` for Q8_K), bit for
+//! bit; the dot products finish each super-block in integers and do one fused
+//! multiply-add per super-block and sum (see `simd::portable::dot_q4_k_q8_k`), as
+//! llama.cpp's repacked kernels do.
 
 use super::quants::h2f;
 
@@ -168,6 +169,73 @@ impl BlockQ5Kx8 {
             qh,
             qs: low.qs,
         }
+    }
+}
+
+/// Eight Q6_K rows' super-block `i`, packed for kernels that keep one row per 32-bit
+/// lane, in exactly the file's 1,680 bytes: `ql[256 * (2n + h) + 32s + 4r..+4]` holds
+/// bytes `64n + 32h + 4s..+4` of row `r`'s `ql` (n, h < 2, s < 8) — their low nibbles
+/// are values `128n + 32h + 4s..+4`, their high nibbles the same plus 64 — and
+/// `qh[256n + 32s + 4r..+4]` bytes `32n + 4s..+4` of its `qh`, whose bits `2c..2c + 2`
+/// are the high bits of value `128n + 32c + l`. The sub-block scales go in pairs per
+/// row (`scales[p][2r + e]`: sub-block `2p + e`), as `vpmaddwd` takes them once
+/// widened to 16 bits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ6Kx8 {
+    pub d: [u16; 8],
+    pub scales: [[i8; 16]; 8],
+    pub ql: [u8; 1024],
+    pub qh: [u8; 512],
+}
+
+impl BlockQ6Kx8 {
+    /// Packs super-block `i` of eight rows.
+    pub fn pack(rows: [&BlockQ6K; 8]) -> Self {
+        let mut out = BlockQ6Kx8 {
+            d: rows.map(|b| b.d),
+            scales: [[0; 16]; 8],
+            ql: [0; 1024],
+            qh: [0; 512],
+        };
+        for (r, b) in rows.iter().enumerate() {
+            for j in 0..16 {
+                out.scales[j / 2][2 * r + j % 2] = b.scales[j];
+            }
+            for s in 0..8 {
+                for c in 0..4 {
+                    let to = 256 * c + 32 * s + 4 * r;
+                    out.ql[to..to + 4].copy_from_slice(&b.ql[32 * c + 4 * s..32 * c + 4 * s + 4]);
+                }
+                for n in 0..2 {
+                    let to = 256 * n + 32 * s + 4 * r;
+                    out.qh[to..to + 4].copy_from_slice(&b.qh[32 * n + 4 * s..32 * n + 4 * s + 4]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Row `r`'s super-block back.
+    pub fn row(&self, r: usize) -> BlockQ6K {
+        let mut b = BlockQ6K {
+            d: self.d[r],
+            ..BlockQ6K::ZERO
+        };
+        for j in 0..16 {
+            b.scales[j] = self.scales[j / 2][2 * r + j % 2];
+        }
+        for s in 0..8 {
+            for c in 0..4 {
+                let from = 256 * c + 32 * s + 4 * r;
+                b.ql[32 * c + 4 * s..32 * c + 4 * s + 4].copy_from_slice(&self.ql[from..from + 4]);
+            }
+            for n in 0..2 {
+                let from = 256 * n + 32 * s + 4 * r;
+                b.qh[32 * n + 4 * s..32 * n + 4 * s + 4].copy_from_slice(&self.qh[from..from + 4]);
+            }
+        }
+        b
     }
 }
 

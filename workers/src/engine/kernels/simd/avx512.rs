@@ -16,9 +16,9 @@
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
-use super::x86::{bytes_from_nibbles_32, get_scale_shuffle, h2f, hsum_float_8, q6k_quarters, Unpack};
+use super::x86::{bytes_from_nibbles_32, h2f, hsum_float_8, Unpack};
 use super::{eight, panel_rows};
-use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ8K, KGroup, QK_K};
+use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
 use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
@@ -186,147 +186,6 @@ unsafe fn panel_q8_0<B: Unpack + UnpackUnsigned>(x: &[B], y: &[BlockQ8_0], yd: &
     for (row, o) in panel_rows(&x[4 * quads * n..], n, &mut out[4 * quads..]) {
         *o = rows_q8_0(row, y, yd);
     }
-}
-
-/// Panels of Q6_K rows against eight Q8_K rows, two weight rows at a time (a
-/// four-row tile would not fit the 32 registers), then single rows; each cell
-/// bit-identical to the single-row kernel.
-macro_rules! k_panel {
-    ($name:ident, $block:ty, $rows2:ident, $rows:ident) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $name(x: &[$block], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
-            let y = eight(y);
-            let n = y[0].len();
-            let pairs = panel_tiles(x.len(), n, out.len(), 2);
-            for p in 0..pairs {
-                let r = 2 * p;
-                let cells = $rows2(y, [&x[r * n..(r + 1) * n], &x[(r + 1) * n..(r + 2) * n]]);
-                out[r..r + 2].copy_from_slice(&cells);
-            }
-            for (row, o) in panel_rows(&x[2 * pairs * n..], n, &mut out[2 * pairs..]) {
-                *o = $rows(y, row);
-            }
-        }
-    };
-}
-
-k_panel!(dot_q6_k_q8_k_x8, BlockQ6K, q6k_rows2, q6k_rows);
-
-/// `N` Q8_K rows against one Q6_K weight row (ggml's AVX2 Q6_K kernel, two rows per
-/// register).
-#[inline(always)]
-unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32; N] {
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for (i, a) in x.iter().enumerate() {
-        let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
-        let scales_16 = _mm256_cvtepi8_epi16(scales);
-        let ad = h2f(a.d);
-        let mut sumi = [_mm512_setzero_si512(); 4];
-        for j in 0..QK_K / 128 {
-            let q6 = q6k_quarters(a, j);
-            let mut q = [_mm512_setzero_si512(); 4];
-            for k in 0..4 {
-                q[k] = both(q6[k]);
-            }
-            let is = 4 * j;
-            // (A loop, not `array::map`: closures lose the `#[target_feature]`s.)
-            let mut sc = [_mm512_setzero_si512(); 4];
-            for k in 0..4 {
-                sc[k] = both(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                    scales,
-                    get_scale_shuffle(is + k),
-                )));
-            }
-            for p in 0..N / 2 {
-                let q80 = y[2 * p][i].qs.as_ptr().add(128 * j);
-                let q81 = y[2 * p + 1][i].qs.as_ptr().add(128 * j);
-                let mut s = sumi[p];
-                for k in 0..4 {
-                    let q8 = pair_bytes(q80.add(32 * k), q81.add(32 * k));
-                    s = _mm512_add_epi32(s, _mm512_madd_epi16(sc[k], _mm512_maddubs_epi16(q[k], q8)));
-                }
-                sumi[p] = s;
-            }
-        }
-        let sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(scales_16), scales_16, 1);
-        for p in 0..N / 2 {
-            let (b0, b1) = (&y[2 * p][i], &y[2 * p + 1][i]);
-            let q8sums = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256(b0.bsums.as_ptr() as *const __m256i)),
-                _mm256_loadu_si256(b1.bsums.as_ptr() as *const __m256i),
-                1,
-            );
-            let q8sclsub = _mm512_slli_epi32(_mm512_madd_epi16(q8sums, sc16), 5);
-            let s = _mm512_sub_epi32(sumi[p], q8sclsub);
-            let d = pair_ps(b0.d * ad, b1.d * ad);
-            acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p]);
-        }
-    }
-    unpair(&acc)
-}
-
-/// Two Q6_K weight rows against `N` Q8_K rows: [`q6k_rows`] for each row, with every
-/// activation pair loaded once for both rows; each cell's arithmetic is unchanged.
-#[inline(always)]
-unsafe fn q6k_rows2<const N: usize>(y: [&[BlockQ8K]; N], x: [&[BlockQ6K]; 2]) -> [[f32; N]; 2] {
-    let mut acc = [[_mm512_setzero_ps(); 4]; 2];
-    for i in 0..x[0].len() {
-        let a = [&x[0][i], &x[1][i]];
-        let mut scales = [_mm_setzero_si128(); 2];
-        let mut sc16 = [_mm512_setzero_si512(); 2];
-        for w in 0..2 {
-            scales[w] = _mm_loadu_si128(a[w].scales.as_ptr() as *const __m128i);
-            let s16 = _mm256_cvtepi8_epi16(scales[w]);
-            sc16[w] = _mm512_inserti64x4(_mm512_castsi256_si512(s16), s16, 1);
-        }
-        let mut sumi = [[_mm512_setzero_si512(); 4]; 2];
-        for j in 0..QK_K / 128 {
-            let mut q = [[_mm512_setzero_si512(); 4]; 2];
-            let mut sc = [[_mm512_setzero_si512(); 4]; 2];
-            for w in 0..2 {
-                let q6 = q6k_quarters(a[w], j);
-                for k in 0..4 {
-                    q[w][k] = both(q6[k]);
-                    sc[w][k] = both(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                        scales[w],
-                        get_scale_shuffle(4 * j + k),
-                    )));
-                }
-            }
-            for p in 0..N / 2 {
-                let q80 = y[2 * p][i].qs.as_ptr().add(128 * j);
-                let q81 = y[2 * p + 1][i].qs.as_ptr().add(128 * j);
-                for k in 0..4 {
-                    let q8 = pair_bytes(q80.add(32 * k), q81.add(32 * k));
-                    for w in 0..2 {
-                        let m = _mm512_madd_epi16(sc[w][k], _mm512_maddubs_epi16(q[w][k], q8));
-                        sumi[w][p] = _mm512_add_epi32(sumi[w][p], m);
-                    }
-                }
-            }
-        }
-        for p in 0..N / 2 {
-            let (b0, b1) = (&y[2 * p][i], &y[2 * p + 1][i]);
-            let q8sums = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256(b0.bsums.as_ptr() as *const __m256i)),
-                _mm256_loadu_si256(b1.bsums.as_ptr() as *const __m256i),
-                1,
-            );
-            for w in 0..2 {
-                let q8sclsub = _mm512_slli_epi32(_mm512_madd_epi16(q8sums, sc16[w]), 5);
-                let s = _mm512_sub_epi32(sumi[w][p], q8sclsub);
-                let ad = h2f(a[w].d);
-                let d = pair_ps(b0.d * ad, b1.d * ad);
-                acc[w][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[w][p]);
-            }
-        }
-    }
-    [unpair(&acc[0]), unpair(&acc[1])]
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-    q6k_rows(y, x)
 }
 
 /// A Q8_0-family weight block as unsigned bytes `q + 2^SHIFT` in both 256-bit
@@ -703,4 +562,166 @@ pub unsafe fn dot_q4_kx8_q8_k(x: &[BlockQ4Kx8], y: &[BlockQ8K], ym: &[[i32; 4]],
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q5_kx8_q8_k(x: &[BlockQ5Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
     dot_kx8(x, y, ym, n, out)
+}
+
+/// `N` (1–4) Q8_K rows against two groups of eight packed Q6_K rows, sixteen rows per
+/// register: [`super::x86`]'s `group_q6k` arithmetic, each cell bit for bit.
+#[inline(always)]
+unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [&[BlockQ8K]; N]) -> [__m512; N] {
+    let nb = x0.len();
+    // Checked once here, so the loop indexes without bounds checks.
+    assert!(x1.len() == nb);
+    for t in 0..N {
+        assert!(y[t].len() >= nb);
+    }
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m2 = _mm512_set1_epi8(0x30);
+    let pair256 = |a: *const u8, b: *const u8| {
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i)),
+            _mm256_loadu_si256(b as *const __m256i),
+            1,
+        )
+    };
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        // Sub-block j's scale in each of the sixteen rows' lanes.
+        let scale = |j: usize| {
+            let pairs = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128(a.scales[j / 2].as_ptr() as *const __m128i)),
+                _mm_loadu_si128(b.scales[j / 2].as_ptr() as *const __m128i),
+                1,
+            ));
+            if j.is_multiple_of(2) {
+                _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16)
+            } else {
+                _mm512_srai_epi32(pairs, 16)
+            }
+        };
+        let mut sums = [_mm512_setzero_si512(); N];
+        for c in 0..4 {
+            let (half, h) = (c / 2, c % 2);
+            let j = 8 * half + 2 * h;
+            let (lo_sc, hi_sc) = ([scale(j), scale(j + 1)], [scale(j + 4), scale(j + 5)]);
+            let (mut lo_sum, mut hi_sum) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
+            for s in 0..8 {
+                let w = pair256(a.ql.as_ptr().add(256 * c + 32 * s), b.ql.as_ptr().add(256 * c + 32 * s));
+                let bits = pair256(
+                    a.qh.as_ptr().add(256 * half + 32 * s),
+                    b.qh.as_ptr().add(256 * half + 32 * s),
+                );
+                // (Immediate shifts: `h` is known once the loop over `c` unrolls.)
+                let (up, down) = if h == 0 {
+                    (_mm512_slli_epi16(bits, 4), bits)
+                } else {
+                    (_mm512_slli_epi16(bits, 2), _mm512_srli_epi16(bits, 2))
+                };
+                let lo = _mm512_or_si512(_mm512_and_si512(w, m4), _mm512_and_si512(up, m2));
+                let hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
+                    _mm512_and_si512(down, m2),
+                );
+                for t in 0..N {
+                    let q = y[t].get_unchecked(i).qs.as_ptr().add(128 * half + 32 * h + 4 * s);
+                    let ql = _mm512_set1_epi32((q as *const i32).read_unaligned());
+                    let qh = _mm512_set1_epi32((q.add(64) as *const i32).read_unaligned());
+                    lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, ql);
+                    hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, qh);
+                }
+                if s % 4 != 3 {
+                    continue;
+                }
+                let (ls, hs) = (lo_sc[s / 4], hi_sc[s / 4]);
+                for t in 0..N {
+                    let l = _mm512_mullo_epi32(lo_sum[t], ls);
+                    let h = _mm512_mullo_epi32(hi_sum[t], hs);
+                    sums[t] = _mm512_add_epi32(sums[t], _mm512_add_epi32(l, h));
+                    (lo_sum[t], hi_sum[t]) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                }
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(a.d.as_ptr() as *const __m128i)),
+            _mm_loadu_si128(b.d.as_ptr() as *const __m128i),
+            1,
+        ));
+        for t in 0..N {
+            let yb = y[t].get_unchecked(i);
+            let mut offset = _mm512_setzero_si512();
+            for p in 0..8 {
+                let sc = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128(a.scales[p].as_ptr() as *const __m128i)),
+                    _mm_loadu_si128(b.scales[p].as_ptr() as *const __m128i),
+                    1,
+                ));
+                let pair = _mm512_set1_epi32((yb.bsums.as_ptr().add(2 * p) as *const i32).read_unaligned());
+                offset = _mm512_add_epi32(offset, _mm512_madd_epi16(sc, pair));
+            }
+            let sum = _mm512_sub_epi32(sums[t], _mm512_slli_epi32(offset, 5));
+            let dy = _mm512_set1_ps(yb.d);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, dy), acc[t]);
+        }
+    }
+    acc
+}
+
+/// [`super::Kernels::q6_kx8`]: pairs of groups against the inputs four at a time; a
+/// last odd group goes through the 256-bit kernel (same arithmetic).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
+    let width = 8 * groups;
+    for pair in 0..groups / 2 {
+        let g = 2 * pair;
+        let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
+        let mut t = 0;
+        while t < n {
+            macro_rules! tile {
+                ($m:literal) => {{
+                    let acc = groups2_q6k::<$m>(
+                        x0,
+                        x1,
+                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
+                    );
+                    for (k, a) in acc.iter().enumerate() {
+                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
+                        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+                    }
+                    t += $m;
+                }};
+            }
+            match n - t {
+                1 => tile!(1),
+                2 => tile!(2),
+                3 => tile!(3),
+                _ => tile!(4),
+            }
+        }
+    }
+    if !groups.is_multiple_of(2) {
+        let g = groups - 1;
+        let mut t = 0;
+        while t < n {
+            macro_rules! tile {
+                ($m:literal) => {{
+                    let acc = super::x86::avx512_vl::group_q6k::<$m>(
+                        &x[g * nb..(g + 1) * nb],
+                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
+                    );
+                    for (k, a) in acc.iter().enumerate() {
+                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
+                        _mm256_storeu_ps(o.as_mut_ptr(), *a);
+                    }
+                    t += $m;
+                }};
+            }
+            match n - t {
+                1 => tile!(1),
+                2 => tile!(2),
+                3 => tile!(3),
+                _ => tile!(4),
+            }
+        }
+    }
 }

@@ -20,7 +20,7 @@ pub mod portable;
 mod x86;
 
 use super::isa::Isa;
-use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ8K};
+use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8K};
 use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use elementwise as ew;
 
@@ -33,8 +33,6 @@ type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
 type Q40x8 = fn(&[BlockQ4_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
 type Kx8<G> = fn(&[G], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
-type QKx4<B> = fn(&[B], [&[BlockQ8K]; 4]) -> [f32; 4];
-type QKx8<B> = fn(&[B], &[BlockQ8K], &mut [[f32; 8]]);
 
 /// One variant's kernels. Weight blocks come first, then the prepared activations
 /// (Q8_0/Q8_1 blocks with their scales, and Q8_1's sums, already in f32). The `_x4`
@@ -78,8 +76,9 @@ pub struct Kernels {
     /// Q5_K's groups ([`BlockQ5Kx8`]) likewise: Q4_K's kernel with the fifth bits.
     pub q5_kx8: Kx8<BlockQ5Kx8>,
     pub q6_k: QK<BlockQ6K>,
-    pub q6_k_x4: QKx4<BlockQ6K>,
-    pub q6_k_x8: QKx8<BlockQ6K>,
+    /// Q6_K's groups ([`BlockQ6Kx8`]) likewise, with its own arithmetic (the inputs'
+    /// min pairs are not used: the −32 offset takes the sub-block sums themselves).
+    pub q6_kx8: Kx8<BlockQ6Kx8>,
     /// `Σ a[i]·b[i]`: 8 FMA lanes, the lane sum, then the tail.
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
     /// [`Self::dot_f32`] with `a` in f16 bits (widened exactly).
@@ -271,8 +270,7 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_kx8: portable::dot_kx8_q8_k,
     q5_kx8: portable::dot_kx8_q8_k,
     q6_k: portable::dot_q6_k_q8_k,
-    q6_k_x4: portable::dot_q6_k_q8_k_x4,
-    q6_k_x8: x8_from_x4!(portable::dot_q6_k_q8_k_x4, |x, y|),
+    q6_kx8: portable::dot_q6_kx8_q8_k,
     dot_f32: portable::dot_f32,
     dot_f16_f32: portable::dot_f16_f32,
     axpy_f16: portable::axpy_f16,
@@ -303,9 +301,8 @@ macro_rules! x86_table {
             q4_k: portable::dot_q4_k_q8_k,
             q4_kx8: |x, y, ym, n, o| unsafe { k::dot_q4_kx8_q8_k(x, y, ym, n, o) },
             q5_kx8: |x, y, ym, n, o| unsafe { k::dot_q5_kx8_q8_k(x, y, ym, n, o) },
-            q6_k: |x, y| unsafe { k::dot_q6_k_q8_k(x, y) },
-            q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
-            q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },
+            q6_k: portable::dot_q6_k_q8_k,
+            q6_kx8: |x, y, ym, n, o| unsafe { k::dot_q6_kx8_q8_k(x, y, ym, n, o) },
             dot_f32: |a, b| unsafe { k::dot_f32(a, b) },
             dot_f16_f32: |a, b| unsafe { k::dot_f16_f32(a, b) },
             axpy_f16: |acc, v, w| unsafe { k::axpy_f16(acc, v, w) },
@@ -344,9 +341,8 @@ static AVX512: Kernels = {
         q4_k: portable::dot_q4_k_q8_k,
         q4_kx8: |x, y, ym, n, o| unsafe { k::dot_q4_kx8_q8_k(x, y, ym, n, o) },
         q5_kx8: |x, y, ym, n, o| unsafe { k::dot_q5_kx8_q8_k(x, y, ym, n, o) },
-        q6_k: |x, y| unsafe { v::dot_q6_k_q8_k(x, y) },
-        q6_k_x4: |x, y| unsafe { k::dot_q6_k_q8_k_x4(x, y) },
-        q6_k_x8: |x, y, o| unsafe { k::dot_q6_k_q8_k_x8(x, y, o) },
+        q6_k: portable::dot_q6_k_q8_k,
+        q6_kx8: |x, y, ym, n, o| unsafe { k::dot_q6_kx8_q8_k(x, y, ym, n, o) },
         dot_f32: |a, b| unsafe { v::dot_f32(a, b) },
         dot_f16_f32: |a, b| unsafe { v::dot_f16_f32(a, b) },
         axpy_f16: |acc, v_, w| unsafe { v::axpy_f16(acc, v_, w) },

@@ -7,7 +7,7 @@
 //! Q4_K are the exception: integer sums per block and one fused multiply-add per block
 //! and sum ([`dot_q4_0_q8_0`], [`dot_q4_k_q8_k`]).
 
-use crate::engine::kernels::kquants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, KGroup, QK_K};
+use crate::engine::kernels::kquants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8K, KGroup};
 use crate::engine::kernels::quants::*;
 
 /// `hsum_float_8`'s order: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
@@ -245,49 +245,69 @@ pub fn dot_kx8_q8_k<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usiz
     }
 }
 
-/// The AVX2 kernel's integers for one Q6_K block: 8 lanes of `scale · Σ(four
-/// products)` of the unsigned 6-bit values, minus 32 × the scaled group sums.
-fn q6k_block(a: &BlockQ6K, b: &BlockQ8K) -> [i32; 8] {
-    let mut sumi = [0i32; 8];
-    for j in 0..QK_K / 128 {
-        let (ql, qh) = (&a.ql[64 * j..64 * j + 64], &a.qh[32 * j..32 * j + 32]);
-        for k in 0..4 {
-            let q8 = &b.qs[128 * j + 32 * k..128 * j + 32 * k + 32];
-            let value = |p: usize| -> i32 {
-                let (lo, hi) = match k {
-                    0 => (ql[p] & 15, qh[p] & 3),
-                    1 => (ql[32 + p] & 15, (qh[p] >> 2) & 3),
-                    2 => (ql[p] >> 4, (qh[p] >> 4) & 3),
-                    _ => (ql[32 + p] >> 4, (qh[p] >> 6) & 3),
-                };
-                (lo | (hi << 4)) as i32
-            };
-            for (l, s) in sumi.iter_mut().enumerate() {
-                // Bytes 0-15 take the sub-block's first scale, 16-31 its second.
-                let scale = a.scales[8 * j + 2 * k + l / 4] as i32;
-                let p: i32 = (0..4).map(|i| value(4 * l + i) * q8[4 * l + i] as i32).sum();
-                *s += scale * p;
+/// Value `v` (0–255) of a Q6_K block, unsigned (0–63: the stored value, before
+/// its offset of −32).
+#[inline(always)]
+fn q6k_unsigned(a: &BlockQ6K, v: usize) -> i32 {
+    let (n, c, l) = (v / 128, v % 128 / 32, v % 32);
+    let low = a.ql[64 * n + 32 * (c % 2) + l] >> (4 * (c / 2));
+    ((low & 0xf) | ((a.qh[32 * n + l] >> (2 * c)) & 3) << 4) as i32
+}
+
+/// One Q6_K row against a Q8_K row with the arithmetic every Q6_K kernel shares, one
+/// step per super-block: the exact integer `Σ_j sc_j · (Σ q·y − 32 · Σ y)` over its
+/// sixteen sub-blocks (`q` unsigned, the offset through the inputs' sub-block sums),
+/// then `acc = fma(sum, d_x·d_y, acc)` — ggml's AVX2 kernel computes the same integers
+/// but in eight lanes of floats per cell.
+pub fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (a, b) in x.iter().zip(y) {
+        let mut sum = 0i32;
+        for j in 0..16 {
+            let p: i32 = (16 * j..16 * j + 16).map(|v| q6k_unsigned(a, v) * b.qs[v] as i32).sum();
+            sum += a.scales[j] as i32 * (p - 32 * b.bsums[j] as i32);
+        }
+        acc = (sum as f32).mul_add(h2f(a.d) * b.d, acc);
+    }
+    acc
+}
+
+/// Packed groups of eight Q6_K rows against `n` Q8_K rows (see
+/// [`crate::engine::kernels::simd::Kernels::q6_kx8`]): each cell exactly
+/// [`dot_q6_k_q8_k`] of the row unpacked.
+pub fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
+    let width = 8 * groups;
+    for g in 0..groups {
+        for t in 0..n {
+            let mut acc = [0.0f32; 8];
+            for i in 0..nb {
+                let (a, b) = (&x[g * nb + i], &y[t * nb + i]);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let mut p = [0i32; 16];
+                    for c in 0..4 {
+                        let (half, h) = (c / 2, c % 2);
+                        for s in 0..8 {
+                            for l in 0..4 {
+                                let w = a.ql[256 * c + 32 * s + 4 * r + l];
+                                let high = a.qh[256 * half + 32 * s + 4 * r + l];
+                                let lo = (w & 0xf) | ((high >> (2 * h)) & 3) << 4;
+                                let hi = (w >> 4) | ((high >> (2 * h + 4)) & 3) << 4;
+                                let v = 128 * half + 32 * h + 4 * s + l;
+                                p[v / 16] += lo as i32 * b.qs[v] as i32;
+                                p[v / 16 + 4] += hi as i32 * b.qs[v + 64] as i32;
+                            }
+                        }
+                    }
+                    let sum: i32 = (0..16)
+                        .map(|j| a.scales[j / 2][2 * r + j % 2] as i32 * (p[j] - 32 * b.bsums[j] as i32))
+                        .sum();
+                    *acc = (sum as f32).mul_add(h2f(a.d[r]) * b.d, *acc);
+                }
             }
+            out[t * width + 8 * g..t * width + 8 * g + 8].copy_from_slice(&acc);
         }
     }
-    for (l, s) in sumi.iter_mut().enumerate() {
-        let sub =
-            b.bsums[2 * l] as i32 * a.scales[2 * l] as i32 + b.bsums[2 * l + 1] as i32 * a.scales[2 * l + 1] as i32;
-        *s -= sub << 5;
-    }
-    sumi
-}
-
-pub fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    for (a, b) in x.iter().zip(y) {
-        fma_lanes(&mut acc, b.d * h2f(a.d), &q6k_block(a, b));
-    }
-    hsum8(&acc)
-}
-
-pub fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-    y.map(|row| dot_q6_k_q8_k(x, row))
 }
 
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {

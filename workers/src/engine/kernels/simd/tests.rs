@@ -171,14 +171,6 @@ fn every_variant_computes_the_portable_bits() {
             qs: rng.bytes::<32>().map(|b| b as i8),
         })
         .collect();
-    let w6_k: Vec<BlockQ6K> = (0..cols / QK_K)
-        .map(|_| BlockQ6K {
-            ql: rng.bytes(),
-            qh: rng.bytes(),
-            scales: rng.bytes::<16>().map(|b| b as i8),
-            d: rng.scale(),
-        })
-        .collect();
     let f: Vec<f32> = (0..cols + 6).map(|_| rng.f32()).collect();
     let h: Vec<u16> = (0..cols + 5).map(|_| f2h(rng.f32())).collect();
 
@@ -189,7 +181,6 @@ fn every_variant_computes_the_portable_bits() {
         for t in 0..8 {
             let (y1, yd1, ys1) = (&a.q8_1[t][..], &a.q8_1d[t][..], &a.q8_1s[t][..]);
             let (y0, yd0) = (&a.q8_0[t][..], &a.q8_0d[t][..]);
-            let yk = &a.q8_k[t][..];
             let want = (p.q4_1)(&w4_1, y1, yd1, ys1).to_bits();
             assert_eq!((k.q4_1)(&w4_1, y1, yd1, ys1).to_bits(), want, "{isa} q4_1 row {t}");
             let x4 = (k.q4_1_x4)(
@@ -221,24 +212,6 @@ fn every_variant_computes_the_portable_bits() {
             }
             q8_0_family!(w5_0, q5_0, q5_0_x4, q5_0_x8);
             q8_0_family!(w8_0, q8_0, q8_0_x4, q8_0_x8);
-
-            macro_rules! k_family {
-                ($w:expr, $one:ident, $x4:ident, $x8:ident) => {{
-                    let want = (p.$one)(&$w, yk).to_bits();
-                    assert_eq!(
-                        (k.$one)(&$w, yk).to_bits(),
-                        want,
-                        "{isa} {} row {t}",
-                        stringify!($one)
-                    );
-                    let x4 = (k.$x4)(&$w, refs(&a.q8_k[t / 4 * 4..]));
-                    assert_eq!(x4[t % 4].to_bits(), want, "{isa} {} row {t}", stringify!($x4));
-                    let mut x8 = [[0.0f32; 8]];
-                    (k.$x8)(&$w, &a.q8_k.concat(), &mut x8);
-                    assert_eq!(x8[0][t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
-                }};
-            }
-            k_family!(w6_k, q6_k, q6_k_x4, q6_k_x8);
         }
         for n in [7, 64, cols + 5] {
             assert_eq!(
@@ -279,18 +252,6 @@ fn panels_compute_the_portable_bits() {
     let a = acts(&mut rng, cols);
     let nb = cols / QK;
     const ROWS: usize = 7;
-    let w6_k: Vec<Vec<BlockQ6K>> = (0..ROWS)
-        .map(|_| {
-            (0..cols / QK_K)
-                .map(|_| BlockQ6K {
-                    ql: rng.bytes(),
-                    qh: rng.bytes(),
-                    scales: rng.bytes::<16>().map(|b| b as i8),
-                    d: rng.scale(),
-                })
-                .collect()
-        })
-        .collect();
     let w4_1: Vec<Vec<BlockQ4_1>> = (0..ROWS)
         .map(|_| {
             (0..nb)
@@ -324,7 +285,7 @@ fn panels_compute_the_portable_bits() {
         })
         .collect();
     let (y1, yd1, ys1) = (a.q8_1.concat(), a.q8_1d.concat(), a.q8_1s.concat());
-    let (y0, yd0, yk) = (a.q8_0.concat(), a.q8_0d.concat(), a.q8_k.concat());
+    let (y0, yd0) = (a.q8_0.concat(), a.q8_0d.concat());
     let mut checked = 0;
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
@@ -351,8 +312,6 @@ fn panels_compute_the_portable_bits() {
             check("q5_0", &cells, &|r, t| (p.q5_0)(&w5_0[r], &a.q8_0[t], &a.q8_0d[t]));
             (k.q8_0_x8)(&w8_0[..rows].concat(), &y0, &yd0, &mut cells);
             check("q8_0", &cells, &|r, t| (p.q8_0)(&w8_0[r], &a.q8_0[t], &a.q8_0d[t]));
-            (k.q6_k_x8)(&w6_k[..rows].concat(), &yk, &mut cells);
-            check("q6_k", &cells, &|r, t| (p.q6_k)(&w6_k[r], &a.q8_k[t]));
         }
     }
     eprintln!("{checked} panels checked");
@@ -509,6 +468,64 @@ fn packed_q5_k_groups_compute_the_portable_bits() {
                             out[t * 8 * groups + r].to_bits(),
                             want.to_bits(),
                             "{isa} q5_kx8: {groups} groups, {n} inputs, row {r} input {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q6_K's packed groups, as Q4_K's: every variant gives each cell the portable
+/// single-row bits of its row, for one to five groups and any number of inputs; row
+/// 0 holds the largest values and scales against all-127 inputs (the AVX2 kernel's
+/// 16-bit sums of two steps at their largest) and row 1 the most negative scales.
+#[test]
+fn packed_q6_k_groups_compute_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(33);
+    let nk = 2;
+    let mut a = acts(&mut rng, nk * QK_K);
+    a.q8_k[1][0] = BlockQ8K::ZERO;
+    a.q8_k[0][0].qs = [127; QK_K];
+    a.q8_k[0][0].bsums = [16 * 127; 16];
+    let rows: Vec<Vec<BlockQ6K>> = (0..40)
+        .map(|r| {
+            (0..nk)
+                .map(|_| BlockQ6K {
+                    ql: if r == 0 { [0xff; 128] } else { rng.bytes() },
+                    qh: if r == 0 { [0xff; 64] } else { rng.bytes() },
+                    scales: match r {
+                        0 => [127; 16],
+                        1 => [-128; 16],
+                        _ => rng.bytes::<16>().map(|b| b as i8),
+                    },
+                    d: rng.scale(),
+                })
+                .collect()
+        })
+        .collect();
+    let packed: Vec<BlockQ6Kx8> = (0..5)
+        .flat_map(|g| {
+            let rows = &rows;
+            (0..nk).map(move |i| BlockQ6Kx8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
+        })
+        .collect();
+    let pairs: Vec<Vec<[i32; 4]>> = a.q8_k.iter().map(|r| r.iter().map(q4_k_min_pairs).collect()).collect();
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        for groups in 1..=5 {
+            for n in [1, 2, 3, 4, 5, 8] {
+                let mut out = vec![f32::NAN; n * 8 * groups];
+                let (y, ym) = (a.q8_k[..n].concat(), pairs[..n].concat());
+                (k.q6_kx8)(&packed[..groups * nk], &y, &ym, n, &mut out);
+                for t in 0..n {
+                    for r in 0..8 * groups {
+                        let want = (p.q6_k)(&rows[r], &a.q8_k[t]);
+                        assert_eq!(
+                            out[t * 8 * groups + r].to_bits(),
+                            want.to_bits(),
+                            "{isa} q6_kx8: {groups} groups, {n} inputs, row {r} input {t}"
                         );
                     }
                 }

@@ -94,51 +94,6 @@ impl Unpack for crate::engine::kernels::quants::BlockQ8_0 {
     }
 }
 
-/// ggml's `get_scale_shuffle` table: row `i` is 8 × `2i` then 8 × `2i + 1`.
-static SHUFFLE: [u8; 128] = {
-    let mut t = [0u8; 128];
-    let mut i = 0;
-    while i < 128 {
-        t[i] = (2 * (i / 16) + (i % 16) / 8) as u8;
-        i += 1;
-    }
-    t
-};
-
-/// Row `i` of ggml's `get_scale_shuffle` table.
-#[inline(always)]
-pub(super) unsafe fn get_scale_shuffle(i: usize) -> std::arch::x86_64::__m128i {
-    use std::arch::x86_64::*;
-    _mm_loadu_si128(SHUFFLE.as_ptr().add(16 * i) as *const __m128i)
-}
-
-/// Half `j` (128 values) of a Q6_K block as four 32-byte vectors of unsigned 6-bit
-/// values, in ggml's AVX2 order.
-#[inline(always)]
-pub(super) unsafe fn q6k_quarters(
-    a: &crate::engine::kernels::kquants::BlockQ6K,
-    j: usize,
-) -> [std::arch::x86_64::__m256i; 4] {
-    use std::arch::x86_64::*;
-    let m3 = _mm256_set1_epi8(3);
-    let m15 = _mm256_set1_epi8(15);
-    let q4 = a.ql.as_ptr().add(64 * j);
-    let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
-    let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
-    let q4bits_h = _mm256_loadu_si256(a.qh.as_ptr().add(32 * j) as *const __m256i);
-
-    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
-    let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
-    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-    let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
-    [
-        _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
-        _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3),
-    ]
-}
-
 /// Which instruction does the 8-bit multiply-adds.
 #[derive(PartialEq, Eq)]
 enum Dot {
@@ -156,9 +111,9 @@ macro_rules! x86_kernels {
         $(#[$attr])*
         pub mod $module {
             use super::*;
-            use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ8K, KGroup, QK_K};
+            use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
             use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
-            use crate::engine::kernels::simd::{eight, halves, join, panel_rows};
+            use crate::engine::kernels::simd::{eight, panel_rows};
             use std::arch::x86_64::*;
 
             /// Sums of four u8 × i8 products per 32-bit lane, as floats.
@@ -550,74 +505,142 @@ macro_rules! x86_kernels {
                 dot_kx8(x, y, ym, n, out)
             }
 
-            /// `ggml_vec_dot_q6_K_q8_K`'s AVX2 branch for `N` activation rows at once.
+            /// Sub-block `j`'s scale in each row's lane of a packed Q6_K group: as
+            /// a 32-bit integer for `vpmulld` (VNNI), or twice in 16 bits for
+            /// `vpmaddwd` (AVX2).
             #[inline(always)]
-            unsafe fn q6k_rows<const N: usize>(y: [&[BlockQ8K]; N], x: &[BlockQ6K]) -> [f32; N] {
+            unsafe fn q6k_scale(g: &BlockQ6Kx8, j: usize) -> __m256i {
+                let pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(g.scales[j / 2].as_ptr() as *const __m128i));
+                let s = if j.is_multiple_of(2) {
+                    _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16)
+                } else {
+                    _mm256_srai_epi32(pairs, 16)
+                };
+                if $dot == Dot::Madd {
+                    _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s, 16))
+                } else {
+                    s
+                }
+            }
+
+            /// `N` (1–4) Q8_K rows against one group of eight packed Q6_K rows, one
+            /// row per lane: per 16-value sub-block the integer sum of the unsigned
+            /// values times the inputs' bytes, times the sub-block scale (AVX2: the
+            /// 16-bit sums of two steps in `vpmaddwd`; VNNI: `vpmulld`), less 32 ×
+            /// the scales against the inputs' sub-block sums, then one FMA per
+            /// super-block and cell, as the portable kernel.
+            #[inline(always)]
+            pub(in crate::engine::kernels::simd) unsafe fn group_q6k<const N: usize>(
+                x: &[BlockQ6Kx8],
+                y: [&[BlockQ8K]; N],
+            ) -> [__m256; N] {
+                // Checked once here, so the loop indexes without bounds checks.
+                for t in 0..N {
+                    assert!(y[t].len() >= x.len());
+                }
+                let m4 = _mm256_set1_epi8(0x0f);
+                let m2 = _mm256_set1_epi8(0x30);
+                // AVX2's 16-bit sums hold two steps (2 · 2 · 63 · 127 = 32,004).
+                let flush = if $dot == Dot::Madd { 2 } else { 4 };
                 let mut acc = [_mm256_setzero_ps(); N];
-                for (i, a) in x.iter().enumerate() {
-                    let scales = _mm_loadu_si128(a.scales.as_ptr() as *const __m128i);
-                    let scales_16 = _mm256_cvtepi8_epi16(scales);
-                    let ad = h2f(a.d);
-                    let mut sumi = [_mm256_setzero_si256(); N];
-                    for j in 0..QK_K / 128 {
-                        let [q4_0, q4_1, q4_2, q4_3] = q6k_quarters(a, j);
-
-                        let is = 4 * j;
-                        let scale_0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is)));
-                        let scale_1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 1)));
-                        let scale_2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 2)));
-                        let scale_3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is + 3)));
-
-                        for r in 0..N {
-                            let q8 = y[r][i].qs.as_ptr().add(128 * j);
-                            let q8_0 = _mm256_loadu_si256(q8 as *const __m256i);
-                            let q8_1 = _mm256_loadu_si256(q8.add(32) as *const __m256i);
-                            let q8_2 = _mm256_loadu_si256(q8.add(64) as *const __m256i);
-                            let q8_3 = _mm256_loadu_si256(q8.add(96) as *const __m256i);
-
-                            let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q4_0, q8_0));
-                            let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q4_1, q8_1));
-                            let p16_2 = _mm256_madd_epi16(scale_2, _mm256_maddubs_epi16(q4_2, q8_2));
-                            let p16_3 = _mm256_madd_epi16(scale_3, _mm256_maddubs_epi16(q4_3, q8_3));
-
-                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_0, p16_1));
-                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_2, p16_3));
+                for (i, g) in x.iter().enumerate() {
+                    let mut sums = [_mm256_setzero_si256(); N];
+                    for c in 0..4 {
+                        let (half, h) = (c / 2, c % 2);
+                        // Low nibbles: sub-blocks 8·half + 2h (steps 0–3) and + 1
+                        // (steps 4–7); high nibbles the same plus 4.
+                        let j = 8 * half + 2 * h;
+                        let (lo_sc, hi_sc) = ([q6k_scale(g, j), q6k_scale(g, j + 1)], [q6k_scale(g, j + 4), q6k_scale(g, j + 5)]);
+                        let (mut lo_sum, mut hi_sum) = ([_mm256_setzero_si256(); N], [_mm256_setzero_si256(); N]);
+                        for s in 0..8 {
+                            let w = _mm256_loadu_si256(g.ql.as_ptr().add(256 * c + 32 * s) as *const __m256i);
+                            let bits = _mm256_loadu_si256(g.qh.as_ptr().add(256 * half + 32 * s) as *const __m256i);
+                            // Bits 2h..2h + 2 of each `qh` byte to bits 4–5 (low
+                            // nibbles' values), bits 2h + 4.. likewise (high).
+                            // (Immediate shifts: `h` is known once the loop over
+                            // `c` unrolls; a shift by a register is two uops.)
+                            let (up, down) = if h == 0 {
+                                (_mm256_slli_epi16(bits, 4), bits)
+                            } else {
+                                (_mm256_slli_epi16(bits, 2), _mm256_srli_epi16(bits, 2))
+                            };
+                            let lo = _mm256_or_si256(_mm256_and_si256(w, m4), _mm256_and_si256(up, m2));
+                            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), _mm256_and_si256(down, m2));
+                            for t in 0..N {
+                                let q = y[t].get_unchecked(i).qs.as_ptr().add(128 * half + 32 * h + 4 * s);
+                                let ql = _mm256_set1_epi32((q as *const i32).read_unaligned());
+                                let qh = _mm256_set1_epi32((q.add(64) as *const i32).read_unaligned());
+                                if $dot == Dot::AvxVnni {
+                                    lo_sum[t] = _mm256_dpbusd_avx_epi32(lo_sum[t], lo, ql);
+                                    hi_sum[t] = _mm256_dpbusd_avx_epi32(hi_sum[t], hi, qh);
+                                } else if $dot == Dot::Avx512Vnni {
+                                    lo_sum[t] = _mm256_dpbusd_epi32(lo_sum[t], lo, ql);
+                                    hi_sum[t] = _mm256_dpbusd_epi32(hi_sum[t], hi, qh);
+                                } else {
+                                    lo_sum[t] = _mm256_add_epi16(lo_sum[t], _mm256_maddubs_epi16(lo, ql));
+                                    hi_sum[t] = _mm256_add_epi16(hi_sum[t], _mm256_maddubs_epi16(hi, qh));
+                                }
+                            }
+                            if (s + 1) % flush != 0 {
+                                continue;
+                            }
+                            let (ls, hs) = (lo_sc[s / 4], hi_sc[s / 4]);
+                            for t in 0..N {
+                                let (l, h) = if $dot == Dot::Madd {
+                                    (_mm256_madd_epi16(lo_sum[t], ls), _mm256_madd_epi16(hi_sum[t], hs))
+                                } else {
+                                    (_mm256_mullo_epi32(lo_sum[t], ls), _mm256_mullo_epi32(hi_sum[t], hs))
+                                };
+                                sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(l, h));
+                                (lo_sum[t], hi_sum[t]) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                            }
                         }
                     }
-                    for r in 0..N {
-                        let b = &y[r][i];
-                        let d = b.d * ad;
-                        let q8sums = _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i);
-                        // The -32 offset of every value, through the activations' group sums.
-                        let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
-                        let s = _mm256_sub_epi32(sumi[r], q8sclsub);
-                        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(s), acc[r]);
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr() as *const __m128i));
+                    for t in 0..N {
+                        let b = y[t].get_unchecked(i);
+                        // The −32 of every value, through the inputs' sub-block sums.
+                        let mut offset = _mm256_setzero_si256();
+                        for p in 0..8 {
+                            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(g.scales[p].as_ptr() as *const __m128i));
+                            let pair = _mm256_set1_epi32((b.bsums.as_ptr().add(2 * p) as *const i32).read_unaligned());
+                            offset = _mm256_add_epi32(offset, _mm256_madd_epi16(sc, pair));
+                        }
+                        let sum = _mm256_sub_epi32(sums[t], _mm256_slli_epi32(offset, 5));
+                        let dy = _mm256_set1_ps(b.d);
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, dy), acc[t]);
                     }
                 }
-                let mut out = [0.0f32; N];
-                for r in 0..N {
-                    out[r] = hsum_float_8(acc[r]);
-                }
-                out
+                acc
             }
 
+            /// [`super::super::Kernels::q6_kx8`]: each group against the inputs four
+            /// at a time.
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
-                q6k_rows([y], x)[0]
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-                q6k_rows(y, x)
-            }
-
-            /// Panels of Q6_K rows: each weight row against the inputs as two passes
-            /// of four (the integer sums take a register per input already).
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q6_k_q8_k_x8(x: &[BlockQ6K], y: &[BlockQ8K], out: &mut [[f32; 8]]) {
-                let (lo, hi) = halves(eight(y));
-                for (row, o) in panel_rows(x, lo[0].len(), out) {
-                    *o = join(q6k_rows(lo, row), q6k_rows(hi, row));
+            pub unsafe fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
+                let (nb, groups) = crate::engine::kernels::simd::kx8_shape(x, y, ym, n, out);
+                let width = 8 * groups;
+                for g in 0..groups {
+                    let xg = &x[g * nb..(g + 1) * nb];
+                    let mut t = 0;
+                    while t < n {
+                        macro_rules! tile {
+                            ($m:literal) => {{
+                                let acc = group_q6k::<$m>(xg, std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]));
+                                for (k, a) in acc.iter().enumerate() {
+                                    let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
+                                    _mm256_storeu_ps(o.as_mut_ptr(), *a);
+                                }
+                                t += $m;
+                            }};
+                        }
+                        match n - t {
+                            1 => tile!(1),
+                            2 => tile!(2),
+                            3 => tile!(3),
+                            _ => tile!(4),
+                        }
+                    }
                 }
             }
 

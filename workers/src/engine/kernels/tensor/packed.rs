@@ -1,6 +1,7 @@
-//! Q4_0, Q4_K and Q5_K matrices, stored as packed groups of eight rows ([`BlockQ4_0x8`],
-//! [`BlockQ4Kx8`], [`BlockQ5Kx8`]: one row per 32-bit lane, llama.cpp's repacked
-//! layouts and Q4_K's with a plane of fifth bits) whatever the
+//! Q4_0, Q4_K, Q5_K and Q6_K matrices, stored as packed groups of eight rows
+//! ([`BlockQ4_0x8`], [`BlockQ4Kx8`], [`BlockQ5Kx8`], [`BlockQ6Kx8`]: one row per 32-bit
+//! lane, llama.cpp's repacked layouts, Q4_K's with a plane of fifth bits, Q6_K's
+//! nibbles and two-bit planes) whatever the
 //! CPU, because their arithmetic is defined on them: each block finished in integers,
 //! then one fused multiply-add per block and sum
 //! ([`crate::engine::kernels::simd::portable::dot_q4_0_q8_0`],
@@ -17,10 +18,10 @@
 //! GB/s, eight rows in file order 6.3, eight interleaved 26.9). Q4_0: the same 144
 //! bytes per group and block as the file; Q4_K: 1,184 per group and super-block for
 //! the file's 1,152 (the sub-block scales and mins unpacked to bytes); Q5_K: 1,440 for
-//! 1,408.
+//! 1,408; Q6_K: the file's 1,680.
 
 use super::{chunk_rows, OutPtr, QAct, QData, QMatrix};
-use crate::engine::kernels::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, QK_K};
+use crate::engine::kernels::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, QK_K};
 use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_0x8, QK};
 use crate::engine::kernels::simd::Kernels;
 use rayon::prelude::*;
@@ -113,6 +114,30 @@ impl Packed for BlockQ5Kx8 {
     }
 }
 
+impl Packed for BlockQ6Kx8 {
+    type Row = BlockQ6K;
+    const BLOCK: usize = QK_K;
+    fn pack(rows: [&BlockQ6K; 8]) -> Self {
+        BlockQ6Kx8::pack(rows)
+    }
+    fn row(&self, r: usize) -> BlockQ6K {
+        BlockQ6Kx8::row(self, r)
+    }
+    fn groups(k: &Kernels, x: &[Self], act: &QAct, n: usize, nb: usize, out: &mut [f32]) {
+        let QAct::Q8K(y, ym) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        (k.q6_kx8)(x, &y[..n * nb], &ym[..n * nb], n, out)
+    }
+    fn one(k: &Kernels, x: &[BlockQ6K], act: &QAct, t: usize) -> f32 {
+        let QAct::Q8K(y, _) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        let nb = x.len();
+        (k.q6_k)(x, &y[t * nb..(t + 1) * nb])
+    }
+}
+
 /// `rows` rows of `nb` blocks (file order) as packed groups, then the rows after the
 /// last whole group.
 pub(super) fn pack<P: Packed>(blocks: &[P::Row], rows: usize, nb: usize) -> (Vec<P>, Vec<P::Row>) {
@@ -200,4 +225,10 @@ pub(super) fn q4_k(blocks: &[BlockQ4K], rows: usize, nb: usize) -> QData {
 pub(super) fn q5_k(blocks: &[BlockQ5K], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q5Kx8(groups, tail)
+}
+
+/// A Q6_K matrix's [`QData`].
+pub(super) fn q6_k(blocks: &[BlockQ6K], rows: usize, nb: usize) -> QData {
+    let (groups, tail) = pack(blocks, rows, nb);
+    QData::Q6Kx8(groups, tail)
 }

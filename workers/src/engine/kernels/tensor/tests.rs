@@ -1,4 +1,4 @@
-//! Matrices packed by eight rows (Q4_0, Q4_K, Q5_K) dequantize as in the file and multiply
+//! Matrices packed by eight rows (Q4_0, Q4_K, Q5_K, Q6_K) dequantize as in the file and multiply
 //! to the single-row kernels' bits.
 
 use super::*;
@@ -113,30 +113,27 @@ fn packed_q4_k_gives_the_single_row_bits_for_every_variant_and_batch() {
     }
 }
 
-/// Q5_K packed by eight rows, as Q4_K above.
-#[test]
-fn packed_q5_k_gives_the_single_row_bits_for_every_variant_and_batch() {
+/// A K-quant packed by eight rows, as Q4_K above: rows of blocks from `block`,
+/// packed by `data`, against `dequantize` and the portable single-row `dot`.
+fn packed_k_gives_the_single_row_bits<B: Copy>(
+    mut block: impl FnMut(&mut u64) -> B,
+    data: fn(&[B], usize, usize) -> QData,
+    dequantize: fn(&[B], &mut [f32]),
+    dot: fn(&[B], &[BlockQ8K]) -> f32,
+) {
     let mut state = 0x2545_f491_4f6c_dd1du64;
     for (rows, nk) in [(27usize, 2usize), (16, 1)] {
         let cols = nk * QK_K;
-        let blocks: Vec<BlockQ5K> = (0..rows * nk)
-            .map(|_| BlockQ5K {
-                d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
-                dmin: f2h(0.001 + bytes(&mut state) as f32 * 1e-5),
-                scales: std::array::from_fn(|_| bytes(&mut state)),
-                qh: std::array::from_fn(|_| bytes(&mut state)),
-                qs: std::array::from_fn(|_| bytes(&mut state)),
-            })
-            .collect();
+        let blocks: Vec<B> = (0..rows * nk).map(|_| block(&mut state)).collect();
         let m = QMatrix {
             rows,
             cols,
-            data: packed::q5_k(&blocks, rows, nk),
+            data: data(&blocks, rows, nk),
         };
         let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
         for r in 0..rows {
             m.row_f32(r, &mut row);
-            dequantize_q5_k(&blocks[r * nk..(r + 1) * nk], &mut want_row);
+            dequantize(&blocks[r * nk..(r + 1) * nk], &mut want_row);
             assert_eq!(row, want_row, "row {r} dequantized");
         }
         for n in [1, 2, 4, 5, 9] {
@@ -149,10 +146,7 @@ fn packed_q5_k_gives_the_single_row_bits_for_every_variant_and_batch() {
                 m.matmul_with(k, &act, n, &mut got);
                 for t in 0..n {
                     for r in 0..rows {
-                        let want = crate::engine::kernels::simd::portable::dot_q5_k_q8_k(
-                            &blocks[r * nk..(r + 1) * nk],
-                            &y[t * nk..(t + 1) * nk],
-                        );
+                        let want = dot(&blocks[r * nk..(r + 1) * nk], &y[t * nk..(t + 1) * nk]);
                         assert_eq!(
                             got[t * rows + r].to_bits(),
                             want.to_bits(),
@@ -163,4 +157,35 @@ fn packed_q5_k_gives_the_single_row_bits_for_every_variant_and_batch() {
             }
         }
     }
+}
+
+#[test]
+fn packed_q5_k_gives_the_single_row_bits_for_every_variant_and_batch() {
+    packed_k_gives_the_single_row_bits(
+        |state| BlockQ5K {
+            d: f2h(0.002 + bytes(state) as f32 * 1e-4),
+            dmin: f2h(0.001 + bytes(state) as f32 * 1e-5),
+            scales: std::array::from_fn(|_| bytes(state)),
+            qh: std::array::from_fn(|_| bytes(state)),
+            qs: std::array::from_fn(|_| bytes(state)),
+        },
+        packed::q5_k,
+        dequantize_q5_k,
+        crate::engine::kernels::simd::portable::dot_q5_k_q8_k,
+    );
+}
+
+#[test]
+fn packed_q6_k_gives_the_single_row_bits_for_every_variant_and_batch() {
+    packed_k_gives_the_single_row_bits(
+        |state| BlockQ6K {
+            ql: std::array::from_fn(|_| bytes(state)),
+            qh: std::array::from_fn(|_| bytes(state)),
+            scales: std::array::from_fn(|_| bytes(state) as i8),
+            d: f2h(0.002 + bytes(state) as f32 * 1e-4),
+        },
+        packed::q6_k,
+        dequantize_q6_k,
+        crate::engine::kernels::simd::portable::dot_q6_k_q8_k,
+    );
 }
