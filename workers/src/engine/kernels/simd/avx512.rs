@@ -586,6 +586,15 @@ unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
         let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        // The next super-blocks, a line at a time (see the 256-bit kernel).
+        if i + 1 < nb {
+            for next in [x0.get_unchecked(i + 1), x1.get_unchecked(i + 1)] {
+                let p = next as *const BlockQ6Kx8 as *const i8;
+                for line in (0..std::mem::size_of::<BlockQ6Kx8>()).step_by(64) {
+                    _mm_prefetch(p.add(line), _MM_HINT_T0);
+                }
+            }
+        }
         // Sub-block j's scale in each of the sixteen rows' lanes.
         let scale = |j: usize| {
             let pairs = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(

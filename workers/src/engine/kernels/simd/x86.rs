@@ -544,6 +544,15 @@ macro_rules! x86_kernels {
                 let flush = if $dot == Dot::Madd { 2 } else { 4 };
                 let mut acc = [_mm256_setzero_ps(); N];
                 for (i, g) in x.iter().enumerate() {
+                    // The next super-block, a line at a time: its two planes are read
+                    // in an order the hardware prefetchers do not follow (a decode step
+                    // stalled on the high bits' loads).
+                    if let Some(next) = x.get(i + 1) {
+                        let p = next as *const BlockQ6Kx8 as *const i8;
+                        for line in (0..std::mem::size_of::<BlockQ6Kx8>()).step_by(64) {
+                            _mm_prefetch(p.add(line), _MM_HINT_T0);
+                        }
+                    }
                     let mut sums = [_mm256_setzero_si256(); N];
                     for c in 0..4 {
                         let (half, h) = (c / 2, c % 2);
