@@ -70,6 +70,82 @@ pub struct BlockQ4_1 {
     pub qs: [u8; 16],
 }
 
+/// ggml `block_q5_1`: 32 weights = f16 scale + f16 min + 32 high bits + 16 bytes of
+/// low nibbles, `x = d * (nibble | high << 4) + m`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_1 {
+    pub d: u16,
+    pub m: u16,
+    pub qh: [u8; 4],
+    pub qs: [u8; 16],
+}
+
+/// A block `x = d · q + m` with unsigned `q`: Q4_1 (four bits) and Q5_1 (a fifth bit
+/// from `qh`). Both take Q8_1 activations and the same kernels (ggml's AVX2
+/// `ggml_vec_dot_q4_1_q8_1` and `_q5_1_q8_1` differ only in how the bytes are
+/// unpacked); `FIFTH` is a constant, so Q4_1's kernels compile without the fifth bits.
+pub trait MinBlock: Copy + Sync {
+    const FIFTH: bool;
+    fn d(&self) -> u16;
+    fn m(&self) -> u16;
+    fn qs(&self) -> &[u8; 16];
+    /// The fifth bits (value `j`'s is bit `j`); zero for Q4_1.
+    fn qh(&self) -> [u8; 4];
+}
+
+impl MinBlock for BlockQ4_1 {
+    const FIFTH: bool = false;
+    #[inline(always)]
+    fn d(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    fn m(&self) -> u16 {
+        self.m
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 16] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn qh(&self) -> [u8; 4] {
+        [0; 4]
+    }
+}
+
+impl MinBlock for BlockQ5_1 {
+    const FIFTH: bool = true;
+    #[inline(always)]
+    fn d(&self) -> u16 {
+        self.d
+    }
+    #[inline(always)]
+    fn m(&self) -> u16 {
+        self.m
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 16] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn qh(&self) -> [u8; 4] {
+        self.qh
+    }
+}
+
+/// The unsigned values of a [`MinBlock`], in ggml's order (low nibbles, then high).
+#[inline]
+pub fn min_block_values<B: MinBlock>(b: &B) -> [u8; 32] {
+    let (qs, qh) = (b.qs(), u32::from_le_bytes(b.qh()));
+    let mut v = [0u8; 32];
+    for j in 0..16 {
+        v[j] = (qs[j] & 0x0f) | (((qh >> j) & 1) << 4) as u8;
+        v[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
+    }
+    v
+}
+
 /// ggml `block_q5_0`: 32 weights = f16 scale + 32 high bits + 16 bytes of low nibbles,
 /// `x = d * ((nibble | high << 4) - 16)`.
 #[repr(C)]
@@ -155,13 +231,12 @@ pub fn dequantize_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
     }
 }
 
-/// Dequantizes Q4_1 blocks.
-pub fn dequantize_q4_1(blocks: &[BlockQ4_1], out: &mut [f32]) {
+/// Dequantizes Q4_1 or Q5_1 blocks.
+pub fn dequantize_min<B: MinBlock>(blocks: &[B], out: &mut [f32]) {
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let (d, m) = (h2f(b.d), h2f(b.m));
-        for j in 0..16 {
-            o[j] = (b.qs[j] & 0x0f) as f32 * d + m;
-            o[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
+        let (d, m) = (h2f(b.d()), h2f(b.m()));
+        for (dst, q) in o.iter_mut().zip(min_block_values(b)) {
+            *dst = q as f32 * d + m;
         }
     }
 }
@@ -315,13 +390,35 @@ mod tests {
                 qs: [(i * 37 % 256) as u8; 16],
             })
             .collect();
-        dequantize_q4_1(&w1, &mut wf);
+        dequantize_min(&w1, &mut wf);
         let want: f32 = wf
             .iter()
             .zip(x1.iter().flat_map(|b| b.qs.map(|q| q as f32 * h2f(b.d))))
             .map(|(a, b)| a * b)
             .sum();
-        let got = k::dot_q4_1_q8_1(&w1, &x1, &yd, &ys);
+        let got = k::dot_min_q8_1(&w1, &x1, &yd, &ys);
+        assert!((got - want).abs() <= 2e-2 * want.abs().max(1.0), "{got} vs {want}");
+
+        // Q5_1 likewise, its fifth bits included (against the float dot product).
+        let w51: Vec<BlockQ5_1> = (0..8)
+            .map(|i| BlockQ5_1 {
+                d: f2h(0.03 + i as f32 * 0.01),
+                m: f2h(-0.45),
+                qh: [(i * 29) as u8, 0xA5, (i * 7) as u8, 0x3C],
+                qs: [(i * 37 % 256) as u8; 16],
+            })
+            .collect();
+        dequantize_min(&w51, &mut wf);
+        assert!(
+            wf.iter().any(|&v| v > 0.03 * 16.0 - 0.45),
+            "fifth bits reach the values"
+        );
+        let want: f32 = wf
+            .iter()
+            .zip(x1.iter().flat_map(|b| b.qs.map(|q| q as f32 * h2f(b.d))))
+            .map(|(a, b)| a * b)
+            .sum();
+        let got = k::dot_min_q8_1(&w51, &x1, &yd, &ys);
         assert!((got - want).abs() <= 2e-2 * want.abs().max(1.0), "{got} vs {want}");
 
         close(
@@ -335,6 +432,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<BlockQ4_0>(), 18);
         assert_eq!(std::mem::size_of::<BlockQ4_1>(), 20);
         assert_eq!(std::mem::size_of::<BlockQ5_0>(), 22);
+        assert_eq!(std::mem::size_of::<BlockQ5_1>(), 24);
         assert_eq!(std::mem::size_of::<BlockQ8_0>(), 34);
         assert_eq!(std::mem::size_of::<BlockQ8_1>(), 36);
     }

@@ -26,6 +26,7 @@ pub enum QData {
     Q6Kx8(Vec<BlockQ6Kx8>, Vec<BlockQ6K>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
+    Q5_1(Vec<BlockQ5_1>),
     Q8_0(Vec<BlockQ8_0>),
 }
 
@@ -53,7 +54,7 @@ pub enum QAct {
 pub enum TensorError {
     #[error("tensor {0} is missing")]
     Missing(String),
-    #[error("tensor {name} has type {dtype}, which the cpu engine does not support (supported: F32, F16, BF16 in safetensors, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)")]
+    #[error("tensor {name} has type {dtype}, which the cpu engine does not support (supported: F32, F16, BF16 in safetensors, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)")]
     Unsupported { name: String, dtype: String },
     #[error("tensor {name} has rows of {cols} values, not a multiple of its {dtype:?} block size")]
     BadShape {
@@ -133,6 +134,7 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         GgmlDType::Q4_0 => (QK, 18),
         GgmlDType::Q4_1 => (QK, 20),
         GgmlDType::Q5_0 => (QK, 22),
+        GgmlDType::Q5_1 => (QK, 24),
         GgmlDType::Q8_0 => (QK, 34),
         GgmlDType::Q4K => (QK_K, std::mem::size_of::<BlockQ4K>()),
         GgmlDType::Q5K => (QK_K, std::mem::size_of::<BlockQ5K>()),
@@ -180,6 +182,7 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             QData::Q8_0(blocks.iter().map(BlockQ5_0::to_q8_0).collect())
         }
         GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q5_1 => QData::Q5_1(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q6K => {
             let blocks: Vec<BlockQ6K> = read_blocks(reader, bytes_len).map_err(io)?;
             packed::q6_k(&blocks, rows, cols / QK_K)
@@ -252,7 +255,8 @@ impl QMatrix {
             QData::Q4_0x8(groups, tail) => dequantize_q4_0(&packed::row(groups, tail, nb, r), out),
             QData::Q4Kx8(groups, tail) => dequantize_q4_k(&packed::row(groups, tail, nk, r), out),
             QData::Q5Kx8(groups, tail) => dequantize_q5_k(&packed::row(groups, tail, nk, r), out),
-            QData::Q4_1(v) => dequantize_q4_1(&v[r * nb..(r + 1) * nb], out),
+            QData::Q4_1(v) => dequantize_min(&v[r * nb..(r + 1) * nb], out),
+            QData::Q5_1(v) => dequantize_min(&v[r * nb..(r + 1) * nb], out),
             QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q6Kx8(groups, tail) => dequantize_q6_k(&packed::row(groups, tail, nk, r), out),
@@ -269,7 +273,7 @@ impl QMatrix {
         let x = &x[..n * self.cols];
         match &self.data {
             QData::F32(_) | QData::F16(_) => QAct::F32(x.to_vec()),
-            QData::Q4_1(_) => {
+            QData::Q4_1(_) | QData::Q5_1(_) => {
                 let mut b = vec![
                     BlockQ8_1 {
                         d: 0,
@@ -303,7 +307,7 @@ impl QMatrix {
     pub fn same_input_kind(&self, other: &QMatrix) -> bool {
         let kind = |m: &QMatrix| match m.data {
             QData::F32(_) | QData::F16(_) => 0,
-            QData::Q4_1(_) => 1,
+            QData::Q4_1(_) | QData::Q5_1(_) => 1,
             QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
             QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6Kx8(..) => 3,
         };
@@ -317,6 +321,7 @@ impl QMatrix {
         let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
+            (QData::Q5_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q5_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
@@ -345,6 +350,7 @@ impl QMatrix {
         }
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
+            (QData::Q5_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q5_1_x4, &wq[w], x, xd, xs),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => call!(q5_0_x4, &wq[w], x, xd),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => call!(q8_0_x4, &wq[w], x, xd),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
@@ -359,6 +365,7 @@ impl QMatrix {
         let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
+            (QData::Q5_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q5_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
@@ -448,6 +455,7 @@ impl QMatrix {
             QData::Q4_0x8(groups, tail) => groups.len() * 144 + tail.len() * 18,
             QData::Q4_1(v) => v.len() * 20,
             QData::Q5_0(v) => v.len() * 22,
+            QData::Q5_1(v) => v.len() * 24,
             QData::Q8_0(v) => v.len() * 34,
             QData::Q4Kx8(groups, tail) => {
                 groups.len() * std::mem::size_of::<BlockQ4Kx8>() + tail.len() * std::mem::size_of::<BlockQ4K>()

@@ -1,5 +1,5 @@
 //! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: panels of weight rows against 8
-//! activation rows (tiles of four weight rows for the Q8_0 family and Q4_1, two for
+//! activation rows (tiles of four weight rows for the Q8_0 family, Q4_1 and Q5_1, two for
 //! the K-quants, then single rows), and one weight row against 4, two activation
 //! rows per 512-bit register. The low 256 bits hold one row's 8 lanes and the high
 //! 256 bits the next row's, each lane doing exactly what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
@@ -16,10 +16,10 @@
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
-use super::x86::{bytes_from_nibbles_32, h2f, hsum_float_8, Unpack};
+use super::x86::{h2f, hsum_float_8, Unpack};
 use super::{eight, panel_rows};
 use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
-use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ8_0, BlockQ8_1, MinBlock};
 use std::arch::x86_64::*;
 
 /// `v` in both 256-bit halves.
@@ -71,10 +71,22 @@ unsafe fn dot_us8(ax: __m512i, sy: __m512i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy))
 }
 
-/// `N` (4 or 8) Q8_1 rows against one Q4_1 weight row.
+/// A Q4_1 or Q5_1 block's unsigned values in both halves.
 #[inline(always)]
-unsafe fn rows_q4_1<const N: usize>(
-    x: &[BlockQ4_1],
+unsafe fn min_both<B: MinBlock>(a: &B) -> __m512i {
+    let q = nibbles_both(a.qs());
+    if B::FIFTH {
+        let qh = u32::from_le_bytes(a.qh()) as u64;
+        _mm512_or_si512(q, _mm512_maskz_mov_epi8(qh | qh << 32, _mm512_set1_epi8(0x10)))
+    } else {
+        q
+    }
+}
+
+/// `N` (4 or 8) Q8_1 rows against one Q4_1 or Q5_1 weight row.
+#[inline(always)]
+unsafe fn rows_min<B: MinBlock, const N: usize>(
+    x: &[B],
     y: [&[BlockQ8_1]; N],
     yd: [&[f32]; N],
     ys: [&[f32]; N],
@@ -82,9 +94,9 @@ unsafe fn rows_q4_1<const N: usize>(
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut summs = [0.0f32; N];
     for (i, a) in x.iter().enumerate() {
-        let d0 = h2f(a.d);
-        let m = h2f(a.m);
-        let qx = both(bytes_from_nibbles_32(&a.qs));
+        let d0 = h2f(a.d());
+        let m = h2f(a.m());
+        let qx = min_both(a);
         let d0v = _mm512_set1_ps(d0);
         for p in 0..N / 2 {
             let (t0, t1) = (2 * p, 2 * p + 1);
@@ -103,22 +115,27 @@ unsafe fn rows_q4_1<const N: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_1_q8_1_x4(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 4], yd: [&[f32]; 4], ys: [&[f32]; 4]) -> [f32; 4] {
-    rows_q4_1(x, y, yd, ys)
+pub unsafe fn dot_min_q8_1_x4<B: MinBlock>(
+    x: &[B],
+    y: [&[BlockQ8_1]; 4],
+    yd: [&[f32]; 4],
+    ys: [&[f32]; 4],
+) -> [f32; 4] {
+    rows_min(x, y, yd, ys)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_1_q8_1_x8(x: &[BlockQ4_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], out: &mut [[f32; 8]]) {
+pub unsafe fn dot_min_q8_1_x8<B: MinBlock>(x: &[B], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], out: &mut [[f32; 8]]) {
     let (y, yd, ys) = (eight(y), eight(yd), eight(ys));
     let n = y[0].len();
     let quads = panel_tiles(x.len(), n, out.len(), 4);
     for q in 0..quads {
         let r = 4 * q;
-        let cells = rows4_q4_1(std::array::from_fn(|i| &x[(r + i) * n..(r + i + 1) * n]), y, yd, ys);
+        let cells = rows4_min(std::array::from_fn(|i| &x[(r + i) * n..(r + i + 1) * n]), y, yd, ys);
         out[r..r + 4].copy_from_slice(&cells);
     }
     for (row, o) in panel_rows(&x[4 * quads * n..], n, &mut out[4 * quads..]) {
-        *o = rows_q4_1(row, y, yd, ys);
+        *o = rows_min(row, y, yd, ys);
     }
 }
 
@@ -263,11 +280,16 @@ unsafe fn rows4_q8_0<B: UnpackUnsigned>(x: [&[B]; 4], y: [&[BlockQ8_0]; 8], yd: 
     out
 }
 
-/// Four Q4_1 weight rows against eight Q8_1 rows: `out[r][t] = x[r] · y[t]`, each cell
+/// Four Q4_1 or Q5_1 weight rows against eight Q8_1 rows: `out[r][t] = x[r] · y[t]`, each cell
 /// bit-identical to the single-row kernel (the minimum's products are summed per
 /// cell in the same order, eight inputs to a register).
 #[inline(always)]
-unsafe fn rows4_q4_1(x: [&[BlockQ4_1]; 4], y: [&[BlockQ8_1]; 8], yd: [&[f32]; 8], ys: [&[f32]; 8]) -> [[f32; 8]; 4] {
+unsafe fn rows4_min<B: MinBlock>(
+    x: [&[B]; 4],
+    y: [&[BlockQ8_1]; 8],
+    yd: [&[f32]; 8],
+    ys: [&[f32]; 8],
+) -> [[f32; 8]; 4] {
     let mut acc = [[_mm512_setzero_ps(); 4]; 4];
     let mut summs = [_mm256_setzero_ps(); 4];
     for i in 0..x[0].len() {
@@ -278,9 +300,9 @@ unsafe fn rows4_q4_1(x: [&[BlockQ4_1]; 4], y: [&[BlockQ8_1]; 8], yd: [&[f32]; 8]
         );
         for r in 0..4 {
             let a = &x[r][i];
-            qx[r] = nibbles_both(&a.qs);
-            dx[r] = _mm512_set1_ps(h2f(a.d));
-            summs[r] = _mm256_add_ps(summs[r], _mm256_mul_ps(_mm256_set1_ps(h2f(a.m)), ysv));
+            qx[r] = min_both(a);
+            dx[r] = _mm512_set1_ps(h2f(a.d()));
+            summs[r] = _mm256_add_ps(summs[r], _mm256_mul_ps(_mm256_set1_ps(h2f(a.m())), ysv));
         }
         for p in 0..4 {
             let (t0, t1) = (2 * p, 2 * p + 1);

@@ -21,12 +21,12 @@ mod x86;
 
 use super::isa::Isa;
 use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8K};
-use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
+use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use elementwise as ew;
 
-type Q41 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32]) -> f32;
-type Q41x4 = fn(&[BlockQ4_1], [&[BlockQ8_1]; 4], [&[f32]; 4], [&[f32]; 4]) -> [f32; 4];
-type Q41x8 = fn(&[BlockQ4_1], &[BlockQ8_1], &[f32], &[f32], &mut [[f32; 8]]);
+type Q81<B> = fn(&[B], &[BlockQ8_1], &[f32], &[f32]) -> f32;
+type Q81x4<B> = fn(&[B], [&[BlockQ8_1]; 4], [&[f32]; 4], [&[f32]; 4]) -> [f32; 4];
+type Q81x8<B> = fn(&[B], &[BlockQ8_1], &[f32], &[f32], &mut [[f32; 8]]);
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
@@ -55,9 +55,13 @@ type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 /// after the last whole group.
 pub struct Kernels {
     pub isa: Isa,
-    pub q4_1: Q41,
-    pub q4_1_x4: Q41x4,
-    pub q4_1_x8: Q41x8,
+    pub q4_1: Q81<BlockQ4_1>,
+    pub q4_1_x4: Q81x4<BlockQ4_1>,
+    pub q4_1_x8: Q81x8<BlockQ4_1>,
+    /// Q5_1: Q4_1's kernels with the fifth bits.
+    pub q5_1: Q81<BlockQ5_1>,
+    pub q5_1_x4: Q81x4<BlockQ5_1>,
+    pub q5_1_x8: Q81x8<BlockQ5_1>,
     pub q4_0: Q80<BlockQ4_0>,
     /// Groups of eight packed rows (`x`, group after group) against `n` inputs (`y`,
     /// their scales and [`crate::engine::kernels::quants::q4_0_offset`]s, input after
@@ -255,9 +259,12 @@ macro_rules! x8_from_x4 {
 
 static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     isa: Isa::Portable,
-    q4_1: portable::dot_q4_1_q8_1,
-    q4_1_x4: portable::dot_q4_1_q8_1_x4,
-    q4_1_x8: x8_from_x4!(portable::dot_q4_1_q8_1_x4, |x, y, yd, ys|),
+    q4_1: portable::dot_min_q8_1,
+    q4_1_x4: portable::dot_min_q8_1_x4,
+    q4_1_x8: x8_from_x4!(portable::dot_min_q8_1_x4, |x, y, yd, ys|),
+    q5_1: portable::dot_min_q8_1,
+    q5_1_x4: portable::dot_min_q8_1_x4,
+    q5_1_x8: x8_from_x4!(portable::dot_min_q8_1_x4, |x, y, yd, ys|),
     q4_0: portable::dot_q4_0_q8_0,
     q4_0x8: portable::dot_q4_0x8_q8_0,
     q5_0: portable::dot_q5_0_q8_0,
@@ -287,9 +294,12 @@ macro_rules! x86_table {
         use $m as k;
         with_elementwise!(avx2_elementwise!(), {
             isa: $isa,
-            q4_1: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1(x, y, yd, ys) },
-            q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
-            q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys, o) },
+            q4_1: |x, y, yd, ys| unsafe { k::dot_min_q8_1(x, y, yd, ys) },
+            q4_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
+            q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
+            q5_1: |x, y, yd, ys| unsafe { k::dot_min_q8_1(x, y, yd, ys) },
+            q5_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
+            q5_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
             q4_0: portable::dot_q4_0_q8_0,
             q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
             q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
@@ -327,9 +337,12 @@ static AVX512: Kernels = {
     use x86::avx512_vl as v;
     with_elementwise!(avx2_elementwise!(), {
         isa: Isa::Avx512,
-        q4_1: |x, y, yd, ys| unsafe { v::dot_q4_1_q8_1(x, y, yd, ys) },
-        q4_1_x4: |x, y, yd, ys| unsafe { k::dot_q4_1_q8_1_x4(x, y, yd, ys) },
-        q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_q4_1_q8_1_x8(x, y, yd, ys, o) },
+        q4_1: |x, y, yd, ys| unsafe { v::dot_min_q8_1(x, y, yd, ys) },
+        q4_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
+        q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
+        q5_1: |x, y, yd, ys| unsafe { v::dot_min_q8_1(x, y, yd, ys) },
+        q5_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
+        q5_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
         q4_0: portable::dot_q4_0_q8_0,
         q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
         q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },

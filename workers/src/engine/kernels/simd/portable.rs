@@ -46,19 +46,25 @@ fn nibbles(qs: &[u8; 16]) -> [i8; 32] {
     v
 }
 
-pub fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
+/// A Q4_1 or Q5_1 row against a Q8_1 row: `Σ d·q·y` in lanes, then `m · Σ y` from
+/// the activation blocks' sums.
+pub fn dot_min_q8_1<B: MinBlock>(x: &[B], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut summs = 0.0f32;
     for (i, (a, b)) in x.iter().zip(y).enumerate() {
-        let (d0, m) = (h2f(a.d), h2f(a.m));
+        let (d0, m) = (h2f(a.d()), h2f(a.m()));
         summs += m * ys[i];
-        fma_lanes(&mut acc, d0 * yd[i], &lanes_i8(&nibbles(&a.qs), &b.qs));
+        fma_lanes(
+            &mut acc,
+            d0 * yd[i],
+            &lanes_i8(&min_block_values(a).map(|v| v as i8), &b.qs),
+        );
     }
     hsum8(&acc) + summs
 }
 
-pub fn dot_q4_1_q8_1_x4(x: &[BlockQ4_1], y: [&[BlockQ8_1]; 4], yd: [&[f32]; 4], ys: [&[f32]; 4]) -> [f32; 4] {
-    [0, 1, 2, 3].map(|r| dot_q4_1_q8_1(x, y[r], yd[r], ys[r]))
+pub fn dot_min_q8_1_x4<B: MinBlock>(x: &[B], y: [&[BlockQ8_1]; 4], yd: [&[f32]; 4], ys: [&[f32]; 4]) -> [f32; 4] {
+    [0, 1, 2, 3].map(|r| dot_min_q8_1(x, y[r], yd[r], ys[r]))
 }
 
 /// Q8_0 activations against weights whose blocks `unpack` into 32 signed values.

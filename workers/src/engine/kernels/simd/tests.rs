@@ -157,6 +157,14 @@ fn every_variant_computes_the_portable_bits() {
             qs: rng.bytes(),
         })
         .collect();
+    let w5_1: Vec<BlockQ5_1> = (0..nb)
+        .map(|_| BlockQ5_1 {
+            d: rng.scale(),
+            m: f2h(-0.01 * (rng.next() % 50) as f32),
+            qh: rng.bytes(),
+            qs: rng.bytes(),
+        })
+        .collect();
     let w5_0: Vec<BlockQ5_0> = (0..nb)
         .map(|_| BlockQ5_0 {
             d: rng.scale(),
@@ -193,6 +201,17 @@ fn every_variant_computes_the_portable_bits() {
             let mut x8 = [[0.0f32; 8]];
             (k.q4_1_x8)(&w4_1, &a.q8_1.concat(), &a.q8_1d.concat(), &a.q8_1s.concat(), &mut x8);
             assert_eq!(x8[0][t].to_bits(), want, "{isa} q4_1 x8 row {t}");
+            let want = (p.q5_1)(&w5_1, y1, yd1, ys1).to_bits();
+            assert_eq!((k.q5_1)(&w5_1, y1, yd1, ys1).to_bits(), want, "{isa} q5_1 row {t}");
+            let x4 = (k.q5_1_x4)(
+                &w5_1,
+                refs(&a.q8_1[t / 4 * 4..]),
+                refs(&a.q8_1d[t / 4 * 4..]),
+                refs(&a.q8_1s[t / 4 * 4..]),
+            );
+            assert_eq!(x4[t % 4].to_bits(), want, "{isa} q5_1 x4 row {t}");
+            (k.q5_1_x8)(&w5_1, &a.q8_1.concat(), &a.q8_1d.concat(), &a.q8_1s.concat(), &mut x8);
+            assert_eq!(x8[0][t].to_bits(), want, "{isa} q5_1 x8 row {t}");
 
             macro_rules! q8_0_family {
                 ($w:expr, $one:ident, $x4:ident, $x8:ident) => {{
@@ -263,6 +282,18 @@ fn panels_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
+    let w5_1: Vec<Vec<BlockQ5_1>> = (0..ROWS)
+        .map(|_| {
+            (0..nb)
+                .map(|_| BlockQ5_1 {
+                    d: rng.scale(),
+                    m: f2h(-0.01 * (rng.next() % 50) as f32),
+                    qh: rng.bytes(),
+                    qs: rng.bytes(),
+                })
+                .collect()
+        })
+        .collect();
     let w5_0: Vec<Vec<BlockQ5_0>> = (0..ROWS)
         .map(|_| {
             (0..nb)
@@ -307,6 +338,10 @@ fn panels_compute_the_portable_bits() {
             (k.q4_1_x8)(&w4_1[..rows].concat(), &y1, &yd1, &ys1, &mut cells);
             check("q4_1", &cells, &|r, t| {
                 (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
+            });
+            (k.q5_1_x8)(&w5_1[..rows].concat(), &y1, &yd1, &ys1, &mut cells);
+            check("q5_1", &cells, &|r, t| {
+                (p.q5_1)(&w5_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
             });
             (k.q5_0_x8)(&w5_0[..rows].concat(), &y0, &yd0, &mut cells);
             check("q5_0", &cells, &|r, t| (p.q5_0)(&w5_0[r], &a.q8_0[t], &a.q8_0d[t]));
