@@ -126,6 +126,42 @@ async fn the_official_openai_client_works_against_the_gateway() {
         "{n3}"
     );
     err("overflow", "BadRequestError", 400);
+    err("top_logprobs21", "BadRequestError", 400);
+    let lp = &r["logprobs"];
+    let whole = lp["whole"].as_array().unwrap();
+    assert!(!whole.is_empty(), "{lp}");
+    assert_eq!(
+        lp["streamed"], lp["whole"],
+        "streamed log-probabilities equal the whole ones: {lp}"
+    );
+    assert_eq!(lp["plain_logprobs"], true, "no logprobs unless asked");
+    let joined: Vec<u8> = whole
+        .iter()
+        .flat_map(|t| t["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8))
+        .collect();
+    assert_eq!(
+        String::from_utf8_lossy(&joined),
+        lp["text"].as_str().unwrap(),
+        "the tokens' bytes spell the answer"
+    );
+    for t in whole {
+        let top = t["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{t}");
+        let p = |v: &serde_json::Value| v.as_f64().unwrap();
+        // Greedy: the token is the most likely one, and the alternatives come in order.
+        assert_eq!(top[0][0], t["token"], "{t}");
+        assert!((p(&top[0][1]) - p(&t["logprob"])).abs() < 1e-6, "{t}");
+        assert!(p(&top[0][1]) >= p(&top[1][1]) && p(&top[1][1]) >= p(&top[2][1]), "{t}");
+        let mass: f64 = top.iter().map(|a| p(&a[1]).exp()).sum();
+        assert!(p(&t["logprob"]) <= 0.0 && mass <= 1.0 + 1e-5, "{t}");
+    }
+    let c = &lp["completion"];
+    let n = c["tokens"].as_array().unwrap().len();
+    assert!(n >= 1, "{c}");
+    assert_eq!(c["token_logprobs"].as_array().unwrap().len(), n, "{c}");
+    assert_eq!(c["top_logprobs"].as_array().unwrap().len(), n, "{c}");
+    assert_eq!(c["top_logprobs"][0].as_object().unwrap().len(), 2, "{c}");
+    assert_eq!(c["text_offset"][0], 0, "{c}");
     assert!(r["limited_first"].is_null(), "{}", r["limited_first"]);
     err("limited_second", "RateLimitError", 429);
     err("restricted", "PermissionDeniedError", 403);

@@ -141,6 +141,30 @@ fn the_bridge_generates_like_the_cpu_engine_cancels_and_reports_errors() {
     let (_, done) = b.tokens(12);
     assert!(done["finish"].is_string(), "{done}");
 
+    // Log-probabilities: on each token, with the most likely alternatives first
+    // (greedy, so the token is the first of them), and the same tokens as without.
+    b.send(json!({"id": 13, "op": "generate", "prompt": prompt, "config": {"max_tokens": 3, "logprobs": 2}}));
+    for (i, want) in mlx[..3].iter().enumerate() {
+        let ev = b.next();
+        assert_eq!(
+            (ev["event"].as_str(), ev["token"].as_u64()),
+            (Some("token"), Some(*want)),
+            "{ev}"
+        );
+        let lp = &ev["logprob"];
+        let top = lp["top"].as_array().unwrap_or_else(|| panic!("step {i}: {ev}"));
+        assert_eq!(top.len(), 2, "{ev}");
+        assert_eq!(top[0]["id"].as_u64(), Some(*want), "{ev}");
+        let (l, t0, t1) = (
+            lp["logprob"].as_f64().unwrap(),
+            top[0]["logprob"].as_f64().unwrap(),
+            top[1]["logprob"].as_f64().unwrap(),
+        );
+        assert!(l <= 0.0 && (l - t0).abs() < 1e-4 && t0 >= t1, "{ev}");
+        assert!(!lp["bytes"].as_array().unwrap().is_empty(), "{ev}");
+    }
+    assert_eq!(b.next()["event"], "done");
+
     b.send(json!({"id": 8, "op": "quit"}));
     assert_eq!(b.next()["event"], "bye");
     assert!(b.child.wait().unwrap().success());

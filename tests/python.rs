@@ -21,6 +21,7 @@ fn python_msgpack_and_rust_read_each_other() {
         tokens: vec![Token {
             id: 9,
             text: "naïve 🚀".into(),
+            logprob: None,
         }],
         done: true,
         finish_reason: Some(FinishReason::Stop),

@@ -76,5 +76,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// from a coordinator while a request waits (the forward's `Sy-First-Seq` tells the
 /// worker where its chunks' `seq` starts), `fleet_queue_us` in the final metrics,
 /// `queues` in the fleet status. 1.5: speculative decoding's `draft_tokens` and
-/// `accepted_tokens` in the final metrics and, summed, in `RecentLatency`.
-pub const PROTOCOL_MINOR: u32 = 6;
+/// `accepted_tokens` in the final metrics and, summed, in `RecentLatency`. 1.6:
+/// `config.fit_max_tokens` and `config.logit_bias`. 1.7: `config.logprobs` and
+/// `Token.logprob` ([`TokenLogprob`]).
+pub const PROTOCOL_MINOR: u32 = 7;

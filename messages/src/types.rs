@@ -9,13 +9,59 @@ use serde::{Deserialize, Serialize};
 ///
 /// `text` is the UTF-8 text this token completes; a token that ends in the middle of
 /// a multi-byte character carries `""` and the next token carries the whole character.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Token {
     /// Vocabulary index.
     pub id: u32,
     /// Decoded text (may be empty, see above).
     pub text: String,
+    /// (1.7) The token's log-probability and the most likely alternatives, when the
+    /// request asked for them (`config.logprobs`). Omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob: Option<TokenLogprob>,
 }
+
+impl Token {
+    /// A token without log-probabilities.
+    pub fn new(id: u32, text: impl Into<String>) -> Self {
+        Self {
+            id,
+            text: text.into(),
+            logprob: None,
+        }
+    }
+}
+
+/// A generated token's log-probability under the model (natural log of the softmax
+/// of the raw logits: before temperature, penalties, bias, top-k/top-p/min-p and any
+/// constraint, as OpenAI and llama.cpp's server report it), with the `top` most
+/// likely tokens at that position (most likely first; ties by lower id).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token's log-probability (≤ 0).
+    pub logprob: f32,
+    /// The token's bytes (a token may hold part of a UTF-8 character), as OpenAI's
+    /// `bytes`: an array of integers.
+    pub bytes: Vec<u8>,
+    /// The most likely tokens at this position; as many as asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<TopLogprob>,
+}
+
+/// One of the most likely tokens at a position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// Vocabulary index.
+    pub id: u32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
+}
+
+/// The most alternatives a request may ask for per token (OpenAI's `top_logprobs`
+/// limit).
+pub const MAX_TOP_LOGPROBS: u8 = 20;
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +131,12 @@ pub struct GenerateConfig {
     /// but forces it); a token id outside the vocabulary is `bad_request`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logit_bias: Vec<(u32, f32)>,
+    /// (1.7) Log-probabilities: `Some(n)` puts on every generated token its
+    /// log-probability and the `n` (0–20) most likely tokens at its position
+    /// ([`Token::logprob`]); `None` = off (the default: they cost a pass over the
+    /// vocabulary per token, and bytes on the wire).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u8>,
     /// (1.3) What the generated text must be (a JSON schema, any JSON object, a
     /// regex or a grammar), enforced at every token; `None` = free text.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -108,6 +160,7 @@ impl Default for GenerateConfig {
             return_logits: false,
             rng_position: 0,
             logit_bias: Vec::new(),
+            logprobs: None,
             constraint: None,
         }
     }

@@ -139,6 +139,12 @@ pub fn validate_config(c: &GenerateConfig, limits: &InputLimits) -> Result<(), W
             c.temperature
         )));
     }
+    if let Some(n) = c.logprobs.filter(|&n| n > crate::MAX_TOP_LOGPROBS) {
+        return Err(bad(format!(
+            "config.logprobs {n}: at most {} alternatives per token",
+            crate::MAX_TOP_LOGPROBS
+        )));
+    }
     if !(c.top_p.is_finite() && (0.0..=1.0).contains(&c.top_p)) {
         return Err(bad(format!("config.top_p {} must be within [0, 1]", c.top_p)));
     }

@@ -24,6 +24,7 @@ fn envelopes_roundtrip() {
         tokens: vec![Token {
             id: 7,
             text: "é".into(),
+            logprob: None,
         }],
         done: true,
         finish_reason: Some(FinishReason::Length),
@@ -52,6 +53,7 @@ fn envelopes_roundtrip() {
         token: Token {
             id: 1,
             text: "a".into(),
+            logprob: None,
         },
         logits: vec![0.5, -1.0],
     });

@@ -379,6 +379,7 @@ fn seed_config() -> GenerateConfig {
         rng_position: 3,
         fit_max_tokens: true,
         logit_bias: vec![(7, -100.0), (1234, 2.5)],
+        logprobs: Some(5),
         constraint: Some(switchyard_messages::Constraint::JsonSchema {
             schema: r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#.into(),
         }),
@@ -450,6 +451,7 @@ fn seed_token() -> Token {
     Token {
         id: 7,
         text: "é".into(),
+        logprob: None,
     }
 }
 
@@ -459,7 +461,22 @@ fn seed_chunks() -> Vec<StreamChunk> {
             v: 1,
             request_id: "req-1".into(),
             seq: 3,
-            tokens: vec![seed_token(), Token { id: 8, text: "".into() }],
+            tokens: vec![
+                seed_token(),
+                Token {
+                    id: 8,
+                    text: "".into(),
+                    logprob: Some(switchyard_messages::TokenLogprob {
+                        logprob: -0.25,
+                        bytes: vec![0xe2, 0x82],
+                        top: vec![switchyard_messages::TopLogprob {
+                            id: 9,
+                            bytes: b"x".to_vec(),
+                            logprob: -1.5,
+                        }],
+                    }),
+                },
+            ],
             done: true,
             finish_reason: Some(FinishReason::Length),
             metrics: Some(GenerateMetrics {

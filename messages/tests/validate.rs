@@ -176,6 +176,13 @@ fn batch_and_decode_get_the_generate_config_checks() {
             },
         ),
         (
+            "logprobs",
+            GenerateConfig {
+                logprobs: Some(21),
+                ..Default::default()
+            },
+        ),
+        (
             "max_tokens",
             GenerateConfig {
                 max_tokens: 0,

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use switchyard_messages::{FinishReason, GenerateMetrics, ToolCall};
+use switchyard_messages::{FinishReason, GenerateMetrics, Token, ToolCall};
 use tracing::Instrument;
 
 /// Which endpoint: the shapes of its answers.
@@ -94,6 +94,50 @@ struct Shape {
     id: String,
     created: u64,
     model: String,
+    /// The request asked for log-probabilities.
+    logprobs: bool,
+}
+
+/// A token's text as OpenAI shows it: its bytes as UTF-8, a piece of a character
+/// replaced by U+FFFD (the exact bytes are in `bytes`).
+fn token_str(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Chat's `logprobs` of `tokens`: `{"content": [{token, logprob, bytes,
+/// top_logprobs}]}`.
+fn chat_logprobs(tokens: &[Token]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .filter_map(|t| t.logprob.as_ref())
+        .map(|lp| {
+            let top: Vec<Value> = lp
+                .top
+                .iter()
+                .map(|a| json!({"token": token_str(&a.bytes), "logprob": a.logprob, "bytes": a.bytes}))
+                .collect();
+            json!({"token": token_str(&lp.bytes), "logprob": lp.logprob, "bytes": lp.bytes, "top_logprobs": top})
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// Completions' (legacy) `logprobs` of `tokens`, whose text starts at `offset` of
+/// the generated text: `{tokens, token_logprobs, top_logprobs, text_offset}`.
+fn completion_logprobs(tokens: &[Token], mut offset: usize) -> Value {
+    let (mut strs, mut lps, mut tops, mut offsets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for t in tokens {
+        if let Some(lp) = &t.logprob {
+            strs.push(token_str(&lp.bytes));
+            lps.push(lp.logprob);
+            let top: serde_json::Map<String, Value> =
+                lp.top.iter().map(|a| (token_str(&a.bytes), json!(a.logprob))).collect();
+            tops.push(Value::Object(top));
+            offsets.push(offset);
+        }
+        offset += t.text.len();
+    }
+    json!({"tokens": strs, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }
 
 impl Shape {
@@ -105,8 +149,19 @@ impl Shape {
         }
     }
 
+    /// The `logprobs` of a choice or chunk holding `tokens` (`null` unless asked
+    /// for); `offset`: where their text starts in the choice's text.
+    fn logprobs(&self, tokens: &[Token], offset: usize) -> Value {
+        match (self.logprobs, self.kind) {
+            (false, _) => Value::Null,
+            (true, Kind::Chat) => chat_logprobs(tokens),
+            (true, Kind::Completion) => completion_logprobs(tokens, offset),
+        }
+    }
+
     /// Choice `index` of a whole answer.
-    fn choice(&self, index: usize, text: String, reason: FinishReason, calls: &[ToolCall]) -> Value {
+    fn choice(&self, index: usize, text: String, reason: FinishReason, calls: &[ToolCall], tokens: &[Token]) -> Value {
+        let logprobs = self.logprobs(tokens, 0);
         match self.kind {
             Kind::Chat if !calls.is_empty() => {
                 let content = if text.trim().is_empty() {
@@ -116,12 +171,12 @@ impl Shape {
                 };
                 json!({"index": index, "message": {"role": "assistant", "content": content,
                                                    "tool_calls": calls_json(calls)},
-                       "finish_reason": finish(reason), "logprobs": null})
+                       "finish_reason": finish(reason), "logprobs": logprobs})
             }
             Kind::Chat => json!({"index": index, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": finish(reason), "logprobs": null}),
+                                 "finish_reason": finish(reason), "logprobs": logprobs}),
             Kind::Completion => {
-                json!({"index": index, "text": text, "finish_reason": finish(reason), "logprobs": null})
+                json!({"index": index, "text": text, "finish_reason": finish(reason), "logprobs": logprobs})
             }
         }
     }
@@ -133,8 +188,19 @@ impl Shape {
     }
 
     /// A streamed chunk of choice `index` carrying `text` (and, at the end, the
-    /// finish reason).
+    /// finish reason); `logprobs`: those of its tokens, or `null`.
     fn chunk(&self, index: usize, text: Option<&str>, reason: Option<FinishReason>, first: bool) -> Value {
+        self.chunk_with(index, text, reason, first, Value::Null)
+    }
+
+    fn chunk_with(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        reason: Option<FinishReason>,
+        first: bool,
+        logprobs: Value,
+    ) -> Value {
         let reason = reason.map(finish);
         let choice = match self.kind {
             Kind::Chat => {
@@ -143,10 +209,10 @@ impl Shape {
                     (false, Some(t)) => json!({"content": t}),
                     (false, None) => json!({}),
                 };
-                json!({"index": index, "delta": delta, "finish_reason": reason, "logprobs": null})
+                json!({"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs})
             }
             Kind::Completion => {
-                json!({"index": index, "text": text.unwrap_or(""), "finish_reason": reason, "logprobs": null})
+                json!({"index": index, "text": text.unwrap_or(""), "finish_reason": reason, "logprobs": logprobs})
             }
         };
         json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
@@ -212,6 +278,7 @@ async fn run(
             },
             m => m.to_string(),
         },
+        logprobs: req.config.logprobs.is_some(),
     };
     // Fleet queueing: the key is the tenant, its priority the default, and the
     // gateway's queue timeout bounds the wait for a worker.
@@ -254,7 +321,7 @@ async fn run(
             };
             admitted.charge(done.metrics.generated_tokens);
             add_usage(&mut metrics, &done.metrics, i);
-            choices.push(shape.choice(i, done.text, done.finish_reason, &done.tool_calls));
+            choices.push(shape.choice(i, done.text, done.finish_reason, &done.tool_calls, &done.tokens));
         }
         op.finish(None);
         return Ok(axum::Json(shape.whole(choices, &metrics)).into_response());
@@ -284,6 +351,7 @@ async fn run(
         stream,
         pending: Some(first),
         queue: (0..n).map(|i| shape.chunk(i, None, None, true).to_string()).collect(),
+        offsets: vec![0; n],
         open: n,
         metrics: GenerateMetrics::default(),
         shape,
@@ -326,6 +394,8 @@ struct Streaming {
     metrics: GenerateMetrics,
     /// Events ready to send, before anything more is read.
     queue: VecDeque<String>,
+    /// Bytes of text each choice has sent (completions' `text_offset`).
+    offsets: Vec<usize>,
     shape: Shape,
     include_usage: bool,
     admitted: Admitted,
@@ -354,8 +424,12 @@ impl Streaming {
             match ev {
                 Some((i, Ok(StreamEvent::Tokens(t)))) => {
                     let text: String = t.iter().map(|t| t.text.as_str()).collect();
-                    if !text.is_empty() {
-                        return Some(self.shape.chunk(i, Some(&text), None, false).to_string());
+                    // A token that ends inside a character has no text yet, but
+                    // its log-probability goes out with it.
+                    if !text.is_empty() || self.shape.logprobs {
+                        let logprobs = self.shape.logprobs(&t, self.offsets[i]);
+                        self.offsets[i] += text.len();
+                        return Some(self.shape.chunk_with(i, Some(&text), None, false, logprobs).to_string());
                     }
                 }
                 Some((

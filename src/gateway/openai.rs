@@ -194,6 +194,30 @@ impl Sampling {
         self.stream_options.as_ref().is_some_and(|o| o.include_usage)
     }
 
+    /// `logprobs` / `top_logprobs` as the wire's `config.logprobs`. Chat: `logprobs:
+    /// true` and `top_logprobs` 0–20 (only with `logprobs: true`); completions: the
+    /// legacy `logprobs: N`, N alternatives (0–20; OpenAI allows 5).
+    fn logprobs(&self, chat: bool) -> Result<Option<u8>, ApiError> {
+        let max = switchyard_messages::MAX_TOP_LOGPROBS as u64;
+        let top = match self.top_logprobs {
+            Some(n) if n as u64 > max => return Err(refuse("top_logprobs", &format!("must be 0 to {max}"))),
+            t => t.map(|n| n as u8),
+        };
+        match (&self.logprobs, chat) {
+            (None | Some(Value::Null) | Some(Value::Bool(false)), _) => match top {
+                Some(_) if chat => Err(refuse("top_logprobs", "only with logprobs: true")),
+                Some(_) => Err(refuse("top_logprobs", "a chat field; completions take logprobs: N")),
+                None => Ok(None),
+            },
+            (Some(Value::Bool(true)), true) => Ok(Some(top.unwrap_or(0))),
+            (Some(v), false) if v.as_u64().is_some_and(|n| n <= max) && top.is_none() => {
+                Ok(v.as_u64().map(|n| n as u8))
+            }
+            (Some(_), true) => Err(refuse("logprobs", "must be true or false")),
+            (Some(_), false) => Err(refuse("logprobs", &format!("must be an integer from 0 to {max}"))),
+        }
+    }
+
     /// Refuses what cannot be honoured, then fills `req.config` and the pins.
     pub fn apply(&self, req: &mut GenerateRequest) -> Result<(), ApiError> {
         if let Some((k, _)) = self.rest.iter().find(|(k, v)| !v.is_null() && !neutral(k, v)) {
@@ -216,13 +240,7 @@ impl Sampling {
         if self.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
             return Err(refuse("n", &format!("must be 1 to {MAX_CHOICES}")));
         }
-        if matches!(&self.logprobs, Some(v) if !v.is_null() && v != &Value::Bool(false)) || self.top_logprobs.is_some()
-        {
-            return Err(refuse(
-                "logprobs",
-                "log-probabilities are not returned by switchyard's workers",
-            ));
-        }
+        let logprobs = self.logprobs(req.messages.is_some())?;
         if self.stream_options.is_some() && !self.streams() {
             return Err(refuse("stream_options", "only with stream: true"));
         }
@@ -241,6 +259,7 @@ impl Sampling {
             c.repeat_last_n = n;
         }
         c.logit_bias = logit_bias(self.logit_bias.as_ref())?;
+        c.logprobs = logprobs;
         // OpenAI's seed is a signed integer; its bits are the sampler's seed.
         c.seed = self.seed.map(|s| s as u64);
         c.stop = match &self.stop {

@@ -64,6 +64,25 @@ out["n3"] = {"indexes": [ch.index for ch in whole[0].choices],
              "completion_tokens": whole[0].usage.completion_tokens,
              "prompt_tokens": whole[0].usage.prompt_tokens}
 
+# Log-probabilities, whole and streamed (greedy: the same tokens both ways), and
+# the legacy completions form.
+ask = dict(model=model, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=6,
+           temperature=0, logprobs=True, top_logprobs=3)
+r = c.chat.completions.create(**ask)
+whole = [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+          "top": [[a.token, a.logprob] for a in t.top_logprobs]} for t in r.choices[0].logprobs.content]
+streamed = []
+for chunk in c.chat.completions.create(**ask, stream=True):
+    for ch in chunk.choices:
+        if ch.logprobs and ch.logprobs.content:
+            streamed += [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+                          "top": [[a.token, a.logprob] for a in t.top_logprobs]} for t in ch.logprobs.content]
+plain = c.chat.completions.create(**{k: v for k, v in ask.items() if k not in ("logprobs", "top_logprobs")})
+r2 = c.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
+out["logprobs"] = {"text": r.choices[0].message.content, "whole": whole, "streamed": streamed,
+                   "plain_logprobs": plain.choices[0].logprobs is None,
+                   "completion": r2.choices[0].logprobs.model_dump(), "completion_text": r2.choices[0].text}
+
 
 def error_of(fn):
     try:
@@ -84,6 +103,8 @@ out["n0"] = error_of(lambda: c.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=0))
 out["n1000"] = error_of(lambda: c.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=1000))
+out["top_logprobs21"] = error_of(lambda: c.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True, top_logprobs=21))
 out["overflow"] = error_of(lambda: c.completions.create(model=model, prompt="word " * 9000, max_tokens=2))
 lim = openai.OpenAI(base_url=base, api_key=limited, max_retries=0)
 out["limited_first"] = error_of(lambda: lim.chat.completions.create(

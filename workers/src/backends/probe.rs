@@ -20,6 +20,7 @@ impl TextModel for FabricProbe {
             Ok(GenerateEvent::Token(Token {
                 id: i,
                 text: "x".into(),
+                logprob: None,
             }))
         });
         let done = std::iter::once(Ok(GenerateEvent::Done {

@@ -20,7 +20,7 @@ use super::chunking::ChunkBudget;
 use super::compute::{guarded, now_ms, rate, Engine, GenerateJob, Job};
 use super::constraint::Guide;
 use super::model::forward::SeqStep;
-use super::sampler::Sampler;
+use super::sampler::{token_logprob, Sampler};
 use super::speculate::{Drafter, Mode, Prior, StepCosts};
 use super::stops::{StopCheck, StopFilter};
 use super::text::tokenizer::StreamDecoder;
@@ -110,6 +110,8 @@ impl Running {
 
     /// Samples from `logits` and emits; true while the generation goes on.
     fn advance(&mut self, mut logits: Vec<f32>, engine: &Engine) -> bool {
+        // The raw logits, for log-probabilities: sampling changes them in place.
+        let raw = self.job.config.logprobs.map(|_| logits.clone());
         let next = match &mut self.guide {
             None => self.sampler.sample(&mut logits, &self.history),
             Some(guide) => match guide.sample(&mut self.sampler, logits, &self.history) {
@@ -130,7 +132,13 @@ impl Running {
         self.history.push(next);
         self.generated += 1;
         let text = self.decoder.push(engine.tokenizer.token_bytes(next));
-        match self.stops.push(Token { id: next, text }) {
+        let top = self.job.config.logprobs.unwrap_or(0) as usize;
+        let logprob = raw.map(|raw| token_logprob(&raw, next, top, |id| engine.tokenizer.token_bytes(id)));
+        match self.stops.push(Token {
+            id: next,
+            text,
+            logprob,
+        }) {
             StopCheck::Continue(tokens) => {
                 for t in tokens {
                     if !self.send(GenerateEvent::Token(t)) {

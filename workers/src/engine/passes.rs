@@ -77,7 +77,11 @@ impl Engine {
                         let id = super::sampler::argmax(&logits);
                         let text = String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
                         results[*i] = Some(Ok(ClassifyResult {
-                            token: Token { id, text },
+                            token: Token {
+                                id,
+                                text,
+                                logprob: None,
+                            },
                             logits: if return_logits { logits } else { Vec::new() },
                         }));
                     }

@@ -3,7 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use switchyard_messages::GenerateConfig;
+use switchyard_messages::{GenerateConfig, TokenLogprob, TopLogprob};
 
 /// Per-request sampling state.
 pub struct Sampler {
@@ -139,6 +139,52 @@ impl Sampler {
     }
 }
 
+/// `ln Σ exp(logits)`, so that `logits[i] − log_normalizer(logits)` is token `i`'s
+/// log-probability (summed in f64 from the largest logit down, so nothing
+/// overflows and a 262,144-token vocabulary loses nothing to rounding).
+pub fn log_normalizer(logits: &[f32]) -> f32 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    if !max.is_finite() {
+        return max;
+    }
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    (max as f64 + sum.ln()) as f32
+}
+
+/// The `n` largest logits' ids, largest first (the lower id first on ties).
+pub fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
+    let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(ids.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    if n < ids.len() {
+        ids.select_nth_unstable_by(n - 1, order);
+        ids.truncate(n);
+    }
+    ids.sort_unstable_by(order);
+    ids
+}
+
+/// Token `next`'s log-probability under the raw `logits`, with the `top` most
+/// likely tokens (`bytes_of` gives a token's bytes).
+pub fn token_logprob<'a>(logits: &[f32], next: u32, top: usize, bytes_of: impl Fn(u32) -> &'a [u8]) -> TokenLogprob {
+    let z = log_normalizer(logits);
+    TokenLogprob {
+        logprob: logits[next as usize] - z,
+        bytes: bytes_of(next).to_vec(),
+        top: top_ids(logits, top)
+            .into_iter()
+            .map(|id| TopLogprob {
+                id,
+                bytes: bytes_of(id).to_vec(),
+                logprob: logits[id as usize] - z,
+            })
+            .collect(),
+    }
+}
+
 /// Index of the largest logit (the first on ties, as llama.cpp).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
@@ -160,6 +206,22 @@ mod tests {
             seed: Some(7),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn log_probabilities_normalise_and_rank() {
+        let logits = [1.0f32, 3.0, 3.0, -2.0, 0.5];
+        let z = log_normalizer(&logits);
+        let total: f64 = logits.iter().map(|&l| ((l - z) as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        let exact = (logits.iter().map(|&l| (l as f64).exp()).sum::<f64>()).ln();
+        assert!((z as f64 - exact).abs() < 1e-6);
+        assert_eq!(top_ids(&logits, 3), vec![1, 2, 0], "largest first, lower id on ties");
+        assert_eq!(top_ids(&logits, 0), Vec::<u32>::new());
+        assert_eq!(top_ids(&logits, 9), vec![1, 2, 0, 4, 3]);
+        // Huge logits neither overflow nor lose the normaliser.
+        let big = [1e30f32, 1e30 - 1e24, -1e30];
+        assert!(log_normalizer(&big).is_finite());
     }
 
     #[test]

@@ -101,7 +101,11 @@ mod tests {
     use super::*;
 
     fn t(id: u32, s: &str) -> Token {
-        Token { id, text: s.into() }
+        Token {
+            id,
+            text: s.into(),
+            logprob: None,
+        }
     }
 
     #[test]

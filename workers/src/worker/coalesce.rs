@@ -112,6 +112,7 @@ mod tests {
         Token {
             id,
             text: format!("t{id}"),
+            logprob: None,
         }
     }
 

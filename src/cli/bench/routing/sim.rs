@@ -297,6 +297,7 @@ impl Inner {
         let token = || Token {
             id: 1,
             text: "x".into(),
+            logprob: None,
         };
         let prompt_tokens = (key.len() / BYTES_PER_TOKEN) as u32;
         match w.spec.timing {

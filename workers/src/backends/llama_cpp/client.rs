@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use switchyard_messages::{
     BackendError, CancelFlag, Constraint, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, ModelInfo,
-    Prompt, Token,
+    Prompt, Token, TokenLogprob, TopLogprob,
 };
 
 /// How often the health loop asks `/health`.
@@ -305,6 +305,11 @@ pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value
     if let Some(seed) = c.seed {
         body["seed"] = json!(seed);
     }
+    if let Some(n) = c.logprobs {
+        // The server reports the chosen token's probability only beside at least
+        // one alternative; the extra one is dropped ([`token_logprob`]).
+        body["n_probs"] = json!(n.max(1));
+    }
     if !c.logit_bias.is_empty() {
         body["logit_bias"] = json!(c.logit_bias.iter().map(|&(id, b)| json!([id, b])).collect::<Vec<_>>());
     }
@@ -318,6 +323,37 @@ pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value
         _ => {}
     }
     body
+}
+
+/// One entry of llama-server's `completion_probabilities` (`n_probs`, reported
+/// before sampling as `logprob` / `top_logprobs`) as a token's log-probability with
+/// `top` alternatives.
+pub fn token_logprob(p: &Value, top: usize) -> Option<TokenLogprob> {
+    let bytes = |v: &Value| -> Vec<u8> {
+        v["bytes"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).map(|b| b as u8).collect())
+            .unwrap_or_default()
+    };
+    Some(TokenLogprob {
+        logprob: p["logprob"].as_f64()? as f32,
+        bytes: bytes(p),
+        top: p["top_logprobs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .take(top)
+                    .filter_map(|t| {
+                        Some(TopLogprob {
+                            id: t["id"].as_u64()? as u32,
+                            bytes: bytes(t),
+                            logprob: t["logprob"].as_f64()? as f32,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    })
 }
 
 /// Whether llama-server enforces `c` ([`super::constraint::support`]): checked by the
@@ -429,6 +465,7 @@ impl LlamaCppModel {
                     .as_array()
                     .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
                     .unwrap_or_default();
+                let probs = v["completion_probabilities"].as_array();
                 for (i, id) in ids.iter().enumerate() {
                     if config.stop_tokens.contains(id) {
                         let done = GenerateEvent::Done {
@@ -445,6 +482,10 @@ impl LlamaCppModel {
                     let token = Token {
                         id: *id,
                         text: if i == 0 { text.to_string() } else { String::new() },
+                        logprob: config.logprobs.and_then(|n| {
+                            let p = probs.and_then(|p| p.get(i))?;
+                            token_logprob(p, n as usize)
+                        }),
                     };
                     if tx.send(Ok(GenerateEvent::Token(token))).await.is_err() {
                         return Ok(()); // the caller went away

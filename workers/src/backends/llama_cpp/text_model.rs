@@ -55,6 +55,7 @@ impl TextModel for LlamaCppModel {
                         token: Token {
                             id: id as u32,
                             text: v["content"].as_str().unwrap_or_default().to_string(),
+                            logprob: None,
                         },
                         logits: Vec::new(),
                     })

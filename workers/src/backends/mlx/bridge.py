@@ -314,6 +314,7 @@ class Bridge:
         choose) at most what the context leaves after `n` prompt tokens; written back
         into `cfg` for the generation."""
         max_tokens = int(cfg.get("max_tokens", 256))
+        want_logprobs = cfg.get("logprobs")
         ctx = self.info.get("context_len") or 0
         if cfg.get("fit_max_tokens") and ctx:
             max_tokens = max(1, min(max_tokens, ctx - n))
@@ -407,6 +408,7 @@ class Bridge:
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
         max_tokens = int(cfg.get("max_tokens", 256))
+        want_logprobs = cfg.get("logprobs")
         seed = cfg.get("seed")
         if seed is not None:
             mx.random.seed(int(seed))
@@ -475,7 +477,10 @@ class Bridge:
                 if guide.error is not None:
                     break
             n += 1
-            send({"id": rid, "event": "token", "token": int(r.token), "text": r.text})
+            event = {"id": rid, "event": "token", "token": int(r.token), "text": r.text}
+            if want_logprobs is not None:
+                event["logprob"] = self.logprob_of(r, want_logprobs)
+            send(event)
             if guide is not None and guide.stopped():
                 finish = "stop"
                 break
@@ -505,6 +510,28 @@ class Bridge:
             # Only a sampler that ignored the mask gets here; the caches are settled.
             raise BridgeError("backend_error", f"config.constraint ({guide.kind}): {guide.error}")
         return {"event": "done", "finish": finish, "metrics": metrics}
+
+    def logprob_of(self, r, top):
+        """The token's log-probability and the `top` most likely tokens, from
+        mlx-lm's `logprobs` (the log-softmax after the logits processors: the same as
+        the raw logits' unless the request has a bias, a penalty or a constraint)."""
+        import mlx.core as mx
+
+        lp = r.logprobs.astype(mx.float32)
+        best = []
+        if top > 0:
+            order = mx.argsort(-lp)[:top].tolist()
+            vals = lp[mx.array(order)].tolist()
+            best = sorted(zip(order, vals), key=lambda p: (-p[1], p[0]))
+
+        def raw(i):
+            return list(self.tokenizer.decode([int(i)]).encode("utf-8", "surrogatepass"))
+
+        return {
+            "logprob": float(lp[int(r.token)].item()),
+            "bytes": raw(r.token),
+            "top": [{"id": int(i), "bytes": raw(i), "logprob": float(v)} for i, v in best],
+        }
 
     def forward(self, tokens):
         """A fresh cache with `tokens` computed; returns (cache, last-position logits)."""

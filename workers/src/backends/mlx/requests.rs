@@ -88,6 +88,7 @@ pub(super) fn config_json(config: &GenerateConfig) -> Value {
         "stop_tokens": config.stop_tokens,
         // The same tagged map as on the wire, JSON texts as strings.
         "constraint": config.constraint,
+        "logprobs": config.logprobs,
     })
 }
 
@@ -143,6 +144,7 @@ async fn pump(
                 let token = Token {
                     id: ev["token"].as_u64().unwrap_or(0) as u32,
                     text: ev["text"].as_str().unwrap_or_default().to_string(),
+                    logprob: serde_json::from_value(ev["logprob"].clone()).ok(),
                 };
                 let (emit, stop) = match filter.push(token) {
                     StopCheck::Continue(t) => (t, false),

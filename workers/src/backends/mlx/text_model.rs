@@ -69,6 +69,7 @@ impl TextModel for MlxModel {
                     let token = Token {
                         id: ev["token"].as_u64().unwrap_or(0) as u32,
                         text: ev["text"].as_str().unwrap_or_default().to_string(),
+                        logprob: None,
                     };
                     let logits = if return_logits {
                         floats(&ev["logits"])?

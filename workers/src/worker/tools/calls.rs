@@ -103,7 +103,11 @@ impl CallFilter {
         if !text.trim().is_empty() {
             self.sent_text = true;
         }
-        vec![Token { id, text }]
+        vec![Token {
+            id,
+            text,
+            logprob: None,
+        }]
     }
 
     /// Bytes at the end of `pending` that are a proper prefix of a marker (or, in
@@ -154,6 +158,7 @@ impl CallFilter {
             tail.push(Token {
                 id: self.captured_id,
                 text: captured,
+                logprob: None,
             });
         }
         let pending = std::mem::take(&mut self.pending);
@@ -239,6 +244,7 @@ mod tests {
             for t in f.push(Token {
                 id: i as u32,
                 text: p.to_string(),
+                logprob: None,
             }) {
                 text.push_str(&t.text);
             }

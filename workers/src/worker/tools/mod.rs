@@ -330,6 +330,7 @@ mod tests {
         let sent = filter.push(switchyard_messages::Token {
             id: 1,
             text: r#"[{"name":"a","arguments":{}}]"#.into(),
+            logprob: None,
         });
         assert!(sent.is_empty());
         assert_eq!(filter.finish().1[0].name, "a");
