@@ -28,17 +28,27 @@ async fn collect(model: &dyn TextModel, prompt: Prompt, config: GenerateConfig) 
     (ids, text, finish)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
-    let Some(bin) = llama_server_bin() else { return };
+/// A llama-server with `slots` slots on the demo model (the AVX2 reference build,
+/// `-fa off`), the llama.cpp backend in front of it, and the CPU engine on the same
+/// GGUF; `None` where no llama-server is built.
+async fn both_backends(slots: usize) -> Option<(LlamaServer, LlamaCppModel, EngineModel)> {
+    let bin = llama_server_bin()?;
     let path = demo_model();
-    let server = LlamaServer::start_with(&bin, &path, 2, 2, &["-fa", "off"])
+    let server = LlamaServer::start_with(&bin, &path, slots, slots, &["-fa", "off"])
         .await
         .unwrap();
     let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
         .await
         .unwrap();
     let local = EngineModel::load(&path, &LoadConfig::default()).unwrap();
+    Some((server, remote, local))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
+    let Some((server, remote, local)) = both_backends(2).await else {
+        return;
+    };
     assert_eq!(
         remote.info().context_len,
         switchyard_procs::llama_server::CONTEXT / 2,
@@ -191,15 +201,9 @@ async fn with_logprobs(model: &dyn TextModel, prompt: Prompt, config: GenerateCo
 /// tests/greedy_reference.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_probabilities_agree_with_llama_server() {
-    let Some(bin) = llama_server_bin() else { return };
-    let path = demo_model();
-    let server = LlamaServer::start_with(&bin, &path, 1, 1, &["-fa", "off"])
-        .await
-        .unwrap();
-    let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
-        .await
-        .unwrap();
-    let local = EngineModel::load(&path, &LoadConfig::default()).unwrap();
+    let Some((_server, remote, local)) = both_backends(1).await else {
+        return;
+    };
     let config = GenerateConfig {
         max_tokens: 16,
         temperature: 0.0,
