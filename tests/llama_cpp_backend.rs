@@ -46,7 +46,7 @@ async fn both_backends(slots: usize) -> Option<(LlamaServer, LlamaCppModel, Engi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
-    let Some((server, remote, local)) = both_backends(2).await else {
+    let Some((_server, remote, local)) = both_backends(2).await else {
         return;
     };
     assert_eq!(
