@@ -7,8 +7,8 @@ use futures::StreamExt;
 use std::time::Duration;
 use switchyard_messages::subjects::HEADER_REQUEST_ID;
 use switchyard_messages::{
-    decode, encode, BatchReply, BatchRequest, CancelRequest, ClassifyReply, ClassifyRequest, ErrorCode, ErrorReply,
-    FleetStatus, GenerateRequest, ModelsReply, Subjects, WireError,
+    decode, encode, BatchReply, BatchRequest, CancelRequest, ClassifyReply, ClassifyRequest, EmbedReply, EmbedRequest,
+    ErrorCode, ErrorReply, FleetStatus, GenerateRequest, ModelsReply, Subjects, WireError,
 };
 
 /// Client settings.
@@ -181,6 +181,12 @@ impl Client {
     /// logits if asked) for each, or that prompt's own error.
     pub async fn classify(&self, req: ClassifyRequest) -> Result<ClassifyReply, ClientError> {
         self.unary(self.subjects.classify(), &req.head.request_id, &req).await
+    }
+
+    /// (1.7) One embedding per input of `req` (mean-pooled, unit length), or that
+    /// input's own error.
+    pub async fn embed(&self, req: EmbedRequest) -> Result<EmbedReply, ClientError> {
+        self.unary(self.subjects.embed(), &req.head.request_id, &req).await
     }
 
     /// Generates for every prompt of `req` with the same settings; each result has its

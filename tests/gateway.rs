@@ -127,6 +127,34 @@ async fn the_official_openai_client_works_against_the_gateway() {
     );
     err("overflow", "BadRequestError", 400);
     err("top_logprobs21", "BadRequestError", 400);
+    for k in [
+        "embed_empty_list",
+        "embed_empty_string",
+        "embed_2049",
+        "embed_bad_token",
+    ] {
+        err(k, "BadRequestError", 400);
+    }
+    err("embed_too_long", "BadRequestError", 400);
+    assert_eq!(
+        r["embed_too_long"]["code"], "context_length_exceeded",
+        "{}",
+        r["embed_too_long"]
+    );
+    let e = &r["embeddings"];
+    let vec =
+        |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+    let one = vec(&e["one"]);
+    assert_eq!(one.len(), 576, "SmolLM2-135M's width");
+    assert!(
+        (one.iter().map(|x| x * x).sum::<f64>().sqrt() - 1.0).abs() < 1e-4,
+        "unit length"
+    );
+    assert_eq!(vec(&e["floats"]), one, "float and base64 give the same vector");
+    assert_eq!(vec(&e["many"][2]), one, "the same text gives the same vector in a list");
+    assert_eq!(e["indexes"], serde_json::json!([0, 1, 2]));
+    assert_eq!(e["ids"], serde_json::json!([576, 576]), "token-id inputs");
+    assert!(e["prompt_tokens"].as_u64().unwrap() >= 5, "{e}");
     let lp = &r["logprobs"];
     let whole = lp["whole"].as_array().unwrap();
     assert!(!whole.is_empty(), "{lp}");

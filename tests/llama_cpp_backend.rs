@@ -267,3 +267,83 @@ async fn an_unreachable_server_is_a_clear_retryable_error() {
     assert!(matches!(err, BackendError::Unavailable(_)), "{err}");
     assert!(err.to_string().contains("unreachable"), "{err}");
 }
+
+/// Twenty varied texts: prose, code, numbers, other scripts, one word, a long line.
+const EMBED_TEXTS: [&str; 20] = [
+    "The capital of France is Paris.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen.",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "SELECT name, count(*) FROM orders GROUP BY name HAVING count(*) > 3;",
+    "3.14159 2.71828 1.41421",
+    "Le chat est sur la table.",
+    "Der schnelle braune Fuchs springt über den faulen Hund.",
+    "東京は日本の首都です。",
+    "hello",
+    "A",
+    "The quick brown fox jumps over the lazy dog.",
+    "Invoice #4471: 3 widgets at $19.99 each, due 2026-12-01.",
+    "<html><body><h1>Title</h1></body></html>",
+    "I loved this film; the ending made me cry.",
+    "Terrible service, cold food, and a two-hour wait.",
+    "Mitochondria are the powerhouse of the cell.",
+    "git rebase -i HEAD~3",
+    "To be, or not to be, that is the question.",
+    "Rust's borrow checker enforces aliasing XOR mutability at compile time, which rules out data races in safe code and lets the compiler reason about memory without a garbage collector.",
+    "🙂 emoji and ünïcödé",
+];
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}
+
+/// Embeddings of the chat model the fleet serves: the CPU engine's mean-pooled,
+/// L2-normalised final hidden states against llama-server's `--embeddings --pooling
+/// mean` on the same GGUF (also what the llama.cpp backend returns): cosine ≥ 0.999
+/// on twenty varied texts, unit length, one bad input failing alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_agree_with_llama_server() {
+    let Some(bin) = llama_server_bin() else { return };
+    let path = demo_model();
+    let server = LlamaServer::start_with(&bin, &path, 1, 1, &["-fa", "off", "--embeddings", "--pooling", "mean"])
+        .await
+        .unwrap();
+    let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let local = EngineModel::load(&path, &LoadConfig::default()).unwrap();
+    let inputs: Vec<Prompt> = EMBED_TEXTS.iter().map(|t| Prompt::Text(t.to_string())).collect();
+    let ours = local.embed(inputs.clone()).await;
+    let theirs = remote.embed(inputs).await;
+    let mut worst = 1.0f64;
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert_eq!(a.vector.len(), 576, "SmolLM2-135M's width");
+        assert_eq!(a.tokens, b.tokens, "{:?}", EMBED_TEXTS[i]);
+        let norm: f64 = a.vector.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "unit length: {norm}");
+        let c = cosine(&a.vector, &b.vector);
+        worst = worst.min(c);
+        assert!(c >= 0.999, "{:?}: cosine {c}", EMBED_TEXTS[i]);
+    }
+    eprintln!(
+        "embeddings vs llama-server --pooling mean: worst cosine {worst:.6} over {}",
+        ours.len()
+    );
+    // Similar texts are closer than unrelated ones (the vectors mean something).
+    let (good, bad, capital) = (&ours[13], &ours[14], &ours[0]);
+    let v = |r: &Result<switchyard_messages::Embedding, BackendError>| r.as_ref().unwrap().vector.clone();
+    assert!(cosine(&v(good), &v(bad)) > cosine(&v(good), &v(capital)));
+    // A bad input fails alone.
+    let mixed = local
+        .embed(vec![
+            Prompt::Tokens(vec![1, 2, 3]),
+            Prompt::Tokens(vec![999_999]),
+            Prompt::Text(String::new()),
+        ])
+        .await;
+    assert!(mixed[0].is_ok());
+    assert!(matches!(mixed[1], Err(BackendError::Invalid(_))), "{:?}", mixed[1]);
+    assert!(mixed[2].is_err());
+}

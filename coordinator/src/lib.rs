@@ -228,6 +228,7 @@ impl CoordinatorHandle {
             (opts.subjects.generate(), Verb::Generate),
             (opts.subjects.chat(), Verb::Chat),
             (opts.subjects.classify(), Verb::Classify),
+            (opts.subjects.embed(), Verb::Embed),
             (opts.subjects.batch(), Verb::Batch),
         ] {
             let ctx = ctx.clone();

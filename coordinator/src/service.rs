@@ -15,9 +15,9 @@ use switchyard_messages::subjects::{
     HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO,
 };
 use switchyard_messages::{
-    decode, encode, validate_batch, validate_classify, validate_request, Admission, BatchRequest, ClassifyRequest,
-    ErrorCode, ErrorReply, GenerateRequest, InputLimits, RequestHead, StreamChunk, Subjects, WireError,
-    PROTOCOL_VERSION,
+    decode, encode, validate_batch, validate_classify, validate_embed, validate_request, Admission, BatchRequest,
+    ClassifyRequest, EmbedRequest, ErrorCode, ErrorReply, GenerateRequest, InputLimits, RequestHead, StreamChunk,
+    Subjects, WireError, PROTOCOL_VERSION,
 };
 use tokio::sync::oneshot;
 
@@ -50,6 +50,8 @@ pub enum Verb {
     Classify,
     /// Batch generation, one reply.
     Batch,
+    /// (1.7) Embeddings, one reply.
+    Embed,
 }
 
 impl Verb {
@@ -60,6 +62,7 @@ impl Verb {
             Verb::Chat => "chat",
             Verb::Classify => "classify",
             Verb::Batch => "batch",
+            Verb::Embed => "embed",
         }
     }
 
@@ -97,6 +100,9 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (
         Verb::Batch => decode::<BatchRequest>(payload)
             .map_err(bad)
             .and_then(|r| validate_batch(&r, limits)),
+        Verb::Embed => decode::<EmbedRequest>(payload)
+            .map_err(bad)
+            .and_then(|r| validate_embed(&r, limits)),
     };
     checked.map_err(|e| (id.clone(), e))?;
     if let Some(d) = head.deadline_ms {

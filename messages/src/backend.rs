@@ -123,6 +123,9 @@ impl MayWait for GenerateItem {
 /// What `classify` resolves to: one result or error per prompt, in order.
 pub type ClassifyFuture = Pin<Box<dyn Future<Output = Vec<Result<ClassifyResult, BackendError>>> + Send>>;
 
+/// What `embed` resolves to: one embedding or error per input, in order.
+pub type EmbedFuture = Pin<Box<dyn Future<Output = Vec<Result<crate::Embedding, BackendError>>> + Send>>;
+
 /// What `batch_generate` resolves to: one result per prompt, each with its own error.
 pub type BatchFuture = Pin<Box<dyn Future<Output = Vec<BatchResult>> + Send>>;
 
@@ -277,6 +280,21 @@ pub trait TextModel: Send + Sync {
     /// next-token logits when `return_logits` is set. A failing prompt (empty, too
     /// long) fails alone.
     fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture;
+    /// (1.7) One embedding per input (see [`crate::Embedding`]). Backends that cannot
+    /// compute them keep this default, which says so for every input.
+    fn embed(&self, inputs: Vec<Prompt>) -> EmbedFuture {
+        let name = self.model_type().to_string();
+        let n = inputs.len();
+        Box::pin(async move {
+            (0..n)
+                .map(|_| {
+                    Err(BackendError::Unavailable(format!(
+                        "{name}: embeddings are not supported"
+                    )))
+                })
+                .collect()
+        })
+    }
     /// Generates for every prompt with the same settings; each prompt gets its own
     /// tokens or its own error.
     fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture;

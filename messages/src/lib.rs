@@ -19,6 +19,7 @@
 //!   consumer may hold tokens without being woken for each.
 //! - [`fleet`]: [`BackendKind`] (with seed 000's preference order) and [`Device`],
 //!   typed; strings on the wire.
+//! - [`embed`]: embeddings requests and replies.
 //! - [`kv`]: prefix blocks for KV-aware routing.
 //! - [`session`]: seed 002's persistent sessions (open, ensure_prefix, …).
 //! - [`structured`]: a generation's [`Constraint`] (JSON schema, regex, grammar)
@@ -32,6 +33,7 @@
 
 pub mod backend;
 pub mod codec;
+pub mod embed;
 pub mod error;
 pub mod fleet;
 pub mod kv;
@@ -45,11 +47,12 @@ pub mod validate;
 pub mod wire;
 
 pub use backend::{
-    Backend, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EventSender, GenerateEvent,
-    GenerateItem, GenerateStream, InspectFuture, ModelMemory, ModelSession, Prompt, ResidentUpdate, TextModel,
-    ToolFormat,
+    Backend, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EmbedFuture, EventSender,
+    GenerateEvent, GenerateItem, GenerateStream, InspectFuture, ModelMemory, ModelSession, Prompt, ResidentUpdate,
+    TextModel, ToolFormat,
 };
 pub use codec::{decode, encode, DecodeError};
+pub use embed::{EmbedInput, EmbedItem, EmbedReply, EmbedRequest};
 pub use error::{ErrorCode, WireError};
 pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
 pub use kv::{KvEvent, KvSnapshot};

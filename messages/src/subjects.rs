@@ -32,6 +32,11 @@ impl Subjects {
     pub fn chat(&self) -> String {
         format!("{}.chat", self.root)
     }
+    /// (1.7) `{p}.v1.embed`: embeddings requests (coordinators).
+    pub fn embed(&self) -> String {
+        format!("{}.embed", self.root)
+    }
+
     /// `{p}.v1.classify`: prefill-only requests (coordinators).
     pub fn classify(&self) -> String {
         format!("{}.classify", self.root)

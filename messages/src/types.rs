@@ -59,6 +59,17 @@ pub struct TopLogprob {
     pub logprob: f32,
 }
 
+/// (1.7) One input's embedding: the mean of its final hidden states (after the
+/// model's output norm), L2-normalised, and how many tokens it held.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedding {
+    pub vector: Vec<f32>,
+    pub tokens: u32,
+}
+
+/// The most inputs one embeddings request may hold (OpenAI's limit).
+pub const MAX_EMBED_INPUTS: usize = 2048;
+
 /// The most alternatives a request may ask for per token (OpenAI's `top_logprobs`
 /// limit).
 pub const MAX_TOP_LOGPROBS: u8 = 20;

@@ -9,7 +9,8 @@
 
 use crate::session::{DecodeRequest, OpenSessionRequest, SegmentRequest};
 use crate::{
-    BatchRequest, ClassifyRequest, ErrorCode, GenerateConfig, GenerateRequest, RequestHead, WireError, PROTOCOL_VERSION,
+    BatchRequest, ClassifyRequest, EmbedInput, EmbedRequest, ErrorCode, GenerateConfig, GenerateRequest, RequestHead,
+    WireError, PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 
@@ -317,6 +318,38 @@ pub fn validate_classify(req: &ClassifyRequest, limits: &InputLimits) -> Result<
             req.prompts.len(),
             "max_logits_prompts",
             limits.max_logits_prompts,
+        )?;
+    }
+    Ok(())
+}
+
+/// An embeddings request: 1 to [`crate::MAX_EMBED_INPUTS`] inputs, none empty, each
+/// within the prompt size limit.
+pub fn validate_embed(req: &EmbedRequest, limits: &InputLimits) -> Result<(), WireError> {
+    check_head(&req.head)?;
+    if req.inputs.is_empty() {
+        return Err(bad("inputs is empty".into()));
+    }
+    if req.inputs.len() > crate::MAX_EMBED_INPUTS {
+        return Err(bad(format!(
+            "inputs has {} entries; at most {}",
+            req.inputs.len(),
+            crate::MAX_EMBED_INPUTS
+        )));
+    }
+    for (i, input) in req.inputs.iter().enumerate() {
+        let (empty, bytes) = match input {
+            EmbedInput::Text(t) => (t.is_empty(), t.len()),
+            EmbedInput::Tokens(t) => (t.is_empty(), t.len() * 4),
+        };
+        if empty {
+            return Err(bad(format!("inputs[{i}] is empty")));
+        }
+        within(
+            &format!("inputs[{i}]'s bytes"),
+            bytes,
+            "max_prompt_bytes",
+            limits.max_prompt_bytes,
         )?;
     }
     Ok(())

@@ -11,6 +11,7 @@
 
 pub mod complete;
 mod cors;
+mod embed;
 pub mod errors;
 pub mod keys;
 pub mod metrics;
@@ -102,6 +103,7 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
     let app = Router::new()
         .route("/v1/chat/completions", post(complete::chat))
         .route("/v1/completions", post(complete::completion))
+        .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/fleet", get(fleet))

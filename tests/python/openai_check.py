@@ -83,6 +83,17 @@ out["logprobs"] = {"text": r.choices[0].message.content, "whole": whole, "stream
                    "plain_logprobs": plain.choices[0].logprobs is None,
                    "completion": r2.choices[0].logprobs.model_dump(), "completion_text": r2.choices[0].text}
 
+# Embeddings: one string, a list (the SDK asks for base64 and decodes it), floats
+# asked for explicitly, and token ids.
+one = c.embeddings.create(model=model, input="The capital of France is Paris.")
+many = c.embeddings.create(model=model, input=["I loved this film.", "Terrible service.", "The capital of France is Paris."])
+floats = c.embeddings.create(model=model, input="The capital of France is Paris.", encoding_format="float")
+ids = c.embeddings.create(model=model, input=[[504, 3575, 282], [19556]])
+out["embeddings"] = {"one": one.data[0].embedding, "many": [d.embedding for d in many.data],
+                     "indexes": [d.index for d in many.data], "floats": floats.data[0].embedding,
+                     "prompt_tokens": one.usage.prompt_tokens, "ids": [len(d.embedding) for d in ids.data],
+                     "object": one.object}
+
 
 def error_of(fn):
     try:
@@ -105,6 +116,11 @@ out["n1000"] = error_of(lambda: c.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=1000))
 out["top_logprobs21"] = error_of(lambda: c.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True, top_logprobs=21))
+out["embed_empty_list"] = error_of(lambda: c.embeddings.create(model=model, input=[]))
+out["embed_empty_string"] = error_of(lambda: c.embeddings.create(model=model, input=["a", ""]))
+out["embed_2049"] = error_of(lambda: c.embeddings.create(model=model, input=["x"] * 2049))
+out["embed_bad_token"] = error_of(lambda: c.embeddings.create(model=model, input=[[1, 999999]]))
+out["embed_too_long"] = error_of(lambda: c.embeddings.create(model=model, input="word " * 9000))
 out["overflow"] = error_of(lambda: c.completions.create(model=model, prompt="word " * 9000, max_tokens=2))
 lim = openai.OpenAI(base_url=base, api_key=limited, max_retries=0)
 out["limited_first"] = error_of(lambda: lim.chat.completions.create(

@@ -305,6 +305,9 @@ impl Batcher {
                 } => {
                     let _ = reply.send(self.engine.classify(&prompts, return_logits));
                 }
+                Job::Embed { inputs, reply } => {
+                    let _ = reply.send(self.engine.embed(&inputs));
+                }
             }
         }
     }

@@ -29,6 +29,11 @@ pub enum Job {
         return_logits: bool,
         reply: tokio::sync::oneshot::Sender<Vec<Result<ClassifyResult, BackendError>>>,
     },
+    /// Embeddings (hidden-state passes); the answer comes back on `reply`.
+    Embed {
+        inputs: Vec<Prompt>,
+        reply: tokio::sync::oneshot::Sender<Vec<Result<switchyard_messages::Embedding, BackendError>>>,
+    },
     /// A session's call on its pinned slot (answered at once, between steps).
     Session(SessionOp),
 }
@@ -506,6 +511,21 @@ impl Engine {
             self.slots[s.seq].resident.extend_from_slice(s.tokens);
         }
         Ok(logits)
+    }
+
+    /// [`Self::forward`] returning the final hidden states ([`Forward::hidden_batch`])
+    /// instead of logits; every step must fit one pass.
+    pub fn hidden(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        for s in steps {
+            self.save_tail(s.seq, s.pos);
+            self.save_leaving(s.seq, s.pos, s.tokens.len());
+            self.slots[s.seq].resident.truncate(s.pos);
+        }
+        let rows = guarded(|| self.model.hidden_batch(steps))?;
+        for s in steps {
+            self.slots[s.seq].resident.extend_from_slice(s.tokens);
+        }
+        Ok(rows)
     }
 
     /// Refuses a `logit_bias` naming a token outside the vocabulary.

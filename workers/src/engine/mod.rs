@@ -433,6 +433,25 @@ impl TextModel for EngineModel {
         })
     }
 
+    fn embed(&self, inputs: Vec<Prompt>) -> switchyard_messages::EmbedFuture {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let n = inputs.len();
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(compute::Job::Embed { inputs, reply });
+        Box::pin(async move {
+            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
+            if sent.is_err() {
+                return (0..n).map(|_| Err(stopped())).collect();
+            }
+            answer
+                .await
+                .unwrap_or_else(|_| (0..n).map(|_| Err(stopped())).collect())
+        })
+    }
+
     fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {
         // One stream per prompt, queued on the engine in order: they decode together
         // as far as slots allow, and each collects alone.

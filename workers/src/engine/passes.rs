@@ -4,7 +4,7 @@
 
 use super::compute::Engine;
 use super::model::forward::{CachedKeys, SeqStep};
-use switchyard_messages::{AttentionSnapshot, BackendError, ClassifyResult, Prompt, Token};
+use switchyard_messages::{AttentionSnapshot, BackendError, ClassifyResult, Embedding, Prompt, Token};
 
 impl Engine {
     /// Prefills `prompt` in a free slot and returns the post-RoPE keys of every layer.
@@ -34,6 +34,50 @@ impl Engine {
             head_dim: head_dim as u32,
             keys,
             architecture,
+        })
+    }
+
+    /// Embeddings: each input's tokens through the model from position 0 in a free
+    /// slot, the final hidden states (after the output norm) averaged over the
+    /// tokens and L2-normalised — llama.cpp's `--pooling mean` with its default
+    /// Euclidean normalisation. Inputs run one after another; a failing input fails
+    /// alone.
+    pub fn embed(&mut self, inputs: &[Prompt]) -> Vec<Result<Embedding, BackendError>> {
+        inputs.iter().map(|p| self.embed_one(p)).collect()
+    }
+
+    fn embed_one(&mut self, prompt: &Prompt) -> Result<Embedding, BackendError> {
+        let tokens = self.tokenize(prompt)?;
+        self.check_fits(&tokens, 0)?;
+        let max = self.model.max_pass();
+        if tokens.len() > max {
+            return Err(BackendError::Invalid(format!(
+                "an input of {} tokens: this model embeds at most {max} in one pass",
+                tokens.len()
+            )));
+        }
+        let (slot, _) = self
+            .claim(&tokens)
+            .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
+        let step = SeqStep {
+            outputs: tokens.len(),
+            ..SeqStep::new(slot, &tokens, 0)
+        };
+        let rows = self.hidden(&[step]);
+        self.release(slot);
+        let rows = rows?;
+        let d = rows.first().map_or(0, Vec::len);
+        let mut mean = vec![0.0f64; d];
+        for row in &rows {
+            for (m, v) in mean.iter_mut().zip(row) {
+                *m += *v as f64;
+            }
+        }
+        let norm = mean.iter().map(|m| m * m).sum::<f64>().sqrt();
+        let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+        Ok(Embedding {
+            vector: mean.iter().map(|m| (m * scale) as f32).collect(),
+            tokens: tokens.len() as u32,
         })
     }
 

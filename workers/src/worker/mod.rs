@@ -5,6 +5,7 @@
 pub mod batcher;
 pub mod coalesce;
 pub mod context;
+mod embed;
 pub mod kv;
 pub mod recent;
 pub mod service;
@@ -246,6 +247,7 @@ impl Actor for WorkerActor {
             ("generate", Handler::Stream { chat: false }),
             ("chat", Handler::Stream { chat: true }),
             ("classify", Handler::Unary(service::Unary::Classify)),
+            ("embed", Handler::Unary(service::Unary::Embed)),
             ("batch", Handler::Unary(service::Unary::Batch)),
             ("session_open", Handler::SessionOpen),
         ] {

@@ -14,9 +14,10 @@ use std::time::Instant;
 use switchyard_actors::ChunkSink;
 use switchyard_messages::subjects::{HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_STREAM_TO};
 use switchyard_messages::{
-    check_deadline, decode, encode, validate_batch, validate_classify, validate_request, Admission as AdmissionMsg,
-    BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Constraint, ErrorCode, ErrorReply,
-    FinishReason, GenerateEvent, GenerateRequest, Prompt, RequestHead, WireError, PROTOCOL_VERSION,
+    check_deadline, decode, encode, validate_batch, validate_classify, validate_embed, validate_request,
+    Admission as AdmissionMsg, BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Constraint,
+    EmbedRequest, ErrorCode, ErrorReply, FinishReason, GenerateEvent, GenerateRequest, Prompt, RequestHead, WireError,
+    PROTOCOL_VERSION,
 };
 
 pub use super::context::ServeContext;
@@ -438,11 +439,14 @@ pub enum Unary {
     Classify,
     /// Batch generation: [`BatchRequest`] → [`BatchReply`].
     Batch,
+    /// (1.7) Embeddings: [`EmbedRequest`] → [`EmbedReply`].
+    Embed,
 }
 
 enum UnaryRequest {
     Classify(ClassifyRequest),
     Batch(BatchRequest),
+    Embed(EmbedRequest),
 }
 
 /// Handles one request on the `classify` or `batch` endpoint: admitted like a
@@ -462,10 +466,12 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
         let req = match verb {
             Unary::Classify => UnaryRequest::Classify(decode(&msg.payload).map_err(bad)?),
             Unary::Batch => UnaryRequest::Batch(decode(&msg.payload).map_err(bad)?),
+            Unary::Embed => UnaryRequest::Embed(decode(&msg.payload).map_err(bad)?),
         };
         match &req {
             UnaryRequest::Classify(r) => validate_classify(r, &ctx.limits)?,
             UnaryRequest::Batch(r) => validate_batch(r, &ctx.limits)?,
+            UnaryRequest::Embed(r) => validate_embed(r, &ctx.limits)?,
         }
         if head.deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
             return Err(WireError::new(
@@ -539,6 +545,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
                 results,
             })
         }
+        UnaryRequest::Embed(r) => super::embed::reply(&ctx, &head.request_id, r).await,
         UnaryRequest::Batch(r) => {
             let cancel = ctx.cancels.insert(&head.request_id, &reply_to);
             let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
@@ -555,6 +562,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
     let what = match verb {
         Unary::Classify => "classify",
         Unary::Batch => "batch",
+        Unary::Embed => "embed",
     };
     let body = switchyard_actors::nats::fit_reply(&ctx.client, body, what);
     if let Err(e) = ctx.client.publish(reply_to, body.into()).await {

@@ -33,6 +33,28 @@ impl TextModel for LlamaCppModel {
         }))
     }
 
+    /// The server's own embeddings (`/v1/embeddings`; it must run with `--embeddings`,
+    /// and pools as its `--pooling` says), one request per input so each fails alone.
+    fn embed(&self, inputs: Vec<Prompt>) -> switchyard_messages::EmbedFuture {
+        let this = self.clone();
+        Box::pin(async move {
+            let jobs = inputs.into_iter().map(|p| {
+                let this = this.clone();
+                async move {
+                    let input = this.prompt_value(&p, 0).await?;
+                    let v = this.post("/v1/embeddings", json!({"input": input})).await?;
+                    let vector: Vec<f32> = serde_json::from_value(v["data"][0]["embedding"].clone())
+                        .map_err(|e| BackendError::Compute(format!("llama.cpp sent no embedding: {e}")))?;
+                    Ok(switchyard_messages::Embedding {
+                        vector,
+                        tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as u32,
+                    })
+                }
+            });
+            futures::future::join_all(jobs).await
+        })
+    }
+
     fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture {
         let this = self.clone();
         Box::pin(async move {

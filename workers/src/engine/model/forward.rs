@@ -52,6 +52,15 @@ pub trait Forward: Send {
     /// each step's last `outputs` positions, step after step (one row per step
     /// when every `outputs` is 1).
     fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError>;
+    /// [`Forward::forward_batch`], returning instead of logits the hidden states
+    /// after the output norm of each step's last `outputs` positions (embeddings).
+    fn hidden_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let _ = steps;
+        Err(BackendError::Unavailable(format!(
+            "the {} engine does not compute embeddings",
+            self.kind()
+        )))
+    }
     /// Which implementation this is (for logs and benchmarks).
     fn kind(&self) -> &'static str;
     /// Post-RoPE keys of positions `0..len` of sequence `seq` with (kv heads, head
@@ -151,14 +160,9 @@ impl CpuForward {
             share_pages: true,
         }
     }
-}
 
-impl Forward for CpuForward {
-    fn sequences(&self) -> usize {
-        self.caches.len()
-    }
-
-    fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+    /// One pass over `steps`: logits, or (`hidden`) the final hidden states.
+    fn run(&mut self, steps: &[SeqStep<'_>], hidden: bool) -> Result<Vec<Vec<f32>>, BackendError> {
         let ctx = self.model.context_len();
         let mut caches: Vec<Option<&mut KvCache>> = self.caches.iter_mut().map(Some).collect();
         let mut batch = Vec::with_capacity(steps.len());
@@ -186,7 +190,25 @@ impl Forward for CpuForward {
                 outputs: s.outputs,
             });
         }
-        Ok(self.model.forward_batch(&mut batch))
+        Ok(if hidden {
+            self.model.hidden_batch(&mut batch)
+        } else {
+            self.model.forward_batch(&mut batch)
+        })
+    }
+}
+
+impl Forward for CpuForward {
+    fn sequences(&self) -> usize {
+        self.caches.len()
+    }
+
+    fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.run(steps, false)
+    }
+
+    fn hidden_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.run(steps, true)
     }
 
     fn kind(&self) -> &'static str {

@@ -172,11 +172,18 @@ impl LlamaModel {
     /// with rings) runs its leading tokens in passes of that many first, without
     /// logits; the same arithmetic row by row, so the same logits as one pass.
     pub fn forward_batch(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
-        team::awake(|| self.passes(steps))
+        team::awake(|| self.passes(steps, Out::Logits))
+    }
+
+    /// [`Self::forward_batch`], returning instead of logits the final hidden states
+    /// (after the output norm, `n_embd` values) of each step's last `outputs`
+    /// positions: what embeddings pool.
+    pub fn hidden_batch(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
+        team::awake(|| self.passes(steps, Out::Hidden))
     }
 
     /// [`Self::forward_batch`]'s passes, with the compute team awake around them.
-    fn passes(&self, steps: &mut [Step<'_>]) -> Vec<Vec<f32>> {
+    fn passes(&self, steps: &mut [Step<'_>], out: Out) -> Vec<Vec<f32>> {
         for s in steps.iter() {
             assert!(!s.tokens.is_empty(), "a step without tokens");
             assert!(
@@ -217,7 +224,7 @@ impl LlamaModel {
             if lead.is_empty() {
                 break;
             }
-            self.pass(&mut lead, false);
+            self.pass(&mut lead, Out::Nothing);
         }
         let mut last: Vec<Step<'_>> = steps
             .iter_mut()
@@ -229,12 +236,11 @@ impl LlamaModel {
                 outputs: s.outputs,
             })
             .collect();
-        self.pass(&mut last, true)
+        self.pass(&mut last, out)
     }
 
-    /// One forward pass; the logits of each step's last `outputs` positions when
-    /// `logits`, else none.
-    fn pass(&self, steps: &mut [Step<'_>], logits: bool) -> Vec<Vec<f32>> {
+    /// One forward pass; what `out` asks of each step's last `outputs` positions.
+    fn pass(&self, steps: &mut [Step<'_>], out: Out) -> Vec<Vec<f32>> {
         let p = &self.params;
         let kern = Kernels::active();
         for s in steps.iter_mut() {
@@ -351,7 +357,7 @@ impl LlamaModel {
                 &mut normed,
             );
         }
-        if !logits {
+        if out == Out::Nothing {
             return Vec::new();
         }
         // Only each step's last `outputs` positions need logits.
@@ -366,12 +372,26 @@ impl LlamaModel {
         }
         let mut normed = vec![0.0f32; m * d];
         rms_norm(&last, &self.out_norm, p.rms_eps, d, &mut normed);
+        if out == Out::Hidden {
+            return normed.chunks_exact(d).map(<[f32]>::to_vec).collect();
+        }
         let output = self.output.as_ref().unwrap_or(&self.embd);
         let act = output.prepare(&normed, m);
         let mut logits = vec![0.0f32; m * output.rows];
         output.matmul(&act, m, &mut logits);
         logits.chunks_exact(output.rows).map(<[f32]>::to_vec).collect()
     }
+}
+
+/// What a pass returns for the positions that want outputs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// Nothing (the leading passes of a long step).
+    Nothing,
+    /// The logits.
+    Logits,
+    /// The hidden states after the output norm.
+    Hidden,
 }
 
 /// `f(gate_row, up_row)` for each of the `n` rows of `width` values, over the rayon
