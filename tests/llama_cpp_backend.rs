@@ -32,11 +32,15 @@ async fn collect(model: &dyn TextModel, prompt: Prompt, config: GenerateConfig) 
 /// `-fa off`), the llama.cpp backend in front of it, and the CPU engine on the same
 /// GGUF; `None` where no llama-server is built.
 async fn both_backends(slots: usize) -> Option<(LlamaServer, LlamaCppModel, EngineModel)> {
+    both_backends_with(slots, &[]).await
+}
+
+/// [`both_backends`] with more llama-server arguments.
+async fn both_backends_with(slots: usize, args: &[&str]) -> Option<(LlamaServer, LlamaCppModel, EngineModel)> {
     let bin = llama_server_bin()?;
     let path = demo_model();
-    let server = LlamaServer::start_with(&bin, &path, slots, slots, &["-fa", "off"])
-        .await
-        .unwrap();
+    let args: Vec<&str> = ["-fa", "off"].iter().chain(args).copied().collect();
+    let server = LlamaServer::start_with(&bin, &path, slots, slots, &args).await.unwrap();
     let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
         .await
         .unwrap();
@@ -304,15 +308,9 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 /// on twenty varied texts, unit length, one bad input failing alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_agree_with_llama_server() {
-    let Some(bin) = llama_server_bin() else { return };
-    let path = demo_model();
-    let server = LlamaServer::start_with(&bin, &path, 1, 1, &["-fa", "off", "--embeddings", "--pooling", "mean"])
-        .await
-        .unwrap();
-    let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
-        .await
-        .unwrap();
-    let local = EngineModel::load(&path, &LoadConfig::default()).unwrap();
+    let Some((_server, remote, local)) = both_backends_with(1, &["--embeddings", "--pooling", "mean"]).await else {
+        return;
+    };
     let inputs: Vec<Prompt> = EMBED_TEXTS.iter().map(|t| Prompt::Text(t.to_string())).collect();
     let ours = local.embed(inputs.clone()).await;
     let theirs = remote.embed(inputs).await;

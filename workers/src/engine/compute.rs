@@ -501,31 +501,32 @@ impl Engine {
 
     /// One pass of [`Self::forward`].
     fn pass(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.pass_with(steps, |m, s| m.forward_batch(s))
+    }
+
+    /// One pass of `run` over `steps`, the slots' `resident` kept true around it.
+    fn pass_with(
+        &mut self,
+        steps: &[SeqStep<'_>],
+        run: impl FnOnce(&mut Box<dyn Forward>, &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError>,
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
         for s in steps {
             self.save_tail(s.seq, s.pos);
             self.save_leaving(s.seq, s.pos, s.tokens.len());
             self.slots[s.seq].resident.truncate(s.pos);
         }
-        let logits = guarded(|| self.model.forward_batch(steps))?;
+        let model = &mut self.model;
+        let rows = guarded(|| run(model, steps))?;
         for s in steps {
             self.slots[s.seq].resident.extend_from_slice(s.tokens);
         }
-        Ok(logits)
+        Ok(rows)
     }
 
     /// [`Self::forward`] returning the final hidden states ([`Forward::hidden_batch`])
     /// instead of logits; every step must fit one pass.
     pub fn hidden(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
-        for s in steps {
-            self.save_tail(s.seq, s.pos);
-            self.save_leaving(s.seq, s.pos, s.tokens.len());
-            self.slots[s.seq].resident.truncate(s.pos);
-        }
-        let rows = guarded(|| self.model.hidden_batch(steps))?;
-        for s in steps {
-            self.slots[s.seq].resident.extend_from_slice(s.tokens);
-        }
-        Ok(rows)
+        self.pass_with(steps, |m, s| m.hidden_batch(s))
     }
 
     /// Refuses a `logit_bias` naming a token outside the vocabulary.
