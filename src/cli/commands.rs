@@ -150,6 +150,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(super::BenchCommand::Mlx(args)) => super::bench::mlx::run(config, &args).await,
         Command::Bench(super::BenchCommand::Pull(args)) => super::bench::pull::run(config, &args).await,
         Command::Bench(super::BenchCommand::Stall(args)) => super::bench::stall::run(&args).await,
+        Command::Bench(super::BenchCommand::Embed(args)) => {
+            let model = args.model.clone().unwrap_or_else(node::demo_model_path);
+            let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
+            super::bench::embed::embed(&model, &bin, args.threads, args.runs, args.inputs).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(super::BenchCommand::Structured(args)) => {
             let models = match args.model.is_empty() {
                 true => super::bench::structured::default_models(),

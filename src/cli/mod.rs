@@ -165,6 +165,10 @@ pub enum BenchCommand {
     /// and constrained to a nested schema, alternating runs: decode tok/s and ratio,
     /// per model (default: both reference models).
     Structured(bench::structured::BenchStructuredArgs),
+    /// Embeddings throughput: the CPU engine against llama-server's `--embeddings
+    /// --pooling mean` on the same GGUF, same threads, one slot each, alternating runs
+    /// of the same inputs: inputs/s, ratio, and the lowest cosine between their vectors.
+    Embed(bench::embed::BenchEmbedArgs),
     /// Speculative decoding by prompt lookup on tasks whose answers repeat their input
     /// (rewrite, extract, edit code): the CPU engine without and with it, and
     /// llama-server plain and with its n-gram speculation, same GGUF, alternating greedy

@@ -23,6 +23,7 @@ fn worker_backend<'a>(command: &'a Command, config: &'a Config) -> Option<&'a st
             | BenchCommand::Kv(_)
             | BenchCommand::Stall(_)
             | BenchCommand::Structured(_)
+            | BenchCommand::Embed(_)
             | BenchCommand::Spec(_),
         ) => return Some("cpu"),
         _ => return None,

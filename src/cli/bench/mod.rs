@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod burst;
 pub mod chaos;
+pub mod embed;
 pub mod gateway;
 pub mod kv;
 pub mod limit;
