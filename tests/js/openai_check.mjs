@@ -156,6 +156,13 @@ await section('tools_required', async () => {
 });
 
 out.failures = failures;
+await section('embeddings', async () => {
+  const r = await client.embeddings.create({ model, input: ['The train to Rome leaves at nine.', 'Bananas are rich in potassium.'] });
+  const dims = r.data.map((d) => d.embedding.length);
+  check(r.data.length === 2 && dims[0] > 0 && dims[0] === dims[1], `embeddings: ${JSON.stringify(dims)}`);
+  return { n: r.data.length, dims, prompt_tokens: r.usage.prompt_tokens };
+});
+
 console.log(JSON.stringify(out));
 if (failures.length) {
   console.error(`openai_check.mjs: FAILED:\n  ${failures.join('\n  ')}`);

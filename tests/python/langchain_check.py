@@ -167,6 +167,22 @@ def _(res):
     check(res["raised"], f"context_overflow: no ContextOverflowError ({res})")
 
 
+@section("embeddings")
+def _(res):
+    """OpenAIEmbeddings (what a vector store loader uses): documents and a query, one
+    vector each of the model's width, the query closest to the document it repeats."""
+    from langchain_openai import OpenAIEmbeddings
+    emb = OpenAIEmbeddings(base_url=base, api_key=key, model=model, max_retries=0,
+                           check_embedding_ctx_length=False)
+    docs = ["The train to Rome leaves at nine.", "Bananas are rich in potassium.",
+            "The invoice is due on Friday."]
+    vecs = emb.embed_documents(docs)
+    q = emb.embed_query("Bananas are rich in potassium.")
+    dot = [sum(a * b for a, b in zip(q, v)) for v in vecs]
+    res.update({"n": len(vecs), "dims": sorted({len(v) for v in vecs}), "closest": dot.index(max(dot))})
+    check(res["n"] == 3 and res["closest"] == 1, f"embeddings: {res}")
+
+
 out["failures"] = failures
 print(json.dumps(out, default=str))
 if failures:
