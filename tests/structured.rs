@@ -110,7 +110,12 @@ async fn langchain_litellm_and_npm_openai_get_structured_answers_and_calls() {
     assert_eq!(lc["structured_json_mode"]["is_dict"], true);
     assert!(!lc["bind_tools"]["calls"].as_array().unwrap().is_empty());
     assert_eq!(lc["context_overflow"]["raised"], "OpenAIContextOverflowError");
-    assert_eq!(lc["embeddings"]["dims"], serde_json::json!([576]), "{}", lc["embeddings"]);
+    assert_eq!(
+        lc["embeddings"]["dims"],
+        serde_json::json!([576]),
+        "{}",
+        lc["embeddings"]
+    );
     assert_eq!(lc["embeddings"]["closest"], 1, "{}", lc["embeddings"]);
     let ll = script("tests/python/litellm_check.py", args(&base, DEMO_NAME, &[]))
         .await
@@ -122,7 +127,12 @@ async fn langchain_litellm_and_npm_openai_get_structured_answers_and_calls() {
         Some(js) => {
             assert_eq!(js["json_schema"]["valid"], true, "{}", js["json_schema"]);
             assert_eq!(js["tools_required"]["finish"], "tool_calls");
-            assert_eq!(js["embeddings"]["dims"], serde_json::json!([576, 576]), "{}", js["embeddings"]);
+            assert_eq!(
+                js["embeddings"]["dims"],
+                serde_json::json!([576, 576]),
+                "{}",
+                js["embeddings"]
+            );
         }
         None => eprintln!("npm openai not installed (scripts/setup.sh installs it when npm exists)"),
     }

@@ -237,6 +237,18 @@ const TARGETS: &[Target] = &[
             let _ = validate_classify(&r, &l);
         }
     }),
+    target!(EmbedRequest, seed_embed(), |r| {
+        for l in limits() {
+            let _ = validate_embed(&r, &l);
+        }
+    }),
+    target!(EmbedReply, seed_embed_reply(), |r| {
+        for item in &r.results {
+            if let Some(e) = &item.error {
+                error_text(e);
+            }
+        }
+    }),
     target!(BatchRequest, seed_batch(), |r| {
         for l in limits() {
             let _ = validate_batch(&r, &l);
@@ -436,6 +448,36 @@ fn seed_classify() -> Vec<ClassifyRequest> {
         head: seed_head(),
         prompts: vec!["The sky is".into(), "2 + 2 =".into()],
         return_logits: true,
+    }]
+}
+
+fn seed_embed() -> Vec<EmbedRequest> {
+    vec![EmbedRequest {
+        head: seed_head(),
+        inputs: vec![
+            EmbedInput::Text("The sky is blue.".into()),
+            EmbedInput::Tokens(vec![1, 2, 3]),
+        ],
+    }]
+}
+
+fn seed_embed_reply() -> Vec<EmbedReply> {
+    vec![EmbedReply {
+        v: 1,
+        request_id: "req-1".into(),
+        worker_id: "w-0".into(),
+        results: vec![
+            EmbedItem {
+                embedding: vec![0.6, -0.8],
+                tokens: 4,
+                error: None,
+            },
+            EmbedItem {
+                embedding: Vec::new(),
+                tokens: 0,
+                error: Some(seed_error()),
+            },
+        ],
     }]
 }
 
