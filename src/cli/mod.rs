@@ -113,13 +113,13 @@ pub enum BenchCommand {
     /// switchyard's CPU engine against llama.cpp's llama-server on the same GGUF, same
     /// prompt (~100 tokens), same threads, alternating runs: prefill and decode tok/s,
     /// ratios, peak RSS.
-    Llama(BenchLlamaArgs),
+    Llama(bench::llama::BenchLlamaArgs),
     /// The fabric's cost on the llama.cpp path: the same greedy request straight to a
     /// llama-server and through NATS + coordinator + a llama_cpp worker in front of
     /// that same server, alternating: time to first token and tok/s, ratios. Starts
     /// its own nats-server unless --nats is given.
     #[command(name = "llama-cpp")]
-    LlamaCpp(BenchLlamaArgs),
+    LlamaCpp(bench::llama::BenchLlamaArgs),
     /// Time to first token with a warm prefix against a cold one: a new ~1,500-token
     /// document per run and two questions about it, through NATS + coordinator +
     /// worker. Starts its own nats-server unless --nats is given.
@@ -250,33 +250,6 @@ pub struct BenchPrefixArgs {
     /// Paragraphs of ~100 tokens in the shared document.
     #[arg(long, default_value_t = 15)]
     pub paragraphs: usize,
-}
-
-/// `switchyard bench llama`.
-#[derive(Args, Debug)]
-pub struct BenchLlamaArgs {
-    /// GGUF model (default: the demo model).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, else what
-    /// scripts/build-llama-server.sh built).
-    #[arg(long)]
-    pub llama_server: Option<PathBuf>,
-    /// Threads for both engines.
-    #[arg(long, default_value_t = 2)]
-    pub threads: usize,
-    /// Measured runs of each engine (after one warm-up each).
-    #[arg(long, default_value_t = 5)]
-    pub runs: usize,
-    /// Tokens generated per run.
-    #[arg(long, default_value_t = 128)]
-    pub max_tokens: u32,
-    /// Paragraphs of ~100 tokens per prompt (15 gives the ~1,500-token long prompt).
-    #[arg(long, default_value_t = 1)]
-    pub paragraphs: usize,
-    /// bench llama on NVIDIA GPU N: the native cuda engine (a cuda build) against a CUDA llama-server with every layer offloaded (-ngl 999 --device CUDA<N>).
-    #[arg(long)]
-    pub cuda: Option<usize>,
 }
 
 /// `switchyard bench fabric`.

@@ -3,12 +3,41 @@
 //! the native cuda engine against a CUDA llama-server, both on GPU N.
 
 use super::{median, BENCH_PROMPT};
+use clap::Args;
 use futures::StreamExt;
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt, TextModel};
 use switchyard_workers::engine::candle::Placement;
 use switchyard_workers::engine::{Compute, EngineModel};
+
+/// `switchyard bench llama`.
+#[derive(Args, Debug)]
+pub struct BenchLlamaArgs {
+    /// GGUF model (default: the demo model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, else what
+    /// scripts/build-llama-server.sh built).
+    #[arg(long)]
+    pub llama_server: Option<PathBuf>,
+    /// Threads for both engines.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Measured runs of each engine (after one warm-up each).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Tokens generated per run.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: u32,
+    /// Paragraphs of ~100 tokens per prompt (15 gives the ~1,500-token long prompt).
+    #[arg(long, default_value_t = 1)]
+    pub paragraphs: usize,
+    /// bench llama on NVIDIA GPU N: the native cuda engine (a cuda build) against a CUDA llama-server with every layer offloaded (-ngl 999 --device CUDA<N>).
+    #[arg(long)]
+    pub cuda: Option<usize>,
+}
 
 struct Sample {
     prompt_tokens: u64,
