@@ -93,6 +93,7 @@ async fn the_official_openai_client_works_against_the_gateway() {
         "streamed and whole greedy completions agree"
     );
     assert_eq!(r["models"], serde_json::json!([DEMO_NAME]));
+    assert_eq!(r["embedding_dimension"], 576, "/v1/models names the embedding width");
 
     let err = |k: &str, class: &str, status: u64| {
         assert_eq!(r[k]["class"], class, "{k}: {}", r[k]);

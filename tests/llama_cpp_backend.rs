@@ -58,6 +58,7 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
         switchyard_procs::llama_server::CONTEXT / 2,
         "n_ctx per slot from /props"
     );
+    assert_eq!(remote.info().embedding_dim, 0, "a server without --embeddings");
 
     // Greedy conformance: the same 32 tokens from both backends (a prompt on which the
     // engines agree exactly, see tests/greedy_reference.rs).
@@ -311,6 +312,8 @@ async fn embeddings_agree_with_llama_server() {
     let Some((_server, remote, local)) = both_backends_with(1, &["--embeddings", "--pooling", "mean"]).await else {
         return;
     };
+    assert_eq!(remote.info().embedding_dim, 576, "probed at connect");
+    assert_eq!(local.info().embedding_dim, 576);
     let inputs: Vec<Prompt> = EMBED_TEXTS.iter().map(|t| Prompt::Text(t.to_string())).collect();
     let ours = local.embed(inputs.clone()).await;
     let theirs = remote.embed(inputs).await;

@@ -189,6 +189,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         blocks: if ctx.kv_routing { blocks } else { Vec::new() },
         prompt_bytes,
         room: Some(ctx.waiter.options.ahead),
+        embed: verb == Verb::Embed,
     };
     span.record("gen_ai.request.model", req.model.as_str());
     span.record(

@@ -253,6 +253,9 @@ pub struct ModelInfo {
     /// `avx-vnni`, `avx2` or `portable` (all compute the same bits); empty where the
     /// backend does not say.
     pub kernels: String,
+    /// (1.7) The width of the vectors `embed` returns; `0`: this backend cannot embed
+    /// with this model (coordinators send embed requests only where it is not 0).
+    pub embedding_dim: u32,
 }
 
 /// Performance of one finished generation.

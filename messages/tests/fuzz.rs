@@ -573,6 +573,7 @@ fn seed_model_info_struct() -> ModelInfo {
         quant_group: 32,
         context_len: 8192,
         kernels: "avx2".into(),
+        embedding_dim: 576,
     }
 }
 

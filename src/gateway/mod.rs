@@ -176,8 +176,13 @@ async fn model(
 }
 
 fn model_json(m: &switchyard_messages::ModelEntry) -> serde_json::Value {
-    json!({"id": m.name, "object": "model", "created": 0, "owned_by": "switchyard",
-           "backends": m.backends, "workers": m.workers.len(), "context_length": m.info.context_len})
+    let mut v = json!({"id": m.name, "object": "model", "created": 0, "owned_by": "switchyard",
+                       "backends": m.backends, "workers": m.workers.len(), "context_length": m.info.context_len});
+    if m.info.embedding_dim > 0 {
+        // Served by `POST /v1/embeddings`, vectors of this width.
+        v["embedding_dimension"] = json!(m.info.embedding_dim);
+    }
+    v
 }
 
 /// A key restricted to some models may still list them.

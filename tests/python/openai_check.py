@@ -46,6 +46,7 @@ text = "".join(ch.choices[0].text for ch in c.completions.create(
 out["completion_stream_same"] = text == r.choices[0].text
 
 out["models"] = [m.id for m in c.models.list().data]
+out["embedding_dimension"] = c.models.list().data[0].model_extra.get("embedding_dimension")
 out["retrieve"] = c.models.retrieve(model).id
 
 # n choices, whole and streamed; seeded, so the same request gives the same choices.

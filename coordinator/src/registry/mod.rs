@@ -68,6 +68,8 @@ pub struct RouteQuery {
     /// Only workers with room: fewer requests than their capacity plus this many
     /// (and than their own limit). `None` = every routable worker, saturated last.
     pub room: Option<u32>,
+    /// (1.7) Only workers whose model embeds (`info.embedding_dim` > 0).
+    pub embed: bool,
 }
 
 /// A routing decision: the candidates, best first, and how many leading blocks of
@@ -347,8 +349,15 @@ impl Registry {
                 continue;
             }
             serving = true;
+            let embeds = || {
+                status()
+                    .models
+                    .iter()
+                    .any(|m| (q.model.is_empty() || m.name == q.model) && m.info.embedding_dim > 0)
+            };
             if q.backend.as_deref().is_some_and(|want| status().backend != want)
                 || q.worker.as_deref().is_some_and(|want| slot.id != want)
+                || (q.embed && !embeds())
             {
                 continue;
             }
@@ -369,10 +378,11 @@ impl Registry {
             return Err(WireError::new(
                 ErrorCode::NoWorker,
                 format!(
-                    "no live worker serves {:?} with backend {:?} and worker {:?}",
+                    "no live worker serves {:?} with backend {:?} and worker {:?}{}",
                     q.model,
                     q.backend.as_deref().unwrap_or("any"),
-                    q.worker.as_deref().unwrap_or("any")
+                    q.worker.as_deref().unwrap_or("any"),
+                    if q.embed { " that can embed" } else { "" }
                 ),
             ));
         }
@@ -499,6 +509,8 @@ impl Registry {
                     info: m.info.clone(),
                 });
                 entry.workers.push(e.status.worker_id.clone());
+                // Embeddable when any of its workers embeds.
+                entry.info.embedding_dim = entry.info.embedding_dim.max(m.info.embedding_dim);
                 if !entry.backends.contains(&e.status.backend) {
                     entry.backends.push(e.status.backend.clone());
                 }

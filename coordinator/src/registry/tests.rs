@@ -275,6 +275,26 @@ fn measured(id: &str, prefill_tps: f64, service_ms: f64) -> Heartbeat {
     }
 }
 
+/// Embed requests go only to workers whose model embeds; none is `no_worker`.
+#[test]
+fn embed_requests_go_only_to_workers_that_embed() {
+    let mut r = Registry::new(Duration::from_secs(3));
+    let now = Instant::now();
+    let mut embeds = worker("cpu-1", "cpu", "m");
+    embeds.models[0].info.embedding_dim = 576;
+    r.heartbeat(embeds, now);
+    r.heartbeat(worker("llama-1", "llama_cpp", "m"), now);
+    let embed = RouteQuery { embed: true, ..q("m") };
+    assert_eq!(r.route(&embed).unwrap(), vec!["cpu-1"]);
+    assert_eq!(r.route(&q("m")).unwrap().len(), 2, "generation goes to both");
+    let mut plain = worker("cpu-1", "cpu", "m");
+    plain.seq = 2;
+    r.heartbeat(plain, now);
+    let e = r.route(&embed).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoWorker, "{e:?}");
+    assert!(e.message.contains("can embed"), "{}", e.message);
+}
+
 fn prompt(blocks: &[u64], bytes: usize) -> RouteQuery {
     RouteQuery {
         model: "m".into(),

@@ -171,6 +171,7 @@ impl EngineModel {
             quant_group,
             context_len: context_len as u32,
             kernels: crate::engine::kernels::isa::active().name().into(),
+            embedding_dim: 0,
         };
         let template_src = content
             .metadata
@@ -192,7 +193,11 @@ impl EngineModel {
         let slots = slots_for(config);
         let weights = file.metadata().map(|m| m.len()).unwrap_or(0);
         let model = match compute {
-            Compute::Own => Self::forward_impl(content, &mut file, context_len, slots),
+            Compute::Own => {
+                // switchyard's own pass returns hidden states (`Forward::hidden_batch`).
+                info.embedding_dim = info.hidden_size;
+                Self::forward_impl(content, &mut file, context_len, slots)
+            }
             Compute::Candle { placement, gpu_layers } => {
                 candle::CandleForward::load(&content, &mut file, context_len, slots, placement, gpu_layers).map(|m| {
                     info.kernels = match m.gpu_name() {
@@ -230,6 +235,7 @@ impl EngineModel {
             quant_group: 0,
             context_len: context_len as u32,
             kernels: crate::engine::kernels::isa::active().name().into(),
+            embedding_dim: 0,
         };
         // tokenizer_config.json carries the chat template and the BOS/EOS texts.
         let tc: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))

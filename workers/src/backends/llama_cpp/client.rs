@@ -138,6 +138,7 @@ impl LlamaCppModel {
             quant_group: 0,
             context_len: props.n_ctx,
             kernels: String::new(),
+            embedding_dim: embedding_dim(&http, &url).await,
         };
         tracing::info!(%url, model = %props.model_path, n_ctx = props.n_ctx, slots = props.total_slots, "llama.cpp server connected");
         let shared = Arc::new(Shared {
@@ -503,6 +504,23 @@ impl LlamaCppModel {
                 }
             }
         }
+    }
+}
+
+/// The width of the server's embeddings, asked once at connect (one token's
+/// embedding); 0 when it does not embed (started without `--embeddings`).
+async fn embedding_dim(http: &reqwest::Client, url: &str) -> u32 {
+    let probe = http
+        .post(format!("{url}/v1/embeddings"))
+        .json(&json!({"input": "a"}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await;
+    match probe {
+        Ok(r) if r.status().is_success() => r.json::<Value>().await.unwrap_or_default()["data"][0]["embedding"]
+            .as_array()
+            .map_or(0, |v| v.len() as u32),
+        _ => 0,
     }
 }
 

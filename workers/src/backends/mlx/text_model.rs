@@ -36,6 +36,7 @@ impl MlxModel {
             quant_bits: n("quant_bits"),
             quant_group: n("quant_group"),
             kernels: format!("mlx {}", i["device"].as_str().unwrap_or_default()),
+            embedding_dim: 0,
         };
         Self {
             bridge,
