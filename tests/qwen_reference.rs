@@ -56,6 +56,7 @@ async fn random_qwen2_and_qwen3_match_llama_server() {
         ("qwen2", "q4_0"),
         ("qwen3", "q4_1"),
         ("qwen2", "q5_0"),
+        ("qwen3", "q5_1"),
         ("qwen3", "q4_k"),
         ("qwen2", "q5_k"),
     ] {
@@ -132,21 +133,22 @@ fn an_unsupported_architecture_is_refused_by_name() {
         err.contains("\"mamba\"") && err.contains("llama, qwen2, qwen3, gemma3"),
         "{err}"
     );
-    // A weight type without a kernel is refused, naming the tensor and the type.
-    let q5_1 = dir.path().join("random-q5_1.gguf");
+    // A weight type without a kernel (BF16 in a GGUF) is refused, naming the tensor
+    // and the type.
+    let bf16 = dir.path().join("random-bf16.gguf");
     let out = Command::new(python())
         .arg(repo().join("scripts/make-random-qwen-gguf.py"))
         .arg(demo_model())
-        .arg(&q5_1)
-        .args(["qwen2", "1234", "q5_1"])
+        .arg(&bf16)
+        .args(["qwen2", "1234", "bf16"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let err = EngineModel::load(&q5_1, &LoadConfig::default())
+    let err = EngineModel::load(&bf16, &LoadConfig::default())
         .err()
         .expect("refused")
         .to_string();
-    assert!(err.contains("token_embd.weight") && err.contains("Q5_1"), "{err}");
+    assert!(err.contains("token_embd.weight") && err.contains("BF16"), "{err}");
 
     let garbage = dir.path().join("garbage.gguf");
     std::fs::write(&garbage, b"not a gguf file at all").unwrap();
