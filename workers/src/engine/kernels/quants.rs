@@ -94,45 +94,34 @@ pub trait MinBlock: Copy + Sync {
     fn qh(&self) -> [u8; 4];
 }
 
-impl MinBlock for BlockQ4_1 {
-    const FIFTH: bool = false;
-    #[inline(always)]
-    fn d(&self) -> u16 {
-        self.d
-    }
-    #[inline(always)]
-    fn m(&self) -> u16 {
-        self.m
-    }
-    #[inline(always)]
-    fn qs(&self) -> &[u8; 16] {
-        &self.qs
-    }
-    #[inline(always)]
-    fn qh(&self) -> [u8; 4] {
-        [0; 4]
-    }
+/// `MinBlock` for a block type: whether it has fifth bits, and how to read them.
+macro_rules! min_block {
+    ($block:ty, $fifth:expr, |$b:ident| $qh:expr) => {
+        impl MinBlock for $block {
+            const FIFTH: bool = $fifth;
+            #[inline(always)]
+            fn d(&self) -> u16 {
+                self.d
+            }
+            #[inline(always)]
+            fn m(&self) -> u16 {
+                self.m
+            }
+            #[inline(always)]
+            fn qs(&self) -> &[u8; 16] {
+                &self.qs
+            }
+            #[inline(always)]
+            fn qh(&self) -> [u8; 4] {
+                let $b = self;
+                $qh
+            }
+        }
+    };
 }
 
-impl MinBlock for BlockQ5_1 {
-    const FIFTH: bool = true;
-    #[inline(always)]
-    fn d(&self) -> u16 {
-        self.d
-    }
-    #[inline(always)]
-    fn m(&self) -> u16 {
-        self.m
-    }
-    #[inline(always)]
-    fn qs(&self) -> &[u8; 16] {
-        &self.qs
-    }
-    #[inline(always)]
-    fn qh(&self) -> [u8; 4] {
-        self.qh
-    }
-}
+min_block!(BlockQ4_1, false, |_b| [0; 4]);
+min_block!(BlockQ5_1, true, |b| b.qh);
 
 /// The unsigned values of a [`MinBlock`], in ggml's order (low nibbles, then high).
 #[inline]
