@@ -297,12 +297,6 @@ const EMBED_TEXTS: [&str; 20] = [
     "🙂 emoji and ünïcödé",
 ];
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
-    let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (n(a) * n(b))
-}
-
 /// Embeddings of the chat model the fleet serves: the CPU engine's mean-pooled,
 /// L2-normalised final hidden states against llama-server's `--embeddings --pooling
 /// mean` on the same GGUF (also what the llama.cpp backend returns): cosine ≥ 0.999

@@ -81,5 +81,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `queues` in the fleet status. 1.5: speculative decoding's `draft_tokens` and
 /// `accepted_tokens` in the final metrics and, summed, in `RecentLatency`. 1.6:
 /// `config.fit_max_tokens` and `config.logit_bias`. 1.7: `config.logprobs` and
-/// `Token.logprob` ([`TokenLogprob`]).
-pub const PROTOCOL_MINOR: u32 = 7;
+/// `Token.logprob` ([`TokenLogprob`]). 1.8: `ModelInfo.embedding_only` (embedding
+/// models: routed embed requests only).
+pub const PROTOCOL_MINOR: u32 = 8;

@@ -256,6 +256,9 @@ pub struct ModelInfo {
     /// (1.7) The width of the vectors `embed` returns; `0`: this backend cannot embed
     /// with this model (coordinators send embed requests only where it is not 0).
     pub embedding_dim: u32,
+    /// (1.8) The model embeds and does nothing else (an encoder such as BERT):
+    /// coordinators send it embed requests only, and no generation or classification.
+    pub embedding_only: bool,
 }
 
 /// Performance of one finished generation.

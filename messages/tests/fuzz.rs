@@ -574,6 +574,7 @@ fn seed_model_info_struct() -> ModelInfo {
         context_len: 8192,
         kernels: "avx2".into(),
         embedding_dim: 576,
+        embedding_only: false,
     }
 }
 

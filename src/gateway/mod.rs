@@ -182,6 +182,10 @@ fn model_json(m: &switchyard_messages::ModelEntry) -> serde_json::Value {
         // Served by `POST /v1/embeddings`, vectors of this width.
         v["embedding_dimension"] = json!(m.info.embedding_dim);
     }
+    if m.info.embedding_only {
+        // An embedding model: chat and completions are refused for it.
+        v["embedding_only"] = json!(true);
+    }
     v
 }
 

@@ -552,3 +552,11 @@ pub async fn greedy_ids(
     }
     (ids, metrics.expect("a final event"))
 }
+
+/// The cosine of two vectors, in f64.
+#[allow(dead_code)] // only the embedding tests use it
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}

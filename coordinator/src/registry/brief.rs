@@ -18,6 +18,8 @@ pub struct Brief {
     pub routable: bool,
     /// It serves a model interned past 64: check its status.
     pub more_models: bool,
+    /// (1.8) It serves an embedding-only model: a generation must check which.
+    pub encoders: bool,
     /// Backend preference ([`switchyard_messages::BackendKind::rank`]).
     pub rank: u8,
     /// Slots.

@@ -68,7 +68,8 @@ pub struct RouteQuery {
     /// Only workers with room: fewer requests than their capacity plus this many
     /// (and than their own limit). `None` = every routable worker, saturated last.
     pub room: Option<u32>,
-    /// (1.7) Only workers whose model embeds (`info.embedding_dim` > 0).
+    /// (1.7) Only workers whose model embeds (`info.embedding_dim` > 0); when not
+    /// set, (1.8) only workers whose model generates (not `info.embedding_only`).
     pub embed: bool,
 }
 
@@ -205,6 +206,7 @@ impl Registry {
             routable: status.available && !status.draining,
             models,
             more_models,
+            encoders: status.models.iter().any(|m| m.info.embedding_only),
             rank: BackendKind::rank(&status.backend).min(127) as u8,
             capacity: status.capacity,
             limit: status.capacity + status.queue_capacity,
@@ -335,6 +337,8 @@ impl Registry {
             name => Some(*self.model_ids.get(name).ok_or_else(|| self.unknown_model(name))?),
         };
         let (mut serving, mut matching, mut measured, mut routable) = (false, 0, 0, 0);
+        // Workers skipped only because their model embeds and nothing else.
+        let mut encoders = 0;
         let mut candidates: Vec<u32> = Vec::with_capacity(self.live);
         for (i, b) in self.briefs.iter().enumerate() {
             if !b.live {
@@ -349,16 +353,23 @@ impl Registry {
                 continue;
             }
             serving = true;
-            let embeds = || {
+            let can = |m: &switchyard_messages::ServedModel| match q.embed {
+                true => m.info.embedding_dim > 0,
+                false => !m.info.embedding_only,
+            };
+            let able = || {
                 status()
                     .models
                     .iter()
-                    .any(|m| (q.model.is_empty() || m.name == q.model) && m.info.embedding_dim > 0)
+                    .any(|m| (q.model.is_empty() || m.name == q.model) && can(m))
             };
             if q.backend.as_deref().is_some_and(|want| status().backend != want)
                 || q.worker.as_deref().is_some_and(|want| slot.id != want)
-                || (q.embed && !embeds())
             {
+                continue;
+            }
+            if (q.embed || b.encoders) && !able() {
+                encoders += usize::from(!q.embed);
                 continue;
             }
             matching += 1;
@@ -374,6 +385,16 @@ impl Registry {
         if !serving {
             return Err(self.unknown_model(&q.model));
         }
+        if matching == 0 && encoders > 0 && !q.model.is_empty() {
+            // Not a passing shortage: the model cannot do this.
+            return Err(WireError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "{:?} is an embedding model: it serves embed requests only, not generation or classification",
+                    q.model
+                ),
+            ));
+        }
         if matching == 0 {
             return Err(WireError::new(
                 ErrorCode::NoWorker,
@@ -382,7 +403,11 @@ impl Registry {
                     q.model,
                     q.backend.as_deref().unwrap_or("any"),
                     q.worker.as_deref().unwrap_or("any"),
-                    if q.embed { " that can embed" } else { "" }
+                    if q.embed {
+                        " that can embed"
+                    } else {
+                        " that can generate"
+                    }
                 ),
             ));
         }
@@ -511,6 +536,7 @@ impl Registry {
                 entry.workers.push(e.status.worker_id.clone());
                 // Embeddable when any of its workers embeds.
                 entry.info.embedding_dim = entry.info.embedding_dim.max(m.info.embedding_dim);
+                entry.info.embedding_only &= m.info.embedding_only;
                 if !entry.backends.contains(&e.status.backend) {
                     entry.backends.push(e.status.backend.clone());
                 }

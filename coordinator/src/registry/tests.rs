@@ -295,6 +295,39 @@ fn embed_requests_go_only_to_workers_that_embed() {
     assert!(e.message.contains("can embed"), "{}", e.message);
 }
 
+/// (1.8) An embedding-only model gets embed requests only: generation skips it, and
+/// generation for a model served only that way is `bad_request`.
+#[test]
+fn generation_skips_embedding_only_workers() {
+    let mut r = Registry::new(Duration::from_secs(3));
+    let now = Instant::now();
+    let mut encoder = worker("enc-1", "cpu", "m");
+    encoder.models[0].info.embedding_dim = 384;
+    encoder.models[0].info.embedding_only = true;
+    r.heartbeat(encoder, now);
+    r.heartbeat(worker("cpu-2", "cpu", "m"), now);
+    let embed = RouteQuery { embed: true, ..q("m") };
+    assert_eq!(r.route(&embed).unwrap(), vec!["enc-1"]);
+    assert_eq!(r.route(&q("m")).unwrap(), vec!["cpu-2"], "generation skips the encoder");
+    // An unnamed model: any worker that can generate.
+    assert_eq!(r.route(&q("")).unwrap(), vec!["cpu-2"]);
+    let mut only = worker("enc-2", "cpu", "bert");
+    only.models[0].info.embedding_dim = 384;
+    only.models[0].info.embedding_only = true;
+    r.heartbeat(only, now);
+    let e = r.route(&q("bert")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadRequest, "not a shortage: {e:?}");
+    assert!(e.message.contains("embedding model"), "{}", e.message);
+    assert_eq!(
+        r.route(&RouteQuery {
+            embed: true,
+            ..q("bert")
+        })
+        .unwrap(),
+        vec!["enc-2"]
+    );
+}
+
 fn prompt(blocks: &[u64], bytes: usize) -> RouteQuery {
     RouteQuery {
         model: "m".into(),

@@ -1,7 +1,7 @@
 //! The `cpu` backend: switchyard's own engine ([`crate::engine`]).
 
 use super::worker_backend::{capacity, Loaded, WorkerBackend};
-use crate::engine::{Compute, EngineModel};
+use crate::engine::Compute;
 use crate::local;
 use anyhow::Context;
 use futures::future::BoxFuture;
@@ -25,7 +25,7 @@ impl Backend for CpuBackend {
     }
 
     fn load_model(&self, path: &Path, config: &LoadConfig) -> Result<Arc<dyn TextModel>, BackendError> {
-        Ok(Arc::new(EngineModel::load(path, config)?))
+        crate::engine::encoder::load_model(path, config, Compute::Own)
     }
 }
 
@@ -100,7 +100,7 @@ pub async fn load_model_on(
     };
     let p = path.clone();
     let model = tokio::task::spawn_blocking(move || -> Result<Arc<dyn TextModel>, BackendError> {
-        Ok(Arc::new(EngineModel::load_on(&p, &load, compute)?))
+        crate::engine::encoder::load_model(&p, &load, compute)
     })
     .await
     .context("model loading task")??;

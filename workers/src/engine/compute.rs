@@ -13,6 +13,22 @@ use switchyard_messages::{
     ResidentUpdate,
 };
 
+/// The future of a per-input job: what the compute thread answered, or, for each of
+/// the `n` inputs, `unavailable` when the job was not `sent` or the thread dropped it.
+pub(crate) fn per_input<T: Send + 'static>(
+    sent: bool,
+    answer: tokio::sync::oneshot::Receiver<Vec<Result<T, BackendError>>>,
+    n: usize,
+) -> futures::future::BoxFuture<'static, Vec<Result<T, BackendError>>> {
+    Box::pin(async move {
+        let stopped = || (0..n).map(|_| Err(BackendError::Unavailable("the compute thread has stopped".into())));
+        if !sent {
+            return stopped().collect();
+        }
+        answer.await.unwrap_or_else(|_| stopped().collect())
+    })
+}
+
 /// Work for the compute thread.
 pub enum Job {
     /// A streamed generation.

@@ -8,6 +8,7 @@
 //! - [`model`]: the decoder (Llama, Qwen 2/3, Gemma 3), its KV cache and RoPE,
 //!   attention, Hugging Face directories, and the [`model::forward::Forward`] trait
 //!   the serving side drives.
+//! - [`encoder`]: embedding models (BERT-style encoders), which only embed.
 //! - [`text`]: tokenizers (GGUF vocabularies as BPE or SentencePiece, streaming
 //!   decode) and chat templates.
 //! - The serving side: [`compute`] (the compute thread's state: slots, jobs,
@@ -25,6 +26,7 @@ pub mod candle;
 pub mod chunking;
 pub mod compute;
 pub mod constraint;
+pub mod encoder;
 pub mod kernels;
 pub mod kvstore;
 pub mod model;
@@ -171,7 +173,7 @@ impl EngineModel {
             quant_group,
             context_len: context_len as u32,
             kernels: crate::engine::kernels::isa::active().name().into(),
-            embedding_dim: 0,
+            ..ModelInfo::default()
         };
         let template_src = content
             .metadata
@@ -235,7 +237,7 @@ impl EngineModel {
             quant_group: 0,
             context_len: context_len as u32,
             kernels: crate::engine::kernels::isa::active().name().into(),
-            embedding_dim: 0,
+            ..ModelInfo::default()
         };
         // tokenizer_config.json carries the chat template and the BOS/EOS texts.
         let tc: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
@@ -428,15 +430,7 @@ impl TextModel for EngineModel {
                 return_logits,
                 reply,
             });
-        Box::pin(async move {
-            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
-            if sent.is_err() {
-                return (0..n).map(|_| Err(stopped())).collect();
-            }
-            answer
-                .await
-                .unwrap_or_else(|_| (0..n).map(|_| Err(stopped())).collect())
-        })
+        compute::per_input(sent.is_ok(), answer, n)
     }
 
     fn embed(&self, inputs: Vec<Prompt>) -> switchyard_messages::EmbedFuture {
@@ -447,15 +441,7 @@ impl TextModel for EngineModel {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .send(compute::Job::Embed { inputs, reply });
-        Box::pin(async move {
-            let stopped = || BackendError::Unavailable("the compute thread has stopped".into());
-            if sent.is_err() {
-                return (0..n).map(|_| Err(stopped())).collect();
-            }
-            answer
-                .await
-                .unwrap_or_else(|_| (0..n).map(|_| Err(stopped())).collect())
-        })
+        compute::per_input(sent.is_ok(), answer, n)
     }
 
     fn batch_generate(&self, prompts: Vec<Prompt>, config: GenerateConfig, cancel: CancelFlag) -> BatchFuture {

@@ -139,6 +139,7 @@ impl LlamaCppModel {
             context_len: props.n_ctx,
             kernels: String::new(),
             embedding_dim: embedding_dim(&http, &url).await,
+            embedding_only: false,
         };
         tracing::info!(%url, model = %props.model_path, n_ctx = props.n_ctx, slots = props.total_slots, "llama.cpp server connected");
         let shared = Arc::new(Shared {

@@ -37,6 +37,7 @@ impl MlxModel {
             quant_group: n("quant_group"),
             kernels: format!("mlx {}", i["device"].as_str().unwrap_or_default()),
             embedding_dim: 0,
+            embedding_only: false,
         };
         Self {
             bridge,

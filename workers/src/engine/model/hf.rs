@@ -223,7 +223,7 @@ pub fn load_model(dir: &Path, config: &HfConfig, ctx: usize) -> Result<LlamaMode
 }
 
 /// One safetensors tensor as a [`QMatrix`] (rows = first dimension).
-fn matrix(name: &str, dtype: DType, shape: &[usize], data: &[u8]) -> Result<QMatrix, TensorError> {
+pub(crate) fn matrix(name: &str, dtype: DType, shape: &[usize], data: &[u8]) -> Result<QMatrix, TensorError> {
     let cols = *shape.last().unwrap_or(&1);
     let rows = shape.iter().product::<usize>() / cols.max(1);
     let data = match dtype {

@@ -15,3 +15,4 @@ pub mod spm;
 pub mod template;
 pub mod tokenizer;
 pub mod vocab;
+pub mod wordpiece;
