@@ -153,7 +153,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(super::BenchCommand::Embed(args)) => {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);
             let bin = super::bench::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
-            super::bench::embed::embed(&model, &bin, args.threads, args.runs, args.inputs).await?;
+            super::bench::embed::embed(&model, &bin, &args).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(super::BenchCommand::Structured(args)) => {

@@ -1,6 +1,6 @@
 //! `switchyard bench embed`: embeddings throughput of the CPU engine (in this
 //! process, one slot) against llama-server's `--embeddings --pooling mean` on the same
-//! GGUF, same threads, one slot each, alternating runs of the same inputs: inputs/s
+//! GGUF, same threads, the same slots (`--slots`, default one) each, alternating runs of the same inputs: inputs/s
 //! and tokens/s, the ratio, and the lowest cosine between the two engines' vectors.
 
 use super::median;
@@ -13,7 +13,9 @@ use switchyard_messages::{Backend, LoadConfig, Prompt, TextModel};
 /// `switchyard bench embed`.
 #[derive(Args, Debug)]
 pub struct BenchEmbedArgs {
-    /// GGUF model (default: the demo model).
+    /// GGUF model (default: the demo model): a chat model (mean-pooled hidden states)
+    /// or an embedding model (e.g. all-MiniLM-L6-v2-f32.gguf from
+    /// scripts/embedding-model.sh). llama-server loads the same file.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, else what
@@ -29,6 +31,11 @@ pub struct BenchEmbedArgs {
     /// Inputs per run (sentences of 10–40 tokens, as a RAG loader sends chunks).
     #[arg(long, default_value_t = 32)]
     pub inputs: usize,
+    /// Sequences each computes at once: switchyard's KV slots (chat models embed that
+    /// many inputs per pass; embedding models batch regardless) and llama-server's
+    /// `--parallel`.
+    #[arg(long, default_value_t = 1)]
+    pub slots: usize,
 }
 
 /// Sentences the inputs are made of (each input: one or two of them and its number,
@@ -65,17 +72,20 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Runs the comparison and prints the report.
-pub async fn embed(model: &Path, server_bin: &Path, threads: usize, runs: usize, n: usize) -> anyhow::Result<()> {
+pub async fn embed(model: &Path, server_bin: &Path, args: &BenchEmbedArgs) -> anyhow::Result<()> {
+    let (threads, runs, n, slots) = (args.threads, args.runs, args.inputs, args.slots.max(1));
     eprintln!("loading {} in switchyard's cpu engine …", model.display());
     let load = LoadConfig {
         threads: threads as u32,
         context_len: switchyard_procs::llama_server::CONTEXT,
-        parallel_slots: 1,
+        parallel_slots: slots as u32,
         ..LoadConfig::default()
     };
     let m: Arc<dyn TextModel> = switchyard_workers::CpuBackend.load_model(model, &load)?;
-    let args = ["--embeddings", "--pooling", "mean"];
-    let server = switchyard_procs::llama_server::LlamaServer::start_with(server_bin, model, threads, 1, &args).await?;
+    let server_args = ["--embeddings", "--pooling", "mean"];
+    let server =
+        switchyard_procs::llama_server::LlamaServer::start_with(server_bin, model, threads, slots, &server_args)
+            .await?;
     let texts = inputs(n.max(1));
     let prompts: Vec<Prompt> = texts.iter().cloned().map(Prompt::Text).collect();
 
@@ -131,7 +141,7 @@ pub async fn embed(model: &Path, server_bin: &Path, threads: usize, runs: usize,
     }
     let (o, t) = (n as f64 / median(&ours), n as f64 / median(&theirs));
     println!(
-        "switchyard cpu engine vs llama-server --embeddings --pooling mean: {}, {threads} threads, one slot each, \
+        "switchyard cpu engine vs llama-server --embeddings --pooling mean: {}, {threads} threads, {slots} slot(s) each, \
          {n} inputs ({tokens} tokens) per run, {} alternating runs, medians",
         model.file_name().unwrap_or_default().to_string_lossy(),
         runs.max(1)

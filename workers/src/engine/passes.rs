@@ -1,10 +1,14 @@
 //! Work outside the continuous batch, run between decode steps on the compute
 //! thread: the attention inspector (prefill, then read the post-RoPE keys) and
-//! classification (prefill-only passes, one ragged batch per group of free slots).
+//! classification and embeddings (prefill-only passes, one ragged batch per group of
+//! free slots).
 
 use super::compute::Engine;
 use super::model::forward::{CachedKeys, SeqStep};
 use switchyard_messages::{AttentionSnapshot, BackendError, ClassifyResult, Embedding, Prompt, Token};
+
+/// The most tokens one embedding pass takes (several inputs together).
+pub const EMBED_PASS_TOKENS: usize = 2048;
 
 impl Engine {
     /// Prefills `prompt` in a free slot and returns the post-RoPE keys of every layer.
@@ -40,45 +44,92 @@ impl Engine {
     /// Embeddings: each input's tokens through the model from position 0 in a free
     /// slot, the final hidden states (after the output norm) averaged over the
     /// tokens and L2-normalised — llama.cpp's `--pooling mean` with its default
-    /// Euclidean normalisation. Inputs run one after another; a failing input fails
-    /// alone.
+    /// Euclidean normalisation. Inputs run together as ragged batches (one per group of
+    /// free slots, up to [`EMBED_PASS_TOKENS`] tokens; a longer input runs alone); a
+    /// failing input fails alone.
     pub fn embed(&mut self, inputs: &[Prompt]) -> Vec<Result<Embedding, BackendError>> {
-        inputs.iter().map(|p| self.embed_one(p)).collect()
-    }
-
-    fn embed_one(&mut self, prompt: &Prompt) -> Result<Embedding, BackendError> {
-        let tokens = self.tokenize(prompt)?;
-        self.check_fits(&tokens, 0)?;
         let max = self.model.max_pass();
-        if tokens.len() > max {
-            return Err(BackendError::Invalid(format!(
-                "an input of {} tokens: this model embeds at most {max} in one pass",
-                tokens.len()
-            )));
-        }
-        let (slot, _) = self
-            .claim(&tokens)
-            .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
-        let step = SeqStep {
-            outputs: tokens.len(),
-            ..SeqStep::new(slot, &tokens, 0)
-        };
-        let rows = self.hidden(&[step]);
-        self.release(slot);
-        let rows = rows?;
-        let d = rows.first().map_or(0, Vec::len);
-        let mut mean = vec![0.0f64; d];
-        for row in &rows {
-            for (m, v) in mean.iter_mut().zip(row) {
-                *m += *v as f64;
+        let mut results: Vec<Option<Result<Embedding, BackendError>>> = Vec::with_capacity(inputs.len());
+        let mut ready: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (i, p) in inputs.iter().enumerate() {
+            let tokens = self.tokenize(p).and_then(|t| self.check_fits(&t, 0).map(|_| t));
+            match tokens {
+                Ok(t) if t.len() > max => results.push(Some(Err(BackendError::Invalid(format!(
+                    "an input of {} tokens: this model embeds at most {max} in one pass",
+                    t.len()
+                ))))),
+                Ok(t) => {
+                    results.push(None);
+                    ready.push((i, t));
+                }
+                Err(e) => results.push(Some(Err(e))),
             }
         }
-        let norm = mean.iter().map(|m| m * m).sum::<f64>().sqrt();
-        let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-        Ok(Embedding {
-            vector: mean.iter().map(|m| (m * scale) as f32).collect(),
-            tokens: tokens.len() as u32,
-        })
+        let (group, budget) = (self.free_slots().max(1), EMBED_PASS_TOKENS.min(max));
+        let mut start = 0;
+        while start < ready.len() {
+            let (mut end, mut tokens) = (start, 0);
+            while end < ready.len() && end - start < group && (end == start || tokens + ready[end].1.len() <= budget) {
+                tokens += ready[end].1.len();
+                end += 1;
+            }
+            for (i, outcome) in self.embed_pass(&ready[start..end]) {
+                results[i] = Some(outcome);
+            }
+            start = end;
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(BackendError::Compute("not run".into()))))
+            .collect()
+    }
+
+    /// One ragged pass over `inputs` (index, tokens), one free slot each.
+    fn embed_pass(&mut self, inputs: &[(usize, Vec<u32>)]) -> Vec<(usize, Result<Embedding, BackendError>)> {
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut claimed = Vec::new();
+        for (i, tokens) in inputs {
+            match self.claim(tokens) {
+                Some((slot, _)) => claimed.push((*i, tokens, slot)),
+                None => out.push((*i, Err(BackendError::Unavailable("no free KV slot".into())))),
+            }
+        }
+        let steps: Vec<SeqStep<'_>> = claimed
+            .iter()
+            .map(|(_, t, slot)| SeqStep {
+                outputs: t.len(),
+                ..SeqStep::new(*slot, t, 0)
+            })
+            .collect();
+        let rows = self.hidden(&steps);
+        for (_, _, slot) in &claimed {
+            self.release(*slot);
+        }
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                out.extend(claimed.iter().map(|(i, ..)| (*i, Err(e.clone()))));
+                return out;
+            }
+        };
+        let mut rows = rows.into_iter();
+        for (i, tokens, _) in &claimed {
+            let mut mean: Vec<f64> = Vec::new();
+            for row in rows.by_ref().take(tokens.len()) {
+                mean.resize(row.len(), 0.0);
+                for (m, v) in mean.iter_mut().zip(&row) {
+                    *m += *v as f64;
+                }
+            }
+            let norm = mean.iter().map(|m| m * m).sum::<f64>().sqrt();
+            let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+            let embedding = Embedding {
+                vector: mean.iter().map(|m| (m * scale) as f32).collect(),
+                tokens: tokens.len() as u32,
+            };
+            out.push((*i, Ok(embedding)));
+        }
+        out
     }
 
     /// Prefill-only passes: the argmax token and, if asked, the logits of each
