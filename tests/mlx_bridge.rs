@@ -165,6 +165,40 @@ fn the_bridge_generates_like_the_cpu_engine_cancels_and_reports_errors() {
     }
     assert_eq!(b.next()["event"], "done");
 
+    // Embeddings: mean-pooled hidden states, as the CPU engine computes them from the
+    // same F32 weights.
+    assert_eq!(loaded["info"]["embedding_dim"], 576);
+    assert_eq!(cpu.info().embedding_dim, 576);
+    let texts = [
+        "The capital of France is Paris.",
+        "Mitochondria are the powerhouse of the cell.",
+    ];
+    let ours = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(cpu.embed(texts.iter().map(|t| Prompt::Text(t.to_string())).collect()));
+    for (i, text) in texts.iter().enumerate() {
+        b.send(json!({"id": 14 + i, "op": "embed", "prompt": text}));
+        let ev = b.next();
+        assert_eq!(ev["event"], "embedded", "{ev}");
+        let theirs: Vec<f32> = {
+            use base64::Engine;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(ev["embedding"].as_str().unwrap())
+                .unwrap();
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        let ours = ours[i].as_ref().unwrap();
+        assert_eq!(ev["tokens"], ours.tokens, "{text}");
+        let c = cosine(&ours.vector, &theirs);
+        eprintln!("MLX vs the CPU engine, embedding of {text:?}: cosine {c:.7}");
+        assert!(c > 0.999, "{text}: cosine {c}");
+    }
+    b.send(json!({"id": 16, "op": "embed", "prompt": ""}));
+    assert_eq!(b.next()["event"], "error", "an empty input");
+
     b.send(json!({"id": 8, "op": "quit"}));
     assert_eq!(b.next()["event"], "bye");
     assert!(b.child.wait().unwrap().success());

@@ -194,12 +194,10 @@ impl EngineModel {
         .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
         let slots = slots_for(config);
         let weights = file.metadata().map(|m| m.len()).unwrap_or(0);
+        // Both passes return hidden states (`Forward::hidden_batch`).
+        info.embedding_dim = info.hidden_size;
         let model = match compute {
-            Compute::Own => {
-                // switchyard's own pass returns hidden states (`Forward::hidden_batch`).
-                info.embedding_dim = info.hidden_size;
-                Self::forward_impl(content, &mut file, context_len, slots)
-            }
+            Compute::Own => Self::forward_impl(content, &mut file, context_len, slots),
             Compute::Candle { placement, gpu_layers } => {
                 candle::CandleForward::load(&content, &mut file, context_len, slots, placement, gpu_layers).map(|m| {
                     info.kernels = match m.gpu_name() {
@@ -237,6 +235,8 @@ impl EngineModel {
             quant_group: 0,
             context_len: context_len as u32,
             kernels: crate::engine::kernels::isa::active().name().into(),
+            // Our own pass: it returns hidden states.
+            embedding_dim: params.n_embd as u32,
             ..ModelInfo::default()
         };
         // tokenizer_config.json carries the chat template and the BOS/EOS texts.

@@ -11,6 +11,9 @@ Ops (a prompt is one of `prompt` (text), `messages` (chat) or `tokens`):
                                                  {event: "done", finish, metrics}
                 (config: GenerateConfig fields, and `constraint`, below)
   classify      {prompt.., logits}            -> {event: "classified", token, text, logits?}
+  embed         {prompt..}                    -> {event: "embedded", embedding, tokens}
+                (the final hidden states, after the model's norm, averaged over the
+                tokens and L2-normalised, as base64 float32)
   inspect       {prompt..}                    -> {event: "inspected", seq_len, keys, ..}
   tokenize      {text, bos}                   -> {event: "tokens", tokens}
   session_open  {}                            -> {event: "session", session}
@@ -269,6 +272,8 @@ class Bridge:
             "quant_group": int(quant.get("group_size", 0)),
             "device": str(mx.default_device()),
             "eos": sorted(int(t) for t in self.tokenizer.eos_token_ids),
+            # mlx-lm's models keep the decoder (embeddings → blocks → norm) as `.model`.
+            "embedding_dim": hidden if callable(getattr(self.model, "model", None)) else 0,
         }
         self.shared = Cache(self.model)
         log(f"loaded {path} on {self.info['device']} in {time.time() - started:.2f} s")
@@ -556,6 +561,23 @@ class Bridge:
             out["logits"] = f32_base64(logits)
         return out
 
+    def embed(self, req):
+        """Mean of the final hidden states (after the norm) over the tokens, L2-normalised:
+        llama.cpp's `--pooling mean`, and the CPU engine's embeddings."""
+        import mlx.core as mx
+
+        self.need_model()
+        if not self.info.get("embedding_dim"):
+            raise BridgeError("unavailable", "this mlx-lm model exposes no hidden states")
+        tokens = self.tokens_of(req)
+        self.check_context(len(tokens), 0)
+        hidden = self.model.model(mx.array(tokens)[None])[0].astype(mx.float32)
+        mean = mx.mean(hidden, axis=0)
+        norm = mx.sqrt(mx.sum(mean * mean))
+        vector = mx.where(norm > 0, mean / norm, mean)
+        mx.eval(vector)
+        return {"event": "embedded", "embedding": f32_base64(vector), "tokens": len(tokens)}
+
     def inspect(self, req):
         self.need_model()
         tokens = self.tokens_of(req)
@@ -645,6 +667,8 @@ def main():
                 out = bridge.classify(req)
             elif op == "inspect":
                 out = bridge.inspect(req)
+            elif op == "embed":
+                out = bridge.embed(req)
             elif op == "tokenize":
                 bridge.need_model()
                 out = {"event": "tokens", "tokens": bridge.encode(req.get("text", ""), bool(req.get("bos")))}

@@ -1,8 +1,8 @@
 //! [`TextModel`] over the MLX bridge: a generation is one `generate` request whose
 //! token events become the stream; stop strings are held back and cut here (the same
 //! filter as the CPU engine's), a cancel is forwarded to the bridge between tokens.
-//! Classify and the attention inspector are one request each (logits and keys come
-//! as base64 float32). One request at a time (capacity 1, announced as such).
+//! Classify, embed and the attention inspector are one request each (logits, vectors
+//! and keys come as base64 float32). One request at a time (capacity 1, announced as such).
 
 use super::requests::{body, config_json, floats, stream};
 use super::session::MlxSession;
@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use switchyard_messages::{
     AttentionSnapshot, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, ClassifyResult,
-    GenerateConfig, GenerateMetrics, GenerateStream, InspectFuture, ModelInfo, ModelMemory, ModelSession, Prompt,
-    TextModel, Token,
+    EmbedFuture, Embedding, GenerateConfig, GenerateMetrics, GenerateStream, InspectFuture, ModelInfo, ModelMemory,
+    ModelSession, Prompt, TextModel, Token,
 };
 
 /// A model loaded in MLX behind the (supervised) bridge.
@@ -36,7 +36,7 @@ impl MlxModel {
             quant_bits: n("quant_bits"),
             quant_group: n("quant_group"),
             kernels: format!("mlx {}", i["device"].as_str().unwrap_or_default()),
-            embedding_dim: 0,
+            embedding_dim: n("embedding_dim"),
             embedding_only: false,
         };
         Self {
@@ -79,6 +79,25 @@ impl TextModel for MlxModel {
                         Vec::new()
                     };
                     Ok(ClassifyResult { token, logits })
+                };
+                out.push(one.await);
+            }
+            out
+        })
+    }
+
+    fn embed(&self, inputs: Vec<Prompt>) -> EmbedFuture {
+        let bridge = self.bridge.clone();
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(inputs.len());
+            for p in inputs {
+                let one = async {
+                    let (b, _) = bridge.bridge()?;
+                    let ev = b.call(body("embed", Some(&p), json!({}))).await?;
+                    Ok(Embedding {
+                        vector: floats(&ev["embedding"])?,
+                        tokens: ev["tokens"].as_u64().unwrap_or(0) as u32,
+                    })
                 };
                 out.push(one.await);
             }

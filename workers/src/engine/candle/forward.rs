@@ -49,6 +49,40 @@ fn err(e: candle_core::Error) -> BackendError {
 }
 
 impl CandleForward {
+    /// [`Forward::forward_batch`] (or, with `hidden`, `hidden_batch`) after checking
+    /// the steps.
+    fn checked(&mut self, steps: &[SeqStep<'_>], hidden: bool) -> Result<Vec<Vec<f32>>, BackendError> {
+        let mut seen = vec![false; self.slots.len()];
+        for s in steps {
+            if s.tokens.is_empty() || !(1..=s.tokens.len()).contains(&s.outputs) {
+                return Err(BackendError::Compute(format!(
+                    "a step of {} tokens wanting {} logits",
+                    s.tokens.len(),
+                    s.outputs
+                )));
+            }
+            if s.pos + s.tokens.len() > self.ctx {
+                return Err(BackendError::Compute(format!(
+                    "position {} beyond the KV cache of {}",
+                    s.pos + s.tokens.len(),
+                    self.ctx
+                )));
+            }
+            match seen.get_mut(s.seq) {
+                Some(b) if !*b => *b = true,
+                _ => {
+                    return Err(BackendError::Compute(format!(
+                        "sequence {} missing or named twice",
+                        s.seq
+                    )))
+                }
+            }
+        }
+        let rows = self.run(steps, hidden).map_err(err)?;
+        self.gpu_memory();
+        Ok(rows)
+    }
+
     /// Loads a GGUF decoder (`general.architecture` in
     /// [`crate::engine::model::params::ARCHITECTURES`]) on `placement`, layers on the
     /// GPU as `gpu_layers` says, with `slots` KV sequences of `ctx` positions.
@@ -138,7 +172,9 @@ impl CandleForward {
         Ok(())
     }
 
-    fn run(&mut self, steps: &[SeqStep<'_>]) -> candle_core::Result<Vec<Vec<f32>>> {
+    /// The pass: logits of each step's last `outputs` positions, or with `hidden` the
+    /// hidden states there after the output norm (embeddings).
+    fn run(&mut self, steps: &[SeqStep<'_>], hidden: bool) -> candle_core::Result<Vec<Vec<f32>>> {
         for s in steps {
             self.reserve(s.seq, s.pos + s.tokens.len())?;
         }
@@ -200,6 +236,9 @@ impl CandleForward {
         let idx = Tensor::from_slice(&last, last.len(), x.device())?;
         let x = x.index_select(&idx, 0)?.to_device(&self.w.out_dev)?;
         let x = candle_nn::ops::rms_norm(&x, &self.w.out_norm, p.rms_eps)?;
+        if hidden {
+            return x.to_dtype(DType::F32)?.to_vec2::<f32>();
+        }
         let logits = self.w.output.forward(&x)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         debug_assert_eq!(logits.len(), last.len());
         Ok(logits)
@@ -350,35 +389,11 @@ impl Forward for CandleForward {
     }
 
     fn forward_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
-        let mut seen = vec![false; self.slots.len()];
-        for s in steps {
-            if s.tokens.is_empty() || !(1..=s.tokens.len()).contains(&s.outputs) {
-                return Err(BackendError::Compute(format!(
-                    "a step of {} tokens wanting {} logits",
-                    s.tokens.len(),
-                    s.outputs
-                )));
-            }
-            if s.pos + s.tokens.len() > self.ctx {
-                return Err(BackendError::Compute(format!(
-                    "position {} beyond the KV cache of {}",
-                    s.pos + s.tokens.len(),
-                    self.ctx
-                )));
-            }
-            match seen.get_mut(s.seq) {
-                Some(b) if !*b => *b = true,
-                _ => {
-                    return Err(BackendError::Compute(format!(
-                        "sequence {} missing or named twice",
-                        s.seq
-                    )))
-                }
-            }
-        }
-        let logits = self.run(steps).map_err(err)?;
-        self.gpu_memory();
-        Ok(logits)
+        self.checked(steps, false)
+    }
+
+    fn hidden_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.checked(steps, true)
     }
 
     fn kind(&self) -> &'static str {
