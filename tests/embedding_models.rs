@@ -123,6 +123,25 @@ async fn minilm_agrees_with_llama_server_from_safetensors_and_gguf() {
         );
     }
 
+    // CLS pooling, configured over the model's mean, as llama-server `--pooling cls`.
+    let cls_server = LlamaServer::start_with(&bin, &gguf(&dir, "f32"), 2, 1, &["--embeddings", "--pooling", "cls"])
+        .await
+        .unwrap();
+    let cls_remote = LlamaCppModel::connect(&cls_server.url, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let cls = LoadConfig {
+        pooling: "cls".into(),
+        ..LoadConfig::default()
+    };
+    let ours = load_model(&dir, &cls, Compute::Own).unwrap();
+    agree(
+        "safetensors directory, pooling cls, vs llama-server --pooling cls",
+        &ours.embed(inputs()).await,
+        &cls_remote.embed(inputs()).await,
+    );
+    drop(cls_server);
+
     // Q8_0 weights against llama-server on the same Q8_0 file.
     let q8 = gguf(&dir, "q8_0");
     let (_q8_server, q8_remote) = their_server(&bin, &q8).await;

@@ -342,3 +342,49 @@ async fn embeddings_agree_with_llama_server() {
     assert!(matches!(mixed[1], Err(BackendError::Invalid(_))), "{:?}", mixed[1]);
     assert!(mixed[2].is_err());
 }
+
+/// `pooling = "last"` (decoder embedding models such as Qwen3-Embedding pool so):
+/// the last token's hidden state, as llama-server `--pooling last` computes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_token_pooling_agrees_with_llama_server() {
+    let Some(bin) = llama_server_bin() else {
+        return;
+    };
+    let path = demo_model();
+    let args = ["-fa", "off", "--embeddings", "--pooling", "last"];
+    let server = LlamaServer::start_with(&bin, &path, 1, 1, &args).await.unwrap();
+    let remote = LlamaCppModel::connect(&server.url, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let load = LoadConfig {
+        pooling: "last".into(),
+        ..LoadConfig::default()
+    };
+    let local = EngineModel::load(&path, &load).unwrap();
+    let mean = EngineModel::load(&path, &LoadConfig::default()).unwrap();
+    let inputs: Vec<Prompt> = EMBED_TEXTS.iter().map(|t| Prompt::Text(t.to_string())).collect();
+    let (ours, theirs, means) = (
+        local.embed(inputs.clone()).await,
+        remote.embed(inputs.clone()).await,
+        mean.embed(inputs).await,
+    );
+    let mut worst = 1.0f64;
+    for (i, ((a, b), m)) in ours.iter().zip(&theirs).zip(&means).enumerate() {
+        let (a, b, m) = (a.as_ref().unwrap(), b.as_ref().unwrap(), m.as_ref().unwrap());
+        let c = cosine(&a.vector, &b.vector);
+        worst = worst.min(c);
+        assert!(c >= 0.999, "{:?}: cosine {c}", EMBED_TEXTS[i]);
+        if a.tokens > 1 {
+            assert!(cosine(&a.vector, &m.vector) < 0.999, "last differs from mean");
+        }
+    }
+    eprintln!("last-token pooling vs llama-server --pooling last: worst cosine {worst:.6}");
+    assert!(EngineModel::load(
+        &path,
+        &LoadConfig {
+            pooling: "max".into(),
+            ..LoadConfig::default()
+        }
+    )
+    .is_err());
+}

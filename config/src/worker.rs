@@ -104,6 +104,10 @@ pub struct WorkerConfig {
     /// `cpu`: the most tokens one step drafts per stream (1–32; the drafter adapts
     /// below this to how many get accepted).
     pub draft_max: u32,
+    /// `cpu` (and the native CUDA engine): how embeddings pool token rows — `"mean"`,
+    /// `"cls"` or `"last"`; empty = the model's own (GGUF `pooling_type`,
+    /// sentence-transformers' Pooling module), else mean.
+    pub pooling: String,
 }
 
 impl Default for WorkerConfig {
@@ -134,6 +138,7 @@ impl Default for WorkerConfig {
             speculative: "off".into(),
             draft_model: String::new(),
             draft_max: 8,
+            pooling: String::new(),
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
             coalesce_ms: 20,
@@ -212,6 +217,13 @@ impl WorkerConfig {
                 "worker.draft_model",
                 format!("{:?}", self.draft_model),
                 "is needed by speculative = \"draft\" and only by it",
+            );
+        }
+        if !["", "mean", "cls", "last"].contains(&self.pooling.as_str()) {
+            return invalid(
+                "worker.pooling",
+                format!("{:?}", self.pooling),
+                "must be \"mean\", \"cls\", \"last\" or empty (the model's own)",
             );
         }
         if !(1..=32).contains(&self.draft_max) {

@@ -210,6 +210,9 @@ pub struct LoadConfig {
     /// KV pages (each slot holding its own copy, as before pages): only for `bench
     /// kv`'s before/after comparison.
     pub copy_kv_prefixes: bool,
+    /// How embeddings pool token rows: `"mean"`, `"cls"` or `"last"`; empty = the
+    /// model's own (GGUF `pooling_type`, sentence-transformers' Pooling), else mean.
+    pub pooling: String,
 }
 
 impl Default for LoadConfig {
@@ -227,6 +230,7 @@ impl Default for LoadConfig {
             draft_model: String::new(),
             draft_max: 0,
             copy_kv_prefixes: false,
+            pooling: String::new(),
         }
     }
 }

@@ -349,6 +349,11 @@ pub struct WorkerFlags {
     /// cpu: the most tokens one step drafts per stream with --speculative (1-32, default 8).
     #[arg(long)]
     pub draft_max: Option<u32>,
+    /// cpu / native CUDA engine: how embeddings pool the token rows (default: the
+    /// model's own, from the GGUF's pooling_type or sentence-transformers' Pooling
+    /// module, else mean).
+    #[arg(long, value_parser = ["mean", "cls", "last"])]
+    pub pooling: Option<String>,
 }
 
 /// `switchyard up`.
@@ -563,6 +568,9 @@ impl WorkerFlags {
         }
         if let Some(v) = self.draft_max {
             w.draft_max = v;
+        }
+        if let Some(v) = &self.pooling {
+            w.pooling = v.clone();
         }
         if let Some(v) = &self.draft_model {
             w.draft_model = v.display().to_string();

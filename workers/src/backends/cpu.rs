@@ -96,6 +96,7 @@ pub async fn load_model_on(
         draft_model: w.draft_model.clone(),
         draft_max: w.draft_max,
         gpu_layers: w.gpu_layers,
+        pooling: w.pooling.clone(),
         ..LoadConfig::default()
     };
     let p = path.clone();

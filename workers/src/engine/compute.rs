@@ -146,6 +146,8 @@ pub struct Engine {
     pub draft_max: usize,
     /// The draft model, with speculative mode `Draft`.
     pub draft: Option<super::speculate::DraftModel>,
+    /// How embeddings pool the token rows.
+    pub pooling: super::pooling::Pooling,
     clock: u64,
 }
 
@@ -221,6 +223,7 @@ impl Engine {
             speculative: super::speculate::Mode::Off,
             draft_max: 0,
             draft: None,
+            pooling: super::pooling::Pooling::Mean,
             clock: 0,
         }
     }

@@ -108,8 +108,13 @@ impl EncoderModel {
     /// thread (`config.threads`, 0 = all cores).
     pub fn load(path: &Path, config: &LoadConfig) -> Result<Self, BackendError> {
         super::kernels::isa::init().map_err(|e| load_err(path, e.to_string()))?;
-        let (model, tokenizer, quant_bits) =
-            if path.is_dir() { load_hf(path) } else { load_gguf(path) }.map_err(|e| load_err(path, e))?;
+        let pooling = Pooling::parse(&config.pooling).map_err(|e| load_err(path, e))?;
+        let (model, tokenizer, quant_bits) = if path.is_dir() {
+            load_hf(path, pooling)
+        } else {
+            load_gguf(path, pooling)
+        }
+        .map_err(|e| load_err(path, e))?;
         let p = &model.params;
         let info = ModelInfo {
             architecture: "bert".into(),
@@ -257,26 +262,8 @@ fn tokens_of(model: &BertModel, tokenizer: &Tokenizer, prompt: &Prompt) -> Resul
     Ok(tokens)
 }
 
-/// The weights' dominant bits per value (32, 16, 8 …) for `ModelInfo.quant_bits`.
-fn bits_of(ct: &gguf_file::Content) -> u32 {
-    use candle_core::quantized::GgmlDType;
-    let mut by_type: std::collections::HashMap<String, usize> = Default::default();
-    for info in ct.tensor_infos.values() {
-        *by_type.entry(format!("{:?}", info.ggml_dtype)).or_default() += info.shape.elem_count();
-    }
-    let top = by_type.into_iter().max_by_key(|(_, n)| *n).map(|(t, _)| t);
-    match top.as_deref() {
-        Some(t) if t == format!("{:?}", GgmlDType::F16) => 16,
-        Some(t) if t == format!("{:?}", GgmlDType::F32) => 32,
-        Some(t) if t.starts_with("Q8") => 8,
-        Some(t) if t.starts_with("Q6") => 6,
-        Some(t) if t.starts_with("Q5") => 5,
-        Some(t) if t.starts_with("Q4") => 4,
-        _ => 0,
-    }
-}
-
-fn load_gguf(path: &Path) -> Result<(BertModel, Tokenizer, u32), String> {
+/// Loads a GGUF encoder; `pooling` overrides the file's.
+fn load_gguf(path: &Path, pooling: Option<Pooling>) -> Result<(BertModel, Tokenizer, u32), String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
     let ct = gguf_file::Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
@@ -298,11 +285,12 @@ fn load_gguf(path: &Path) -> Result<(BertModel, Tokenizer, u32), String> {
             .get("bert.attention.layer_norm_epsilon")
             .and_then(|v| v.to_f32().ok())
             .unwrap_or(1e-12),
-        pooling: Pooling::from_gguf(pooling_code)
+        pooling: pooling
+            .or(Pooling::from_gguf(pooling_code))
             .ok_or_else(|| format!("pooling type {pooling_code} gives no sentence vector (mean, cls or last)"))?,
     };
     let tokenizer = wordpiece::from_gguf(&ct)?;
-    let bits = bits_of(&ct);
+    let bits = tensor::dominant_quant(&ct).0;
     let mut fetch = |name: &str| tensor::load(&ct, &mut reader, name);
     let model = BertModel::from_tensors(params, &mut fetch).map_err(|e| e.to_string())?;
     Ok((model, tokenizer, bits))
@@ -326,36 +314,8 @@ fn default_eps() -> f32 {
     1e-12
 }
 
-/// The pooling a sentence-transformers directory's modules name (mean without one).
-fn hf_pooling(dir: &Path) -> Result<Pooling, String> {
-    let read = |p: &Path| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok() };
-    let Some(modules) = read(&dir.join("modules.json")) else {
-        return Ok(Pooling::Mean);
-    };
-    let Some(pool) = modules
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["type"].as_str().is_some_and(|t| t.ends_with("Pooling")))
-    else {
-        return Ok(Pooling::Mean);
-    };
-    let cfg = read(&dir.join(pool["path"].as_str().unwrap_or_default()).join("config.json")).unwrap_or_default();
-    let on = |k: &str| cfg[k].as_bool().unwrap_or(false);
-    if on("pooling_mode_mean_tokens") || cfg.is_null() {
-        Ok(Pooling::Mean)
-    } else if on("pooling_mode_cls_token") {
-        Ok(Pooling::Cls)
-    } else if on("pooling_mode_lasttoken") {
-        Ok(Pooling::Last)
-    } else {
-        Err(format!(
-            "pooling {cfg}: only mean, cls and last-token pooling are supported"
-        ))
-    }
-}
-
-fn load_hf(dir: &Path) -> Result<(BertModel, Tokenizer, u32), String> {
+/// Loads a Hugging Face encoder directory; `pooling` overrides its own.
+fn load_hf(dir: &Path, pooling: Option<Pooling>) -> Result<(BertModel, Tokenizer, u32), String> {
     let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| format!("config.json: {e}"))?;
     let cfg: BertConfig = serde_json::from_str(&text).map_err(|e| format!("config.json: {e}"))?;
     if let Some(act) = cfg.hidden_act.as_deref().filter(|a| !a.starts_with("gelu")) {
@@ -368,13 +328,15 @@ fn load_hf(dir: &Path) -> Result<(BertModel, Tokenizer, u32), String> {
         n_ff: cfg.intermediate_size,
         n_ctx: cfg.max_position_embeddings,
         eps: cfg.layer_norm_eps,
-        pooling: hf_pooling(dir)?,
+        pooling: match pooling {
+            Some(p) => p,
+            None => super::pooling::sentence_transformers(dir)?.unwrap_or(Pooling::Mean),
+        },
     };
     let tokenizer = wordpiece::from_hf_dir(dir)?;
     let files = super::model::hf::safetensors_files(dir).map_err(|e| e.to_string())?;
     // SAFETY: mapped read-only and copied out before return, as the decoder's loader.
     let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(|e| e.to_string())?;
-    let mut bits = 32;
     let mut fetch = |gguf: &str| -> Result<QMatrix, TensorError> {
         let name = bert::hf_name(gguf).ok_or_else(|| TensorError::Missing(gguf.to_string()))?;
         // Checkpoints saved from BertForMaskedLM and friends prefix "bert.".
@@ -386,13 +348,11 @@ fn load_hf(dir: &Path) -> Result<(BertModel, Tokenizer, u32), String> {
             name: name.clone(),
             dtype: format!("{:?}", view.dtype()),
         })?;
-        if dtype != candle_core::DType::F32 {
-            bits = 16;
-        }
         super::model::hf::matrix(&name, dtype, view.shape(), view.data())
     };
     let model = BertModel::from_tensors(params, &mut fetch).map_err(|e| e.to_string())?;
-    Ok((model, tokenizer, bits))
+    // Unquantised (F32, F16 or BF16).
+    Ok((model, tokenizer, 0))
 }
 
 impl TextModel for EncoderModel {

@@ -31,16 +31,16 @@ pub mod kernels;
 pub mod kvstore;
 pub mod model;
 mod passes;
+pub mod pooling;
 pub mod sampler;
 pub mod session;
 pub mod speculate;
 pub mod stops;
 pub mod text;
 
-use candle_core::quantized::{gguf_file, GgmlDType};
+use candle_core::quantized::gguf_file;
 use model::forward;
 use model::llama::LlamaModel;
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
@@ -72,6 +72,14 @@ pub enum Compute {
         placement: candle::Placement,
         gpu_layers: i32,
     },
+}
+
+/// What loading learned about a model beside its weights: its own context ceiling,
+/// its weights' size in bytes, and the pooling its files name (if any).
+struct Facts {
+    model_ctx: u32,
+    weights: u64,
+    pooling: Option<pooling::Pooling>,
 }
 
 /// A model loaded in switchyard's CPU engine.
@@ -163,7 +171,7 @@ impl EngineModel {
         // The KV cache is allocated up front, so an unconfigured load takes a bounded
         // default.
         let context_len = context_for(model_ctx, config);
-        let (quant_bits, quant_group) = dominant_quant(&content);
+        let (quant_bits, quant_group) = kernels::tensor::dominant_quant(&content);
         let mut info = ModelInfo {
             architecture: architecture.clone(),
             vocab_size: tokenizer.vocab_size() as u32,
@@ -194,6 +202,7 @@ impl EngineModel {
         .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
         let slots = slots_for(config);
         let weights = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let pooling = md_u32(&format!("{architecture}.pooling_type")).and_then(pooling::Pooling::from_gguf);
         // Both passes return hidden states (`Forward::hidden_batch`).
         info.embedding_dim = info.hidden_size;
         let model = match compute {
@@ -210,8 +219,12 @@ impl EngineModel {
         }
         .map_err(load_err)?;
         give_back_free_memory();
-        let limits = (model_ctx as u32, weights);
-        Self::start(path, model, info, tokenizer, template, config, limits)
+        let facts = Facts {
+            model_ctx: model_ctx as u32,
+            weights,
+            pooling,
+        };
+        Self::start(path, model, info, tokenizer, template, config, facts)
     }
 
     /// Loads a Hugging Face model directory.
@@ -264,12 +277,15 @@ impl EngineModel {
                     .sum()
             })
             .unwrap_or(0);
-        let limits = (hf.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT) as u32, weights);
-        Self::start(dir, Box::new(model), info, tokenizer, template, config, limits)
+        let facts = Facts {
+            model_ctx: hf.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT) as u32,
+            weights,
+            pooling: pooling::sentence_transformers(dir).map_err(load_err)?,
+        };
+        Self::start(dir, Box::new(model), info, tokenizer, template, config, facts)
     }
 
-    /// Starts the compute thread around a loaded model; `limits` is the model's own
-    /// context ceiling and its weights' size in bytes.
+    /// Starts the compute thread around a loaded model.
     fn start(
         path: &Path,
         model: Box<dyn forward::Forward>,
@@ -277,7 +293,7 @@ impl EngineModel {
         tokenizer: Arc<tokenizer::GgufTokenizer>,
         template: template::ChatTemplate,
         config: &LoadConfig,
-        limits: (u32, u64),
+        facts: Facts,
     ) -> Result<Self, BackendError> {
         let load_err = |reason: String| BackendError::Load {
             path: path.display().to_string(),
@@ -287,12 +303,12 @@ impl EngineModel {
         let context_len = info.context_len as usize;
         let slots = model.sequences();
         let memory = switchyard_messages::ModelMemory {
-            model_max_context: limits.0,
+            model_max_context: facts.model_ctx,
             kv_bytes_per_token: model.kv_bytes_per_token() as u64,
             kv_fixed_bytes: model
                 .kv_bytes(context_len)
                 .saturating_sub(context_len * model.kv_bytes_per_token()) as u64,
-            weights_bytes: limits.1,
+            weights_bytes: facts.weights,
         };
         tracing::info!(engine = model.kind(), slots, "cpu model loaded");
         let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
@@ -307,6 +323,10 @@ impl EngineModel {
         engine.store = kvstore::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
         engine.model.share_prefixes(!config.copy_kv_prefixes);
         engine.prefill_chunk = config.prefill_chunk as usize;
+        engine.pooling = pooling::Pooling::parse(&config.pooling)
+            .map_err(load_err)?
+            .or(facts.pooling)
+            .unwrap_or(pooling::Pooling::Mean);
         engine.speculative = speculate::Mode::parse(&config.speculative).map_err(load_err)?;
         engine.draft_max = match config.draft_max {
             0 => 8,
@@ -331,7 +351,7 @@ impl EngineModel {
             }
         }
         // Block hashes are only comparable within one model: seed them with its identity.
-        engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), limits.1).as_bytes());
+        engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), facts.weights).as_bytes());
         let stats = engine.stats.clone();
         engine.publish_usage();
         let usage = engine.usage.clone();
@@ -552,33 +572,5 @@ fn context_for(model_ctx: usize, config: &LoadConfig) -> usize {
         model_ctx.min(config.context_len as usize)
     } else {
         model_ctx.min(DEFAULT_CONTEXT)
-    }
-}
-
-/// Bits and group size of the most common weight type among 2-D tensors.
-pub(crate) fn dominant_quant(content: &gguf_file::Content) -> (u32, u32) {
-    let mut counts: HashMap<String, (usize, GgmlDType)> = HashMap::new();
-    for info in content.tensor_infos.values() {
-        if info.shape.rank() == 2 {
-            let e = counts
-                .entry(format!("{:?}", info.ggml_dtype))
-                .or_insert((0, info.ggml_dtype));
-            e.0 += 1;
-        }
-    }
-    let Some((_, dtype)) = counts.into_values().max_by_key(|(n, _)| *n) else {
-        return (0, 0);
-    };
-    match dtype {
-        GgmlDType::Q4_0 | GgmlDType::Q4_1 => (4, 32),
-        GgmlDType::Q5_0 | GgmlDType::Q5_1 => (5, 32),
-        GgmlDType::Q8_0 | GgmlDType::Q8_1 => (8, 32),
-        GgmlDType::Q2K => (2, 256),
-        GgmlDType::Q3K => (3, 256),
-        GgmlDType::Q4K => (4, 256),
-        GgmlDType::Q5K => (5, 256),
-        GgmlDType::Q6K => (6, 256),
-        GgmlDType::Q8K => (8, 256),
-        _ => (0, 0),
     }
 }

@@ -42,9 +42,10 @@ impl Engine {
     }
 
     /// Embeddings: each input's tokens through the model from position 0 in a free
-    /// slot, the final hidden states (after the output norm) averaged over the
-    /// tokens and L2-normalised — llama.cpp's `--pooling mean` with its default
-    /// Euclidean normalisation. Inputs run together as ragged batches (one per group of
+    /// slot, the final hidden states (after the output norm) pooled as
+    /// [`Engine::pooling`] says (mean unless configured or the model says otherwise)
+    /// and L2-normalised — llama.cpp's `--pooling` with its default Euclidean
+    /// normalisation. Inputs run together as ragged batches (one per group of
     /// free slots, up to [`EMBED_PASS_TOKENS`] tokens; a longer input runs alone); a
     /// failing input fails alone.
     pub fn embed(&mut self, inputs: &[Prompt]) -> Vec<Result<Embedding, BackendError>> {
@@ -112,19 +113,12 @@ impl Engine {
                 return out;
             }
         };
+        let d = rows.first().map_or(0, Vec::len);
         let mut rows = rows.into_iter();
         for (i, tokens, _) in &claimed {
-            let mut mean: Vec<f64> = Vec::new();
-            for row in rows.by_ref().take(tokens.len()) {
-                mean.resize(row.len(), 0.0);
-                for (m, v) in mean.iter_mut().zip(&row) {
-                    *m += *v as f64;
-                }
-            }
-            let norm = mean.iter().map(|m| m * m).sum::<f64>().sqrt();
-            let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+            let own: Vec<f32> = rows.by_ref().take(tokens.len()).flatten().collect();
             let embedding = Embedding {
-                vector: mean.iter().map(|m| (m * scale) as f32).collect(),
+                vector: self.pooling.pool(&own, d),
                 tokens: tokens.len() as u32,
             };
             out.push((*i, Ok(embedding)));

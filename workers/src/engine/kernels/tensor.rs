@@ -192,6 +192,34 @@ pub fn load<R: std::io::Read + std::io::Seek>(
     Ok(QMatrix { rows, cols, data })
 }
 
+/// Bits and group size of the most common weight type among 2-D tensors.
+pub fn dominant_quant(content: &gguf_file::Content) -> (u32, u32) {
+    let mut counts: std::collections::HashMap<String, (usize, GgmlDType)> = Default::default();
+    for info in content.tensor_infos.values() {
+        if info.shape.rank() == 2 {
+            let e = counts
+                .entry(format!("{:?}", info.ggml_dtype))
+                .or_insert((0, info.ggml_dtype));
+            e.0 += 1;
+        }
+    }
+    let Some((_, dtype)) = counts.into_values().max_by_key(|(n, _)| *n) else {
+        return (0, 0);
+    };
+    match dtype {
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 => (4, 32),
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 => (5, 32),
+        GgmlDType::Q8_0 | GgmlDType::Q8_1 => (8, 32),
+        GgmlDType::Q2K => (2, 256),
+        GgmlDType::Q3K => (3, 256),
+        GgmlDType::Q4K => (4, 256),
+        GgmlDType::Q5K => (5, 256),
+        GgmlDType::Q6K => (6, 256),
+        GgmlDType::Q8K => (8, 256),
+        _ => (0, 0),
+    }
+}
+
 /// Quantizes `n` rows of `cols` values into `out` (blocks of `block` values), the rows
 /// spread over the rayon pool when there are several (a prefill): each block depends
 /// only on its own 32 or 256 values, so the split changes nothing.

@@ -19,37 +19,7 @@ use crate::engine::kernels::simd::Kernels;
 use crate::engine::kernels::tensor::{QData, QMatrix, TensorError};
 use rayon::prelude::*;
 
-/// How an input's token rows become its one vector (GGUF `bert.pooling_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pooling {
-    /// The average of every row, [CLS] and [SEP] included (llama.cpp's MEAN).
-    Mean,
-    /// The first row, the [CLS] token's.
-    Cls,
-    /// The last row.
-    Last,
-}
-
-impl Pooling {
-    /// From GGUF's `pooling_type` (1 mean, 2 cls, 3 last); `None` for the others
-    /// (0 none, 4 rank), which give no sentence vector.
-    pub fn from_gguf(code: u32) -> Option<Self> {
-        match code {
-            1 => Some(Pooling::Mean),
-            2 => Some(Pooling::Cls),
-            3 => Some(Pooling::Last),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Pooling::Mean => "mean",
-            Pooling::Cls => "cls",
-            Pooling::Last => "last",
-        }
-    }
-}
+pub use crate::engine::pooling::Pooling;
 
 /// An encoder's shape.
 #[derive(Debug, Clone)]
@@ -225,24 +195,7 @@ impl BertModel {
             .map(|seq| {
                 let rows = &hidden[start * d..(start + seq.len()) * d];
                 start += seq.len();
-                let mut v = vec![0.0f64; d];
-                match self.params.pooling {
-                    Pooling::Mean => {
-                        for row in rows.chunks_exact(d) {
-                            for (m, x) in v.iter_mut().zip(row) {
-                                *m += *x as f64;
-                            }
-                        }
-                    }
-                    Pooling::Cls => v.iter_mut().zip(&rows[..d]).for_each(|(m, x)| *m = *x as f64),
-                    Pooling::Last => v
-                        .iter_mut()
-                        .zip(&rows[rows.len() - d..])
-                        .for_each(|(m, x)| *m = *x as f64),
-                }
-                let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
-                let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-                v.iter().map(|x| (x * scale) as f32).collect()
+                self.params.pooling.pool(rows, d)
             })
             .collect()
     }
