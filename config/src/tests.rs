@@ -79,6 +79,11 @@ fn invalid_values_name_the_field() {
     c.nats.prefix = "a.b".into();
     assert!(c.validate().unwrap_err().to_string().contains("nats.prefix"));
     let mut c = Config::default();
+    c.worker.pooling = "max".into();
+    assert!(c.validate().unwrap_err().to_string().contains("worker.pooling"));
+    c.worker.pooling = "last".into();
+    c.validate().expect("last-token pooling");
+    let mut c = Config::default();
     c.worker.async_threads = 2000;
     assert!(c.validate().unwrap_err().to_string().contains("worker.async_threads"));
     let mut c = Config::default();
