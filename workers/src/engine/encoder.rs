@@ -62,7 +62,6 @@ pub fn load_model(
 pub struct EncoderModel {
     jobs: Mutex<mpsc::Sender<Job>>,
     info: ModelInfo,
-    pooling: Pooling,
 }
 
 /// Whether `path` holds a model this module loads: a GGUF file whose first metadata
@@ -128,11 +127,10 @@ impl EncoderModel {
             embedding_dim: p.n_embd as u32,
             embedding_only: true,
         };
-        let pooling = p.pooling;
         tracing::info!(
             layers = p.n_layer,
             width = p.n_embd,
-            pooling = pooling.name(),
+            pooling = p.pooling.name(),
             bytes = model.bytes(),
             "embedding model loaded"
         );
@@ -149,13 +147,7 @@ impl EncoderModel {
         Ok(EncoderModel {
             jobs: Mutex::new(tx),
             info,
-            pooling,
         })
-    }
-
-    /// How token rows are pooled.
-    pub fn pooling(&self) -> Pooling {
-        self.pooling
     }
 
     fn refusal(&self, what: &str) -> BackendError {
