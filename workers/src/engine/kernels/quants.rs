@@ -81,10 +81,62 @@ pub struct BlockQ5_1 {
     pub qs: [u8; 16],
 }
 
+/// Eight Q5_1 rows' block `i`, packed as [`BlockQ4_0x8`] is (the nibbles in four steps
+/// of 32, row `r`'s four bytes of a step in lane `r`), with the eight scales and mins,
+/// and the fifth bits regrouped by step: byte `8s + r` holds row `r`'s fifth bits of
+/// values `4s..4s + 4` (low half) and `16 + 4s..16 + 4s + 4` (high half), the sixteen
+/// values step `s` gives lane `r`. Same 192 bytes as the eight blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_1x8 {
+    pub d: [u16; 8],
+    pub m: [u16; 8],
+    pub qh: [u8; 32],
+    pub qs: [u8; 128],
+}
+
+impl BlockQ5_1x8 {
+    /// Packs block `i` of eight rows.
+    pub fn pack(rows: [&BlockQ5_1; 8]) -> Self {
+        let (mut qs, mut qh) = ([0u8; 128], [0u8; 32]);
+        for (r, b) in rows.iter().enumerate() {
+            let h = u32::from_le_bytes(b.qh);
+            for s in 0..4 {
+                qs[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&b.qs[4 * s..4 * s + 4]);
+                qh[8 * s + r] = ((h >> (4 * s)) & 0xf) as u8 | ((((h >> (16 + 4 * s)) & 0xf) as u8) << 4);
+            }
+        }
+        BlockQ5_1x8 {
+            d: rows.map(|b| b.d),
+            m: rows.map(|b| b.m),
+            qh,
+            qs,
+        }
+    }
+
+    /// Row `r`'s block back.
+    pub fn row(&self, r: usize) -> BlockQ5_1 {
+        let (mut qs, mut h) = ([0u8; 16], 0u32);
+        for s in 0..4 {
+            qs[4 * s..4 * s + 4].copy_from_slice(&self.qs[32 * s + 4 * r..32 * s + 4 * r + 4]);
+            let b = self.qh[8 * s + r] as u32;
+            h |= (b & 0xf) << (4 * s) | (b >> 4) << (16 + 4 * s);
+        }
+        BlockQ5_1 {
+            d: self.d[r],
+            m: self.m[r],
+            qh: h.to_le_bytes(),
+            qs,
+        }
+    }
+}
+
 /// A block `x = d · q + m` with unsigned `q`: Q4_1 (four bits) and Q5_1 (a fifth bit
-/// from `qh`). Both take Q8_1 activations and the same kernels (ggml's AVX2
-/// `ggml_vec_dot_q4_1_q8_1` and `_q5_1_q8_1` differ only in how the bytes are
-/// unpacked); `FIFTH` is a constant, so Q4_1's kernels compile without the fifth bits.
+/// from `qh`). Both take Q8_1 activations. Q4_1's row kernels (ggml's AVX2
+/// `ggml_vec_dot_q4_1_q8_1`) are generic over this trait and would take Q5_1's fifth
+/// bits too (`FIFTH` is a constant, so Q4_1's compile without them), but Q5_1 is
+/// served packed ([`BlockQ5_1x8`]); for it the trait unpacks values
+/// ([`min_block_values`]).
 pub trait MinBlock: Copy + Sync {
     const FIFTH: bool;
     fn d(&self) -> u16;

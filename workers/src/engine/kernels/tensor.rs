@@ -24,9 +24,10 @@ pub enum QData {
     Q5Kx8(Vec<BlockQ5Kx8>, Vec<BlockQ5K>),
     /// Q6_K likewise ([`BlockQ6Kx8`]).
     Q6Kx8(Vec<BlockQ6Kx8>, Vec<BlockQ6K>),
+    /// Q5_1 likewise ([`BlockQ5_1x8`]).
+    Q5_1x8(Vec<BlockQ5_1x8>, Vec<BlockQ5_1>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
-    Q5_1(Vec<BlockQ5_1>),
     Q8_0(Vec<BlockQ8_0>),
 }
 
@@ -182,7 +183,10 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             QData::Q8_0(blocks.iter().map(BlockQ5_0::to_q8_0).collect())
         }
         GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
-        GgmlDType::Q5_1 => QData::Q5_1(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q5_1 => {
+            let blocks: Vec<BlockQ5_1> = read_blocks(reader, bytes_len).map_err(io)?;
+            packed::q5_1(&blocks, rows, cols / QK)
+        }
         GgmlDType::Q6K => {
             let blocks: Vec<BlockQ6K> = read_blocks(reader, bytes_len).map_err(io)?;
             packed::q6_k(&blocks, rows, cols / QK_K)
@@ -284,7 +288,7 @@ impl QMatrix {
             QData::Q4Kx8(groups, tail) => dequantize_q4_k(&packed::row(groups, tail, nk, r), out),
             QData::Q5Kx8(groups, tail) => dequantize_q5_k(&packed::row(groups, tail, nk, r), out),
             QData::Q4_1(v) => dequantize_min(&v[r * nb..(r + 1) * nb], out),
-            QData::Q5_1(v) => dequantize_min(&v[r * nb..(r + 1) * nb], out),
+            QData::Q5_1x8(groups, tail) => dequantize_min(&packed::row(groups, tail, nb, r), out),
             QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
             QData::Q6Kx8(groups, tail) => dequantize_q6_k(&packed::row(groups, tail, nk, r), out),
@@ -301,7 +305,7 @@ impl QMatrix {
         let x = &x[..n * self.cols];
         match &self.data {
             QData::F32(_) | QData::F16(_) => QAct::F32(x.to_vec()),
-            QData::Q4_1(_) | QData::Q5_1(_) => {
+            QData::Q4_1(_) | QData::Q5_1x8(..) => {
                 let mut b = vec![
                     BlockQ8_1 {
                         d: 0,
@@ -335,7 +339,7 @@ impl QMatrix {
     pub fn same_input_kind(&self, other: &QMatrix) -> bool {
         let kind = |m: &QMatrix| match m.data {
             QData::F32(_) | QData::F16(_) => 0,
-            QData::Q4_1(_) | QData::Q5_1(_) => 1,
+            QData::Q4_1(_) | QData::Q5_1x8(..) => 1,
             QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
             QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6Kx8(..) => 3,
         };
@@ -349,7 +353,6 @@ impl QMatrix {
         let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
-            (QData::Q5_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q5_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
@@ -378,7 +381,6 @@ impl QMatrix {
         }
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
-            (QData::Q5_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q5_1_x4, &wq[w], x, xd, xs),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => call!(q5_0_x4, &wq[w], x, xd),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => call!(q8_0_x4, &wq[w], x, xd),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
@@ -393,7 +395,6 @@ impl QMatrix {
         let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
-            (QData::Q5_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q5_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
@@ -413,6 +414,7 @@ impl QMatrix {
         let ptr = OutPtr(out.as_mut_ptr());
         match &self.data {
             QData::Q4_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
+            QData::Q5_1x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q4Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q6Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
@@ -483,7 +485,7 @@ impl QMatrix {
             QData::Q4_0x8(groups, tail) => groups.len() * 144 + tail.len() * 18,
             QData::Q4_1(v) => v.len() * 20,
             QData::Q5_0(v) => v.len() * 22,
-            QData::Q5_1(v) => v.len() * 24,
+            QData::Q5_1x8(groups, tail) => groups.len() * 192 + tail.len() * 24,
             QData::Q8_0(v) => v.len() * 34,
             QData::Q4Kx8(groups, tail) => {
                 groups.len() * std::mem::size_of::<BlockQ4Kx8>() + tail.len() * std::mem::size_of::<BlockQ4K>()

@@ -1,5 +1,5 @@
 //! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: panels of weight rows against 8
-//! activation rows (tiles of four weight rows for the Q8_0 family, Q4_1 and Q5_1, two for
+//! activation rows (tiles of four weight rows for the Q8_0 family and Q4_1, two for
 //! the K-quants, then single rows), and one weight row against 4, two activation
 //! rows per 512-bit register. The low 256 bits hold one row's 8 lanes and the high
 //! 256 bits the next row's, each lane doing exactly what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
@@ -8,7 +8,8 @@
 //! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
 //! (`x86::avx512_vl`).
 //!
-//! Q4_0 and Q4_K are different ([`dot_q4_0x8_q8_0`], [`dot_q4_kx8_q8_k`]): two packed
+//! The packed types are different ([`dot_q4_0x8_q8_0`], [`dot_q5_1x8_q8_1`],
+//! [`dot_q4_kx8_q8_k`], …): two packed
 //! groups of eight rows fill a register, one row per lane, against several inputs at a
 //! time, with the blocks finished in integers (the portable kernels' arithmetic for
 //! those types).
@@ -19,7 +20,7 @@
 use super::x86::{h2f, hsum_float_8, Unpack};
 use super::{eight, panel_rows};
 use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
-use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ8_0, BlockQ8_1, MinBlock};
+use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_1, MinBlock};
 use std::arch::x86_64::*;
 
 /// `v` in both 256-bit halves.
@@ -326,6 +327,121 @@ unsafe fn rows4_min<B: MinBlock>(
     out
 }
 
+/// A pair kernel's results for inputs `t..t + acc.len()`: each input's sixteen cells of
+/// groups `g` and `g + 1` in an output `width` cells wide per input.
+#[inline(always)]
+unsafe fn store_pair(out: &mut [f32], acc: &[__m512], t: usize, width: usize, g: usize) {
+    for (k, a) in acc.iter().enumerate() {
+        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
+        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+    }
+}
+
+/// `N` (1–8) Q8_1 rows against two groups of eight packed Q5_1 rows (`x0` in the low
+/// eight lanes, `x1` in the high): [`super::x86`]'s `group_q5_1` arithmetic sixteen
+/// rows at a time, the fifth bits added under a byte mask.
+#[inline(always)]
+unsafe fn groups2_q5_1<const N: usize>(
+    x0: &[BlockQ5_1x8],
+    x1: &[BlockQ5_1x8],
+    y: [&[BlockQ8_1]; N],
+    yd: [&[f32]; N],
+    ys: [&[f32]; N],
+) -> [__m512; N] {
+    let nb = x0.len();
+    // Checked once here, so the loop indexes without bounds checks.
+    assert!(x1.len() == nb);
+    for t in 0..N {
+        assert!(y[t].len() >= nb && yd[t].len() >= nb && ys[t].len() >= nb);
+    }
+    let m4 = _mm512_set1_epi8(0x0f);
+    let bit4 = _mm512_set1_epi8(0x10);
+    // Row r's byte into each byte of lane r: 128-bit lanes 0 and 2 take rows 0–3 of
+    // their group, lanes 1 and 3 rows 4–7.
+    let spread = _mm512_broadcast_i64x4(_mm256_setr_epi8(
+        0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
+    ));
+    let (lo_bits, hi_bits) = (_mm512_set1_epi32(0x0804_0201), _mm512_set1_epi32(0x8040_2010u32 as i32));
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        super::x86::prefetch_ahead(x0, i);
+        super::x86::prefetch_ahead(x1, i);
+        let mut sum = [_mm512_setzero_si512(); N];
+        for s in 0..4 {
+            let w = pair_bytes(
+                a.qs.as_ptr().add(32 * s) as *const i8,
+                b.qs.as_ptr().add(32 * s) as *const i8,
+            );
+            let h = |q: &[u8; 32]| _mm256_set1_epi64x((q.as_ptr().add(8 * s) as *const i64).read_unaligned());
+            let rows = _mm512_shuffle_epi8(
+                _mm512_inserti64x4(_mm512_castsi256_si512(h(&a.qh)), h(&b.qh), 1),
+                spread,
+            );
+            let lo = _mm512_and_si512(w, m4);
+            let lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(rows, lo_bits), lo, bit4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(rows, hi_bits), hi, bit4);
+            for t in 0..N {
+                let q = y[t].get_unchecked(i).qs.as_ptr();
+                let ql = _mm512_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
+                let qh = _mm512_set1_epi32((q.add(16 + 4 * s) as *const i32).read_unaligned());
+                sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[t], lo, ql), hi, qh);
+            }
+        }
+        let halves = |p: *const u16, q: *const u16| {
+            _mm512_cvtph_ps(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128(p as *const __m128i)),
+                _mm_loadu_si128(q as *const __m128i),
+                1,
+            ))
+        };
+        let d = halves(a.d.as_ptr(), b.d.as_ptr());
+        let m = halves(a.m.as_ptr(), b.m.as_ptr());
+        for t in 0..N {
+            let dd = _mm512_mul_ps(d, _mm512_set1_ps(*yd[t].get_unchecked(i)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd, acc[t]);
+            acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(*ys[t].get_unchecked(i)), acc[t]);
+        }
+    }
+    acc
+}
+
+/// [`super::Kernels::q5_1x8`]: pairs of groups against the inputs eight at a time; a
+/// last odd group goes through the 256-bit kernel (same arithmetic).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::x8_shape(x, y, yd, ys, n, out);
+    let width = 8 * groups;
+    let ins = |t: usize| t * nb..(t + 1) * nb;
+    for pair in 0..groups / 2 {
+        let g = 2 * pair;
+        let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
+        tiles!(n, 8, |t, M| {
+            let acc = groups2_q5_1::<M>(
+                x0,
+                x1,
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &yd[ins(t + k)]),
+                std::array::from_fn(|k| &ys[ins(t + k)]),
+            );
+            store_pair(out, &acc, t, width, g);
+        });
+    }
+    if !groups.is_multiple_of(2) {
+        let g = groups - 1;
+        tiles!(n, 4, |t, M| {
+            let acc = super::x86::avx512_vl::group_q5_1::<M>(
+                &x[g * nb..(g + 1) * nb],
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &yd[ins(t + k)]),
+                std::array::from_fn(|k| &ys[ins(t + k)]),
+            );
+            super::x86::store_tile(out, &acc, t, width, g);
+        });
+    }
+}
+
 /// `N` (1–8) Q8_0 rows against two groups of eight packed Q4_0 rows (`x0` in the low
 /// eight lanes, `x1` in the high): per block and input, eight `vpdpbusd` of the
 /// unsigned nibbles against the input's broadcast bytes on top of its offset, then
@@ -381,54 +497,34 @@ unsafe fn groups2_q4_0<const N: usize>(
 /// a last odd group goes through the 256-bit kernel (same arithmetic).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::q4_0x8_shape(x, y, yd, yo, n, out);
+    let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
     let width = 8 * groups;
+    let ins = |t: usize| t * nb..(t + 1) * nb;
     for pair in 0..groups / 2 {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
-        let mut t = 0;
-        while t < n {
-            macro_rules! tile {
-                ($m:literal) => {{
-                    let acc = groups2_q4_0::<$m>(
-                        x0,
-                        x1,
-                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
-                        std::array::from_fn(|k| &yd[(t + k) * nb..(t + k + 1) * nb]),
-                        std::array::from_fn(|k| &yo[(t + k) * nb..(t + k + 1) * nb]),
-                    );
-                    for (k, a) in acc.iter().enumerate() {
-                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
-                        _mm512_storeu_ps(o.as_mut_ptr(), *a);
-                    }
-                    t += $m;
-                }};
-            }
-            match n - t {
-                1 => tile!(1),
-                2 => tile!(2),
-                3 => tile!(3),
-                4 => tile!(4),
-                5 => tile!(5),
-                6 => tile!(6),
-                7 => tile!(7),
-                _ => tile!(8),
-            }
-        }
+        tiles!(n, 8, |t, M| {
+            let acc = groups2_q4_0::<M>(
+                x0,
+                x1,
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &yd[ins(t + k)]),
+                std::array::from_fn(|k| &yo[ins(t + k)]),
+            );
+            store_pair(out, &acc, t, width, g);
+        });
     }
     if !groups.is_multiple_of(2) {
         let g = groups - 1;
-        let mut cells = [0.0f32; 64];
-        for t0 in (0..n).step_by(8) {
-            let m = (n - t0).min(8);
-            let inputs = t0 * nb..(t0 + m) * nb;
-            let (yi, ydi, yoi) = (&y[inputs.clone()], &yd[inputs.clone()], &yo[inputs]);
-            super::x86::avx512_vl::dot_q4_0x8_q8_0(&x[g * nb..], yi, ydi, yoi, m, &mut cells[..8 * m]);
-            for t in 0..m {
-                let o = (t0 + t) * width + 8 * g;
-                out[o..o + 8].copy_from_slice(&cells[8 * t..8 * t + 8]);
-            }
-        }
+        tiles!(n, 4, |t, M| {
+            let acc = super::x86::avx512_vl::group_q4_0::<M>(
+                &x[g * nb..(g + 1) * nb],
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &yd[ins(t + k)]),
+                std::array::from_fn(|k| &yo[ins(t + k)]),
+            );
+            super::x86::store_tile(out, &acc, t, width, g);
+        });
     }
 }
 
@@ -532,47 +628,30 @@ unsafe fn groups2_k<G: KGroup, const N: usize>(
 unsafe fn dot_kx8<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
     let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
     let width = 8 * groups;
+    let ins = |t: usize| t * nb..(t + 1) * nb;
     for pair in 0..groups / 2 {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
-        let mut t = 0;
-        while t < n {
-            macro_rules! tile {
-                ($m:literal) => {{
-                    let acc = groups2_k::<G, $m>(
-                        x0,
-                        x1,
-                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
-                        std::array::from_fn(|k| &ym[(t + k) * nb..(t + k + 1) * nb]),
-                    );
-                    for (k, a) in acc.iter().enumerate() {
-                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
-                        _mm512_storeu_ps(o.as_mut_ptr(), *a);
-                    }
-                    t += $m;
-                }};
-            }
-            match n - t {
-                1 => tile!(1),
-                2 => tile!(2),
-                3 => tile!(3),
-                _ => tile!(4),
-            }
-        }
+        tiles!(n, 4, |t, M| {
+            let acc = groups2_k::<G, M>(
+                x0,
+                x1,
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &ym[ins(t + k)]),
+            );
+            store_pair(out, &acc, t, width, g);
+        });
     }
     if !groups.is_multiple_of(2) {
         let g = groups - 1;
-        let mut cells = [0.0f32; 64];
-        for t0 in (0..n).step_by(8) {
-            let m = (n - t0).min(8);
-            let inputs = t0 * nb..(t0 + m) * nb;
-            let (yi, ymi) = (&y[inputs.clone()], &ym[inputs]);
-            super::x86::avx512_vl::dot_kx8(&x[g * nb..], yi, ymi, m, &mut cells[..8 * m]);
-            for t in 0..m {
-                let o = (t0 + t) * width + 8 * g;
-                out[o..o + 8].copy_from_slice(&cells[8 * t..8 * t + 8]);
-            }
-        }
+        tiles!(n, 4, |t, M| {
+            let acc = super::x86::avx512_vl::group_k::<G, M>(
+                &x[g * nb..(g + 1) * nb],
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &ym[ins(t + k)]),
+            );
+            super::x86::store_tile(out, &acc, t, width, g);
+        });
     }
 }
 
@@ -703,56 +782,23 @@ unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [
 pub unsafe fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
     let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
     let width = 8 * groups;
+    let ins = |t: usize| t * nb..(t + 1) * nb;
     for pair in 0..groups / 2 {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
-        let mut t = 0;
-        while t < n {
-            macro_rules! tile {
-                ($m:literal) => {{
-                    let acc = groups2_q6k::<$m>(
-                        x0,
-                        x1,
-                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
-                    );
-                    for (k, a) in acc.iter().enumerate() {
-                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
-                        _mm512_storeu_ps(o.as_mut_ptr(), *a);
-                    }
-                    t += $m;
-                }};
-            }
-            match n - t {
-                1 => tile!(1),
-                2 => tile!(2),
-                3 => tile!(3),
-                _ => tile!(4),
-            }
-        }
+        tiles!(n, 4, |t, M| {
+            let acc = groups2_q6k::<M>(x0, x1, std::array::from_fn(|k| &y[ins(t + k)]));
+            store_pair(out, &acc, t, width, g);
+        });
     }
     if !groups.is_multiple_of(2) {
         let g = groups - 1;
-        let mut t = 0;
-        while t < n {
-            macro_rules! tile {
-                ($m:literal) => {{
-                    let acc = super::x86::avx512_vl::group_q6k::<$m>(
-                        &x[g * nb..(g + 1) * nb],
-                        std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
-                    );
-                    for (k, a) in acc.iter().enumerate() {
-                        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
-                        _mm256_storeu_ps(o.as_mut_ptr(), *a);
-                    }
-                    t += $m;
-                }};
-            }
-            match n - t {
-                1 => tile!(1),
-                2 => tile!(2),
-                3 => tile!(3),
-                _ => tile!(4),
-            }
-        }
+        tiles!(n, 4, |t, M| {
+            let acc = super::x86::avx512_vl::group_q6k::<M>(
+                &x[g * nb..(g + 1) * nb],
+                std::array::from_fn(|k| &y[ins(t + k)]),
+            );
+            super::x86::store_tile(out, &acc, t, width, g);
+        });
     }
 }

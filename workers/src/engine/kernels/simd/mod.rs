@@ -5,11 +5,42 @@
 //! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
 //! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
 //! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
-//! - Q4_0's and Q4_K's kernels over packed groups of eight rows live with the others
-//!   of their variant (`portable`, `x86`, `avx512`).
+//! - The kernels over packed groups of eight rows (Q4_0, Q5_1, the K-quants) live with
+//!   the others of their variant (`portable`, `x86`, `avx512`).
 //!
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
 //! is what makes calling the `#[target_feature]` functions behind it sound.
+
+/// Runs `$body` over inputs `0..$n` in tiles of at most 4 or 8: `$t` is a tile's first
+/// input and the constant `$m` its size (a group kernel takes the tile's inputs as
+/// `[_; $m]`, so each size is its own instance).
+#[cfg(target_arch = "x86_64")]
+macro_rules! tiles {
+    ($n:expr, 4, |$t:ident, $m:ident| $body:block) => {
+        tiles!(@run $n, [1 2 3] 4, $t, $m, $body)
+    };
+    ($n:expr, 8, |$t:ident, $m:ident| $body:block) => {
+        tiles!(@run $n, [1 2 3 4 5 6 7] 8, $t, $m, $body)
+    };
+    (@run $n:expr, [$($k:literal)*] $last:literal, $t:ident, $m:ident, $body:block) => {{
+        let n = $n;
+        let mut $t = 0;
+        while $t < n {
+            match n - $t {
+                $($k => {
+                    const $m: usize = $k;
+                    $body
+                    $t += $k;
+                })*
+                _ => {
+                    const $m: usize = $last;
+                    $body
+                    $t += $last;
+                }
+            }
+        }
+    }};
+}
 
 mod attend;
 #[cfg(target_arch = "x86_64")]
@@ -21,7 +52,7 @@ mod x86;
 
 use super::isa::Isa;
 use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8K};
-use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
+use super::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_1};
 use elementwise as ew;
 
 type Q81<B> = fn(&[B], &[BlockQ8_1], &[f32], &[f32]) -> f32;
@@ -31,6 +62,7 @@ type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
 type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
 type Q40x8 = fn(&[BlockQ4_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
+type Q51x8 = fn(&[BlockQ5_1x8], &[BlockQ8_1], &[f32], &[f32], usize, &mut [f32]);
 type Kx8<G> = fn(&[G], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 
@@ -45,8 +77,9 @@ type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 /// 3's 640-wide rows they were ~8% of a prefill); a variant tiles the panel as its
 /// registers allow.
 ///
-/// Q4_0 and Q4_K have their own arithmetic and layout: `q4_0x8` and `q4_kx8` take
-/// groups of eight rows packed as [`BlockQ4_0x8`] / [`BlockQ4Kx8`] (one row per 32-bit
+/// Q4_0, Q5_1 and the K-quants have their own arithmetic and layout: `q4_0x8`,
+/// `q5_1x8`, `q4_kx8`, … take groups of eight rows packed as [`BlockQ4_0x8`],
+/// [`BlockQ5_1x8`], [`BlockQ4Kx8`], … (one row per 32-bit
 /// lane) against any number of inputs, and each cell finishes a block in integers and
 /// does one fused multiply-add per block and sum, in block order — as llama.cpp's
 /// repacked kernels do, not the 8-lane float sums of ggml's row kernels (see
@@ -58,10 +91,12 @@ pub struct Kernels {
     pub q4_1: Q81<BlockQ4_1>,
     pub q4_1_x4: Q81x4<BlockQ4_1>,
     pub q4_1_x8: Q81x8<BlockQ4_1>,
-    /// Q5_1: Q4_1's kernels with the fifth bits.
+    /// One Q5_1 row in file order (the rows after the last whole group), with
+    /// [`Self::q5_1x8`]'s arithmetic: portable in every table.
     pub q5_1: Q81<BlockQ5_1>,
-    pub q5_1_x4: Q81x4<BlockQ5_1>,
-    pub q5_1_x8: Q81x8<BlockQ5_1>,
+    /// Groups of eight packed Q5_1 rows ([`BlockQ5_1x8`]) against `n` inputs (`y`,
+    /// their scales and sums), as [`Self::q4_0x8`].
+    pub q5_1x8: Q51x8,
     pub q4_0: Q80<BlockQ4_0>,
     /// Groups of eight packed rows (`x`, group after group) against `n` inputs (`y`,
     /// their scales and [`crate::engine::kernels::quants::q4_0_offset`]s, input after
@@ -181,16 +216,18 @@ macro_rules! with_elementwise {
     }};
 }
 
-/// Checks a [`Kernels::q4_0x8`] call's slices and returns (blocks per row, groups).
+/// Checks a [`Kernels::q4_0x8`] or [`Kernels::q5_1x8`] call's slices (packed groups,
+/// the inputs' blocks, their scales and their offsets or sums) and returns (blocks per
+/// row, groups).
 #[inline(always)]
-fn q4_0x8_shape(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &[f32]) -> (usize, usize) {
+fn x8_shape<G, A, E>(x: &[G], y: &[A], yd: &[f32], ye: &[E], n: usize, out: &[f32]) -> (usize, usize) {
     assert!(n > 0 && y.len().is_multiple_of(n), "n inputs of equal length");
     let nb = y.len() / n;
     assert!(nb > 0 && x.len().is_multiple_of(nb), "groups of the inputs' length");
     let groups = x.len() / nb;
     assert!(
-        yd.len() == y.len() && yo.len() == y.len() && out.len() >= n * 8 * groups,
-        "a scale and an offset per input block, a cell per output"
+        yd.len() == y.len() && ye.len() == y.len() && out.len() >= n * 8 * groups,
+        "a scale and an offset or sum per input block, a cell per output"
     );
     (nb, groups)
 }
@@ -262,9 +299,8 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q4_1: portable::dot_min_q8_1,
     q4_1_x4: portable::dot_min_q8_1_x4,
     q4_1_x8: x8_from_x4!(portable::dot_min_q8_1_x4, |x, y, yd, ys|),
-    q5_1: portable::dot_min_q8_1,
-    q5_1_x4: portable::dot_min_q8_1_x4,
-    q5_1_x8: x8_from_x4!(portable::dot_min_q8_1_x4, |x, y, yd, ys|),
+    q5_1: portable::dot_q5_1_q8_1,
+    q5_1x8: portable::dot_q5_1x8_q8_1,
     q4_0: portable::dot_q4_0_q8_0,
     q4_0x8: portable::dot_q4_0x8_q8_0,
     q5_0: portable::dot_q5_0_q8_0,
@@ -297,9 +333,8 @@ macro_rules! x86_table {
             q4_1: |x, y, yd, ys| unsafe { k::dot_min_q8_1(x, y, yd, ys) },
             q4_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
             q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
-            q5_1: |x, y, yd, ys| unsafe { k::dot_min_q8_1(x, y, yd, ys) },
-            q5_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
-            q5_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
+            q5_1: portable::dot_q5_1_q8_1,
+            q5_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q5_1x8_q8_1(x, y, yd, ys, n, o) },
             q4_0: portable::dot_q4_0_q8_0,
             q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
             q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
@@ -340,9 +375,8 @@ static AVX512: Kernels = {
         q4_1: |x, y, yd, ys| unsafe { v::dot_min_q8_1(x, y, yd, ys) },
         q4_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
         q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
-        q5_1: |x, y, yd, ys| unsafe { v::dot_min_q8_1(x, y, yd, ys) },
-        q5_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
-        q5_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
+        q5_1: portable::dot_q5_1_q8_1,
+        q5_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q5_1x8_q8_1(x, y, yd, ys, n, o) },
         q4_0: portable::dot_q4_0_q8_0,
         q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
         q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },

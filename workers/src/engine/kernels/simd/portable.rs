@@ -3,9 +3,10 @@
 //! `vpmaddubsw` + `vpmaddwd` produce), every lane accumulates in f32 with one fused
 //! multiply-add per block, and the lanes are summed in `hsum_float_8`'s order. So the
 //! portable path computes the same bits as AVX2 and AVX-512, only slower; LLVM
-//! vectorises the lane loops with the target's baseline SIMD (SSE2, NEON). Q4_0 and
-//! Q4_K are the exception: integer sums per block and one fused multiply-add per block
-//! and sum ([`dot_q4_0_q8_0`], [`dot_q4_k_q8_k`]).
+//! vectorises the lane loops with the target's baseline SIMD (SSE2, NEON). The types
+//! packed by eight rows (Q4_0, Q5_1 and the K-quants) are the exception: integer sums
+//! per block and one fused multiply-add per block and sum ([`dot_q4_0_q8_0`],
+//! [`dot_q5_1_q8_1`], [`dot_q4_k_q8_k`]).
 
 use crate::engine::kernels::kquants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8K, KGroup};
 use crate::engine::kernels::quants::*;
@@ -116,7 +117,7 @@ pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
 /// [`crate::engine::kernels::simd::Kernels::q4_0x8`]): each cell exactly
 /// [`dot_q4_0_q8_0`] of the row unpacked.
 pub fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::q4_0x8_shape(x, y, yd, yo, n, out);
+    let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
     let width = 8 * groups;
     for g in 0..groups {
         for t in 0..n {
@@ -136,6 +137,41 @@ pub fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32
                 }
             }
             out[t * width + 8 * g..t * width + 8 * g + 8].copy_from_slice(&acc);
+        }
+    }
+}
+
+/// One Q5_1 row against a Q8_1 row with the arithmetic every packed Q5_1 kernel
+/// shares, one step per block: the exact integer sum `Σ q·y` of the unsigned 5-bit
+/// values, then `acc = fma(sum, d_x·d_y, acc)` and `acc = fma(m_x, s_y, acc)` (where
+/// ggml's row kernel keeps eight float lanes and a second sum for the mins).
+pub fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
+    let mut acc = 0.0f32;
+    for (i, (a, b)) in x.iter().zip(y).enumerate() {
+        let s: i32 = min_block_values(a)
+            .iter()
+            .zip(&b.qs)
+            .map(|(&q, &y)| q as i32 * y as i32)
+            .sum();
+        acc = (s as f32).mul_add(h2f(a.d) * yd[i], acc);
+        acc = h2f(a.m).mul_add(ys[i], acc);
+    }
+    acc
+}
+
+/// Packed groups of eight Q5_1 rows against `n` Q8_1 rows (see
+/// [`crate::engine::kernels::simd::Kernels::q5_1x8`]): each cell exactly
+/// [`dot_q5_1_q8_1`] of the row unpacked.
+pub fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::x8_shape(x, y, yd, ys, n, out);
+    let width = 8 * groups;
+    for g in 0..groups {
+        for r in 0..8 {
+            let row: Vec<BlockQ5_1> = x[g * nb..(g + 1) * nb].iter().map(|b| b.row(r)).collect();
+            for t in 0..n {
+                let ins = t * nb..(t + 1) * nb;
+                out[t * width + 8 * g + r] = dot_q5_1_q8_1(&row, &y[ins.clone()], &yd[ins.clone()], &ys[ins]);
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 use super::*;
 use crate::engine::kernels::kquants::{q4_k_min_pairs, quantize_q8_k, BlockQ5K, QK_K};
 use crate::engine::kernels::quants::{
-    dequantize_q4_0, dequantize_q8_0, f2h, h2f, q4_0_offset, quantize_q8_0, quantize_q8_1, QK,
+    dequantize_min, dequantize_q4_0, dequantize_q8_0, f2h, h2f, q4_0_offset, quantize_q8_0, quantize_q8_1, QK,
 };
 
 struct Rng(u64);
@@ -157,14 +157,6 @@ fn every_variant_computes_the_portable_bits() {
             qs: rng.bytes(),
         })
         .collect();
-    let w5_1: Vec<BlockQ5_1> = (0..nb)
-        .map(|_| BlockQ5_1 {
-            d: rng.scale(),
-            m: f2h(-0.01 * (rng.next() % 50) as f32),
-            qh: rng.bytes(),
-            qs: rng.bytes(),
-        })
-        .collect();
     let w5_0: Vec<BlockQ5_0> = (0..nb)
         .map(|_| BlockQ5_0 {
             d: rng.scale(),
@@ -201,17 +193,6 @@ fn every_variant_computes_the_portable_bits() {
             let mut x8 = [[0.0f32; 8]];
             (k.q4_1_x8)(&w4_1, &a.q8_1.concat(), &a.q8_1d.concat(), &a.q8_1s.concat(), &mut x8);
             assert_eq!(x8[0][t].to_bits(), want, "{isa} q4_1 x8 row {t}");
-            let want = (p.q5_1)(&w5_1, y1, yd1, ys1).to_bits();
-            assert_eq!((k.q5_1)(&w5_1, y1, yd1, ys1).to_bits(), want, "{isa} q5_1 row {t}");
-            let x4 = (k.q5_1_x4)(
-                &w5_1,
-                refs(&a.q8_1[t / 4 * 4..]),
-                refs(&a.q8_1d[t / 4 * 4..]),
-                refs(&a.q8_1s[t / 4 * 4..]),
-            );
-            assert_eq!(x4[t % 4].to_bits(), want, "{isa} q5_1 x4 row {t}");
-            (k.q5_1_x8)(&w5_1, &a.q8_1.concat(), &a.q8_1d.concat(), &a.q8_1s.concat(), &mut x8);
-            assert_eq!(x8[0][t].to_bits(), want, "{isa} q5_1 x8 row {t}");
 
             macro_rules! q8_0_family {
                 ($w:expr, $one:ident, $x4:ident, $x8:ident) => {{
@@ -282,18 +263,6 @@ fn panels_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w5_1: Vec<Vec<BlockQ5_1>> = (0..ROWS)
-        .map(|_| {
-            (0..nb)
-                .map(|_| BlockQ5_1 {
-                    d: rng.scale(),
-                    m: f2h(-0.01 * (rng.next() % 50) as f32),
-                    qh: rng.bytes(),
-                    qs: rng.bytes(),
-                })
-                .collect()
-        })
-        .collect();
     let w5_0: Vec<Vec<BlockQ5_0>> = (0..ROWS)
         .map(|_| {
             (0..nb)
@@ -338,10 +307,6 @@ fn panels_compute_the_portable_bits() {
             (k.q4_1_x8)(&w4_1[..rows].concat(), &y1, &yd1, &ys1, &mut cells);
             check("q4_1", &cells, &|r, t| {
                 (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
-            });
-            (k.q5_1_x8)(&w5_1[..rows].concat(), &y1, &yd1, &ys1, &mut cells);
-            check("q5_1", &cells, &|r, t| {
-                (p.q5_1)(&w5_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
             });
             (k.q5_0_x8)(&w5_0[..rows].concat(), &y0, &yd0, &mut cells);
             check("q5_0", &cells, &|r, t| (p.q5_0)(&w5_0[r], &a.q8_0[t], &a.q8_0d[t]));
@@ -388,6 +353,99 @@ fn packed_q4_0_groups_compute_the_portable_bits() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Q5_1's packed groups, as Q4_0's. Row 0 holds the largest values (all nibbles and
+/// fifth bits set) against an input block of 127s: the AVX2 kernel's 16-bit sums
+/// reach their largest there.
+#[test]
+fn packed_q5_1_groups_compute_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(30);
+    let nb = 7;
+    let cols = nb * QK;
+    let mut a = acts(&mut rng, cols);
+    a.q8_1[0][0].qs = [127; 32];
+    a.q8_1[1][2].qs = [-127; 32];
+    let rows: Vec<Vec<BlockQ5_1>> = (0..40)
+        .map(|r| {
+            (0..nb)
+                .map(|_| BlockQ5_1 {
+                    d: rng.scale(),
+                    m: f2h(-0.01 * (rng.next() % 50) as f32),
+                    qh: if r == 0 { [0xff; 4] } else { rng.bytes() },
+                    qs: if r == 0 { [0xff; 16] } else { rng.bytes() },
+                })
+                .collect()
+        })
+        .collect();
+    let packed: Vec<BlockQ5_1x8> = (0..5)
+        .flat_map(|g| {
+            let rows = &rows;
+            (0..nb).map(move |i| BlockQ5_1x8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
+        })
+        .collect();
+    for (i, b) in packed.iter().enumerate() {
+        for r in 0..8 {
+            let want = &rows[8 * (i / nb) + r][i % nb];
+            let got = b.row(r);
+            assert_eq!((got.d, got.m, got.qh, got.qs), (want.d, want.m, want.qh, want.qs));
+        }
+    }
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        for groups in 1..=5 {
+            for n in [1, 2, 3, 4, 5, 7, 8] {
+                let mut out = vec![f32::NAN; n * 8 * groups];
+                let (y, yd, ys) = (a.q8_1[..n].concat(), a.q8_1d[..n].concat(), a.q8_1s[..n].concat());
+                (k.q5_1x8)(&packed[..groups * nb], &y, &yd, &ys, n, &mut out);
+                for t in 0..n {
+                    for r in 0..8 * groups {
+                        let want = (p.q5_1)(&rows[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t]);
+                        assert_eq!(
+                            out[t * 8 * groups + r].to_bits(),
+                            want.to_bits(),
+                            "{isa} q5_1x8: {groups} groups, {n} inputs, row {r} input {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The Q5_1 arithmetic (one integer sum and two FMAs per block) is the dot product of
+/// the dequantized values, up to f32 rounding (the activations' sums are f16).
+#[test]
+fn q5_1_block_sums_are_the_dot_product() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(43);
+    let nb = 24;
+    let a = acts(&mut rng, nb * QK);
+    for _ in 0..16 {
+        let row: Vec<BlockQ5_1> = (0..nb)
+            .map(|_| BlockQ5_1 {
+                d: rng.scale(),
+                m: f2h(-0.01 * (rng.next() % 50) as f32),
+                qh: rng.bytes(),
+                qs: rng.bytes(),
+            })
+            .collect();
+        for t in 0..8 {
+            let (mut w, mut y) = (vec![0.0f32; nb * QK], vec![0.0f32; nb * QK]);
+            dequantize_min(&row, &mut w);
+            for (b, out) in a.q8_1[t].iter().zip(y.chunks_mut(QK)) {
+                for (o, &q) in out.iter_mut().zip(&b.qs) {
+                    *o = h2f(b.d) * q as f32;
+                }
+            }
+            let exact: f64 = w.iter().zip(&y).map(|(&w, &y)| w as f64 * y as f64).sum();
+            let scale: f64 = w.iter().zip(&y).map(|(&w, &y)| (w as f64 * y as f64).abs()).sum();
+            let got = (p.q5_1)(&row, &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t]) as f64;
+            // s = d · Σ q is rounded to f16: a relative 2⁻¹¹ of each block's min term.
+            assert!((got - exact).abs() <= 2e-3 * scale, "{got} vs {exact}");
         }
     }
 }

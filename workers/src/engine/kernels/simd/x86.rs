@@ -107,6 +107,34 @@ pub(super) unsafe fn prefetch_ahead<B>(x: &[B], i: usize) {
     _mm_prefetch(p, _MM_HINT_T0);
 }
 
+/// Step `s`'s fifth bits of a packed Q5_1 group ([`crate::engine::kernels::quants::BlockQ5_1x8`])
+/// as 0x10 in the bytes of the values they belong to: lane `r`'s four low-nibble
+/// values, then its four high-nibble values.
+#[inline(always)]
+pub(super) unsafe fn fifth_bits(qh: &[u8; 32], s: usize) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    let rows = _mm256_set1_epi64x((qh.as_ptr().add(8 * s) as *const i64).read_unaligned());
+    // Row r's byte into each byte of lane r (both halves hold the eight bytes).
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
+    );
+    let b = _mm256_shuffle_epi8(rows, spread);
+    let (lo, hi) = (_mm256_set1_epi32(0x0804_0201), _mm256_set1_epi32(0x8040_2010u32 as i32));
+    let bit4 = _mm256_set1_epi8(0x10);
+    let set = |mask: __m256i| _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, mask), mask), bit4);
+    (set(lo), set(hi))
+}
+
+/// A group kernel's results for inputs `t..t + acc.len()`: each input's eight cells of
+/// group `g` in an output `width` cells wide per input.
+#[inline(always)]
+pub(super) unsafe fn store_tile(out: &mut [f32], acc: &[std::arch::x86_64::__m256], t: usize, width: usize, g: usize) {
+    for (k, a) in acc.iter().enumerate() {
+        let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
+        std::arch::x86_64::_mm256_storeu_ps(o.as_mut_ptr(), *a);
+    }
+}
+
 /// Which instruction does the 8-bit multiply-adds.
 #[derive(PartialEq, Eq)]
 enum Dot {
@@ -125,7 +153,7 @@ macro_rules! x86_kernels {
         pub mod $module {
             use super::*;
             use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
-            use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ8_0, BlockQ8_1, MinBlock};
+            use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_1, MinBlock};
             use crate::engine::kernels::simd::{eight, panel_rows};
             use std::arch::x86_64::*;
 
@@ -357,34 +385,106 @@ macro_rules! x86_kernels {
                 n: usize,
                 out: &mut [f32],
             ) {
-                let (nb, groups) = crate::engine::kernels::simd::q4_0x8_shape(x, y, yd, yo, n, out);
+                let (nb, groups) = crate::engine::kernels::simd::x8_shape(x, y, yd, yo, n, out);
                 let width = 8 * groups;
                 for g in 0..groups {
                     let xg = &x[g * nb..(g + 1) * nb];
-                    let mut t = 0;
-                    while t < n {
-                        macro_rules! tile {
-                            ($m:literal) => {{
-                                let acc = group_q4_0::<$m>(
-                                    xg,
-                                    std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
-                                    std::array::from_fn(|k| &yd[(t + k) * nb..(t + k + 1) * nb]),
-                                    std::array::from_fn(|k| &yo[(t + k) * nb..(t + k + 1) * nb]),
-                                );
-                                for (k, a) in acc.iter().enumerate() {
-                                    let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
-                                    _mm256_storeu_ps(o.as_mut_ptr(), *a);
+                    tiles!(n, 4, |t, M| {
+                        let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
+                        let acc = group_q4_0::<M>(
+                            xg,
+                            std::array::from_fn(|k| &y[ins(k)]),
+                            std::array::from_fn(|k| &yd[ins(k)]),
+                            std::array::from_fn(|k| &yo[ins(k)]),
+                        );
+                        store_tile(out, &acc, t, width, g);
+                    });
+                }
+            }
+
+            /// `N` (1–4) Q8_1 rows against one group of eight packed Q5_1 rows, one row
+            /// per lane: the unsigned 5-bit values (nibbles or-ed with their fifth bits)
+            /// against the input's broadcast bytes, each block's integer sums, then one
+            /// multiply (the scales) and two FMAs (the sum, then the min times the
+            /// input's sum) per block and cell, as the portable kernel.
+            #[inline(always)]
+            pub(in crate::engine::kernels::simd) unsafe fn group_q5_1<const N: usize>(
+                x: &[BlockQ5_1x8],
+                y: [&[BlockQ8_1]; N],
+                yd: [&[f32]; N],
+                ys: [&[f32]; N],
+            ) -> [__m256; N] {
+                // Checked once here, so the loop indexes without bounds checks.
+                for t in 0..N {
+                    assert!(y[t].len() >= x.len() && yd[t].len() >= x.len() && ys[t].len() >= x.len());
+                }
+                let m4 = _mm256_set1_epi8(0x0f);
+                let mut acc = [_mm256_setzero_ps(); N];
+                for (i, a) in x.iter().enumerate() {
+                    prefetch_ahead(x, i);
+                    let mut sum = [_mm256_setzero_si256(); N];
+                    // AVX2's i16 sums: eight products of at most 31 · 127 each per
+                    // step pair (31,496), widened to i32 after every second step.
+                    let mut sum16 = [_mm256_setzero_si256(); N];
+                    for s in 0..4 {
+                        let w = _mm256_loadu_si256(a.qs.as_ptr().add(32 * s) as *const __m256i);
+                        let (fl, fh) = fifth_bits(&a.qh, s);
+                        let lo = _mm256_or_si256(_mm256_and_si256(w, m4), fl);
+                        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), fh);
+                        for t in 0..N {
+                            let q = y[t].get_unchecked(i).qs.as_ptr();
+                            let ql = _mm256_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
+                            let qh = _mm256_set1_epi32((q.add(16 + 4 * s) as *const i32).read_unaligned());
+                            if $dot == Dot::AvxVnni {
+                                sum[t] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(sum[t], lo, ql), hi, qh);
+                            } else if $dot == Dot::Avx512Vnni {
+                                sum[t] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(sum[t], lo, ql), hi, qh);
+                            } else {
+                                let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ql), _mm256_maddubs_epi16(hi, qh));
+                                sum16[t] = _mm256_add_epi16(sum16[t], p);
+                                if s % 2 == 1 {
+                                    sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(sum16[t], _mm256_set1_epi16(1)));
+                                    sum16[t] = _mm256_setzero_si256();
                                 }
-                                t += $m;
-                            }};
-                        }
-                        match n - t {
-                            1 => tile!(1),
-                            2 => tile!(2),
-                            3 => tile!(3),
-                            _ => tile!(4),
+                            }
                         }
                     }
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(a.d.as_ptr() as *const __m128i));
+                    let m = _mm256_cvtph_ps(_mm_loadu_si128(a.m.as_ptr() as *const __m128i));
+                    for t in 0..N {
+                        let dd = _mm256_mul_ps(d, _mm256_set1_ps(*yd[t].get_unchecked(i)));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), dd, acc[t]);
+                        acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(*ys[t].get_unchecked(i)), acc[t]);
+                    }
+                }
+                acc
+            }
+
+            /// [`super::super::Kernels::q5_1x8`]: each group against the inputs four
+            /// at a time.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q5_1x8_q8_1(
+                x: &[BlockQ5_1x8],
+                y: &[BlockQ8_1],
+                yd: &[f32],
+                ys: &[f32],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                let (nb, groups) = crate::engine::kernels::simd::x8_shape(x, y, yd, ys, n, out);
+                let width = 8 * groups;
+                for g in 0..groups {
+                    let xg = &x[g * nb..(g + 1) * nb];
+                    tiles!(n, 4, |t, M| {
+                        let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
+                        let acc = group_q5_1::<M>(
+                            xg,
+                            std::array::from_fn(|k| &y[ins(k)]),
+                            std::array::from_fn(|k| &yd[ins(k)]),
+                            std::array::from_fn(|k| &ys[ins(k)]),
+                        );
+                        store_tile(out, &acc, t, width, g);
+                    });
                 }
             }
 
@@ -497,29 +597,15 @@ macro_rules! x86_kernels {
                 let width = 8 * groups;
                 for g in 0..groups {
                     let xg = &x[g * nb..(g + 1) * nb];
-                    let mut t = 0;
-                    while t < n {
-                        macro_rules! tile {
-                            ($m:literal) => {{
-                                let acc = group_k::<G, $m>(
-                                    xg,
-                                    std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
-                                    std::array::from_fn(|k| &ym[(t + k) * nb..(t + k + 1) * nb]),
-                                );
-                                for (k, a) in acc.iter().enumerate() {
-                                    let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
-                                    _mm256_storeu_ps(o.as_mut_ptr(), *a);
-                                }
-                                t += $m;
-                            }};
-                        }
-                        match n - t {
-                            1 => tile!(1),
-                            2 => tile!(2),
-                            3 => tile!(3),
-                            _ => tile!(4),
-                        }
-                    }
+                    tiles!(n, 4, |t, M| {
+                        let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
+                        let acc = group_k::<G, M>(
+                            xg,
+                            std::array::from_fn(|k| &y[ins(k)]),
+                            std::array::from_fn(|k| &ym[ins(k)]),
+                        );
+                        store_tile(out, &acc, t, width, g);
+                    });
                 }
             }
 
@@ -659,25 +745,11 @@ macro_rules! x86_kernels {
                 let width = 8 * groups;
                 for g in 0..groups {
                     let xg = &x[g * nb..(g + 1) * nb];
-                    let mut t = 0;
-                    while t < n {
-                        macro_rules! tile {
-                            ($m:literal) => {{
-                                let acc = group_q6k::<$m>(xg, std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]));
-                                for (k, a) in acc.iter().enumerate() {
-                                    let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 8];
-                                    _mm256_storeu_ps(o.as_mut_ptr(), *a);
-                                }
-                                t += $m;
-                            }};
-                        }
-                        match n - t {
-                            1 => tile!(1),
-                            2 => tile!(2),
-                            3 => tile!(3),
-                            _ => tile!(4),
-                        }
-                    }
+                    tiles!(n, 4, |t, M| {
+                        let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
+                        let acc = group_q6k::<M>(xg, std::array::from_fn(|k| &y[ins(k)]));
+                        store_tile(out, &acc, t, width, g);
+                    });
                 }
             }
 
