@@ -528,7 +528,7 @@ pub unsafe fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo
     }
 }
 
-/// `N` (1–4) Q8_K rows against two groups of eight packed Q4_K or Q5_K rows (`x0` in
+/// `N` (1–8) Q8_K rows against two groups of eight packed Q4_K or Q5_K rows (`x0` in
 /// the low eight lanes, `x1` in the high): per sub-block eight `vpdpbusd` of the
 /// unsigned values (Q5_K: the nibbles with their fifth bits) against the input's
 /// broadcast bytes, one `vpmulld` by the sub-block scales; the mins in `vpmaddwd`
@@ -622,7 +622,7 @@ unsafe fn groups2_k<G: KGroup, const N: usize>(
 }
 
 /// [`super::Kernels::q4_kx8`] and [`super::Kernels::q5_kx8`]: pairs of groups against
-/// the inputs four at a time; a last odd group goes through the 256-bit kernel (same
+/// the inputs eight at a time; a last odd group goes through the 256-bit kernel (same
 /// arithmetic).
 #[inline(always)]
 unsafe fn dot_kx8<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
@@ -632,7 +632,7 @@ unsafe fn dot_kx8<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize,
     for pair in 0..groups / 2 {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
-        tiles!(n, 4, |t, M| {
+        tiles!(n, 8, |t, M| {
             let acc = groups2_k::<G, M>(
                 x0,
                 x1,
@@ -665,7 +665,7 @@ pub unsafe fn dot_q5_kx8_q8_k(x: &[BlockQ5Kx8], y: &[BlockQ8K], ym: &[[i32; 4]],
     dot_kx8(x, y, ym, n, out)
 }
 
-/// `N` (1–4) Q8_K rows against two groups of eight packed Q6_K rows, sixteen rows per
+/// `N` (1–8) Q8_K rows against two groups of eight packed Q6_K rows, sixteen rows per
 /// register: [`super::x86`]'s `group_q6k` arithmetic, each cell bit for bit.
 #[inline(always)]
 unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [&[BlockQ8K]; N]) -> [__m512; N] {
@@ -710,47 +710,59 @@ unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [
             }
         };
         let mut sums = [_mm512_setzero_si512(); N];
-        for c in 0..4 {
-            let (half, h) = (c / 2, c % 2);
-            let j = 8 * half + 2 * h;
-            let (lo_sc, hi_sc) = ([scale(j), scale(j + 1)], [scale(j + 4), scale(j + 5)]);
-            let (mut lo_sum, mut hi_sum) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
-            for s in 0..8 {
-                let w = pair256(a.ql.as_ptr().add(256 * c + 32 * s), b.ql.as_ptr().add(256 * c + 32 * s));
-                let bits = pair256(
-                    a.qh.as_ptr().add(256 * half + 32 * s),
-                    b.qh.as_ptr().add(256 * half + 32 * s),
-                );
-                // (Immediate shifts: `h` is known once the loop over `c` unrolls.)
-                let (up, down) = if h == 0 {
-                    (_mm512_slli_epi16(bits, 4), bits)
-                } else {
-                    (_mm512_slli_epi16(bits, 2), _mm512_srli_epi16(bits, 2))
-                };
-                let lo = _mm512_or_si512(_mm512_and_si512(w, m4), _mm512_and_si512(up, m2));
-                let hi = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
-                    _mm512_and_si512(down, m2),
-                );
-                for t in 0..N {
-                    let q = y[t].get_unchecked(i).qs.as_ptr().add(128 * half + 32 * h + 4 * s);
-                    let ql = _mm512_set1_epi32((q as *const i32).read_unaligned());
-                    let qh = _mm512_set1_epi32((q.add(64) as *const i32).read_unaligned());
-                    lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, ql);
-                    hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, qh);
+        // The 32-value chunk `2·half + h` of every row: low nibbles are sub-blocks
+        // 8·half + 2h (steps 0–3) and + 1 (steps 4–7), high nibbles the same plus 4.
+        // `h` is a literal, so the shifts below are immediates (a shift by a register
+        // is two uops), and each run of four steps is straight-line code.
+        macro_rules! chunk {
+            ($half:literal, $h:literal) => {
+                for q in 0..2 {
+                    let j = 8 * $half + 2 * $h + q;
+                    let (ls, hs) = (scale(j), scale(j + 4));
+                    let (mut lo_sum, mut hi_sum) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
+                    for s in 4 * q..4 * q + 4 {
+                        let w = pair256(
+                            a.ql.as_ptr().add(256 * (2 * $half + $h) + 32 * s),
+                            b.ql.as_ptr().add(256 * (2 * $half + $h) + 32 * s),
+                        );
+                        let bits = pair256(
+                            a.qh.as_ptr().add(256 * $half + 32 * s),
+                            b.qh.as_ptr().add(256 * $half + 32 * s),
+                        );
+                        let (up, down) = if $h == 0 {
+                            (_mm512_slli_epi16(bits, 4), bits)
+                        } else {
+                            (_mm512_slli_epi16(bits, 2), _mm512_srli_epi16(bits, 2))
+                        };
+                        let lo = _mm512_or_si512(_mm512_and_si512(w, m4), _mm512_and_si512(up, m2));
+                        let hi = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
+                            _mm512_and_si512(down, m2),
+                        );
+                        for t in 0..N {
+                            let q = y[t]
+                                .get_unchecked(i)
+                                .qs
+                                .as_ptr()
+                                .add(128 * $half + 32 * $h + 4 * s);
+                            let ql = _mm512_set1_epi32((q as *const i32).read_unaligned());
+                            let qh = _mm512_set1_epi32((q.add(64) as *const i32).read_unaligned());
+                            lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, ql);
+                            hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, qh);
+                        }
+                    }
+                    for t in 0..N {
+                        let l = _mm512_mullo_epi32(lo_sum[t], ls);
+                        let h = _mm512_mullo_epi32(hi_sum[t], hs);
+                        sums[t] = _mm512_add_epi32(sums[t], _mm512_add_epi32(l, h));
+                    }
                 }
-                if s % 4 != 3 {
-                    continue;
-                }
-                let (ls, hs) = (lo_sc[s / 4], hi_sc[s / 4]);
-                for t in 0..N {
-                    let l = _mm512_mullo_epi32(lo_sum[t], ls);
-                    let h = _mm512_mullo_epi32(hi_sum[t], hs);
-                    sums[t] = _mm512_add_epi32(sums[t], _mm512_add_epi32(l, h));
-                    (lo_sum[t], hi_sum[t]) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                }
-            }
+            };
         }
+        chunk!(0, 0);
+        chunk!(0, 1);
+        chunk!(1, 0);
+        chunk!(1, 1);
         let d = _mm512_cvtph_ps(_mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(a.d.as_ptr() as *const __m128i)),
             _mm_loadu_si128(b.d.as_ptr() as *const __m128i),
@@ -776,7 +788,7 @@ unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [
     acc
 }
 
-/// [`super::Kernels::q6_kx8`]: pairs of groups against the inputs four at a time; a
+/// [`super::Kernels::q6_kx8`]: pairs of groups against the inputs eight at a time; a
 /// last odd group goes through the 256-bit kernel (same arithmetic).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
@@ -786,7 +798,7 @@ pub unsafe fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]],
     for pair in 0..groups / 2 {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
-        tiles!(n, 4, |t, M| {
+        tiles!(n, 8, |t, M| {
             let acc = groups2_q6k::<M>(x0, x1, std::array::from_fn(|k| &y[ins(t + k)]));
             store_pair(out, &acc, t, width, g);
         });

@@ -492,7 +492,7 @@ fn packed_q4_k_groups_compute_the_portable_bits() {
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
         for groups in 1..=5 {
-            for n in [1, 2, 3, 4, 5, 8] {
+            for n in 1..=8 {
                 let mut out = vec![f32::NAN; n * 8 * groups];
                 (k.q4_kx8)(
                     &packed[..groups * nk],
@@ -550,7 +550,7 @@ fn packed_q5_k_groups_compute_the_portable_bits() {
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
         for groups in 1..=3 {
-            for n in [1, 2, 3, 4, 5, 8] {
+            for n in 1..=8 {
                 let mut out = vec![f32::NAN; n * 8 * groups];
                 let (y, ym) = (a.q8_k[..n].concat(), pairs[..n].concat());
                 (k.q5_kx8)(&packed[..groups * nk], &y, &ym, n, &mut out);
@@ -608,7 +608,7 @@ fn packed_q6_k_groups_compute_the_portable_bits() {
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
         for groups in 1..=5 {
-            for n in [1, 2, 3, 4, 5, 8] {
+            for n in 1..=8 {
                 let mut out = vec![f32::NAN; n * 8 * groups];
                 let (y, ym) = (a.q8_k[..n].concat(), pairs[..n].concat());
                 (k.q6_kx8)(&packed[..groups * nk], &y, &ym, n, &mut out);

@@ -187,7 +187,7 @@ fn packed_k_gives_the_single_row_bits<B: Copy>(
             dequantize(&blocks[r * nk..(r + 1) * nk], &mut want_row);
             assert_eq!(row, want_row, "row {r} dequantized");
         }
-        for n in [1, 2, 4, 5, 9] {
+        for n in [1, 2, 4, 5, 7, 9] {
             let x: Vec<f32> = (0..n * cols).map(|_| bytes(&mut state) as f32 / 64.0 - 2.0).collect();
             for isa in Isa::available() {
                 let k = Kernels::get(isa).unwrap();
