@@ -18,8 +18,10 @@
 //! log-probability difference of 0.035–0.039 nats; ours against `-fa off` measures
 //! 0.034–0.035 (Gemma 3 since its Q6_K matrices went the same way: 0.042). Some
 //! prompts match llama.cpp exactly for all 32 tokens (SmolLM2: five of eight; Gemma
-//! 3: two, since its Q4_K and Q6_K matrices compute one integer sum per super-block
-//! instead of ggml's eight float lanes — before that, five); those are
+//! 3: three — five with ggml's eight float lanes everywhere, two once its Q4_K and
+//! Q6_K matrices computed one integer sum per super-block, three since its Q8_0 ones
+//! (and the Q5_0 ones widened to Q8_0) do too, when the mean |Δ log p| went 0.042 →
+//! 0.037 and the max 1.37 → 0.49; the softmax prompt now parts at step 2); those are
 //! asserted to stay exact (any change in the arithmetic that moves a decision shows
 //! up there). The others first differ at a near tie.
 //!
@@ -59,7 +61,8 @@ const SMOLLM2: Bounds = Bounds { max: 1.0, tie: 0.75 };
 /// The engines then part where Gemma amplifies a rounding difference — an activation
 /// quantized to the next Q8 step flips a later decision — measured: max |Δ log p|
 /// 1.34–1.37 and one teacher-forced step where llama.cpp's gap is 0.40–0.63 and our
-/// margin the other way 1.67; the mean stays at 0.042.
+/// margin the other way 1.67; the mean stays at 0.042. (Since its Q8_0 matrices also
+/// finish blocks in integers: max 0.46–0.49, mean 0.037–0.039; the bounds are kept.)
 const GEMMA3: Bounds = Bounds { max: 1.6, tie: 2.0 };
 
 const PLAIN: &[&str] = &[
@@ -100,7 +103,7 @@ async fn gemma3_greedy_matches_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let Some(model) = gemma_model() else { return };
     let chat = "<start_of_turn>user\nWrite a haiku about the ocean.<end_of_turn>\n<start_of_turn>model\n";
-    let exact = [PLAIN[1], PLAIN[5]];
+    let exact = [PLAIN[0], PLAIN[1], PLAIN[6]];
     compare(&bin, &model, chat, &GEMMA3, Some(&exact)).await;
 }
 

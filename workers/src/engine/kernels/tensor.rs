@@ -28,7 +28,8 @@ pub enum QData {
     Q5_1x8(Vec<BlockQ5_1x8>, Vec<BlockQ5_1>),
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
-    Q8_0(Vec<BlockQ8_0>),
+    /// Q8_0 (and Q5_0 widened to it) likewise ([`BlockQ8_0x8`]).
+    Q8_0x8(Vec<BlockQ8_0x8>, Vec<BlockQ8_0>),
 }
 
 /// A `rows × cols` weight matrix (row-major; each row is `cols` values).
@@ -180,7 +181,8 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q5_0 if widen_q5_0(ct) => {
             let blocks: Vec<BlockQ5_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            QData::Q8_0(blocks.iter().map(BlockQ5_0::to_q8_0).collect())
+            let blocks: Vec<BlockQ8_0> = blocks.iter().map(BlockQ5_0::to_q8_0).collect();
+            packed::q8_0(&blocks, rows, cols / QK)
         }
         GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q5_1 => {
@@ -191,7 +193,10 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             let blocks: Vec<BlockQ6K> = read_blocks(reader, bytes_len).map_err(io)?;
             packed::q6_k(&blocks, rows, cols / QK_K)
         }
-        _ => QData::Q8_0(read_blocks(reader, bytes_len).map_err(io)?),
+        _ => {
+            let blocks: Vec<BlockQ8_0> = read_blocks(reader, bytes_len).map_err(io)?;
+            packed::q8_0(&blocks, rows, cols / QK)
+        }
     };
     Ok(QMatrix { rows, cols, data })
 }
@@ -290,7 +295,7 @@ impl QMatrix {
             QData::Q4_1(v) => dequantize_min(&v[r * nb..(r + 1) * nb], out),
             QData::Q5_1x8(groups, tail) => dequantize_min(&packed::row(groups, tail, nb, r), out),
             QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
-            QData::Q8_0(v) => dequantize_q8_0(&v[r * nb..(r + 1) * nb], out),
+            QData::Q8_0x8(groups, tail) => dequantize_q8_0(&packed::row(groups, tail, nb, r), out),
             QData::Q6Kx8(groups, tail) => dequantize_q6_k(&packed::row(groups, tail, nk, r), out),
         }
     }
@@ -319,7 +324,7 @@ impl QMatrix {
                 let s = b.iter().map(|b| h2f(b.s)).collect();
                 QAct::Q8_1(b, d, s)
             }
-            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => {
+            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0x8(..) => {
                 let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
                 per_row(x, self.cols, n, &mut b, QK, k.quantize_q8_0);
                 let d = b.iter().map(|b| h2f(b.d)).collect();
@@ -340,7 +345,7 @@ impl QMatrix {
         let kind = |m: &QMatrix| match m.data {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) | QData::Q5_1x8(..) => 1,
-            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0(_) => 2,
+            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0x8(..) => 2,
             QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6Kx8(..) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
@@ -354,7 +359,6 @@ impl QMatrix {
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
             (QData::F16(wq), QAct::F32(x)) => {
                 let xs = &x[t * c..(t + 1) * c];
@@ -382,7 +386,6 @@ impl QMatrix {
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => call!(q5_0_x4, &wq[w], x, xd),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => call!(q8_0_x4, &wq[w], x, xd),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
@@ -396,7 +399,6 @@ impl QMatrix {
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
             (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
-            (QData::Q8_0(wq), QAct::Q8_0(x, xd, _)) => (k.q8_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
@@ -415,6 +417,7 @@ impl QMatrix {
         match &self.data {
             QData::Q4_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5_1x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
+            QData::Q8_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q4Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q6Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
@@ -486,7 +489,7 @@ impl QMatrix {
             QData::Q4_1(v) => v.len() * 20,
             QData::Q5_0(v) => v.len() * 22,
             QData::Q5_1x8(groups, tail) => groups.len() * 192 + tail.len() * 24,
-            QData::Q8_0(v) => v.len() * 34,
+            QData::Q8_0x8(groups, tail) => groups.len() * 272 + tail.len() * 34,
             QData::Q4Kx8(groups, tail) => {
                 groups.len() * std::mem::size_of::<BlockQ4Kx8>() + tail.len() * std::mem::size_of::<BlockQ4K>()
             }

@@ -1,5 +1,5 @@
 //! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: panels of weight rows against 8
-//! activation rows (tiles of four weight rows for the Q8_0 family and Q4_1, two for
+//! activation rows (tiles of four weight rows for Q5_0 and Q4_1, two for
 //! the K-quants, then single rows), and one weight row against 4, two activation
 //! rows per 512-bit register. The low 256 bits hold one row's 8 lanes and the high
 //! 256 bits the next row's, each lane doing exactly what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
@@ -8,7 +8,7 @@
 //! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
 //! (`x86::avx512_vl`).
 //!
-//! The packed types are different ([`dot_q4_0x8_q8_0`], [`dot_q5_1x8_q8_1`],
+//! The packed types are different ([`dot_q4_0x8_q8_0`], [`dot_q5_1x8_q8_1`], [`dot_q8_0x8_q8_0`],
 //! [`dot_q4_kx8_q8_k`], …): two packed
 //! groups of eight rows fill a register, one row per lane, against several inputs at a
 //! time, with the blocks finished in integers (the portable kernels' arithmetic for
@@ -20,7 +20,9 @@
 use super::x86::{h2f, hsum_float_8, Unpack};
 use super::{eight, panel_rows};
 use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
-use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_1, MinBlock};
+use crate::engine::kernels::quants::{
+    BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, MinBlock,
+};
 use std::arch::x86_64::*;
 
 /// `v` in both 256-bit halves.
@@ -177,7 +179,6 @@ macro_rules! q8_0_tiles {
 }
 
 q8_0_tiles!(BlockQ5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
-q8_0_tiles!(BlockQ8_0, dot_q8_0_q8_0_x4, dot_q8_0_q8_0_x8);
 
 /// How many tiles of `tile` weight rows a panel of `rows` rows of `n` blocks holds
 /// (the rest go one row at a time).
@@ -231,15 +232,6 @@ impl UnpackUnsigned for BlockQ5_0 {
         let qh = u32::from_le_bytes(self.qh) as u64;
         let fifth = _mm512_maskz_mov_epi8(qh | qh << 32, _mm512_set1_epi8(0x10));
         (_mm512_or_si512(nibbles_both(&self.qs), fifth), h2f(self.d))
-    }
-}
-
-impl UnpackUnsigned for BlockQ8_0 {
-    const SHIFT: u32 = 7;
-    #[inline(always)]
-    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
-        let q = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
-        (_mm512_xor_si512(both(q), _mm512_set1_epi8(-128)), h2f(self.d))
     }
 }
 
@@ -334,6 +326,89 @@ unsafe fn store_pair(out: &mut [f32], acc: &[__m512], t: usize, width: usize, g:
     for (k, a) in acc.iter().enumerate() {
         let o = &mut out[(t + k) * width + 8 * g..(t + k) * width + 8 * g + 16];
         _mm512_storeu_ps(o.as_mut_ptr(), *a);
+    }
+}
+
+/// `N` (1–8) Q8_0 rows against two groups of eight packed Q8_0 rows (`x0` in the low
+/// eight lanes, `x1` in the high): per block and input, eight `vpdpbusd` of the
+/// unsigned bytes against the input's broadcast bytes on top of 16 × its offset,
+/// then one multiply (the scales) and one FMA.
+#[inline(always)]
+unsafe fn groups2_q8_0<const N: usize>(
+    x0: &[BlockQ8_0x8],
+    x1: &[BlockQ8_0x8],
+    y: [&[BlockQ8_0]; N],
+    yd: [&[f32]; N],
+    yo: [&[i32]; N],
+) -> [__m512; N] {
+    let nb = x0.len();
+    // Checked once here, so the loop indexes without bounds checks.
+    assert!(x1.len() == nb);
+    for t in 0..N {
+        assert!(y[t].len() >= nb && yd[t].len() >= nb && yo[t].len() >= nb);
+    }
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
+        super::x86::prefetch_ahead(x0, i);
+        super::x86::prefetch_ahead(x1, i);
+        let mut sum: [__m512i; N] = std::array::from_fn(|t| _mm512_set1_epi32(16 * *yo[t].get_unchecked(i)));
+        for s in 0..8 {
+            let w = pair_bytes(
+                a.qs.as_ptr().add(32 * s) as *const i8,
+                b.qs.as_ptr().add(32 * s) as *const i8,
+            );
+            for t in 0..N {
+                let q = y[t].get_unchecked(i).qs.as_ptr();
+                let qy = _mm512_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
+                sum[t] = _mm512_dpbusd_epi32(sum[t], w, qy);
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(a.d.as_ptr() as *const __m128i)),
+            _mm_loadu_si128(b.d.as_ptr() as *const __m128i),
+            1,
+        ));
+        for t in 0..N {
+            let dd = _mm512_mul_ps(d, _mm512_set1_ps(*yd[t].get_unchecked(i)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd, acc[t]);
+        }
+    }
+    acc
+}
+
+/// [`super::Kernels::q8_0x8`]: pairs of groups against the inputs eight at a time; a
+/// last odd group goes through the 256-bit kernel (same arithmetic).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q8_0x8_q8_0(x: &[BlockQ8_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
+    let width = 8 * groups;
+    let ins = |t: usize| t * nb..(t + 1) * nb;
+    for pair in 0..groups / 2 {
+        let g = 2 * pair;
+        let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
+        tiles!(n, 8, |t, M| {
+            let acc = groups2_q8_0::<M>(
+                x0,
+                x1,
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &yd[ins(t + k)]),
+                std::array::from_fn(|k| &yo[ins(t + k)]),
+            );
+            store_pair(out, &acc, t, width, g);
+        });
+    }
+    if !groups.is_multiple_of(2) {
+        let g = groups - 1;
+        tiles!(n, 4, |t, M| {
+            let acc = super::x86::avx512_vl::group_q8_0::<M>(
+                &x[g * nb..(g + 1) * nb],
+                std::array::from_fn(|k| &y[ins(t + k)]),
+                std::array::from_fn(|k| &yd[ins(t + k)]),
+                std::array::from_fn(|k| &yo[ins(t + k)]),
+            );
+            super::x86::store_tile(out, &acc, t, width, g);
+        });
     }
 }
 

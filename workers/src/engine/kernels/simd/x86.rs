@@ -86,14 +86,6 @@ impl Unpack for crate::engine::kernels::quants::BlockQ5_0 {
     }
 }
 
-impl Unpack for crate::engine::kernels::quants::BlockQ8_0 {
-    #[inline(always)]
-    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32) {
-        use std::arch::x86_64::*;
-        (_mm256_loadu_si256(self.qs.as_ptr() as *const __m256i), h2f(self.d))
-    }
-}
-
 /// Asks for the cache line `PREFETCH_BYTES` past block `i` of a weight row. A decode
 /// step streams every row once, and measured on a 0.5B Q5_K_M model (mostly Q5_1),
 /// the row kernels spent most of their time waiting on the weights' loads: the
@@ -153,7 +145,7 @@ macro_rules! x86_kernels {
         pub mod $module {
             use super::*;
             use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
-            use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_1, MinBlock};
+            use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, MinBlock};
             use crate::engine::kernels::simd::{eight, panel_rows};
             use std::arch::x86_64::*;
 
@@ -270,17 +262,7 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
-                rows_q8_0(x, [y], [yd])[0]
-            }
-
-            #[target_feature(enable = $features)]
             pub unsafe fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
-                rows_q8_0(x, y, yd)
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q8_0_q8_0_x4(x: &[BlockQ8_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
                 rows_q8_0(x, y, yd)
             }
 
@@ -312,11 +294,6 @@ macro_rules! x86_kernels {
 
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q5_0_q8_0_x8(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
-                panel_q8_0(x, y, yd, out)
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q8_0_q8_0_x8(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
                 panel_q8_0(x, y, yd, out)
             }
 
@@ -392,6 +369,89 @@ macro_rules! x86_kernels {
                     tiles!(n, 4, |t, M| {
                         let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
                         let acc = group_q4_0::<M>(
+                            xg,
+                            std::array::from_fn(|k| &y[ins(k)]),
+                            std::array::from_fn(|k| &yd[ins(k)]),
+                            std::array::from_fn(|k| &yo[ins(k)]),
+                        );
+                        store_tile(out, &acc, t, width, g);
+                    });
+                }
+            }
+
+            /// `N` (1–4) Q8_0 rows against one group of eight packed Q8_0 rows, one
+            /// row per lane: the values as unsigned bytes `q + 128` against the
+            /// input's broadcast bytes on top of 16 × its offset (`−128 · Σ y`), then
+            /// one multiply (the scales) and one FMA per block and cell, as the
+            /// portable kernel.
+            #[inline(always)]
+            pub(in crate::engine::kernels::simd) unsafe fn group_q8_0<const N: usize>(
+                x: &[BlockQ8_0x8],
+                y: [&[BlockQ8_0]; N],
+                yd: [&[f32]; N],
+                yo: [&[i32]; N],
+            ) -> [__m256; N] {
+                // Checked once here, so the loop indexes without bounds checks.
+                for t in 0..N {
+                    assert!(y[t].len() >= x.len() && yd[t].len() >= x.len() && yo[t].len() >= x.len());
+                }
+                let mut acc = [_mm256_setzero_ps(); N];
+                for (i, a) in x.iter().enumerate() {
+                    prefetch_ahead(x, i);
+                    // VNNI: the unsigned bytes on top of the offset. AVX2: ggml's sign
+                    // trick on the signed values (|q| · ±y in `vpmaddubsw`: at most
+                    // 2 · 128 · 127 per pair, no saturation), no offset.
+                    let mut sum: [__m256i; N] = std::array::from_fn(|t| {
+                        if $dot == Dot::Madd {
+                            _mm256_setzero_si256()
+                        } else {
+                            _mm256_set1_epi32(16 * *yo[t].get_unchecked(i))
+                        }
+                    });
+                    for s in 0..8 {
+                        let w = _mm256_loadu_si256(a.qs.as_ptr().add(32 * s) as *const __m256i);
+                        let signed = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
+                        let abs = _mm256_sign_epi8(signed, signed);
+                        for t in 0..N {
+                            let q = y[t].get_unchecked(i).qs.as_ptr();
+                            let qy = _mm256_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
+                            sum[t] = if $dot == Dot::AvxVnni {
+                                _mm256_dpbusd_avx_epi32(sum[t], w, qy)
+                            } else if $dot == Dot::Avx512Vnni {
+                                _mm256_dpbusd_epi32(sum[t], w, qy)
+                            } else {
+                                let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(qy, signed));
+                                _mm256_add_epi32(sum[t], _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+                            };
+                        }
+                    }
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(a.d.as_ptr() as *const __m128i));
+                    for t in 0..N {
+                        let dd = _mm256_mul_ps(d, _mm256_set1_ps(*yd[t].get_unchecked(i)));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), dd, acc[t]);
+                    }
+                }
+                acc
+            }
+
+            /// [`super::super::Kernels::q8_0x8`]: each group against the inputs four
+            /// at a time.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q8_0x8_q8_0(
+                x: &[BlockQ8_0x8],
+                y: &[BlockQ8_0],
+                yd: &[f32],
+                yo: &[i32],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                let (nb, groups) = crate::engine::kernels::simd::x8_shape(x, y, yd, yo, n, out);
+                let width = 8 * groups;
+                for g in 0..groups {
+                    let xg = &x[g * nb..(g + 1) * nb];
+                    tiles!(n, 4, |t, M| {
+                        let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
+                        let acc = group_q8_0::<M>(
                             xg,
                             std::array::from_fn(|k| &y[ins(k)]),
                             std::array::from_fn(|k| &yd[ins(k)]),
