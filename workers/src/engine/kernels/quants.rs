@@ -142,11 +142,7 @@ impl BlockQ5_1x8 {
     pub fn pack(rows: [&BlockQ5_1; 8]) -> Self {
         let (mut qs, mut qh) = ([0u8; 128], [0u8; 32]);
         for (r, b) in rows.iter().enumerate() {
-            let h = u32::from_le_bytes(b.qh);
-            for s in 0..4 {
-                qs[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&b.qs[4 * s..4 * s + 4]);
-                qh[8 * s + r] = ((h >> (4 * s)) & 0xf) as u8 | ((((h >> (16 + 4 * s)) & 0xf) as u8) << 4);
-            }
+            pack_fifth(r, &b.qs, b.qh, &mut qs, &mut qh);
         }
         BlockQ5_1x8 {
             d: rows.map(|b| b.d),
@@ -158,18 +154,167 @@ impl BlockQ5_1x8 {
 
     /// Row `r`'s block back.
     pub fn row(&self, r: usize) -> BlockQ5_1 {
-        let (mut qs, mut h) = ([0u8; 16], 0u32);
-        for s in 0..4 {
-            qs[4 * s..4 * s + 4].copy_from_slice(&self.qs[32 * s + 4 * r..32 * s + 4 * r + 4]);
-            let b = self.qh[8 * s + r] as u32;
-            h |= (b & 0xf) << (4 * s) | (b >> 4) << (16 + 4 * s);
-        }
+        let (qs, qh) = unpack_fifth(r, &self.qs, &self.qh);
         BlockQ5_1 {
             d: self.d[r],
             m: self.m[r],
-            qh: h.to_le_bytes(),
+            qh,
             qs,
         }
+    }
+}
+
+/// Eight Q5_0 rows' block `i`, packed as [`BlockQ5_1x8`] is, without the mins. Same
+/// 176 bytes as the eight blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0x8 {
+    pub d: [u16; 8],
+    pub qh: [u8; 32],
+    pub qs: [u8; 128],
+}
+
+/// Row `r`'s nibbles and fifth bits into the packed steps (see [`BlockQ5_1x8`]).
+fn pack_fifth(r: usize, qs: &[u8; 16], qh: [u8; 4], pqs: &mut [u8; 128], pqh: &mut [u8; 32]) {
+    let h = u32::from_le_bytes(qh);
+    for s in 0..4 {
+        pqs[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&qs[4 * s..4 * s + 4]);
+        pqh[8 * s + r] = ((h >> (4 * s)) & 0xf) as u8 | ((((h >> (16 + 4 * s)) & 0xf) as u8) << 4);
+    }
+}
+
+/// Row `r`'s nibbles and fifth bits back from the packed steps.
+fn unpack_fifth(r: usize, pqs: &[u8; 128], pqh: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
+    let (mut qs, mut h) = ([0u8; 16], 0u32);
+    for s in 0..4 {
+        qs[4 * s..4 * s + 4].copy_from_slice(&pqs[32 * s + 4 * r..32 * s + 4 * r + 4]);
+        let b = pqh[8 * s + r] as u32;
+        h |= (b & 0xf) << (4 * s) | (b >> 4) << (16 + 4 * s);
+    }
+    (qs, h.to_le_bytes())
+}
+
+impl BlockQ5_0x8 {
+    /// Packs block `i` of eight rows.
+    pub fn pack(rows: [&BlockQ5_0; 8]) -> Self {
+        let (mut qs, mut qh) = ([0u8; 128], [0u8; 32]);
+        for (r, b) in rows.iter().enumerate() {
+            pack_fifth(r, &b.qs, b.qh, &mut qs, &mut qh);
+        }
+        BlockQ5_0x8 {
+            d: rows.map(|b| b.d),
+            qh,
+            qs,
+        }
+    }
+
+    /// Row `r`'s block back.
+    pub fn row(&self, r: usize) -> BlockQ5_0 {
+        let (qs, qh) = unpack_fifth(r, &self.qs, &self.qh);
+        BlockQ5_0 { d: self.d[r], qh, qs }
+    }
+}
+
+/// A packed group of eight 5-bit rows ([`BlockQ5_0x8`], [`BlockQ5_1x8`]): the values
+/// `nibble | fifth << 4` (0–31) in the same lanes and steps; Q5_0 takes 16 off each
+/// (through the inputs' Q4_0 offsets, `2 · (−8 · Σ y)`), Q5_1 adds its min (times the
+/// inputs' sums `d · Σ y`).
+pub trait Fifth8: Copy + Sync {
+    /// Q5_1: a min per row, and Q8_1 activations; Q5_0: neither.
+    const MIN: bool;
+    fn d(&self) -> &[u16; 8];
+    /// The mins (zero for Q5_0).
+    fn m(&self) -> &[u16; 8];
+    fn qh(&self) -> &[u8; 32];
+    fn qs(&self) -> &[u8; 128];
+}
+
+impl Fifth8 for BlockQ5_0x8 {
+    const MIN: bool = false;
+    #[inline(always)]
+    fn d(&self) -> &[u16; 8] {
+        &self.d
+    }
+    #[inline(always)]
+    fn m(&self) -> &[u16; 8] {
+        &[0; 8]
+    }
+    #[inline(always)]
+    fn qh(&self) -> &[u8; 32] {
+        &self.qh
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+}
+
+impl Fifth8 for BlockQ5_1x8 {
+    const MIN: bool = true;
+    #[inline(always)]
+    fn d(&self) -> &[u16; 8] {
+        &self.d
+    }
+    #[inline(always)]
+    fn m(&self) -> &[u16; 8] {
+        &self.m
+    }
+    #[inline(always)]
+    fn qh(&self) -> &[u8; 32] {
+        &self.qh
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+}
+
+/// What a [`Fifth8`] kernel takes per input block beside its scale: Q5_0 the Q4_0
+/// offset (`i32`, read with [`Self::offset`]), Q5_1 the block's sum (`f32`, read
+/// with [`Self::sum`]).
+pub trait Extra: Copy + Sync {
+    fn offset(self) -> i32;
+    fn sum(self) -> f32;
+}
+
+impl Extra for i32 {
+    #[inline(always)]
+    fn offset(self) -> i32 {
+        self
+    }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        unreachable!("Q5_0 has no min")
+    }
+}
+
+impl Extra for f32 {
+    #[inline(always)]
+    fn offset(self) -> i32 {
+        unreachable!("Q5_1 has no offset")
+    }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        self
+    }
+}
+
+/// The 32 signed bytes of an 8-bit activation block (Q8_0, Q8_1).
+pub trait ActBlock: Sync {
+    fn qs(&self) -> &[i8; 32];
+}
+
+impl ActBlock for BlockQ8_0 {
+    #[inline(always)]
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
+    }
+}
+
+impl ActBlock for BlockQ8_1 {
+    #[inline(always)]
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
     }
 }
 
@@ -326,7 +471,7 @@ pub fn dequantize_min<B: MinBlock>(blocks: &[B], out: &mut [f32]) {
 
 /// The 5-bit values of one Q5_0 block, offset by −16.
 #[inline]
-fn q5_0_values(b: &BlockQ5_0) -> [i32; 32] {
+pub fn q5_0_values(b: &BlockQ5_0) -> [i32; 32] {
     let qh = u32::from_le_bytes(b.qh);
     let mut v = [0i32; 32];
     for j in 0..16 {
@@ -336,18 +481,6 @@ fn q5_0_values(b: &BlockQ5_0) -> [i32; 32] {
         v[j + 16] = ((b.qs[j] >> 4) as u32 | h1) as i32 - 16;
     }
     v
-}
-
-impl BlockQ5_0 {
-    /// The same 32 values as a Q8_0 block (the 5-bit values, −16..=15, as signed
-    /// bytes; the same scale): served as Q8_0, without unpacking the fifth bits for
-    /// every activation row.
-    pub fn to_q8_0(&self) -> BlockQ8_0 {
-        BlockQ8_0 {
-            d: self.d,
-            qs: q5_0_values(self).map(|v| v as i8),
-        }
-    }
 }
 
 /// Dequantizes Q5_0 blocks.
@@ -441,13 +574,7 @@ mod tests {
             })
             .collect();
         dequantize_q5_0(&w5, &mut wf);
-        close(k::dot_q5_0_q8_0(&w5, &xq, &xd), float_dot(&wf));
-
-        // Widened to Q8_0: the same values.
-        let w5as8: Vec<BlockQ8_0> = w5.iter().map(BlockQ5_0::to_q8_0).collect();
-        let mut wf8 = vec![0.0; 256];
-        dequantize_q8_0(&w5as8, &mut wf8);
-        assert_eq!(wf8, wf);
+        close(k::dot_q5_0_blocks(&w5, &xq, &xd), float_dot(&wf));
 
         // Q4_1 against Q8_1 activations: the minimum enters through the block sums.
         let mut x1 = vec![

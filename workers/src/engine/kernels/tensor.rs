@@ -27,8 +27,9 @@ pub enum QData {
     /// Q5_1 likewise ([`BlockQ5_1x8`]).
     Q5_1x8(Vec<BlockQ5_1x8>, Vec<BlockQ5_1>),
     Q4_1(Vec<BlockQ4_1>),
-    Q5_0(Vec<BlockQ5_0>),
-    /// Q8_0 (and Q5_0 widened to it) likewise ([`BlockQ8_0x8`]).
+    /// Q5_0 likewise ([`BlockQ5_0x8`]).
+    Q5_0x8(Vec<BlockQ5_0x8>, Vec<BlockQ5_0>),
+    /// Q8_0 likewise ([`BlockQ8_0x8`]).
     Q8_0x8(Vec<BlockQ8_0x8>, Vec<BlockQ8_0>),
 }
 
@@ -88,32 +89,8 @@ fn read_blocks<T: Copy, R: std::io::Read>(reader: &mut R, len: usize) -> std::io
     Ok(out)
 }
 
-/// Whether this model's Q5_0 weights are widened to Q8_0 blocks at load: the same
-/// bits 15–20% faster per matmul (no fifth bits to unpack per activation row;
-/// measured on Gemma 3's Q5_0 tensors, AVX2 and AVX-512, prefill and decode), for
-/// 12 more bytes per 32 weights. Only when that adds at most a tenth to the model's
-/// weights (Gemma 3 270M, whose 640-wide rows cannot be K-quants: +23 MB on ~250 MB);
-/// a model made mostly of Q5_0 keeps its blocks. `SWITCHYARD_Q5_0_PACKED=1` keeps
-/// them always.
-fn widen_q5_0(ct: &gguf_file::Content) -> bool {
-    static PACKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *PACKED.get_or_init(|| std::env::var_os("SWITCHYARD_Q5_0_PACKED").is_some_and(|v| v == "1")) {
-        return false;
-    }
-    let (mut q5, mut all) = (0usize, 0usize);
-    for info in ct.tensor_infos.values() {
-        let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-        all += bytes;
-        if info.ggml_dtype == GgmlDType::Q5_0 {
-            q5 += bytes;
-        }
-    }
-    // Widened, a 22-byte block takes 34.
-    q5 * 12 / 22 <= all / 10
-}
-
-/// Reads a tensor's raw bytes and keeps them in their block format (Q5_0 widened to
-/// Q8_0 where [`widen_q5_0`] says so).
+/// Reads a tensor's raw bytes and keeps them in their block format (the packed ones
+/// regrouped by eight rows).
 pub fn load<R: std::io::Read + std::io::Seek>(
     ct: &gguf_file::Content,
     reader: &mut R,
@@ -179,12 +156,10 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             packed::q5_k(&blocks, rows, cols / QK_K)
         }
         GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
-        GgmlDType::Q5_0 if widen_q5_0(ct) => {
+        GgmlDType::Q5_0 => {
             let blocks: Vec<BlockQ5_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            let blocks: Vec<BlockQ8_0> = blocks.iter().map(BlockQ5_0::to_q8_0).collect();
-            packed::q8_0(&blocks, rows, cols / QK)
+            packed::q5_0(&blocks, rows, cols / QK)
         }
-        GgmlDType::Q5_0 => QData::Q5_0(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q5_1 => {
             let blocks: Vec<BlockQ5_1> = read_blocks(reader, bytes_len).map_err(io)?;
             packed::q5_1(&blocks, rows, cols / QK)
@@ -294,7 +269,7 @@ impl QMatrix {
             QData::Q5Kx8(groups, tail) => dequantize_q5_k(&packed::row(groups, tail, nk, r), out),
             QData::Q4_1(v) => dequantize_min(&v[r * nb..(r + 1) * nb], out),
             QData::Q5_1x8(groups, tail) => dequantize_min(&packed::row(groups, tail, nb, r), out),
-            QData::Q5_0(v) => dequantize_q5_0(&v[r * nb..(r + 1) * nb], out),
+            QData::Q5_0x8(groups, tail) => dequantize_q5_0(&packed::row(groups, tail, nb, r), out),
             QData::Q8_0x8(groups, tail) => dequantize_q8_0(&packed::row(groups, tail, nb, r), out),
             QData::Q6Kx8(groups, tail) => dequantize_q6_k(&packed::row(groups, tail, nk, r), out),
         }
@@ -324,7 +299,7 @@ impl QMatrix {
                 let s = b.iter().map(|b| h2f(b.s)).collect();
                 QAct::Q8_1(b, d, s)
             }
-            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0x8(..) => {
+            QData::Q4_0x8(..) | QData::Q5_0x8(..) | QData::Q8_0x8(..) => {
                 let mut b = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; x.len() / QK];
                 per_row(x, self.cols, n, &mut b, QK, k.quantize_q8_0);
                 let d = b.iter().map(|b| h2f(b.d)).collect();
@@ -345,7 +320,7 @@ impl QMatrix {
         let kind = |m: &QMatrix| match m.data {
             QData::F32(_) | QData::F16(_) => 0,
             QData::Q4_1(_) | QData::Q5_1x8(..) => 1,
-            QData::Q4_0x8(..) | QData::Q5_0(_) | QData::Q8_0x8(..) => 2,
+            QData::Q4_0x8(..) | QData::Q5_0x8(..) | QData::Q8_0x8(..) => 2,
             QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6Kx8(..) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
@@ -358,7 +333,6 @@ impl QMatrix {
         let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0)(&wq[w], &x[y.clone()], &xd[y]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
             (QData::F16(wq), QAct::F32(x)) => {
                 let xs = &x[t * c..(t + 1) * c];
@@ -385,7 +359,6 @@ impl QMatrix {
         }
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => call!(q5_0_x4, &wq[w], x, xd),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
@@ -398,7 +371,6 @@ impl QMatrix {
         let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
         match (&self.data, act) {
             (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
-            (QData::Q5_0(wq), QAct::Q8_0(x, xd, _)) => (k.q5_0_x8)(&wq[w], &x[y.clone()], &xd[y], out),
             _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
@@ -418,6 +390,7 @@ impl QMatrix {
             QData::Q4_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5_1x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q8_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
+            QData::Q5_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q4Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q6Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
@@ -487,7 +460,7 @@ impl QMatrix {
             QData::F16(v) => v.len() * 2,
             QData::Q4_0x8(groups, tail) => groups.len() * 144 + tail.len() * 18,
             QData::Q4_1(v) => v.len() * 20,
-            QData::Q5_0(v) => v.len() * 22,
+            QData::Q5_0x8(groups, tail) => groups.len() * 176 + tail.len() * 22,
             QData::Q5_1x8(groups, tail) => groups.len() * 192 + tail.len() * 24,
             QData::Q8_0x8(groups, tail) => groups.len() * 272 + tail.len() * 34,
             QData::Q4Kx8(groups, tail) => {

@@ -1,5 +1,5 @@
 //! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: panels of weight rows against 8
-//! activation rows (tiles of four weight rows for Q5_0 and Q4_1, two for
+//! activation rows (tiles of four weight rows for Q4_1, two for
 //! the K-quants, then single rows), and one weight row against 4, two activation
 //! rows per 512-bit register. The low 256 bits hold one row's 8 lanes and the high
 //! 256 bits the next row's, each lane doing exactly what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
@@ -8,7 +8,8 @@
 //! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
 //! (`x86::avx512_vl`).
 //!
-//! The packed types are different ([`dot_q4_0x8_q8_0`], [`dot_q5_1x8_q8_1`], [`dot_q8_0x8_q8_0`],
+//! The packed types are different ([`dot_q4_0x8_q8_0`], [`dot_q5_0x8_q8_0`],
+//! [`dot_q5_1x8_q8_1`], [`dot_q8_0x8_q8_0`],
 //! [`dot_q4_kx8_q8_k`], …): two packed
 //! groups of eight rows fill a register, one row per lane, against several inputs at a
 //! time, with the blocks finished in integers (the portable kernels' arithmetic for
@@ -17,19 +18,13 @@
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
-use super::x86::{h2f, hsum_float_8, Unpack};
+use super::x86::{h2f, hsum_float_8};
 use super::{eight, panel_rows};
 use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
 use crate::engine::kernels::quants::{
-    BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, MinBlock,
+    ActBlock, BlockQ4_0x8, BlockQ5_0x8, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Extra, Fifth8, MinBlock,
 };
 use std::arch::x86_64::*;
-
-/// `v` in both 256-bit halves.
-#[inline(always)]
-pub(super) unsafe fn both(v: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1)
-}
 
 /// Two rows' 32 bytes side by side.
 #[inline(always)]
@@ -142,44 +137,6 @@ pub unsafe fn dot_min_q8_1_x8<B: MinBlock>(x: &[B], y: &[BlockQ8_1], yd: &[f32],
     }
 }
 
-/// `N` Q8_0 rows against one weight row whose blocks `unpack` into signed bytes and
-/// a scale. (AVX-512 has no `vpsignb`: the activations are negated under the mask of
-/// negative weights instead, which gives the same products.)
-#[inline(always)]
-unsafe fn rows_q8_0<B: Unpack, const N: usize>(x: &[B], y: [&[BlockQ8_0]; N], yd: [&[f32]; N]) -> [f32; N] {
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for (i, a) in x.iter().enumerate() {
-        let (qx, dx) = a.unpack();
-        let ax = both(_mm256_sign_epi8(qx, qx));
-        let neg = _mm512_movepi8_mask(both(qx));
-        let dxv = _mm512_set1_ps(dx);
-        for p in 0..N / 2 {
-            let (t0, t1) = (2 * p, 2 * p + 1);
-            let d = _mm512_mul_ps(dxv, pair_ps(yd[t0][i], yd[t1][i]));
-            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
-            let sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
-            acc[p] = _mm512_fmadd_ps(d, dot_us8(ax, sy), acc[p]);
-        }
-    }
-    unpair(&acc)
-}
-
-macro_rules! q8_0_tiles {
-    ($block:ty, $x4:ident, $x8:ident) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $x4(x: &[$block], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
-            rows_q8_0(x, y, yd)
-        }
-
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $x8(x: &[$block], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
-            panel_q8_0(x, y, yd, out)
-        }
-    };
-}
-
-q8_0_tiles!(BlockQ5_0, dot_q5_0_q8_0_x4, dot_q5_0_q8_0_x8);
-
 /// How many tiles of `tile` weight rows a panel of `rows` rows of `n` blocks holds
 /// (the rest go one row at a time).
 #[inline(always)]
@@ -191,86 +148,12 @@ fn panel_tiles(weights: usize, n: usize, rows: usize, tile: usize) -> usize {
     rows / tile
 }
 
-/// A panel of Q8_0-family rows: four-row tiles, then single rows against the eight inputs.
-#[inline(always)]
-unsafe fn panel_q8_0<B: Unpack + UnpackUnsigned>(x: &[B], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
-    let (y, yd) = (eight(y), eight(yd));
-    let n = y[0].len();
-    let quads = panel_tiles(x.len(), n, out.len(), 4);
-    for q in 0..quads {
-        let r = 4 * q;
-        let cells = rows4_q8_0(std::array::from_fn(|i| &x[(r + i) * n..(r + i + 1) * n]), y, yd);
-        out[r..r + 4].copy_from_slice(&cells);
-    }
-    for (row, o) in panel_rows(&x[4 * quads * n..], n, &mut out[4 * quads..]) {
-        *o = rows_q8_0(row, y, yd);
-    }
-}
-
-/// A Q8_0-family weight block as unsigned bytes `q + 2^SHIFT` in both 256-bit
-/// halves, and its scale. With unsigned weights `vpdpbusd` needs no sign trick:
-/// `Σ q·y = Σ (q + 2^SHIFT)·y − 2^SHIFT·Σ y`, exact in 32-bit integers, and the
-/// second term depends only on the activations, so a tile of several weight rows
-/// computes it once.
-trait UnpackUnsigned {
-    const SHIFT: u32;
-    unsafe fn unpack_unsigned(&self) -> (__m512i, f32);
-}
-
 /// The 16 bytes at `qs` as 32 nibbles (low nibbles, then high), in both halves.
 #[inline(always)]
 unsafe fn nibbles_both(qs: &[u8; 16]) -> __m512i {
     let v = _mm512_broadcast_i32x4(_mm_loadu_si128(qs.as_ptr() as *const __m128i));
     let hi = _mm512_srli_epi16(v, 4);
     _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, hi), _mm512_set1_epi8(0x0F))
-}
-
-impl UnpackUnsigned for BlockQ5_0 {
-    const SHIFT: u32 = 4;
-    #[inline(always)]
-    unsafe fn unpack_unsigned(&self) -> (__m512i, f32) {
-        let qh = u32::from_le_bytes(self.qh) as u64;
-        let fifth = _mm512_maskz_mov_epi8(qh | qh << 32, _mm512_set1_epi8(0x10));
-        (_mm512_or_si512(nibbles_both(&self.qs), fifth), h2f(self.d))
-    }
-}
-
-/// Four weight rows against eight Q8_0 rows: `out[r][t] = x[r] · y[t]`, each cell
-/// bit-identical to the single-row kernel. Per block, each activation pair is loaded
-/// once for the four weight rows.
-#[inline(always)]
-unsafe fn rows4_q8_0<B: UnpackUnsigned>(x: [&[B]; 4], y: [&[BlockQ8_0]; 8], yd: [&[f32]; 8]) -> [[f32; 8]; 4] {
-    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-    let offset = _mm512_set1_epi8((1u32 << B::SHIFT) as u8 as i8);
-    for i in 0..x[0].len() {
-        let mut ax = [_mm512_setzero_si512(); 4];
-        let mut dx = [_mm512_setzero_ps(); 4];
-        for r in 0..4 {
-            let (a, d) = x[r][i].unpack_unsigned();
-            ax[r] = a;
-            dx[r] = _mm512_set1_ps(d);
-        }
-        for p in 0..4 {
-            let (t0, t1) = (2 * p, 2 * p + 1);
-            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
-            // −2^SHIFT · (each lane's four activations).
-            let base = _mm512_sub_epi32(
-                _mm512_setzero_si512(),
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, qy),
-            );
-            let dy = pair_ps(yd[t0][i], yd[t1][i]);
-            for r in 0..4 {
-                let d = _mm512_mul_ps(dx[r], dy);
-                let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(base, ax[r], qy));
-                acc[r][p] = _mm512_fmadd_ps(d, s, acc[r][p]);
-            }
-        }
-    }
-    let mut out = [[0.0f32; 8]; 4];
-    for r in 0..4 {
-        out[r] = unpair(&acc[r]);
-    }
-    out
 }
 
 /// Four Q4_1 or Q5_1 weight rows against eight Q8_1 rows: `out[r][t] = x[r] · y[t]`, each cell
@@ -412,22 +295,22 @@ pub unsafe fn dot_q8_0x8_q8_0(x: &[BlockQ8_0x8], y: &[BlockQ8_0], yd: &[f32], yo
     }
 }
 
-/// `N` (1–8) Q8_1 rows against two groups of eight packed Q5_1 rows (`x0` in the low
-/// eight lanes, `x1` in the high): [`super::x86`]'s `group_q5_1` arithmetic sixteen
-/// rows at a time, the fifth bits added under a byte mask.
+/// `N` (1–8) inputs against two groups of eight packed 5-bit rows (`x0` in the low
+/// eight lanes, `x1` in the high): [`super::x86`]'s `group_q5` arithmetic sixteen rows
+/// at a time, the fifth bits added under a byte mask.
 #[inline(always)]
-unsafe fn groups2_q5_1<const N: usize>(
-    x0: &[BlockQ5_1x8],
-    x1: &[BlockQ5_1x8],
-    y: [&[BlockQ8_1]; N],
+unsafe fn groups2_q5<G: Fifth8, A: ActBlock, E: Extra, const N: usize>(
+    x0: &[G],
+    x1: &[G],
+    y: [&[A]; N],
     yd: [&[f32]; N],
-    ys: [&[f32]; N],
+    ye: [&[E]; N],
 ) -> [__m512; N] {
     let nb = x0.len();
     // Checked once here, so the loop indexes without bounds checks.
     assert!(x1.len() == nb);
     for t in 0..N {
-        assert!(y[t].len() >= nb && yd[t].len() >= nb && ys[t].len() >= nb);
+        assert!(y[t].len() >= nb && yd[t].len() >= nb && ye[t].len() >= nb);
     }
     let m4 = _mm512_set1_epi8(0x0f);
     let bit4 = _mm512_set1_epi8(0x10);
@@ -437,20 +320,33 @@ unsafe fn groups2_q5_1<const N: usize>(
         0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
     ));
     let (lo_bits, hi_bits) = (_mm512_set1_epi32(0x0804_0201), _mm512_set1_epi32(0x8040_2010u32 as i32));
+    let halves = |p: *const u16, q: *const u16| {
+        _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(p as *const __m128i)),
+            _mm_loadu_si128(q as *const __m128i),
+            1,
+        ))
+    };
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
         let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
         super::x86::prefetch_ahead(x0, i);
         super::x86::prefetch_ahead(x1, i);
-        let mut sum = [_mm512_setzero_si512(); N];
+        let mut sum: [__m512i; N] = std::array::from_fn(|t| {
+            if G::MIN {
+                _mm512_setzero_si512()
+            } else {
+                _mm512_set1_epi32(2 * ye[t].get_unchecked(i).offset())
+            }
+        });
         for s in 0..4 {
             let w = pair_bytes(
-                a.qs.as_ptr().add(32 * s) as *const i8,
-                b.qs.as_ptr().add(32 * s) as *const i8,
+                a.qs().as_ptr().add(32 * s) as *const i8,
+                b.qs().as_ptr().add(32 * s) as *const i8,
             );
             let h = |q: &[u8; 32]| _mm256_set1_epi64x((q.as_ptr().add(8 * s) as *const i64).read_unaligned());
             let rows = _mm512_shuffle_epi8(
-                _mm512_inserti64x4(_mm512_castsi256_si512(h(&a.qh)), h(&b.qh), 1),
+                _mm512_inserti64x4(_mm512_castsi256_si512(h(a.qh())), h(b.qh()), 1),
                 spread,
             );
             let lo = _mm512_and_si512(w, m4);
@@ -458,47 +354,50 @@ unsafe fn groups2_q5_1<const N: usize>(
             let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
             let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(rows, hi_bits), hi, bit4);
             for t in 0..N {
-                let q = y[t].get_unchecked(i).qs.as_ptr();
+                let q = y[t].get_unchecked(i).qs().as_ptr();
                 let ql = _mm512_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
                 let qh = _mm512_set1_epi32((q.add(16 + 4 * s) as *const i32).read_unaligned());
                 sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[t], lo, ql), hi, qh);
             }
         }
-        let halves = |p: *const u16, q: *const u16| {
-            _mm512_cvtph_ps(_mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128(p as *const __m128i)),
-                _mm_loadu_si128(q as *const __m128i),
-                1,
-            ))
-        };
-        let d = halves(a.d.as_ptr(), b.d.as_ptr());
-        let m = halves(a.m.as_ptr(), b.m.as_ptr());
+        let d = halves(a.d().as_ptr(), b.d().as_ptr());
         for t in 0..N {
             let dd = _mm512_mul_ps(d, _mm512_set1_ps(*yd[t].get_unchecked(i)));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd, acc[t]);
-            acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(*ys[t].get_unchecked(i)), acc[t]);
+            if G::MIN {
+                let m = halves(a.m().as_ptr(), b.m().as_ptr());
+                acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ye[t].get_unchecked(i).sum()), acc[t]);
+            }
         }
     }
     acc
 }
 
-/// [`super::Kernels::q5_1x8`]: pairs of groups against the inputs eight at a time; a
-/// last odd group goes through the 256-bit kernel (same arithmetic).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::x8_shape(x, y, yd, ys, n, out);
+/// [`super::Kernels::q5_0x8`] and [`super::Kernels::q5_1x8`]: pairs of groups against
+/// the inputs eight at a time; a last odd group goes through the 256-bit kernel (same
+/// arithmetic).
+#[inline(always)]
+unsafe fn dot_q5x8<G: Fifth8, A: ActBlock, E: Extra>(
+    x: &[G],
+    y: &[A],
+    yd: &[f32],
+    ye: &[E],
+    n: usize,
+    out: &mut [f32],
+) {
+    let (nb, groups) = super::x8_shape(x, y, yd, ye, n, out);
     let width = 8 * groups;
     let ins = |t: usize| t * nb..(t + 1) * nb;
     for pair in 0..groups / 2 {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
         tiles!(n, 8, |t, M| {
-            let acc = groups2_q5_1::<M>(
+            let acc = groups2_q5::<G, A, E, M>(
                 x0,
                 x1,
                 std::array::from_fn(|k| &y[ins(t + k)]),
                 std::array::from_fn(|k| &yd[ins(t + k)]),
-                std::array::from_fn(|k| &ys[ins(t + k)]),
+                std::array::from_fn(|k| &ye[ins(t + k)]),
             );
             store_pair(out, &acc, t, width, g);
         });
@@ -506,15 +405,25 @@ pub unsafe fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys
     if !groups.is_multiple_of(2) {
         let g = groups - 1;
         tiles!(n, 4, |t, M| {
-            let acc = super::x86::avx512_vl::group_q5_1::<M>(
+            let acc = super::x86::avx512_vl::group_q5::<G, A, E, M>(
                 &x[g * nb..(g + 1) * nb],
                 std::array::from_fn(|k| &y[ins(t + k)]),
                 std::array::from_fn(|k| &yd[ins(t + k)]),
-                std::array::from_fn(|k| &ys[ins(t + k)]),
+                std::array::from_fn(|k| &ye[ins(t + k)]),
             );
             super::x86::store_tile(out, &acc, t, width, g);
         });
     }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q5_0x8_q8_0(x: &[BlockQ5_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
+    dot_q5x8(x, y, yd, yo, n, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
+    dot_q5x8(x, y, yd, ys, n, out)
 }
 
 /// `N` (1–8) Q8_0 rows against two groups of eight packed Q4_0 rows (`x0` in the low

@@ -5,7 +5,7 @@
 //! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
 //! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
 //! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
-//! - The kernels over packed groups of eight rows (Q4_0, Q5_1, Q8_0, the K-quants) live with
+//! - The kernels over packed groups of eight rows (Q4_0, Q5_0, Q5_1, Q8_0, the K-quants) live with
 //!   the others of their variant (`portable`, `x86`, `avx512`).
 //!
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
@@ -53,7 +53,8 @@ mod x86;
 use super::isa::Isa;
 use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8K};
 use super::quants::{
-    BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1,
+    BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ5_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8,
+    BlockQ8_1,
 };
 use elementwise as ew;
 
@@ -61,9 +62,8 @@ type Q81<B> = fn(&[B], &[BlockQ8_1], &[f32], &[f32]) -> f32;
 type Q81x4<B> = fn(&[B], [&[BlockQ8_1]; 4], [&[f32]; 4], [&[f32]; 4]) -> [f32; 4];
 type Q81x8<B> = fn(&[B], &[BlockQ8_1], &[f32], &[f32], &mut [[f32; 8]]);
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
-type Q80x4<B> = fn(&[B], [&[BlockQ8_0]; 4], [&[f32]; 4]) -> [f32; 4];
-type Q80x8<B> = fn(&[B], &[BlockQ8_0], &[f32], &mut [[f32; 8]]);
 type Q40x8 = fn(&[BlockQ4_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
+type Q50x8 = fn(&[BlockQ5_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
 type Q80x8g = fn(&[BlockQ8_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
 type Q51x8 = fn(&[BlockQ5_1x8], &[BlockQ8_1], &[f32], &[f32], usize, &mut [f32]);
 type Kx8<G> = fn(&[G], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
@@ -80,8 +80,8 @@ type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 /// 3's 640-wide rows they were ~8% of a prefill); a variant tiles the panel as its
 /// registers allow.
 ///
-/// Q4_0, Q5_1, Q8_0 and the K-quants have their own arithmetic and layout: `q4_0x8`,
-/// `q5_1x8`, `q8_0x8`, `q4_kx8`, … take groups of eight rows packed as [`BlockQ4_0x8`],
+/// Q4_0, Q5_0, Q5_1, Q8_0 and the K-quants have their own arithmetic and layout:
+/// `q4_0x8`, `q5_0x8`, `q5_1x8`, `q8_0x8`, `q4_kx8`, … take groups of eight rows packed as [`BlockQ4_0x8`],
 /// [`BlockQ5_1x8`], [`BlockQ4Kx8`], … (one row per 32-bit
 /// lane) against any number of inputs, and each cell finishes a block in integers and
 /// does one fused multiply-add per block and sum, in block order — as llama.cpp's
@@ -105,9 +105,12 @@ pub struct Kernels {
     /// their scales and [`crate::engine::kernels::quants::q4_0_offset`]s, input after
     /// input): `out[t * 8 * groups + 8 * g + r]`.
     pub q4_0x8: Q40x8,
+    /// One Q5_0 row in file order (the rows after the last whole group), with
+    /// [`Self::q5_0x8`]'s arithmetic: portable in every table.
     pub q5_0: Q80<BlockQ5_0>,
-    pub q5_0_x4: Q80x4<BlockQ5_0>,
-    pub q5_0_x8: Q80x8<BlockQ5_0>,
+    /// Groups of eight packed Q5_0 rows ([`BlockQ5_0x8`]) against `n` inputs, as
+    /// [`Self::q4_0x8`] (the same offsets, twice).
+    pub q5_0x8: Q50x8,
     /// One Q8_0 row in file order (the rows after the last whole group), with
     /// [`Self::q8_0x8`]'s arithmetic: portable in every table.
     pub q8_0: Q80<BlockQ8_0>,
@@ -309,9 +312,8 @@ static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     q5_1x8: portable::dot_q5_1x8_q8_1,
     q4_0: portable::dot_q4_0_q8_0,
     q4_0x8: portable::dot_q4_0x8_q8_0,
-    q5_0: portable::dot_q5_0_q8_0,
-    q5_0_x4: portable::dot_q5_0_q8_0_x4,
-    q5_0_x8: x8_from_x4!(portable::dot_q5_0_q8_0_x4, |x, y, yd|),
+    q5_0: portable::dot_q5_0_blocks,
+    q5_0x8: portable::dot_q5_0x8_q8_0,
     q8_0: portable::dot_q8_0_blocks,
     q8_0x8: portable::dot_q8_0x8_q8_0,
     q4_k: portable::dot_q4_k_q8_k,
@@ -342,9 +344,8 @@ macro_rules! x86_table {
             q5_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q5_1x8_q8_1(x, y, yd, ys, n, o) },
             q4_0: portable::dot_q4_0_q8_0,
             q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
-            q5_0: |x, y, yd| unsafe { k::dot_q5_0_q8_0(x, y, yd) },
-            q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
-            q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },
+            q5_0: portable::dot_q5_0_blocks,
+            q5_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q5_0x8_q8_0(x, y, yd, yo, n, o) },
             q8_0: portable::dot_q8_0_blocks,
             q8_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q8_0x8_q8_0(x, y, yd, yo, n, o) },
             q4_k: portable::dot_q4_k_q8_k,
@@ -383,9 +384,8 @@ static AVX512: Kernels = {
         q5_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q5_1x8_q8_1(x, y, yd, ys, n, o) },
         q4_0: portable::dot_q4_0_q8_0,
         q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
-        q5_0: |x, y, yd| unsafe { v::dot_q5_0_q8_0(x, y, yd) },
-        q5_0_x4: |x, y, yd| unsafe { k::dot_q5_0_q8_0_x4(x, y, yd) },
-        q5_0_x8: |x, y, yd, o| unsafe { k::dot_q5_0_q8_0_x8(x, y, yd, o) },
+        q5_0: portable::dot_q5_0_blocks,
+        q5_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q5_0x8_q8_0(x, y, yd, yo, n, o) },
         q8_0: portable::dot_q8_0_blocks,
         q8_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q8_0x8_q8_0(x, y, yd, yo, n, o) },
         q4_k: portable::dot_q4_k_q8_k,

@@ -4,7 +4,7 @@
 //! multiply-add per block, and the lanes are summed in `hsum_float_8`'s order. So the
 //! portable path computes the same bits as AVX2 and AVX-512, only slower; LLVM
 //! vectorises the lane loops with the target's baseline SIMD (SSE2, NEON). The types
-//! packed by eight rows (Q4_0, Q5_1, Q8_0 and the K-quants) are the exception: integer sums
+//! packed by eight rows (Q4_0, Q5_0, Q5_1, Q8_0 and the K-quants) are the exception: integer sums
 //! per block and one fused multiply-add per block and sum ([`dot_q4_0_q8_0`],
 //! [`dot_q5_1_q8_1`], [`dot_q4_k_q8_k`]).
 
@@ -68,28 +68,8 @@ pub fn dot_min_q8_1_x4<B: MinBlock>(x: &[B], y: [&[BlockQ8_1]; 4], yd: [&[f32]; 
     [0, 1, 2, 3].map(|r| dot_min_q8_1(x, y[r], yd[r], ys[r]))
 }
 
-/// Q8_0 activations against weights whose blocks `unpack` into 32 signed values.
-#[inline]
-fn dot_q8_0_with<B>(x: &[B], y: &[BlockQ8_0], yd: &[f32], unpack: impl Fn(&B) -> ([i8; 32], f32)) -> f32 {
-    let mut acc = [0.0f32; 8];
-    for (i, (a, b)) in x.iter().zip(y).enumerate() {
-        let (q, dx) = unpack(a);
-        fma_lanes(&mut acc, dx * yd[i], &lanes_i8(&q, &b.qs));
-    }
-    hsum8(&acc)
-}
-
 fn unpack_q4_0(a: &BlockQ4_0) -> ([i8; 32], f32) {
     (nibbles(&a.qs).map(|v| v - 8), h2f(a.d))
-}
-
-fn unpack_q5_0(a: &BlockQ5_0) -> ([i8; 32], f32) {
-    let qh = u32::from_le_bytes(a.qh);
-    let mut v = nibbles(&a.qs);
-    for (j, q) in v.iter_mut().enumerate() {
-        *q = (*q | ((((qh >> j) & 1) << 4) as i8)) - 16;
-    }
-    (v, h2f(a.d))
 }
 
 /// One Q4_0 row against a Q8_0 row with the arithmetic every Q4_0 kernel shares:
@@ -165,6 +145,35 @@ pub fn dot_q8_0x8_q8_0(x: &[BlockQ8_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32
     }
 }
 
+/// One Q5_0 row against a Q8_0 row with the arithmetic every packed Q5_0 kernel
+/// shares: each block's exact integer sum `Σ (q − 16)·y`, then
+/// `acc = fma(sum, d_x·d_y, acc)` (ggml's row kernel keeps eight float lanes).
+pub fn dot_q5_0_blocks(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
+    let mut acc = 0.0f32;
+    for (i, (a, b)) in x.iter().zip(y).enumerate() {
+        let s: i32 = q5_0_values(a).iter().zip(&b.qs).map(|(&q, &y)| q * y as i32).sum();
+        acc = (s as f32).mul_add(h2f(a.d) * yd[i], acc);
+    }
+    acc
+}
+
+/// Packed groups of eight Q5_0 rows against `n` Q8_0 rows (see
+/// [`crate::engine::kernels::simd::Kernels::q5_0x8`]; `yo` unused here): each cell
+/// exactly [`dot_q5_0_blocks`] of the row unpacked.
+pub fn dot_q5_0x8_q8_0(x: &[BlockQ5_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
+    let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
+    let width = 8 * groups;
+    for g in 0..groups {
+        for r in 0..8 {
+            let row: Vec<BlockQ5_0> = x[g * nb..(g + 1) * nb].iter().map(|b| b.row(r)).collect();
+            for t in 0..n {
+                let ins = t * nb..(t + 1) * nb;
+                out[t * width + 8 * g + r] = dot_q5_0_blocks(&row, &y[ins.clone()], &yd[ins]);
+            }
+        }
+    }
+}
+
 /// One Q5_1 row against a Q8_1 row with the arithmetic every packed Q5_1 kernel
 /// shares, one step per block: the exact integer sum `Σ q·y` of the unsigned 5-bit
 /// values, then `acc = fma(sum, d_x·d_y, acc)` and `acc = fma(m_x, s_y, acc)` (where
@@ -198,14 +207,6 @@ pub fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32
             }
         }
     }
-}
-
-pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
-    dot_q8_0_with(x, y, yd, unpack_q5_0)
-}
-
-pub fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
-    [0, 1, 2, 3].map(|r| dot_q5_0_q8_0(x, y[r], yd[r]))
 }
 
 /// One Q4_K row against a Q8_K row with the arithmetic every Q4_K kernel shares, one

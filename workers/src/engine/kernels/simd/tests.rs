@@ -157,13 +157,6 @@ fn every_variant_computes_the_portable_bits() {
             qs: rng.bytes(),
         })
         .collect();
-    let w5_0: Vec<BlockQ5_0> = (0..nb)
-        .map(|_| BlockQ5_0 {
-            d: rng.scale(),
-            qh: rng.bytes(),
-            qs: rng.bytes(),
-        })
-        .collect();
     let f: Vec<f32> = (0..cols + 6).map(|_| rng.f32()).collect();
     let h: Vec<u16> = (0..cols + 5).map(|_| f2h(rng.f32())).collect();
 
@@ -173,7 +166,6 @@ fn every_variant_computes_the_portable_bits() {
         let k = Kernels::get(isa).unwrap();
         for t in 0..8 {
             let (y1, yd1, ys1) = (&a.q8_1[t][..], &a.q8_1d[t][..], &a.q8_1s[t][..]);
-            let (y0, yd0) = (&a.q8_0[t][..], &a.q8_0d[t][..]);
             let want = (p.q4_1)(&w4_1, y1, yd1, ys1).to_bits();
             assert_eq!((k.q4_1)(&w4_1, y1, yd1, ys1).to_bits(), want, "{isa} q4_1 row {t}");
             let x4 = (k.q4_1_x4)(
@@ -186,24 +178,6 @@ fn every_variant_computes_the_portable_bits() {
             let mut x8 = [[0.0f32; 8]];
             (k.q4_1_x8)(&w4_1, &a.q8_1.concat(), &a.q8_1d.concat(), &a.q8_1s.concat(), &mut x8);
             assert_eq!(x8[0][t].to_bits(), want, "{isa} q4_1 x8 row {t}");
-
-            macro_rules! q8_0_family {
-                ($w:expr, $one:ident, $x4:ident, $x8:ident) => {{
-                    let want = (p.$one)(&$w, y0, yd0).to_bits();
-                    assert_eq!(
-                        (k.$one)(&$w, y0, yd0).to_bits(),
-                        want,
-                        "{isa} {} row {t}",
-                        stringify!($one)
-                    );
-                    let x4 = (k.$x4)(&$w, refs(&a.q8_0[t / 4 * 4..]), refs(&a.q8_0d[t / 4 * 4..]));
-                    assert_eq!(x4[t % 4].to_bits(), want, "{isa} {} row {t}", stringify!($x4));
-                    let mut x8 = [[0.0f32; 8]];
-                    (k.$x8)(&$w, &a.q8_0.concat(), &a.q8_0d.concat(), &mut x8);
-                    assert_eq!(x8[0][t].to_bits(), want, "{isa} {} row {t}", stringify!($x8));
-                }};
-            }
-            q8_0_family!(w5_0, q5_0, q5_0_x4, q5_0_x8);
         }
         for n in [7, 64, cols + 5] {
             assert_eq!(
@@ -255,19 +229,7 @@ fn panels_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let w5_0: Vec<Vec<BlockQ5_0>> = (0..ROWS)
-        .map(|_| {
-            (0..nb)
-                .map(|_| BlockQ5_0 {
-                    d: rng.scale(),
-                    qh: rng.bytes(),
-                    qs: rng.bytes(),
-                })
-                .collect()
-        })
-        .collect();
     let (y1, yd1, ys1) = (a.q8_1.concat(), a.q8_1d.concat(), a.q8_1s.concat());
-    let (y0, yd0) = (a.q8_0.concat(), a.q8_0d.concat());
     let mut checked = 0;
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
@@ -290,8 +252,6 @@ fn panels_compute_the_portable_bits() {
             check("q4_1", &cells, &|r, t| {
                 (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
             });
-            (k.q5_0_x8)(&w5_0[..rows].concat(), &y0, &yd0, &mut cells);
-            check("q5_0", &cells, &|r, t| (p.q5_0)(&w5_0[r], &a.q8_0[t], &a.q8_0d[t]));
         }
     }
     eprintln!("{checked} panels checked");
@@ -391,6 +351,71 @@ fn packed_q8_0_groups_compute_the_portable_bits() {
                             out[t * 8 * groups + r].to_bits(),
                             want.to_bits(),
                             "{isa} q8_0x8: {groups} groups, {n} inputs, row {r} input {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q5_0's packed groups, as Q4_0's. Row 0 holds the largest values (all nibbles and
+/// fifth bits set) and row 1 the smallest (none) against input blocks of ±127.
+#[test]
+fn packed_q5_0_groups_compute_the_portable_bits() {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let mut rng = Rng(34);
+    let nb = 7;
+    let cols = nb * QK;
+    let mut a = acts(&mut rng, cols);
+    a.q8_0[0][0].qs = [127; 32];
+    a.q8_0[1][2].qs = [-127; 32];
+    let rows: Vec<Vec<BlockQ5_0>> = (0..40)
+        .map(|r| {
+            (0..nb)
+                .map(|_| BlockQ5_0 {
+                    d: rng.scale(),
+                    qh: match r {
+                        0 => [0xff; 4],
+                        1 => [0; 4],
+                        _ => rng.bytes(),
+                    },
+                    qs: match r {
+                        0 => [0xff; 16],
+                        1 => [0; 16],
+                        _ => rng.bytes(),
+                    },
+                })
+                .collect()
+        })
+        .collect();
+    let packed: Vec<BlockQ5_0x8> = (0..5)
+        .flat_map(|g| {
+            let rows = &rows;
+            (0..nb).map(move |i| BlockQ5_0x8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
+        })
+        .collect();
+    for (i, b) in packed.iter().enumerate() {
+        for r in 0..8 {
+            let (want, got) = (&rows[8 * (i / nb) + r][i % nb], b.row(r));
+            assert_eq!((got.d, got.qh, got.qs), (want.d, want.qh, want.qs));
+        }
+    }
+    let offsets: Vec<Vec<i32>> = a.q8_0.iter().map(|r| r.iter().map(q4_0_offset).collect()).collect();
+    for isa in Isa::available() {
+        let k = Kernels::get(isa).unwrap();
+        for groups in 1..=5 {
+            for n in 1..=8 {
+                let mut out = vec![f32::NAN; n * 8 * groups];
+                let (y, yd, yo) = (a.q8_0[..n].concat(), a.q8_0d[..n].concat(), offsets[..n].concat());
+                (k.q5_0x8)(&packed[..groups * nb], &y, &yd, &yo, n, &mut out);
+                for t in 0..n {
+                    for r in 0..8 * groups {
+                        let want = (p.q5_0)(&rows[r], &a.q8_0[t], &a.q8_0d[t]);
+                        assert_eq!(
+                            out[t * 8 * groups + r].to_bits(),
+                            want.to_bits(),
+                            "{isa} q5_0x8: {groups} groups, {n} inputs, row {r} input {t}"
                         );
                     }
                 }
@@ -675,16 +700,23 @@ fn packed_q6_k_groups_compute_the_portable_bits() {
 #[should_panic(expected = "a panel's weights")]
 fn a_panel_with_a_partial_row_is_refused() {
     let k = Kernels::active();
-    let y = vec![BlockQ8_0 { d: 0, qs: [0; 32] }; 8 * 2];
-    let w = vec![
-        BlockQ5_0 {
+    let y = vec![
+        BlockQ8_1 {
             d: 0,
-            qh: [0; 4],
+            s: 0,
+            qs: [0; 32]
+        };
+        8 * 2
+    ];
+    let w = vec![
+        BlockQ4_1 {
+            d: 0,
+            m: 0,
             qs: [0; 16]
         };
         3
     ];
-    (k.q5_0_x8)(&w, &y, &[0.0; 16], &mut [[0.0; 8]; 2]);
+    (k.q4_1_x8)(&w, &y, &[0.0; 16], &[0.0; 16], &mut [[0.0; 8]; 2]);
 }
 
 /// The attention tiles give exactly the one-row kernels' bits: each score is

@@ -60,32 +60,6 @@ pub(super) unsafe fn bytes_from_bits_32(x: &[u8; 4]) -> std::arch::x86_64::__m25
     _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
 }
 
-/// Q5_0's 32 signed values (`(nibble | high << 4) - 16`, as ggml: the high bit
-/// cleared means −16).
-#[inline(always)]
-pub(super) unsafe fn q5_0_bytes(a: &crate::engine::kernels::quants::BlockQ5_0) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    let hi = _mm256_andnot_si256(bytes_from_bits_32(&a.qh), _mm256_set1_epi8(0xF0u8 as i8));
-    _mm256_or_si256(bytes_from_nibbles_32(&a.qs), hi)
-}
-
-/// A Q8_0-family weight block as 32 signed bytes and its scale. A trait method, not a
-/// closure: closures are compiled without the caller's `#[target_feature]`s, so the
-/// intrinsics inside one become calls (measured: Gemma 3 prefill at 0.6× of what the
-/// inlined kernel gives).
-pub(super) trait Unpack {
-    /// # Safety
-    /// The CPU has AVX2 and F16C.
-    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32);
-}
-
-impl Unpack for crate::engine::kernels::quants::BlockQ5_0 {
-    #[inline(always)]
-    unsafe fn unpack(&self) -> (std::arch::x86_64::__m256i, f32) {
-        (q5_0_bytes(self), h2f(self.d))
-    }
-}
-
 /// Asks for the cache line `PREFETCH_BYTES` past block `i` of a weight row. A decode
 /// step streams every row once, and measured on a 0.5B Q5_K_M model (mostly Q5_1),
 /// the row kernels spent most of their time waiting on the weights' loads: the
@@ -99,7 +73,7 @@ pub(super) unsafe fn prefetch_ahead<B>(x: &[B], i: usize) {
     _mm_prefetch(p, _MM_HINT_T0);
 }
 
-/// Step `s`'s fifth bits of a packed Q5_1 group ([`crate::engine::kernels::quants::BlockQ5_1x8`])
+/// Step `s`'s fifth bits of a packed Q5_0 or Q5_1 group ([`crate::engine::kernels::quants::BlockQ5_1x8`])
 /// as 0x10 in the bytes of the values they belong to: lane `r`'s four low-nibble
 /// values, then its four high-nibble values.
 #[inline(always)]
@@ -158,7 +132,7 @@ macro_rules! x86_kernels {
         pub mod $module {
             use super::*;
             use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
-            use crate::engine::kernels::quants::{BlockQ4_0x8, BlockQ5_0, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, MinBlock};
+            use crate::engine::kernels::quants::{ActBlock, BlockQ4_0x8, BlockQ5_0x8, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Extra, Fifth8, MinBlock};
             use crate::engine::kernels::simd::{eight, panel_rows};
             use std::arch::x86_64::*;
 
@@ -238,47 +212,6 @@ macro_rules! x86_kernels {
                 rows_min(x, y, yd, ys)
             }
 
-            /// `N` Q8_0 activation rows against one weight row whose blocks `unpack`
-            /// into signed bytes and a scale.
-            #[inline(always)]
-            unsafe fn rows_q8_0<B: Unpack, const N: usize>(
-                x: &[B],
-                y: [&[BlockQ8_0]; N],
-                yd: [&[f32]; N],
-            ) -> [f32; N] {
-                // Checked once here, so the loop indexes without bounds checks.
-                for r in 0..N {
-                    assert!(y[r].len() >= x.len() && yd[r].len() >= x.len());
-                }
-                let mut acc = [_mm256_setzero_ps(); N];
-                for (i, a) in x.iter().enumerate() {
-                    prefetch_ahead(x, i);
-                    let (qx, dx) = a.unpack();
-                    let ax = _mm256_sign_epi8(qx, qx);
-                    for r in 0..N {
-                        let d = _mm256_set1_ps(dx * *yd[r].get_unchecked(i));
-                        let qy = _mm256_loadu_si256(y[r].get_unchecked(i).qs.as_ptr() as *const __m256i);
-                        let q = mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy, qx));
-                        acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
-                    }
-                }
-                let mut out = [0.0f32; N];
-                for r in 0..N {
-                    out[r] = hsum_float_8(acc[r]);
-                }
-                out
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
-                rows_q8_0(x, [y], [yd])[0]
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q5_0_q8_0_x4(x: &[BlockQ5_0], y: [&[BlockQ8_0]; 4], yd: [&[f32]; 4]) -> [f32; 4] {
-                rows_q8_0(x, y, yd)
-            }
-
             // Panels: eight activation rows against each weight row in turn; each
             // weight block is unpacked once for all eight (eight accumulators, the
             // weights and two temporaries fit AVX2's sixteen registers).
@@ -294,20 +227,6 @@ macro_rules! x86_kernels {
                 for (row, o) in panel_rows(x, y[0].len(), out) {
                     *o = rows_min(row, y, yd, ys);
                 }
-            }
-
-            /// A panel of weight rows whose blocks `unpack`.
-            #[inline(always)]
-            unsafe fn panel_q8_0<B: Unpack>(x: &[B], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
-                let (y, yd) = (eight(y), eight(yd));
-                for (row, o) in panel_rows(x, y[0].len(), out) {
-                    *o = rows_q8_0(row, y, yd);
-                }
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_q5_0_q8_0_x8(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32], out: &mut [[f32; 8]]) {
-                panel_q8_0(x, y, yd, out)
             }
 
             /// `N` (1–4) Q8_0 rows against one group of eight packed Q4_0 rows, one
@@ -475,37 +394,45 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// `N` (1–4) Q8_1 rows against one group of eight packed Q5_1 rows, one row
-            /// per lane: the unsigned 5-bit values (nibbles or-ed with their fifth bits)
-            /// against the input's broadcast bytes, each block's integer sums, then one
-            /// multiply (the scales) and two FMAs (the sum, then the min times the
-            /// input's sum) per block and cell, as the portable kernel.
+            /// `N` (1–4) inputs against one group of eight packed 5-bit rows (Q5_0
+            /// against Q8_0, Q5_1 against Q8_1), one row per lane: the unsigned values
+            /// (nibbles or-ed with their fifth bits) against the input's broadcast
+            /// bytes, each block's integer sum (Q5_0: on top of `2 ·` the input's
+            /// offset, `−16 · Σ y`), then one multiply (the scales) and one FMA per
+            /// block and cell, and for Q5_1 a second FMA (the min times the input's
+            /// sum), as the portable kernels.
             #[inline(always)]
-            pub(in crate::engine::kernels::simd) unsafe fn group_q5_1<const N: usize>(
-                x: &[BlockQ5_1x8],
-                y: [&[BlockQ8_1]; N],
+            pub(in crate::engine::kernels::simd) unsafe fn group_q5<G: Fifth8, A: ActBlock, E: Extra, const N: usize>(
+                x: &[G],
+                y: [&[A]; N],
                 yd: [&[f32]; N],
-                ys: [&[f32]; N],
+                ye: [&[E]; N],
             ) -> [__m256; N] {
                 // Checked once here, so the loop indexes without bounds checks.
                 for t in 0..N {
-                    assert!(y[t].len() >= x.len() && yd[t].len() >= x.len() && ys[t].len() >= x.len());
+                    assert!(y[t].len() >= x.len() && yd[t].len() >= x.len() && ye[t].len() >= x.len());
                 }
                 let m4 = _mm256_set1_epi8(0x0f);
                 let mut acc = [_mm256_setzero_ps(); N];
                 for (i, a) in x.iter().enumerate() {
                     prefetch_ahead(x, i);
-                    let mut sum = [_mm256_setzero_si256(); N];
+                    let mut sum: [__m256i; N] = std::array::from_fn(|t| {
+                        if G::MIN {
+                            _mm256_setzero_si256()
+                        } else {
+                            _mm256_set1_epi32(2 * ye[t].get_unchecked(i).offset())
+                        }
+                    });
                     // AVX2's i16 sums: eight products of at most 31 · 127 each per
                     // step pair (31,496), widened to i32 after every second step.
                     let mut sum16 = [_mm256_setzero_si256(); N];
                     for s in 0..4 {
-                        let w = _mm256_loadu_si256(a.qs.as_ptr().add(32 * s) as *const __m256i);
-                        let (fl, fh) = fifth_bits(&a.qh, s);
+                        let w = _mm256_loadu_si256(a.qs().as_ptr().add(32 * s) as *const __m256i);
+                        let (fl, fh) = fifth_bits(a.qh(), s);
                         let lo = _mm256_or_si256(_mm256_and_si256(w, m4), fl);
                         let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), fh);
                         for t in 0..N {
-                            let q = y[t].get_unchecked(i).qs.as_ptr();
+                            let q = y[t].get_unchecked(i).qs().as_ptr();
                             let ql = _mm256_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
                             let qh = _mm256_set1_epi32((q.add(16 + 4 * s) as *const i32).read_unaligned());
                             if $dot == Dot::AvxVnni {
@@ -522,19 +449,60 @@ macro_rules! x86_kernels {
                             }
                         }
                     }
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(a.d.as_ptr() as *const __m128i));
-                    let m = _mm256_cvtph_ps(_mm_loadu_si128(a.m.as_ptr() as *const __m128i));
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(a.d().as_ptr() as *const __m128i));
                     for t in 0..N {
                         let dd = _mm256_mul_ps(d, _mm256_set1_ps(*yd[t].get_unchecked(i)));
                         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), dd, acc[t]);
-                        acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(*ys[t].get_unchecked(i)), acc[t]);
+                        if G::MIN {
+                            let m = _mm256_cvtph_ps(_mm_loadu_si128(a.m().as_ptr() as *const __m128i));
+                            let s = _mm256_set1_ps(ye[t].get_unchecked(i).sum());
+                            acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
+                        }
                     }
                 }
                 acc
             }
 
-            /// [`super::super::Kernels::q5_1x8`]: each group against the inputs four
-            /// at a time.
+            /// [`super::super::Kernels::q5_0x8`] and [`super::super::Kernels::q5_1x8`]:
+            /// each group against the inputs four at a time.
+            #[inline(always)]
+            unsafe fn dot_q5x8<G: Fifth8, A: ActBlock, E: Extra>(
+                x: &[G],
+                y: &[A],
+                yd: &[f32],
+                ye: &[E],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                let (nb, groups) = crate::engine::kernels::simd::x8_shape(x, y, yd, ye, n, out);
+                let width = 8 * groups;
+                for g in 0..groups {
+                    let xg = &x[g * nb..(g + 1) * nb];
+                    tiles!(n, 4, |t, M| {
+                        let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
+                        let acc = group_q5::<G, A, E, M>(
+                            xg,
+                            std::array::from_fn(|k| &y[ins(k)]),
+                            std::array::from_fn(|k| &yd[ins(k)]),
+                            std::array::from_fn(|k| &ye[ins(k)]),
+                        );
+                        store_tile(out, &acc, t, width, g);
+                    });
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q5_0x8_q8_0(
+                x: &[BlockQ5_0x8],
+                y: &[BlockQ8_0],
+                yd: &[f32],
+                yo: &[i32],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                dot_q5x8(x, y, yd, yo, n, out)
+            }
+
             #[target_feature(enable = $features)]
             pub unsafe fn dot_q5_1x8_q8_1(
                 x: &[BlockQ5_1x8],
@@ -544,21 +512,7 @@ macro_rules! x86_kernels {
                 n: usize,
                 out: &mut [f32],
             ) {
-                let (nb, groups) = crate::engine::kernels::simd::x8_shape(x, y, yd, ys, n, out);
-                let width = 8 * groups;
-                for g in 0..groups {
-                    let xg = &x[g * nb..(g + 1) * nb];
-                    tiles!(n, 4, |t, M| {
-                        let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
-                        let acc = group_q5_1::<M>(
-                            xg,
-                            std::array::from_fn(|k| &y[ins(k)]),
-                            std::array::from_fn(|k| &yd[ins(k)]),
-                            std::array::from_fn(|k| &ys[ins(k)]),
-                        );
-                        store_tile(out, &acc, t, width, g);
-                    });
-                }
+                dot_q5x8(x, y, yd, ys, n, out)
             }
 
             /// `N` (1–4) Q8_K rows against one group of eight packed Q4_K or Q5_K rows,

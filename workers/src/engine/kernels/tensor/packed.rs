@@ -1,5 +1,5 @@
-//! Q4_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices, stored as packed groups of eight rows
-//! ([`BlockQ4_0x8`], [`BlockQ5_1x8`], [`BlockQ8_0x8`], [`BlockQ4Kx8`], [`BlockQ5Kx8`], [`BlockQ6Kx8`]: one row per 32-bit
+//! Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices, stored as packed groups of eight
+//! rows ([`BlockQ4_0x8`], [`BlockQ5_0x8`], [`BlockQ5_1x8`], [`BlockQ8_0x8`], [`BlockQ4Kx8`], [`BlockQ5Kx8`], [`BlockQ6Kx8`]: one row per 32-bit
 //! lane, llama.cpp's repacked layouts, Q4_K's with a plane of fifth bits, Q6_K's
 //! nibbles and two-bit planes) whatever the
 //! CPU, because their arithmetic is defined on them: each block finished in integers,
@@ -22,7 +22,9 @@
 
 use super::{chunk_rows, OutPtr, QAct, QData, QMatrix};
 use crate::engine::kernels::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, QK_K};
-use crate::engine::kernels::quants::{BlockQ4_0, BlockQ4_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, QK};
+use crate::engine::kernels::quants::{
+    BlockQ4_0, BlockQ4_0x8, BlockQ5_0, BlockQ5_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, QK,
+};
 use crate::engine::kernels::simd::Kernels;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -63,6 +65,30 @@ impl Packed for BlockQ4_0x8 {
         };
         let nb = x.len();
         (k.q4_0)(x, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb])
+    }
+}
+
+impl Packed for BlockQ5_0x8 {
+    type Row = BlockQ5_0;
+    const BLOCK: usize = QK;
+    fn pack(rows: [&BlockQ5_0; 8]) -> Self {
+        BlockQ5_0x8::pack(rows)
+    }
+    fn row(&self, r: usize) -> BlockQ5_0 {
+        BlockQ5_0x8::row(self, r)
+    }
+    fn groups(k: &Kernels, x: &[Self], act: &QAct, n: usize, nb: usize, out: &mut [f32]) {
+        let QAct::Q8_0(y, yd, yo) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        (k.q5_0x8)(x, &y[..n * nb], &yd[..n * nb], &yo[..n * nb], n, out)
+    }
+    fn one(k: &Kernels, x: &[BlockQ5_0], act: &QAct, t: usize) -> f32 {
+        let QAct::Q8_0(y, yd, _) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        let nb = x.len();
+        (k.q5_0)(x, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb])
     }
 }
 
@@ -261,6 +287,12 @@ pub(super) fn matmul<P: Packed>(
 pub(super) fn q4_0(blocks: &[BlockQ4_0], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q4_0x8(groups, tail)
+}
+
+/// A Q5_0 matrix's [`QData`].
+pub(super) fn q5_0(blocks: &[BlockQ5_0], rows: usize, nb: usize) -> QData {
+    let (groups, tail) = pack(blocks, rows, nb);
+    QData::Q5_0x8(groups, tail)
 }
 
 /// A Q8_0 matrix's [`QData`].

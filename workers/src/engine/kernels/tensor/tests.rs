@@ -1,4 +1,4 @@
-//! Matrices packed by eight rows (Q4_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) dequantize as in the file and multiply
+//! Matrices packed by eight rows (Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) dequantize as in the file and multiply
 //! to the single-row kernels' bits.
 
 use super::*;
@@ -52,6 +52,55 @@ fn packed_q4_0_gives_the_single_row_bits_for_every_variant_and_batch() {
                     for r in 0..rows {
                         let w = &blocks[r * nb..(r + 1) * nb];
                         let want = (p.q4_0)(w, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb]);
+                        assert_eq!(
+                            got[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{isa}: {rows} rows, {n} inputs, cell ({t}, {r})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q5_0 packed by eight rows, as Q4_0 above.
+#[test]
+fn packed_q5_0_gives_the_single_row_bits_for_every_variant_and_batch() {
+    let mut state = 0x2f6b_13a5_9c4e_0d71u64;
+    for (rows, nb) in [(29usize, 3usize), (40, 2), (5, 1)] {
+        let cols = nb * QK;
+        let blocks: Vec<BlockQ5_0> = (0..rows * nb)
+            .map(|_| BlockQ5_0 {
+                d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
+                qh: std::array::from_fn(|_| bytes(&mut state)),
+                qs: std::array::from_fn(|_| bytes(&mut state)),
+            })
+            .collect();
+        let m = QMatrix {
+            rows,
+            cols,
+            data: packed::q5_0(&blocks, rows, nb),
+        };
+        let (mut row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            m.row_f32(r, &mut row);
+            dequantize_q5_0(&blocks[r * nb..(r + 1) * nb], &mut want_row);
+            assert_eq!(row, want_row, "row {r} dequantized");
+        }
+        let p = Kernels::get(Isa::Portable).unwrap();
+        for n in [1, 2, 3, 4, 5, 8, 9, 17] {
+            let x: Vec<f32> = (0..n * cols).map(|_| bytes(&mut state) as f32 / 64.0 - 2.0).collect();
+            for isa in Isa::available() {
+                let k = Kernels::get(isa).unwrap();
+                let act = m.prepare_with(k, &x, n);
+                let QAct::Q8_0(y, yd, _) = &act else { unreachable!() };
+                let mut got = vec![f32::NAN; n * rows];
+                m.matmul_with(k, &act, n, &mut got);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let w = &blocks[r * nb..(r + 1) * nb];
+                        let want = (p.q5_0)(w, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb]);
                         assert_eq!(
                             got[t * rows + r].to_bits(),
                             want.to_bits(),
