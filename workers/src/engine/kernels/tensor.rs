@@ -144,33 +144,33 @@ pub fn load<R: std::io::Read + std::io::Seek>(
         GgmlDType::F32 => QData::F32(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::F16 => QData::F16(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q4_0 => {
-            let blocks: Vec<BlockQ4_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            packed::q4_0(&blocks, rows, cols / QK)
+            let (g, t) = packed::read(reader, rows, cols / QK).map_err(io)?;
+            QData::Q4_0x8(g, t)
         }
         GgmlDType::Q4K => {
-            let blocks: Vec<BlockQ4K> = read_blocks(reader, bytes_len).map_err(io)?;
-            packed::q4_k(&blocks, rows, cols / QK_K)
+            let (g, t) = packed::read(reader, rows, cols / QK_K).map_err(io)?;
+            QData::Q4Kx8(g, t)
         }
         GgmlDType::Q5K => {
-            let blocks: Vec<BlockQ5K> = read_blocks(reader, bytes_len).map_err(io)?;
-            packed::q5_k(&blocks, rows, cols / QK_K)
+            let (g, t) = packed::read(reader, rows, cols / QK_K).map_err(io)?;
+            QData::Q5Kx8(g, t)
         }
         GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
         GgmlDType::Q5_0 => {
-            let blocks: Vec<BlockQ5_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            packed::q5_0(&blocks, rows, cols / QK)
+            let (g, t) = packed::read(reader, rows, cols / QK).map_err(io)?;
+            QData::Q5_0x8(g, t)
         }
         GgmlDType::Q5_1 => {
-            let blocks: Vec<BlockQ5_1> = read_blocks(reader, bytes_len).map_err(io)?;
-            packed::q5_1(&blocks, rows, cols / QK)
+            let (g, t) = packed::read(reader, rows, cols / QK).map_err(io)?;
+            QData::Q5_1x8(g, t)
         }
         GgmlDType::Q6K => {
-            let blocks: Vec<BlockQ6K> = read_blocks(reader, bytes_len).map_err(io)?;
-            packed::q6_k(&blocks, rows, cols / QK_K)
+            let (g, t) = packed::read(reader, rows, cols / QK_K).map_err(io)?;
+            QData::Q6Kx8(g, t)
         }
         _ => {
-            let blocks: Vec<BlockQ8_0> = read_blocks(reader, bytes_len).map_err(io)?;
-            packed::q8_0(&blocks, rows, cols / QK)
+            let (g, t) = packed::read(reader, rows, cols / QK).map_err(io)?;
+            QData::Q8_0x8(g, t)
         }
     };
     Ok(QMatrix { rows, cols, data })

@@ -20,7 +20,9 @@
 //! the file's 1,152 (the sub-block scales and mins unpacked to bytes); Q5_K: 1,440 for
 //! 1,408; Q6_K: the file's 1,680.
 
-use super::{chunk_rows, OutPtr, QAct, QData, QMatrix};
+#[cfg(test)]
+use super::QData;
+use super::{chunk_rows, OutPtr, QAct, QMatrix};
 use crate::engine::kernels::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, QK_K};
 use crate::engine::kernels::quants::{
     BlockQ4_0, BlockQ4_0x8, BlockQ5_0, BlockQ5_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, QK,
@@ -212,8 +214,31 @@ impl Packed for BlockQ6Kx8 {
     }
 }
 
+/// `rows` rows of `nb` blocks read from `reader` (file order) as packed groups, then
+/// the rows after the last whole group. Eight rows are read at a time, so a load holds
+/// the packed matrix and one group of file blocks, never the file's copy of the whole
+/// tensor beside it (Gemma 3's 178 MB embedding table doubled its load's peak).
+pub(super) fn read<P: Packed, R: std::io::Read>(
+    reader: &mut R,
+    rows: usize,
+    nb: usize,
+) -> std::io::Result<(Vec<P>, Vec<P::Row>)> {
+    let groups = rows / 8;
+    let size = std::mem::size_of::<P::Row>();
+    let mut packed = Vec::with_capacity(groups * nb);
+    for _ in 0..groups {
+        let blocks: Vec<P::Row> = super::read_blocks(reader, 8 * nb * size)?;
+        for i in 0..nb {
+            packed.push(P::pack(std::array::from_fn(|r| &blocks[r * nb + i])));
+        }
+    }
+    let tail = super::read_blocks(reader, (rows - 8 * groups) * nb * size)?;
+    Ok((packed, tail))
+}
+
 /// `rows` rows of `nb` blocks (file order) as packed groups, then the rows after the
 /// last whole group.
+#[cfg(test)]
 pub(super) fn pack<P: Packed>(blocks: &[P::Row], rows: usize, nb: usize) -> (Vec<P>, Vec<P::Row>) {
     let groups = rows / 8;
     let mut packed = Vec::with_capacity(groups * nb);
@@ -284,42 +309,49 @@ pub(super) fn matmul<P: Packed>(
 }
 
 /// A Q4_0 matrix's [`QData`].
+#[cfg(test)]
 pub(super) fn q4_0(blocks: &[BlockQ4_0], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q4_0x8(groups, tail)
 }
 
 /// A Q5_0 matrix's [`QData`].
+#[cfg(test)]
 pub(super) fn q5_0(blocks: &[BlockQ5_0], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q5_0x8(groups, tail)
 }
 
 /// A Q8_0 matrix's [`QData`].
+#[cfg(test)]
 pub(super) fn q8_0(blocks: &[BlockQ8_0], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q8_0x8(groups, tail)
 }
 
 /// A Q5_1 matrix's [`QData`].
+#[cfg(test)]
 pub(super) fn q5_1(blocks: &[BlockQ5_1], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q5_1x8(groups, tail)
 }
 
 /// A Q4_K matrix's [`QData`].
+#[cfg(test)]
 pub(super) fn q4_k(blocks: &[BlockQ4K], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q4Kx8(groups, tail)
 }
 
 /// A Q5_K matrix's [`QData`].
+#[cfg(test)]
 pub(super) fn q5_k(blocks: &[BlockQ5K], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q5Kx8(groups, tail)
 }
 
 /// A Q6_K matrix's [`QData`].
+#[cfg(test)]
 pub(super) fn q6_k(blocks: &[BlockQ6K], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q6Kx8(groups, tail)

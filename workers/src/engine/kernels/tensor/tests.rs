@@ -337,3 +337,31 @@ fn packed_q6_k_gives_the_single_row_bits_for_every_variant_and_batch() {
         crate::engine::kernels::simd::portable::dot_q6_k_q8_k,
     );
 }
+
+/// Reading a tensor eight rows at a time packs exactly what packing it whole does.
+#[test]
+fn reading_by_groups_packs_as_packing_the_whole_tensor() {
+    let mut state = 0x1234_5678_9abc_def1u64;
+    let (rows, nb) = (29usize, 3usize);
+    let blocks: Vec<BlockQ8_0> = (0..rows * nb)
+        .map(|_| BlockQ8_0 {
+            d: f2h(0.002 + bytes(&mut state) as f32 * 1e-4),
+            qs: std::array::from_fn(|_| bytes(&mut state) as i8),
+        })
+        .collect();
+    let mut file = Vec::new();
+    for b in &blocks {
+        file.extend_from_slice(&b.d.to_le_bytes());
+        file.extend(b.qs.iter().map(|&q| q as u8));
+    }
+    let (groups, tail): (Vec<BlockQ8_0x8>, Vec<BlockQ8_0>) = packed::read(&mut file.as_slice(), rows, nb).unwrap();
+    let (want_groups, want_tail): (Vec<BlockQ8_0x8>, Vec<BlockQ8_0>) = packed::pack(&blocks, rows, nb);
+    assert_eq!(groups.len(), want_groups.len());
+    for (g, w) in groups.iter().zip(&want_groups) {
+        assert_eq!((g.d, g.qs), (w.d, w.qs));
+    }
+    assert_eq!(tail.len(), want_tail.len());
+    for (t, w) in tail.iter().zip(&want_tail) {
+        assert_eq!((t.d, t.qs), (w.d, w.qs));
+    }
+}
