@@ -17,7 +17,10 @@
 //! of 6 of 8 Gemma prompts and 4 of 8 SmolLM2 prompts within 32 tokens, with a mean
 //! log-probability difference of 0.035–0.039 nats; ours against `-fa off` measures
 //! 0.034–0.035 (Gemma 3 since its Q6_K matrices went the same way: 0.042). Some
-//! prompts match llama.cpp exactly for all 32 tokens (SmolLM2: five of eight; Gemma
+//! prompts match llama.cpp exactly for all 32 tokens (SmolLM2: four of eight — five
+//! while its Q4_1 matrices ran ggml's eight float lanes; once they finished each block
+//! in integers, two prompts parted at near ties and one other joined, mean |Δ log p|
+//! 0.035 either way; Gemma
 //! 3: three — five with ggml's eight float lanes everywhere, two once its Q4_K and
 //! Q6_K matrices computed one integer sum per super-block, three since its Q8_0 ones
 //! (and the Q5_0 ones widened to Q8_0) do too, when the mean |Δ log p| went 0.042 →
@@ -52,7 +55,8 @@ struct Bounds {
     tie: f32,
 }
 
-/// SmolLM2's Q4_1 matrices compute ggml's own arithmetic.
+/// SmolLM2's Q4_1 matrices finish each block in integers, as llama.cpp's Q4_0 and
+/// Q4_K repacked kernels do (its Q4_1 kernel keeps eight float lanes).
 const SMOLLM2: Bounds = Bounds { max: 1.0, tie: 0.75 };
 
 /// Gemma 3's Q4_K and Q6_K matrices (its FFN-down projections) finish each super-block
@@ -79,7 +83,7 @@ const PLAIN: &[&str] = &[
 async fn smollm2_greedy_matches_llama_server() {
     let Some(bin) = llama_server_bin() else { return };
     let chat = "<|im_start|>user\nWrite a haiku about the ocean.<|im_end|>\n<|im_start|>assistant\n";
-    let exact = [PLAIN[0], PLAIN[3], PLAIN[4], PLAIN[5], chat];
+    let exact = [PLAIN[2], PLAIN[3], PLAIN[5], chat];
     compare(&bin, &demo_model(), chat, &SMOLLM2, Some(&exact)).await;
 }
 
@@ -126,7 +130,7 @@ async fn compare(bin: &Path, path: &Path, chat: &str, bounds: &Bounds, exact_pro
     let mut cache = model.new_cache();
 
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    let (mut exact, mut diffs, mut worst) = (0, Vec::new(), 0.0f32);
+    let (mut exact, mut diffs, mut worst, mut broken) = (0, Vec::new(), 0.0f32, Vec::new());
     let prompts: Vec<&str> = PLAIN.iter().copied().chain([chat]).collect();
     for prompt in &prompts {
         let tokens: Vec<u32> = serde_json::from_value(
@@ -190,10 +194,9 @@ async fn compare(bin: &Path, path: &Path, chat: &str, bounds: &Bounds, exact_pro
             None => exact += 1,
             Some(i) => {
                 eprintln!("{name}: {prompt:?} first differs at step {i} (a near tie)");
-                assert!(
-                    !exact_prompts.is_some_and(|e| e.contains(prompt)),
-                    "{name}: {prompt:?} used to match llama.cpp for all {STEPS} tokens and now differs at step {i}"
-                );
+                if exact_prompts.is_some_and(|e| e.contains(prompt)) {
+                    broken.push(format!("{prompt:?} (at step {i})"));
+                }
             }
         }
     }
@@ -204,6 +207,11 @@ async fn compare(bin: &Path, path: &Path, chat: &str, bounds: &Bounds, exact_pro
         bin.display(),
         prompts.len(),
         switchyard_workers::engine::kernels::isa::active()
+    );
+    assert!(
+        broken.is_empty(),
+        "{name}: these prompts used to match llama.cpp for all {STEPS} tokens and now differ: {}",
+        broken.join(", ")
     );
     assert!(mean <= MEAN_TOL, "{name}: mean |Δ log p| {mean} > {MEAN_TOL}");
     assert!(worst <= bounds.max, "{name}: max |Δ log p| {worst} > {}", bounds.max);

@@ -33,26 +33,40 @@ pub struct BlockQ4_0x8 {
 impl BlockQ4_0x8 {
     /// Packs block `i` of eight rows.
     pub fn pack(rows: [&BlockQ4_0; 8]) -> Self {
-        let mut qs = [0u8; 128];
-        for (r, b) in rows.iter().enumerate() {
-            for s in 0..4 {
-                qs[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&b.qs[4 * s..4 * s + 4]);
-            }
-        }
         BlockQ4_0x8 {
             d: rows.map(|b| b.d),
-            qs,
+            qs: pack_steps(rows.map(|b| &b.qs)),
         }
     }
 
     /// Row `r`'s block back.
     pub fn row(&self, r: usize) -> BlockQ4_0 {
-        let mut qs = [0u8; 16];
-        for s in 0..4 {
-            qs[4 * s..4 * s + 4].copy_from_slice(&self.qs[32 * s + 4 * r..32 * s + 4 * r + 4]);
+        BlockQ4_0 {
+            d: self.d[r],
+            qs: row_steps(&self.qs, r),
         }
-        BlockQ4_0 { d: self.d[r], qs }
     }
+}
+
+/// Eight rows' 16 nibble bytes in four steps of 32: step `s` holds bytes `4s..4s + 4`
+/// of row 0, then of row 1, …, of row 7 (see [`BlockQ4_0x8`]).
+fn pack_steps(rows: [&[u8; 16]; 8]) -> [u8; 128] {
+    let mut qs = [0u8; 128];
+    for (r, q) in rows.iter().enumerate() {
+        for s in 0..4 {
+            qs[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&q[4 * s..4 * s + 4]);
+        }
+    }
+    qs
+}
+
+/// Row `r`'s 16 nibble bytes back from [`pack_steps`]' layout.
+fn row_steps(qs: &[u8; 128], r: usize) -> [u8; 16] {
+    let mut q = [0u8; 16];
+    for s in 0..4 {
+        q[4 * s..4 * s + 4].copy_from_slice(&qs[32 * s + 4 * r..32 * s + 4 * r + 4]);
+    }
+    q
 }
 
 /// `−8 · Σ qs` of an activation block: what the Q4_0 kernels add to `Σ nibble · q`
@@ -68,6 +82,36 @@ pub struct BlockQ4_1 {
     pub d: u16,
     pub m: u16,
     pub qs: [u8; 16],
+}
+
+/// Eight Q4_1 rows' block `i`, packed as [`BlockQ4_0x8`] is, with the eight scales and
+/// mins. Same 160 bytes as the eight blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_1x8 {
+    pub d: [u16; 8],
+    pub m: [u16; 8],
+    pub qs: [u8; 128],
+}
+
+impl BlockQ4_1x8 {
+    /// Packs block `i` of eight rows.
+    pub fn pack(rows: [&BlockQ4_1; 8]) -> Self {
+        BlockQ4_1x8 {
+            d: rows.map(|b| b.d),
+            m: rows.map(|b| b.m),
+            qs: pack_steps(rows.map(|b| &b.qs)),
+        }
+    }
+
+    /// Row `r`'s block back.
+    pub fn row(&self, r: usize) -> BlockQ4_1 {
+        BlockQ4_1 {
+            d: self.d[r],
+            m: self.m[r],
+            qs: row_steps(&self.qs, r),
+        }
+    }
 }
 
 /// ggml `block_q5_1`: 32 weights = f16 scale + f16 min + 32 high bits + 16 bytes of
@@ -140,26 +184,21 @@ pub struct BlockQ5_1x8 {
 impl BlockQ5_1x8 {
     /// Packs block `i` of eight rows.
     pub fn pack(rows: [&BlockQ5_1; 8]) -> Self {
-        let (mut qs, mut qh) = ([0u8; 128], [0u8; 32]);
-        for (r, b) in rows.iter().enumerate() {
-            pack_fifth(r, &b.qs, b.qh, &mut qs, &mut qh);
-        }
         BlockQ5_1x8 {
             d: rows.map(|b| b.d),
             m: rows.map(|b| b.m),
-            qh,
-            qs,
+            qh: pack_fifth(rows.map(|b| b.qh)),
+            qs: pack_steps(rows.map(|b| &b.qs)),
         }
     }
 
     /// Row `r`'s block back.
     pub fn row(&self, r: usize) -> BlockQ5_1 {
-        let (qs, qh) = unpack_fifth(r, &self.qs, &self.qh);
         BlockQ5_1 {
             d: self.d[r],
             m: self.m[r],
-            qh,
-            qs,
+            qh: row_fifth(&self.qh, r),
+            qs: row_steps(&self.qs, r),
         }
     }
 }
@@ -174,104 +213,101 @@ pub struct BlockQ5_0x8 {
     pub qs: [u8; 128],
 }
 
-/// Row `r`'s nibbles and fifth bits into the packed steps (see [`BlockQ5_1x8`]).
-fn pack_fifth(r: usize, qs: &[u8; 16], qh: [u8; 4], pqs: &mut [u8; 128], pqh: &mut [u8; 32]) {
-    let h = u32::from_le_bytes(qh);
-    for s in 0..4 {
-        pqs[32 * s + 4 * r..32 * s + 4 * r + 4].copy_from_slice(&qs[4 * s..4 * s + 4]);
-        pqh[8 * s + r] = ((h >> (4 * s)) & 0xf) as u8 | ((((h >> (16 + 4 * s)) & 0xf) as u8) << 4);
+/// Eight rows' fifth bits regrouped by step (see [`BlockQ5_1x8`]).
+fn pack_fifth(rows: [[u8; 4]; 8]) -> [u8; 32] {
+    let mut pqh = [0u8; 32];
+    for (r, qh) in rows.iter().enumerate() {
+        let h = u32::from_le_bytes(*qh);
+        for s in 0..4 {
+            pqh[8 * s + r] = ((h >> (4 * s)) & 0xf) as u8 | ((((h >> (16 + 4 * s)) & 0xf) as u8) << 4);
+        }
     }
+    pqh
 }
 
-/// Row `r`'s nibbles and fifth bits back from the packed steps.
-fn unpack_fifth(r: usize, pqs: &[u8; 128], pqh: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
-    let (mut qs, mut h) = ([0u8; 16], 0u32);
+/// Row `r`'s fifth bits back from [`pack_fifth`]'s layout.
+fn row_fifth(pqh: &[u8; 32], r: usize) -> [u8; 4] {
+    let mut h = 0u32;
     for s in 0..4 {
-        qs[4 * s..4 * s + 4].copy_from_slice(&pqs[32 * s + 4 * r..32 * s + 4 * r + 4]);
         let b = pqh[8 * s + r] as u32;
         h |= (b & 0xf) << (4 * s) | (b >> 4) << (16 + 4 * s);
     }
-    (qs, h.to_le_bytes())
+    h.to_le_bytes()
 }
 
 impl BlockQ5_0x8 {
     /// Packs block `i` of eight rows.
     pub fn pack(rows: [&BlockQ5_0; 8]) -> Self {
-        let (mut qs, mut qh) = ([0u8; 128], [0u8; 32]);
-        for (r, b) in rows.iter().enumerate() {
-            pack_fifth(r, &b.qs, b.qh, &mut qs, &mut qh);
-        }
         BlockQ5_0x8 {
             d: rows.map(|b| b.d),
-            qh,
-            qs,
+            qh: pack_fifth(rows.map(|b| b.qh)),
+            qs: pack_steps(rows.map(|b| &b.qs)),
         }
     }
 
     /// Row `r`'s block back.
     pub fn row(&self, r: usize) -> BlockQ5_0 {
-        let (qs, qh) = unpack_fifth(r, &self.qs, &self.qh);
-        BlockQ5_0 { d: self.d[r], qh, qs }
+        BlockQ5_0 {
+            d: self.d[r],
+            qh: row_fifth(&self.qh, r),
+            qs: row_steps(&self.qs, r),
+        }
     }
 }
 
-/// A packed group of eight 5-bit rows ([`BlockQ5_0x8`], [`BlockQ5_1x8`]): the values
-/// `nibble | fifth << 4` (0–31) in the same lanes and steps; Q5_0 takes 16 off each
-/// (through the inputs' Q4_0 offsets, `2 · (−8 · Σ y)`), Q5_1 adds its min (times the
+/// A packed group of eight rows of small unsigned values ([`BlockQ4_1x8`],
+/// [`BlockQ5_0x8`], [`BlockQ5_1x8`]): the nibbles, or-ed for Q5_0/Q5_1 with their fifth
+/// bits (0–31), in the same lanes and steps; Q5_0 takes 16 off each (through the
+/// inputs' Q4_0 offsets, `2 · (−8 · Σ y)`), Q4_1 and Q5_1 add their min (times the
 /// inputs' sums `d · Σ y`).
-pub trait Fifth8: Copy + Sync {
-    /// Q5_1: a min per row, and Q8_1 activations; Q5_0: neither.
+pub trait Nibbles8: Copy + Sync {
+    /// Q4_1, Q5_1: a min per row, and Q8_1 activations; Q5_0: neither.
     const MIN: bool;
+    /// Q5_0, Q5_1: a fifth bit per value in [`Self::qh`]; Q4_1: none.
+    const FIFTH: bool;
     fn d(&self) -> &[u16; 8];
     /// The mins (zero for Q5_0).
     fn m(&self) -> &[u16; 8];
+    /// The fifth bits by step (zero for Q4_1).
     fn qh(&self) -> &[u8; 32];
     fn qs(&self) -> &[u8; 128];
 }
 
-impl Fifth8 for BlockQ5_0x8 {
-    const MIN: bool = false;
-    #[inline(always)]
-    fn d(&self) -> &[u16; 8] {
-        &self.d
-    }
-    #[inline(always)]
-    fn m(&self) -> &[u16; 8] {
-        &[0; 8]
-    }
-    #[inline(always)]
-    fn qh(&self) -> &[u8; 32] {
-        &self.qh
-    }
-    #[inline(always)]
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
+/// `Nibbles8` for a packed type: whether it has mins and fifth bits, and where.
+macro_rules! nibbles8 {
+    ($block:ty, min: $min:literal, fifth: $fifth:literal, m: |$bm:ident| $m:expr, qh: |$bh:ident| $qh:expr) => {
+        impl Nibbles8 for $block {
+            const MIN: bool = $min;
+            const FIFTH: bool = $fifth;
+            #[inline(always)]
+            fn d(&self) -> &[u16; 8] {
+                &self.d
+            }
+            #[inline(always)]
+            fn m(&self) -> &[u16; 8] {
+                let $bm = self;
+                $m
+            }
+            #[inline(always)]
+            fn qh(&self) -> &[u8; 32] {
+                let $bh = self;
+                $qh
+            }
+            #[inline(always)]
+            fn qs(&self) -> &[u8; 128] {
+                &self.qs
+            }
+        }
+    };
 }
 
-impl Fifth8 for BlockQ5_1x8 {
-    const MIN: bool = true;
-    #[inline(always)]
-    fn d(&self) -> &[u16; 8] {
-        &self.d
-    }
-    #[inline(always)]
-    fn m(&self) -> &[u16; 8] {
-        &self.m
-    }
-    #[inline(always)]
-    fn qh(&self) -> &[u8; 32] {
-        &self.qh
-    }
-    #[inline(always)]
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
-}
+nibbles8!(BlockQ4_1x8, min: true, fifth: false, m: |b| &b.m, qh: |_b| &[0; 32]);
+nibbles8!(BlockQ5_0x8, min: false, fifth: true, m: |_b| &[0; 8], qh: |b| &b.qh);
+nibbles8!(BlockQ5_1x8, min: true, fifth: true, m: |b| &b.m, qh: |b| &b.qh);
 
-/// What a [`Fifth8`] kernel takes per input block beside its scale: Q5_0 the Q4_0
-/// offset (`i32`, read with [`Self::offset`]), Q5_1 the block's sum (`f32`, read
-/// with [`Self::sum`]).
+/// What a [`Nibbles8`] kernel takes per input block beside its scale: Q5_0 the Q4_0
+/// offset (`i32`, read with [`Self::offset`]), Q4_1 and Q5_1 the block's sum (`f32`,
+/// read with [`Self::sum`]).
 pub trait Extra: Copy + Sync {
     fn offset(self) -> i32;
     fn sum(self) -> f32;
@@ -291,7 +327,7 @@ impl Extra for i32 {
 impl Extra for f32 {
     #[inline(always)]
     fn offset(self) -> i32 {
-        unreachable!("Q5_1 has no offset")
+        unreachable!("Q4_1 and Q5_1 have no offset")
     }
     #[inline(always)]
     fn sum(self) -> f32 {
@@ -318,14 +354,11 @@ impl ActBlock for BlockQ8_1 {
     }
 }
 
-/// A block `x = d · q + m` with unsigned `q`: Q4_1 (four bits) and Q5_1 (a fifth bit
-/// from `qh`). Both take Q8_1 activations. Q4_1's row kernels (ggml's AVX2
-/// `ggml_vec_dot_q4_1_q8_1`) are generic over this trait and would take Q5_1's fifth
-/// bits too (`FIFTH` is a constant, so Q4_1's compile without them), but Q5_1 is
-/// served packed ([`BlockQ5_1x8`]); for it the trait unpacks values
-/// ([`min_block_values`]).
+/// A block `x = d · q + m` with unsigned `q`, as the file stores it: Q4_1 (four bits)
+/// and Q5_1 (a fifth bit from `qh`). Both are served packed ([`BlockQ4_1x8`],
+/// [`BlockQ5_1x8`]); this trait serves the rows after the last whole group
+/// ([`crate::engine::kernels::simd::portable::dot_min_q8_1`]) and dequantization.
 pub trait MinBlock: Copy + Sync {
-    const FIFTH: bool;
     fn d(&self) -> u16;
     fn m(&self) -> u16;
     fn qs(&self) -> &[u8; 16];
@@ -333,11 +366,10 @@ pub trait MinBlock: Copy + Sync {
     fn qh(&self) -> [u8; 4];
 }
 
-/// `MinBlock` for a block type: whether it has fifth bits, and how to read them.
+/// `MinBlock` for a block type: where its fifth bits are.
 macro_rules! min_block {
-    ($block:ty, $fifth:expr, |$b:ident| $qh:expr) => {
+    ($block:ty, |$b:ident| $qh:expr) => {
         impl MinBlock for $block {
-            const FIFTH: bool = $fifth;
             #[inline(always)]
             fn d(&self) -> u16 {
                 self.d
@@ -359,8 +391,8 @@ macro_rules! min_block {
     };
 }
 
-min_block!(BlockQ4_1, false, |_b| [0; 4]);
-min_block!(BlockQ5_1, true, |b| b.qh);
+min_block!(BlockQ4_1, |_b| [0; 4]);
+min_block!(BlockQ5_1, |b| b.qh);
 
 /// The unsigned values of a [`MinBlock`], in ggml's order (low nibbles, then high).
 #[inline]

@@ -7,7 +7,7 @@ use super::simd::Kernels;
 use candle_core::quantized::{gguf_file, GgmlDType};
 use rayon::prelude::*;
 
-/// The most weight rows one matmul task takes (its panel results live on its stack).
+/// The most weight rows one matmul task takes.
 const MAX_CHUNK: usize = 256;
 
 /// Weight storage by GGUF type.
@@ -24,9 +24,10 @@ pub enum QData {
     Q5Kx8(Vec<BlockQ5Kx8>, Vec<BlockQ5K>),
     /// Q6_K likewise ([`BlockQ6Kx8`]).
     Q6Kx8(Vec<BlockQ6Kx8>, Vec<BlockQ6K>),
+    /// Q4_1 likewise ([`BlockQ4_1x8`]).
+    Q4_1x8(Vec<BlockQ4_1x8>, Vec<BlockQ4_1>),
     /// Q5_1 likewise ([`BlockQ5_1x8`]).
     Q5_1x8(Vec<BlockQ5_1x8>, Vec<BlockQ5_1>),
-    Q4_1(Vec<BlockQ4_1>),
     /// Q5_0 likewise ([`BlockQ5_0x8`]).
     Q5_0x8(Vec<BlockQ5_0x8>, Vec<BlockQ5_0>),
     /// Q8_0 likewise ([`BlockQ8_0x8`]).
@@ -155,7 +156,10 @@ pub fn load<R: std::io::Read + std::io::Seek>(
             let (g, t) = packed::read(reader, rows, cols / QK_K).map_err(io)?;
             QData::Q5Kx8(g, t)
         }
-        GgmlDType::Q4_1 => QData::Q4_1(read_blocks(reader, bytes_len).map_err(io)?),
+        GgmlDType::Q4_1 => {
+            let (g, t) = packed::read(reader, rows, cols / QK).map_err(io)?;
+            QData::Q4_1x8(g, t)
+        }
         GgmlDType::Q5_0 => {
             let (g, t) = packed::read(reader, rows, cols / QK).map_err(io)?;
             QData::Q5_0x8(g, t)
@@ -267,7 +271,7 @@ impl QMatrix {
             QData::Q4_0x8(groups, tail) => dequantize_q4_0(&packed::row(groups, tail, nb, r), out),
             QData::Q4Kx8(groups, tail) => dequantize_q4_k(&packed::row(groups, tail, nk, r), out),
             QData::Q5Kx8(groups, tail) => dequantize_q5_k(&packed::row(groups, tail, nk, r), out),
-            QData::Q4_1(v) => dequantize_min(&v[r * nb..(r + 1) * nb], out),
+            QData::Q4_1x8(groups, tail) => dequantize_min(&packed::row(groups, tail, nb, r), out),
             QData::Q5_1x8(groups, tail) => dequantize_min(&packed::row(groups, tail, nb, r), out),
             QData::Q5_0x8(groups, tail) => dequantize_q5_0(&packed::row(groups, tail, nb, r), out),
             QData::Q8_0x8(groups, tail) => dequantize_q8_0(&packed::row(groups, tail, nb, r), out),
@@ -285,7 +289,7 @@ impl QMatrix {
         let x = &x[..n * self.cols];
         match &self.data {
             QData::F32(_) | QData::F16(_) => QAct::F32(x.to_vec()),
-            QData::Q4_1(_) | QData::Q5_1x8(..) => {
+            QData::Q4_1x8(..) | QData::Q5_1x8(..) => {
                 let mut b = vec![
                     BlockQ8_1 {
                         d: 0,
@@ -319,59 +323,23 @@ impl QMatrix {
     pub fn same_input_kind(&self, other: &QMatrix) -> bool {
         let kind = |m: &QMatrix| match m.data {
             QData::F32(_) | QData::F16(_) => 0,
-            QData::Q4_1(_) | QData::Q5_1x8(..) => 1,
+            QData::Q4_1x8(..) | QData::Q5_1x8(..) => 1,
             QData::Q4_0x8(..) | QData::Q5_0x8(..) | QData::Q8_0x8(..) => 2,
             QData::Q4Kx8(..) | QData::Q5Kx8(..) | QData::Q6Kx8(..) => 3,
         };
         kind(self) == kind(other) && self.cols == other.cols
     }
 
-    /// Row `r` against prepared input `t`.
+    /// Row `r` of a float matrix against prepared input `t`.
     fn dot(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> f32 {
         let c = self.cols;
-        let nb = c / QK;
-        let (w, y) = (r * nb..(r + 1) * nb, t * nb..(t + 1) * nb);
         match (&self.data, act) {
-            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y]),
             (QData::F32(wq), QAct::F32(x)) => (k.dot_f32)(&wq[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
             (QData::F16(wq), QAct::F32(x)) => {
                 let xs = &x[t * c..(t + 1) * c];
                 wq[r * c..(r + 1) * c].iter().zip(xs).map(|(h, v)| h2f(*h) * v).sum()
             }
             _ => unreachable!("prepare() matches the weight type"),
-        }
-    }
-
-    fn has_tiles(&self) -> bool {
-        !matches!(self.data, QData::F32(_) | QData::F16(_))
-    }
-
-    /// Row `r` against prepared inputs `t..t + 4` (only where [`Self::has_tiles`]).
-    #[inline]
-    fn tile4(&self, k: &Kernels, r: usize, act: &QAct, t: usize) -> [f32; 4] {
-        let nb = self.cols / QK;
-        let w = r * nb..(r + 1) * nb;
-        let ys: [std::ops::Range<usize>; 4] = std::array::from_fn(|i| (t + i) * nb..(t + i + 1) * nb);
-        macro_rules! call {
-            ($f:ident, $w:expr, $($y:expr),+) => {
-                (k.$f)($w, $(std::array::from_fn(|i| &$y[ys[i].clone()])),+)
-            };
-        }
-        match (&self.data, act) {
-            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => call!(q4_1_x4, &wq[w], x, xd, xs),
-            _ => unreachable!("has_tiles() lists the kinds handled here"),
-        }
-    }
-
-    /// Rows `rows` against prepared inputs `t..t + 8` in one panel call,
-    /// `out[row - rows.start][input]` (only where [`Self::has_tiles`]).
-    fn panel8(&self, k: &Kernels, rows: std::ops::Range<usize>, act: &QAct, t: usize, out: &mut [[f32; 8]]) {
-        // Blocks per row, in the weight type's block size.
-        let n = self.cols / QK;
-        let (w, y) = (rows.start * n..rows.end * n, t * n..(t + 8) * n);
-        match (&self.data, act) {
-            (QData::Q4_1(wq), QAct::Q8_1(x, xd, xs)) => (k.q4_1_x8)(&wq[w], &x[y.clone()], &xd[y.clone()], &xs[y], out),
-            _ => unreachable!("has_tiles() lists the kinds handled here"),
         }
     }
 
@@ -388,69 +356,27 @@ impl QMatrix {
         let ptr = OutPtr(out.as_mut_ptr());
         match &self.data {
             QData::Q4_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
+            QData::Q4_1x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5_1x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q8_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5_0x8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q4Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q5Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
             QData::Q6Kx8(groups, tail) => return packed::matmul(self, k, groups, tail, act, n, ptr),
-            _ => {}
+            QData::F32(_) | QData::F16(_) => {}
         }
+        // Float matrices: chunks of rows in parallel, each row against every input.
         let rows = self.rows;
         let chunk = chunk_rows(rows);
         (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-            let r0 = ci * chunk;
-            self.rows_into(k, act, n, r0..(r0 + chunk).min(rows), ptr, rows, 0);
+            for t in 0..n {
+                for r in ci * chunk..((ci + 1) * chunk).min(rows) {
+                    let v = self.dot(k, r, act, t);
+                    // SAFETY: (t, r) cells are disjoint across chunks and in bounds.
+                    unsafe { *ptr.cell(t * rows + r) = v };
+                }
+            }
         });
-    }
-
-    /// Rows `rs` of this matrix against the `n` prepared inputs, cell `(t, r)` written
-    /// at `out[t * stride + offset + r]`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn rows_into(
-        &self,
-        k: &Kernels,
-        act: &QAct,
-        n: usize,
-        rs: std::ops::Range<usize>,
-        p: OutPtr,
-        stride: usize,
-        offset: usize,
-    ) {
-        let (r0, r1) = (rs.start, rs.end);
-        let at = |t: usize, r: usize| t * stride + offset + r;
-        let mut t = 0;
-        // Eight tokens at a time (prefill), the chunk's rows in one panel: each
-        // weight block is unpacked once for all eight.
-        let mut cells = [[0.0f32; 8]; MAX_CHUNK];
-        let cells = &mut cells[..r1 - r0];
-        while self.has_tiles() && t + 8 <= n {
-            self.panel8(k, r0..r1, act, t, cells);
-            for i in 0..8 {
-                for (j, c) in cells.iter().enumerate() {
-                    // SAFETY: (t + i, r0 + j) cells are disjoint across chunks and in bounds.
-                    unsafe { *p.cell(at(t + i, r0 + j)) = c[i] };
-                }
-            }
-            t += 8;
-        }
-        // Then four.
-        while self.has_tiles() && t + 4 <= n {
-            for r in r0..r1 {
-                for (i, v) in self.tile4(k, r, act, t).into_iter().enumerate() {
-                    // SAFETY: as above.
-                    unsafe { *p.cell(at(t + i, r)) = v };
-                }
-            }
-            t += 4;
-        }
-        for t in t..n {
-            for r in r0..r1 {
-                let v = self.dot(k, r, act, t);
-                // SAFETY: (t, r) cells are disjoint across chunks and in bounds.
-                unsafe { *p.cell(at(t, r)) = v };
-            }
-        }
     }
 
     /// Bytes held.
@@ -459,7 +385,7 @@ impl QMatrix {
             QData::F32(v) => v.len() * 4,
             QData::F16(v) => v.len() * 2,
             QData::Q4_0x8(groups, tail) => groups.len() * 144 + tail.len() * 18,
-            QData::Q4_1(v) => v.len() * 20,
+            QData::Q4_1x8(groups, tail) => groups.len() * 160 + tail.len() * 20,
             QData::Q5_0x8(groups, tail) => groups.len() * 176 + tail.len() * 22,
             QData::Q5_1x8(groups, tail) => groups.len() * 192 + tail.len() * 24,
             QData::Q8_0x8(groups, tail) => groups.len() * 272 + tail.len() * 34,

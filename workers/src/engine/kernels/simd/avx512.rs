@@ -1,28 +1,18 @@
-//! AVX-512 (F/BW/VL/DQ + VNNI) tiles for prefill: panels of weight rows against 8
-//! activation rows (tiles of four weight rows for Q4_1, two for
-//! the K-quants, then single rows), and one weight row against 4, two activation
-//! rows per 512-bit register. The low 256 bits hold one row's 8 lanes and the high
-//! 256 bits the next row's, each lane doing exactly what the AVX2 kernel's lane does (the same integer sums, the same f32 multiply and
-//! fused multiply-add per block, the same horizontal sum), so the results are
-//! bit-identical to [`super::x86::avx2`] while each instruction does twice the work.
-//! Single rows (decode) use the 256-bit kernels with EVEX `vpdpbusd`
-//! (`x86::avx512_vl`).
-//!
-//! The packed types are different ([`dot_q4_0x8_q8_0`], [`dot_q5_0x8_q8_0`],
-//! [`dot_q5_1x8_q8_1`], [`dot_q8_0x8_q8_0`],
-//! [`dot_q4_kx8_q8_k`], …): two packed
-//! groups of eight rows fill a register, one row per lane, against several inputs at a
-//! time, with the blocks finished in integers (the portable kernels' arithmetic for
-//! those types).
+//! AVX-512 (F/BW/VL/DQ + VNNI) kernels over the packed types ([`dot_q4_0x8_q8_0`],
+//! [`dot_q4_1x8_q8_1`], [`dot_q5_0x8_q8_0`], [`dot_q5_1x8_q8_1`], [`dot_q8_0x8_q8_0`],
+//! [`dot_q4_kx8_q8_k`], …): two packed groups of eight rows fill a register, one row
+//! per lane, against up to eight inputs at a time, with the blocks finished in
+//! integers (the portable kernels' arithmetic for those types). A last odd group, and
+//! every group of a one-input call (decode, see [`paired`]), goes through the 256-bit
+//! kernels with EVEX `vpdpbusd` (`x86::avx512_vl`), which also serve the f32 and f16
+//! vector helpers.
 
 // Tiles index rows, pairs and accumulators together; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
-use super::x86::{h2f, hsum_float_8};
-use super::{eight, panel_rows};
 use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
 use crate::engine::kernels::quants::{
-    ActBlock, BlockQ4_0x8, BlockQ5_0x8, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Extra, Fifth8, MinBlock,
+    ActBlock, BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Extra, Nibbles8,
 };
 use std::arch::x86_64::*;
 
@@ -36,170 +26,21 @@ pub(super) unsafe fn pair_bytes(a: *const i8, b: *const i8) -> __m512i {
     )
 }
 
-/// `a` in the low 8 lanes, `b` in the high 8.
+/// How many pairs of groups go through the 512-bit kernels for `n` inputs; the rest go
+/// one group at a time through the 256-bit ones (same bits). A decode step (one input)
+/// goes through the 256-bit kernels only: measured on a 2-core AMD EPYC (Zen 4, whose
+/// 512-bit instructions are double-pumped), reading two groups' streams at a time cost
+/// a third of the decode rate at 1.5B (Q4_0 29.6 → 44.8 tok/s one group at a time,
+/// Q4_1 24.1 → 35.6, Q4_K_M 19.9 → 28.4), while prefill measured the same either way
+/// there; on the Intel Xeon where the pairs were measured, prefill gained from them
+/// (the K-quants' eight-input tiles: 1.5B Q6_K 1.05× → 1.27× of llama.cpp).
 #[inline(always)]
-pub(super) unsafe fn pair_ps(a: f32, b: f32) -> __m512 {
-    _mm512_mask_broadcastss_ps(_mm512_set1_ps(a), 0xFF00, _mm_set_ss(b))
-}
-
-/// The two rows' sums of one paired accumulator.
-#[inline(always)]
-pub(super) unsafe fn hsum_pair(acc: __m512) -> [f32; 2] {
-    [
-        hsum_float_8(_mm512_castps512_ps256(acc)),
-        hsum_float_8(_mm512_extractf32x8_ps(acc, 1)),
-    ]
-}
-
-/// The rows' sums of `N / 2` paired accumulators, in row order.
-#[inline(always)]
-unsafe fn unpair<const N: usize>(acc: &[__m512; 4]) -> [f32; N] {
-    let mut out = [0.0f32; N];
-    for p in 0..N / 2 {
-        let [lo, hi] = hsum_pair(acc[p]);
-        out[2 * p] = lo;
-        out[2 * p + 1] = hi;
-    }
-    out
-}
-
-/// Sums of four u8 × i8 products per 32-bit lane, as floats.
-#[inline(always)]
-unsafe fn dot_us8(ax: __m512i, sy: __m512i) -> __m512 {
-    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy))
-}
-
-/// A Q4_1 or Q5_1 block's unsigned values in both halves.
-#[inline(always)]
-unsafe fn min_both<B: MinBlock>(a: &B) -> __m512i {
-    let q = nibbles_both(a.qs());
-    if B::FIFTH {
-        let qh = u32::from_le_bytes(a.qh()) as u64;
-        _mm512_or_si512(q, _mm512_maskz_mov_epi8(qh | qh << 32, _mm512_set1_epi8(0x10)))
+fn paired(n: usize, groups: usize) -> usize {
+    if n >= 2 {
+        groups / 2
     } else {
-        q
+        0
     }
-}
-
-/// `N` (4 or 8) Q8_1 rows against one Q4_1 or Q5_1 weight row.
-#[inline(always)]
-unsafe fn rows_min<B: MinBlock, const N: usize>(
-    x: &[B],
-    y: [&[BlockQ8_1]; N],
-    yd: [&[f32]; N],
-    ys: [&[f32]; N],
-) -> [f32; N] {
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let mut summs = [0.0f32; N];
-    for (i, a) in x.iter().enumerate() {
-        let d0 = h2f(a.d());
-        let m = h2f(a.m());
-        let qx = min_both(a);
-        let d0v = _mm512_set1_ps(d0);
-        for p in 0..N / 2 {
-            let (t0, t1) = (2 * p, 2 * p + 1);
-            summs[t0] += m * ys[t0][i];
-            summs[t1] += m * ys[t1][i];
-            let d = _mm512_mul_ps(d0v, pair_ps(yd[t0][i], yd[t1][i]));
-            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
-            acc[p] = _mm512_fmadd_ps(d, dot_us8(qx, qy), acc[p]);
-        }
-    }
-    let mut out: [f32; N] = unpair(&acc);
-    for (o, s) in out.iter_mut().zip(summs) {
-        *o += s;
-    }
-    out
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_min_q8_1_x4<B: MinBlock>(
-    x: &[B],
-    y: [&[BlockQ8_1]; 4],
-    yd: [&[f32]; 4],
-    ys: [&[f32]; 4],
-) -> [f32; 4] {
-    rows_min(x, y, yd, ys)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_min_q8_1_x8<B: MinBlock>(x: &[B], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], out: &mut [[f32; 8]]) {
-    let (y, yd, ys) = (eight(y), eight(yd), eight(ys));
-    let n = y[0].len();
-    let quads = panel_tiles(x.len(), n, out.len(), 4);
-    for q in 0..quads {
-        let r = 4 * q;
-        let cells = rows4_min(std::array::from_fn(|i| &x[(r + i) * n..(r + i + 1) * n]), y, yd, ys);
-        out[r..r + 4].copy_from_slice(&cells);
-    }
-    for (row, o) in panel_rows(&x[4 * quads * n..], n, &mut out[4 * quads..]) {
-        *o = rows_min(row, y, yd, ys);
-    }
-}
-
-/// How many tiles of `tile` weight rows a panel of `rows` rows of `n` blocks holds
-/// (the rest go one row at a time).
-#[inline(always)]
-fn panel_tiles(weights: usize, n: usize, rows: usize, tile: usize) -> usize {
-    assert!(
-        n > 0 && weights == n * rows,
-        "a panel's weights are out.len() rows of the inputs' length"
-    );
-    rows / tile
-}
-
-/// The 16 bytes at `qs` as 32 nibbles (low nibbles, then high), in both halves.
-#[inline(always)]
-unsafe fn nibbles_both(qs: &[u8; 16]) -> __m512i {
-    let v = _mm512_broadcast_i32x4(_mm_loadu_si128(qs.as_ptr() as *const __m128i));
-    let hi = _mm512_srli_epi16(v, 4);
-    _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, hi), _mm512_set1_epi8(0x0F))
-}
-
-/// Four Q4_1 or Q5_1 weight rows against eight Q8_1 rows: `out[r][t] = x[r] · y[t]`, each cell
-/// bit-identical to the single-row kernel (the minimum's products are summed per
-/// cell in the same order, eight inputs to a register).
-#[inline(always)]
-unsafe fn rows4_min<B: MinBlock>(
-    x: [&[B]; 4],
-    y: [&[BlockQ8_1]; 8],
-    yd: [&[f32]; 8],
-    ys: [&[f32]; 8],
-) -> [[f32; 8]; 4] {
-    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-    let mut summs = [_mm256_setzero_ps(); 4];
-    for i in 0..x[0].len() {
-        let mut qx = [_mm512_setzero_si512(); 4];
-        let mut dx = [_mm512_setzero_ps(); 4];
-        let ysv = _mm256_setr_ps(
-            ys[0][i], ys[1][i], ys[2][i], ys[3][i], ys[4][i], ys[5][i], ys[6][i], ys[7][i],
-        );
-        for r in 0..4 {
-            let a = &x[r][i];
-            qx[r] = min_both(a);
-            dx[r] = _mm512_set1_ps(h2f(a.d()));
-            summs[r] = _mm256_add_ps(summs[r], _mm256_mul_ps(_mm256_set1_ps(h2f(a.m())), ysv));
-        }
-        for p in 0..4 {
-            let (t0, t1) = (2 * p, 2 * p + 1);
-            let qy = pair_bytes(y[t0][i].qs.as_ptr(), y[t1][i].qs.as_ptr());
-            let dy = pair_ps(yd[t0][i], yd[t1][i]);
-            for r in 0..4 {
-                let d = _mm512_mul_ps(dx[r], dy);
-                acc[r][p] = _mm512_fmadd_ps(d, dot_us8(qx[r], qy), acc[r][p]);
-            }
-        }
-    }
-    let mut out = [[0.0f32; 8]; 4];
-    for r in 0..4 {
-        let mut m = [0.0f32; 8];
-        _mm256_storeu_ps(m.as_mut_ptr(), summs[r]);
-        out[r] = unpair(&acc[r]);
-        for (o, s) in out[r].iter_mut().zip(m) {
-            *o += s;
-        }
-    }
-    out
 }
 
 /// A pair kernel's results for inputs `t..t + acc.len()`: each input's sixteen cells of
@@ -261,13 +102,14 @@ unsafe fn groups2_q8_0<const N: usize>(
 }
 
 /// [`super::Kernels::q8_0x8`]: pairs of groups against the inputs eight at a time; a
-/// last odd group goes through the 256-bit kernel (same arithmetic).
+/// other groups (see [`paired`]) go through the 256-bit kernel (same arithmetic).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q8_0x8_q8_0(x: &[BlockQ8_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
     let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
     let width = 8 * groups;
     let ins = |t: usize| t * nb..(t + 1) * nb;
-    for pair in 0..groups / 2 {
+    let pairs = paired(n, groups);
+    for pair in 0..pairs {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
         tiles!(n, 8, |t, M| {
@@ -281,8 +123,7 @@ pub unsafe fn dot_q8_0x8_q8_0(x: &[BlockQ8_0x8], y: &[BlockQ8_0], yd: &[f32], yo
             store_pair(out, &acc, t, width, g);
         });
     }
-    if !groups.is_multiple_of(2) {
-        let g = groups - 1;
+    for g in 2 * pairs..groups {
         tiles!(n, 4, |t, M| {
             let acc = super::x86::avx512_vl::group_q8_0::<M>(
                 &x[g * nb..(g + 1) * nb],
@@ -295,11 +136,12 @@ pub unsafe fn dot_q8_0x8_q8_0(x: &[BlockQ8_0x8], y: &[BlockQ8_0], yd: &[f32], yo
     }
 }
 
-/// `N` (1–8) inputs against two groups of eight packed 5-bit rows (`x0` in the low
-/// eight lanes, `x1` in the high): [`super::x86`]'s `group_q5` arithmetic sixteen rows
-/// at a time, the fifth bits added under a byte mask.
+/// `N` (1–8) inputs against two groups of eight packed rows of small unsigned values
+/// (`x0` in the low eight lanes, `x1` in the high): [`super::x86`]'s `group_nibbles`
+/// arithmetic sixteen rows at a time, the fifth bits (where there are any) added under
+/// a byte mask.
 #[inline(always)]
-unsafe fn groups2_q5<G: Fifth8, A: ActBlock, E: Extra, const N: usize>(
+unsafe fn groups2_nibbles<G: Nibbles8, A: ActBlock, E: Extra, const N: usize>(
     x0: &[G],
     x1: &[G],
     y: [&[A]; N],
@@ -344,15 +186,17 @@ unsafe fn groups2_q5<G: Fifth8, A: ActBlock, E: Extra, const N: usize>(
                 a.qs().as_ptr().add(32 * s) as *const i8,
                 b.qs().as_ptr().add(32 * s) as *const i8,
             );
-            let h = |q: &[u8; 32]| _mm256_set1_epi64x((q.as_ptr().add(8 * s) as *const i64).read_unaligned());
-            let rows = _mm512_shuffle_epi8(
-                _mm512_inserti64x4(_mm512_castsi256_si512(h(a.qh())), h(b.qh()), 1),
-                spread,
-            );
-            let lo = _mm512_and_si512(w, m4);
-            let lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(rows, lo_bits), lo, bit4);
-            let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-            let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(rows, hi_bits), hi, bit4);
+            let mut lo = _mm512_and_si512(w, m4);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            if G::FIFTH {
+                let h = |q: &[u8; 32]| _mm256_set1_epi64x((q.as_ptr().add(8 * s) as *const i64).read_unaligned());
+                let rows = _mm512_shuffle_epi8(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(h(a.qh())), h(b.qh()), 1),
+                    spread,
+                );
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(rows, lo_bits), lo, bit4);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(rows, hi_bits), hi, bit4);
+            }
             for t in 0..N {
                 let q = y[t].get_unchecked(i).qs().as_ptr();
                 let ql = _mm512_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
@@ -373,11 +217,11 @@ unsafe fn groups2_q5<G: Fifth8, A: ActBlock, E: Extra, const N: usize>(
     acc
 }
 
-/// [`super::Kernels::q5_0x8`] and [`super::Kernels::q5_1x8`]: pairs of groups against
-/// the inputs eight at a time; a last odd group goes through the 256-bit kernel (same
-/// arithmetic).
+/// [`super::Kernels::q4_1x8`], [`super::Kernels::q5_0x8`] and [`super::Kernels::q5_1x8`]: pairs of groups against
+/// the inputs eight at a time; the other groups (see [`paired`]) go
+/// through the 256-bit kernel (same arithmetic).
 #[inline(always)]
-unsafe fn dot_q5x8<G: Fifth8, A: ActBlock, E: Extra>(
+unsafe fn dot_nibbles_x8<G: Nibbles8, A: ActBlock, E: Extra>(
     x: &[G],
     y: &[A],
     yd: &[f32],
@@ -388,11 +232,12 @@ unsafe fn dot_q5x8<G: Fifth8, A: ActBlock, E: Extra>(
     let (nb, groups) = super::x8_shape(x, y, yd, ye, n, out);
     let width = 8 * groups;
     let ins = |t: usize| t * nb..(t + 1) * nb;
-    for pair in 0..groups / 2 {
+    let pairs = paired(n, groups);
+    for pair in 0..pairs {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
         tiles!(n, 8, |t, M| {
-            let acc = groups2_q5::<G, A, E, M>(
+            let acc = groups2_nibbles::<G, A, E, M>(
                 x0,
                 x1,
                 std::array::from_fn(|k| &y[ins(t + k)]),
@@ -402,10 +247,9 @@ unsafe fn dot_q5x8<G: Fifth8, A: ActBlock, E: Extra>(
             store_pair(out, &acc, t, width, g);
         });
     }
-    if !groups.is_multiple_of(2) {
-        let g = groups - 1;
+    for g in 2 * pairs..groups {
         tiles!(n, 4, |t, M| {
-            let acc = super::x86::avx512_vl::group_q5::<G, A, E, M>(
+            let acc = super::x86::avx512_vl::group_nibbles::<G, A, E, M>(
                 &x[g * nb..(g + 1) * nb],
                 std::array::from_fn(|k| &y[ins(t + k)]),
                 std::array::from_fn(|k| &yd[ins(t + k)]),
@@ -418,12 +262,17 @@ unsafe fn dot_q5x8<G: Fifth8, A: ActBlock, E: Extra>(
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q5_0x8_q8_0(x: &[BlockQ5_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
-    dot_q5x8(x, y, yd, yo, n, out)
+    dot_nibbles_x8(x, y, yd, yo, n, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_1x8_q8_1(x: &[BlockQ4_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
+    dot_nibbles_x8(x, y, yd, ys, n, out)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
-    dot_q5x8(x, y, yd, ys, n, out)
+    dot_nibbles_x8(x, y, yd, ys, n, out)
 }
 
 /// `N` (1–8) Q8_0 rows against two groups of eight packed Q4_0 rows (`x0` in the low
@@ -478,13 +327,15 @@ unsafe fn groups2_q4_0<const N: usize>(
 }
 
 /// [`super::Kernels::q4_0x8`]: pairs of groups against the inputs eight at a time;
-/// a last odd group goes through the 256-bit kernel (same arithmetic).
+/// the other groups (see [`paired`]) go
+/// through the 256-bit kernel (same arithmetic).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
     let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
     let width = 8 * groups;
     let ins = |t: usize| t * nb..(t + 1) * nb;
-    for pair in 0..groups / 2 {
+    let pairs = paired(n, groups);
+    for pair in 0..pairs {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
         tiles!(n, 8, |t, M| {
@@ -498,8 +349,7 @@ pub unsafe fn dot_q4_0x8_q8_0(x: &[BlockQ4_0x8], y: &[BlockQ8_0], yd: &[f32], yo
             store_pair(out, &acc, t, width, g);
         });
     }
-    if !groups.is_multiple_of(2) {
-        let g = groups - 1;
+    for g in 2 * pairs..groups {
         tiles!(n, 4, |t, M| {
             let acc = super::x86::avx512_vl::group_q4_0::<M>(
                 &x[g * nb..(g + 1) * nb],
@@ -610,14 +460,15 @@ unsafe fn groups2_k<G: KGroup, const N: usize>(
 }
 
 /// [`super::Kernels::q4_kx8`] and [`super::Kernels::q5_kx8`]: pairs of groups against
-/// the inputs eight at a time; a last odd group goes through the 256-bit kernel (same
-/// arithmetic).
+/// the inputs eight at a time; the other groups (see [`paired`]) go
+/// through the 256-bit kernel (same arithmetic).
 #[inline(always)]
 unsafe fn dot_kx8<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
     let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
     let width = 8 * groups;
     let ins = |t: usize| t * nb..(t + 1) * nb;
-    for pair in 0..groups / 2 {
+    let pairs = paired(n, groups);
+    for pair in 0..pairs {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
         tiles!(n, 8, |t, M| {
@@ -630,8 +481,7 @@ unsafe fn dot_kx8<G: KGroup>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize,
             store_pair(out, &acc, t, width, g);
         });
     }
-    if !groups.is_multiple_of(2) {
-        let g = groups - 1;
+    for g in 2 * pairs..groups {
         tiles!(n, 4, |t, M| {
             let acc = super::x86::avx512_vl::group_k::<G, M>(
                 &x[g * nb..(g + 1) * nb],
@@ -773,13 +623,14 @@ unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [
 }
 
 /// [`super::Kernels::q6_kx8`]: pairs of groups against the inputs eight at a time; a
-/// last odd group goes through the 256-bit kernel (same arithmetic).
+/// other groups (see [`paired`]) go through the 256-bit kernel (same arithmetic).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &mut [f32]) {
     let (nb, groups) = super::kx8_shape(x, y, ym, n, out);
     let width = 8 * groups;
     let ins = |t: usize| t * nb..(t + 1) * nb;
-    for pair in 0..groups / 2 {
+    let pairs = paired(n, groups);
+    for pair in 0..pairs {
         let g = 2 * pair;
         let (x0, x1) = (&x[g * nb..(g + 1) * nb], &x[(g + 1) * nb..(g + 2) * nb]);
         tiles!(n, 8, |t, M| {
@@ -787,8 +638,7 @@ pub unsafe fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]],
             store_pair(out, &acc, t, width, g);
         });
     }
-    if !groups.is_multiple_of(2) {
-        let g = groups - 1;
+    for g in 2 * pairs..groups {
         tiles!(n, 4, |t, M| {
             let acc = super::x86::avx512_vl::group_q6k::<M>(
                 &x[g * nb..(g + 1) * nb],

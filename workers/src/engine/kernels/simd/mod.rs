@@ -3,10 +3,11 @@
 //!
 //! ## Layout
 //! - [`portable`]: plain Rust, any CPU; the definition of the arithmetic.
-//! - `x86`: ggml's AVX2 kernels, compiled for AVX2 and for AVX-VNNI.
-//! - `avx512`: AVX-512 VNNI tiles of 4 and 8 activation rows for prefill.
-//! - The kernels over packed groups of eight rows (Q4_0, Q5_0, Q5_1, Q8_0, the K-quants) live with
-//!   the others of their variant (`portable`, `x86`, `avx512`).
+//! - `x86`: 256-bit kernels, compiled for AVX2, for AVX-VNNI and for AVX-512 VL.
+//! - `avx512`: 512-bit kernels, two packed groups to a register.
+//! - Every quantized type is served as packed groups of eight rows (Q4_0, Q4_1, Q5_0,
+//!   Q5_1, Q8_0, the K-quants); the rows after the last whole group go through
+//!   the portable single-row kernels, which compute the same arithmetic.
 //!
 //! [`Kernels::get`] hands out a table only for a variant the CPU supports; that check
 //! is what makes calling the `#[target_feature]` functions behind it sound.
@@ -53,19 +54,17 @@ mod x86;
 use super::isa::Isa;
 use super::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8K};
 use super::quants::{
-    BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ5_0, BlockQ5_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8,
-    BlockQ8_1,
+    BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ5_0, BlockQ5_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0,
+    BlockQ8_0x8, BlockQ8_1,
 };
 use elementwise as ew;
 
 type Q81<B> = fn(&[B], &[BlockQ8_1], &[f32], &[f32]) -> f32;
-type Q81x4<B> = fn(&[B], [&[BlockQ8_1]; 4], [&[f32]; 4], [&[f32]; 4]) -> [f32; 4];
-type Q81x8<B> = fn(&[B], &[BlockQ8_1], &[f32], &[f32], &mut [[f32; 8]]);
 type Q80<B> = fn(&[B], &[BlockQ8_0], &[f32]) -> f32;
-type Q40x8 = fn(&[BlockQ4_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
-type Q50x8 = fn(&[BlockQ5_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
-type Q80x8g = fn(&[BlockQ8_0x8], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
-type Q51x8 = fn(&[BlockQ5_1x8], &[BlockQ8_1], &[f32], &[f32], usize, &mut [f32]);
+/// Packed groups against `n` Q8_0 inputs (their scales and offsets).
+type Q80x8<G> = fn(&[G], &[BlockQ8_0], &[f32], &[i32], usize, &mut [f32]);
+/// Packed groups against `n` Q8_1 inputs (their scales and sums).
+type Q81x8<G> = fn(&[G], &[BlockQ8_1], &[f32], &[f32], usize, &mut [f32]);
 type Kx8<G> = fn(&[G], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 
@@ -81,42 +80,45 @@ type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 /// registers allow.
 ///
 /// Q4_0, Q5_0, Q5_1, Q8_0 and the K-quants have their own arithmetic and layout:
-/// `q4_0x8`, `q5_0x8`, `q5_1x8`, `q8_0x8`, `q4_kx8`, … take groups of eight rows packed as [`BlockQ4_0x8`],
+/// `q4_0x8`, `q4_1x8`, `q5_0x8`, `q5_1x8`, `q8_0x8`, `q4_kx8`, … take groups of eight rows packed as [`BlockQ4_0x8`],
 /// [`BlockQ5_1x8`], [`BlockQ4Kx8`], … (one row per 32-bit
 /// lane) against any number of inputs, and each cell finishes a block in integers and
 /// does one fused multiply-add per block and sum, in block order — as llama.cpp's
 /// repacked kernels do, not the 8-lane float sums of ggml's row kernels (see
-/// [`portable::dot_q4_0_q8_0`], [`portable::dot_q4_k_q8_k`]). `q4_0` and `q4_k` (the
-/// same arithmetic, one row in file order, portable in every table) serve the rows
-/// after the last whole group.
+/// [`portable::dot_q4_0_q8_0`], [`portable::dot_q4_k_q8_k`]). `q4_0`, `q4_1`, `q4_k`, …
+/// (the same arithmetic, one row in file order, portable in every table) serve the
+/// rows after the last whole group.
 pub struct Kernels {
     pub isa: Isa,
+    /// One Q4_1 row in file order (the rows after the last whole group), with
+    /// [`Self::q4_1x8`]'s arithmetic: portable in every table.
     pub q4_1: Q81<BlockQ4_1>,
-    pub q4_1_x4: Q81x4<BlockQ4_1>,
-    pub q4_1_x8: Q81x8<BlockQ4_1>,
+    /// Groups of eight packed Q4_1 rows ([`BlockQ4_1x8`]) against `n` inputs (`y`,
+    /// their scales and sums), as [`Self::q4_0x8`].
+    pub q4_1x8: Q81x8<BlockQ4_1x8>,
     /// One Q5_1 row in file order (the rows after the last whole group), with
     /// [`Self::q5_1x8`]'s arithmetic: portable in every table.
     pub q5_1: Q81<BlockQ5_1>,
     /// Groups of eight packed Q5_1 rows ([`BlockQ5_1x8`]) against `n` inputs (`y`,
     /// their scales and sums), as [`Self::q4_0x8`].
-    pub q5_1x8: Q51x8,
+    pub q5_1x8: Q81x8<BlockQ5_1x8>,
     pub q4_0: Q80<BlockQ4_0>,
     /// Groups of eight packed rows (`x`, group after group) against `n` inputs (`y`,
     /// their scales and [`crate::engine::kernels::quants::q4_0_offset`]s, input after
     /// input): `out[t * 8 * groups + 8 * g + r]`.
-    pub q4_0x8: Q40x8,
+    pub q4_0x8: Q80x8<BlockQ4_0x8>,
     /// One Q5_0 row in file order (the rows after the last whole group), with
     /// [`Self::q5_0x8`]'s arithmetic: portable in every table.
     pub q5_0: Q80<BlockQ5_0>,
     /// Groups of eight packed Q5_0 rows ([`BlockQ5_0x8`]) against `n` inputs, as
     /// [`Self::q4_0x8`] (the same offsets, twice).
-    pub q5_0x8: Q50x8,
+    pub q5_0x8: Q80x8<BlockQ5_0x8>,
     /// One Q8_0 row in file order (the rows after the last whole group), with
     /// [`Self::q8_0x8`]'s arithmetic: portable in every table.
     pub q8_0: Q80<BlockQ8_0>,
     /// Groups of eight packed Q8_0 rows ([`BlockQ8_0x8`]) against `n` inputs, as
     /// [`Self::q4_0x8`] (the same offsets, times 16).
-    pub q8_0x8: Q80x8g,
+    pub q8_0x8: Q80x8<BlockQ8_0x8>,
     pub q4_k: QK<BlockQ4K>,
     /// Groups of eight packed rows against `n` inputs (`y` and their
     /// [`crate::engine::kernels::kquants::q4_k_min_pairs`]), as [`Self::q4_0x8`].
@@ -256,59 +258,11 @@ fn kx8_shape<G>(x: &[G], y: &[BlockQ8K], ym: &[[i32; 4]], n: usize, out: &[f32])
     (nb, groups)
 }
 
-/// A panel's eight activation rows: `y` cut into eight equal parts.
-#[inline(always)]
-fn eight<T>(y: &[T]) -> [&[T]; 8] {
-    let n = y.len() / 8;
-    assert_eq!(n * 8, y.len(), "a panel takes eight activation rows");
-    std::array::from_fn(|i| &y[i * n..(i + 1) * n])
-}
-
-/// A panel's weight rows, `n` blocks each, paired with their outputs.
-#[inline(always)]
-fn panel_rows<'a, B>(
-    w: &'a [B],
-    n: usize,
-    out: &'a mut [[f32; 8]],
-) -> impl Iterator<Item = (&'a [B], &'a mut [f32; 8])> {
-    assert!(
-        n > 0 && w.len() == n * out.len(),
-        "a panel's weights are out.len() rows of the inputs' length"
-    );
-    w.chunks_exact(n).zip(out.iter_mut())
-}
-
-/// The halves of an eight-row argument, for two four-row calls.
-#[inline(always)]
-fn halves<T: Copy>(y: [T; 8]) -> ([T; 4], [T; 4]) {
-    ([y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]])
-}
-
-/// Two four-row results as one eight-row result.
-#[inline(always)]
-fn join(lo: [f32; 4], hi: [f32; 4]) -> [f32; 8] {
-    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
-}
-
-/// An `_x8` panel from two `_x4` calls per weight row.
-macro_rules! x8_from_x4 {
-    ($x4:path, |$x:ident, $y0:ident $(, $y:ident)*|) => {
-        |$x, $y0, $($y,)* out| {
-            let $y0 = halves(eight($y0));
-            $(let $y = halves(eight($y));)*
-            for (row, o) in panel_rows($x, $y0.0[0].len(), out) {
-                *o = join($x4(row, $y0.0 $(, $y.0)*), $x4(row, $y0.1 $(, $y.1)*));
-            }
-        }
-    };
-}
-
 static PORTABLE: Kernels = with_elementwise!(portable_elementwise!(), {
     isa: Isa::Portable,
     q4_1: portable::dot_min_q8_1,
-    q4_1_x4: portable::dot_min_q8_1_x4,
-    q4_1_x8: x8_from_x4!(portable::dot_min_q8_1_x4, |x, y, yd, ys|),
-    q5_1: portable::dot_q5_1_q8_1,
+    q4_1x8: portable::dot_q4_1x8_q8_1,
+    q5_1: portable::dot_min_q8_1,
     q5_1x8: portable::dot_q5_1x8_q8_1,
     q4_0: portable::dot_q4_0_q8_0,
     q4_0x8: portable::dot_q4_0x8_q8_0,
@@ -337,10 +291,9 @@ macro_rules! x86_table {
         use $m as k;
         with_elementwise!(avx2_elementwise!(), {
             isa: $isa,
-            q4_1: |x, y, yd, ys| unsafe { k::dot_min_q8_1(x, y, yd, ys) },
-            q4_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
-            q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
-            q5_1: portable::dot_q5_1_q8_1,
+            q4_1: portable::dot_min_q8_1,
+            q4_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q4_1x8_q8_1(x, y, yd, ys, n, o) },
+            q5_1: portable::dot_min_q8_1,
             q5_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q5_1x8_q8_1(x, y, yd, ys, n, o) },
             q4_0: portable::dot_q4_0_q8_0,
             q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },
@@ -377,10 +330,9 @@ static AVX512: Kernels = {
     use x86::avx512_vl as v;
     with_elementwise!(avx2_elementwise!(), {
         isa: Isa::Avx512,
-        q4_1: |x, y, yd, ys| unsafe { v::dot_min_q8_1(x, y, yd, ys) },
-        q4_1_x4: |x, y, yd, ys| unsafe { k::dot_min_q8_1_x4(x, y, yd, ys) },
-        q4_1_x8: |x, y, yd, ys, o| unsafe { k::dot_min_q8_1_x8(x, y, yd, ys, o) },
-        q5_1: portable::dot_q5_1_q8_1,
+        q4_1: portable::dot_min_q8_1,
+        q4_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q4_1x8_q8_1(x, y, yd, ys, n, o) },
+        q5_1: portable::dot_min_q8_1,
         q5_1x8: |x, y, yd, ys, n, o| unsafe { k::dot_q5_1x8_q8_1(x, y, yd, ys, n, o) },
         q4_0: portable::dot_q4_0_q8_0,
         q4_0x8: |x, y, yd, yo, n, o| unsafe { k::dot_q4_0x8_q8_0(x, y, yd, yo, n, o) },

@@ -1,12 +1,10 @@
-//! The kernels in plain Rust, for any CPU, with exactly the SIMD kernels' arithmetic:
-//! each 32-value block's products are summed in 8 integer lanes of four (the lanes
-//! `vpmaddubsw` + `vpmaddwd` produce), every lane accumulates in f32 with one fused
-//! multiply-add per block, and the lanes are summed in `hsum_float_8`'s order. So the
-//! portable path computes the same bits as AVX2 and AVX-512, only slower; LLVM
-//! vectorises the lane loops with the target's baseline SIMD (SSE2, NEON). The types
-//! packed by eight rows (Q4_0, Q5_0, Q5_1, Q8_0 and the K-quants) are the exception: integer sums
-//! per block and one fused multiply-add per block and sum ([`dot_q4_0_q8_0`],
-//! [`dot_q5_1_q8_1`], [`dot_q4_k_q8_k`]).
+//! The kernels in plain Rust, for any CPU, with exactly the SIMD kernels' arithmetic,
+//! so the portable path computes the same bits as AVX2 and AVX-512, only slower (LLVM
+//! vectorises the loops with the target's baseline SIMD, SSE2 or NEON). Every quantized
+//! type is packed by eight rows and finishes each block (or super-block) in integers,
+//! then does one fused multiply-add per block and sum ([`dot_q4_0_q8_0`],
+//! [`dot_min_q8_1`], [`dot_q4_k_q8_k`]); the f32 dot products keep eight FMA lanes
+//! summed in ggml's `hsum_float_8` order.
 
 use crate::engine::kernels::kquants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8K, KGroup};
 use crate::engine::kernels::quants::*;
@@ -18,24 +16,6 @@ fn hsum8(l: &[f32; 8]) -> f32 {
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
-/// `acc[l] = fma(d, lanes[l], acc[l])`.
-#[inline]
-fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: &[i32; 8]) {
-    for (a, &v) in acc.iter_mut().zip(lanes) {
-        *a = d.mul_add(v as f32, *a);
-    }
-}
-
-/// Lane `l` = Σ of the four products at positions `4l..4l + 4`.
-#[inline]
-fn lanes_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
-    let mut out = [0i32; 8];
-    for (l, o) in out.iter_mut().enumerate() {
-        *o = (0..4).map(|k| x[4 * l + k] as i32 * y[4 * l + k] as i32).sum();
-    }
-    out
-}
-
 /// A 4-bit block's 32 values in the SIMD order: low nibbles, then high nibbles.
 #[inline]
 fn nibbles(qs: &[u8; 16]) -> [i8; 32] {
@@ -45,27 +25,6 @@ fn nibbles(qs: &[u8; 16]) -> [i8; 32] {
         v[j + 16] = (qs[j] >> 4) as i8;
     }
     v
-}
-
-/// A Q4_1 or Q5_1 row against a Q8_1 row: `Σ d·q·y` in lanes, then `m · Σ y` from
-/// the activation blocks' sums.
-pub fn dot_min_q8_1<B: MinBlock>(x: &[B], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut summs = 0.0f32;
-    for (i, (a, b)) in x.iter().zip(y).enumerate() {
-        let (d0, m) = (h2f(a.d()), h2f(a.m()));
-        summs += m * ys[i];
-        fma_lanes(
-            &mut acc,
-            d0 * yd[i],
-            &lanes_i8(&min_block_values(a).map(|v| v as i8), &b.qs),
-        );
-    }
-    hsum8(&acc) + summs
-}
-
-pub fn dot_min_q8_1_x4<B: MinBlock>(x: &[B], y: [&[BlockQ8_1]; 4], yd: [&[f32]; 4], ys: [&[f32]; 4]) -> [f32; 4] {
-    [0, 1, 2, 3].map(|r| dot_min_q8_1(x, y[r], yd[r], ys[r]))
 }
 
 fn unpack_q4_0(a: &BlockQ4_0) -> ([i8; 32], f32) {
@@ -132,17 +91,10 @@ pub fn dot_q8_0_blocks(x: &[BlockQ8_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
 /// [`crate::engine::kernels::simd::Kernels::q8_0x8`]; `yo` unused here): each cell
 /// exactly [`dot_q8_0_blocks`] of the row unpacked.
 pub fn dot_q8_0x8_q8_0(x: &[BlockQ8_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
-    let width = 8 * groups;
-    for g in 0..groups {
-        for r in 0..8 {
-            let row: Vec<BlockQ8_0> = x[g * nb..(g + 1) * nb].iter().map(|b| b.row(r)).collect();
-            for t in 0..n {
-                let ins = t * nb..(t + 1) * nb;
-                out[t * width + 8 * g + r] = dot_q8_0_blocks(&row, &y[ins.clone()], &yd[ins]);
-            }
-        }
-    }
+    let (nb, _) = super::x8_shape(x, y, yd, yo, n, out);
+    by_rows(x, nb, n, out, BlockQ8_0x8::row, |w, t| {
+        dot_q8_0_blocks(w, &y[t.clone()], &yd[t])
+    })
 }
 
 /// One Q5_0 row against a Q8_0 row with the arithmetic every packed Q5_0 kernel
@@ -161,24 +113,17 @@ pub fn dot_q5_0_blocks(x: &[BlockQ5_0], y: &[BlockQ8_0], yd: &[f32]) -> f32 {
 /// [`crate::engine::kernels::simd::Kernels::q5_0x8`]; `yo` unused here): each cell
 /// exactly [`dot_q5_0_blocks`] of the row unpacked.
 pub fn dot_q5_0x8_q8_0(x: &[BlockQ5_0x8], y: &[BlockQ8_0], yd: &[f32], yo: &[i32], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::x8_shape(x, y, yd, yo, n, out);
-    let width = 8 * groups;
-    for g in 0..groups {
-        for r in 0..8 {
-            let row: Vec<BlockQ5_0> = x[g * nb..(g + 1) * nb].iter().map(|b| b.row(r)).collect();
-            for t in 0..n {
-                let ins = t * nb..(t + 1) * nb;
-                out[t * width + 8 * g + r] = dot_q5_0_blocks(&row, &y[ins.clone()], &yd[ins]);
-            }
-        }
-    }
+    let (nb, _) = super::x8_shape(x, y, yd, yo, n, out);
+    by_rows(x, nb, n, out, BlockQ5_0x8::row, |w, t| {
+        dot_q5_0_blocks(w, &y[t.clone()], &yd[t])
+    })
 }
 
-/// One Q5_1 row against a Q8_1 row with the arithmetic every packed Q5_1 kernel
-/// shares, one step per block: the exact integer sum `Σ q·y` of the unsigned 5-bit
-/// values, then `acc = fma(sum, d_x·d_y, acc)` and `acc = fma(m_x, s_y, acc)` (where
-/// ggml's row kernel keeps eight float lanes and a second sum for the mins).
-pub fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
+/// One Q4_1 or Q5_1 row against a Q8_1 row with the arithmetic every packed Q4_1 and
+/// Q5_1 kernel shares, one step per block: the exact integer sum `Σ q·y` of the
+/// unsigned values, then `acc = fma(sum, d_x·d_y, acc)` and `acc = fma(m_x, s_y, acc)`
+/// (where ggml's row kernel keeps eight float lanes and a second sum for the mins).
+pub fn dot_min_q8_1<B: MinBlock>(x: &[B], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
     let mut acc = 0.0f32;
     for (i, (a, b)) in x.iter().zip(y).enumerate() {
         let s: i32 = min_block_values(a)
@@ -186,24 +131,50 @@ pub fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -
             .zip(&b.qs)
             .map(|(&q, &y)| q as i32 * y as i32)
             .sum();
-        acc = (s as f32).mul_add(h2f(a.d) * yd[i], acc);
-        acc = h2f(a.m).mul_add(ys[i], acc);
+        acc = (s as f32).mul_add(h2f(a.d()) * yd[i], acc);
+        acc = h2f(a.m()).mul_add(ys[i], acc);
     }
     acc
 }
 
+/// Packed groups of eight Q4_1 rows against `n` Q8_1 rows (see
+/// [`crate::engine::kernels::simd::Kernels::q4_1x8`]): each cell exactly
+/// [`dot_min_q8_1`] of the row unpacked.
+pub fn dot_q4_1x8_q8_1(x: &[BlockQ4_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
+    let (nb, _) = super::x8_shape(x, y, yd, ys, n, out);
+    by_rows(x, nb, n, out, BlockQ4_1x8::row, |w, t| {
+        dot_min_q8_1(w, &y[t.clone()], &yd[t.clone()], &ys[t])
+    })
+}
+
 /// Packed groups of eight Q5_1 rows against `n` Q8_1 rows (see
 /// [`crate::engine::kernels::simd::Kernels::q5_1x8`]): each cell exactly
-/// [`dot_q5_1_q8_1`] of the row unpacked.
+/// [`dot_min_q8_1`] of the row unpacked.
 pub fn dot_q5_1x8_q8_1(x: &[BlockQ5_1x8], y: &[BlockQ8_1], yd: &[f32], ys: &[f32], n: usize, out: &mut [f32]) {
-    let (nb, groups) = super::x8_shape(x, y, yd, ys, n, out);
+    let (nb, _) = super::x8_shape(x, y, yd, ys, n, out);
+    by_rows(x, nb, n, out, BlockQ5_1x8::row, |w, t| {
+        dot_min_q8_1(w, &y[t.clone()], &yd[t.clone()], &ys[t])
+    })
+}
+
+/// The portable form of a packed kernel: each group's eight rows unpacked to file
+/// order (`row(block, r)`), each cell `dot(row, input t's blocks)`, written at
+/// `out[t * 8 * groups + 8 * g + r]`.
+fn by_rows<G, R>(
+    x: &[G],
+    nb: usize,
+    n: usize,
+    out: &mut [f32],
+    row: impl Fn(&G, usize) -> R,
+    dot: impl Fn(&[R], std::ops::Range<usize>) -> f32,
+) {
+    let groups = x.len() / nb;
     let width = 8 * groups;
     for g in 0..groups {
         for r in 0..8 {
-            let row: Vec<BlockQ5_1> = x[g * nb..(g + 1) * nb].iter().map(|b| b.row(r)).collect();
+            let w: Vec<R> = x[g * nb..(g + 1) * nb].iter().map(|b| row(b, r)).collect();
             for t in 0..n {
-                let ins = t * nb..(t + 1) * nb;
-                out[t * width + 8 * g + r] = dot_q5_1_q8_1(&row, &y[ins.clone()], &yd[ins.clone()], &ys[ins]);
+                out[t * width + 8 * g + r] = dot(&w, t * nb..(t + 1) * nb);
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Every kernel variant this CPU supports computes exactly the portable kernels' bits,
-//! for single rows and for the 4- and 8-row tiles. (On an AVX-512 host this covers
+//! for every packed type, group count and input tile. (On an AVX-512 host this covers
 //! all four variants; on an AVX2-only host, three.)
 
 use super::*;
@@ -112,10 +112,6 @@ fn q4_k_rows(rng: &mut Rng, rows: usize, nk: usize) -> Vec<Vec<BlockQ4K>> {
         .collect()
 }
 
-fn refs<T, const N: usize>(v: &[Vec<T>]) -> [&[T]; N] {
-    std::array::from_fn(|i| &v[i][..])
-}
-
 fn bits<const N: usize>(v: [f32; N]) -> [u32; N] {
     v.map(f32::to_bits)
 }
@@ -148,15 +144,6 @@ fn every_variant_computes_the_portable_bits() {
     let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(7);
     let cols = 2 * QK_K;
-    let a = acts(&mut rng, cols);
-    let nb = cols / QK;
-    let w4_1: Vec<BlockQ4_1> = (0..nb)
-        .map(|_| BlockQ4_1 {
-            d: rng.scale(),
-            m: f2h(-0.01 * (rng.next() % 50) as f32),
-            qs: rng.bytes(),
-        })
-        .collect();
     let f: Vec<f32> = (0..cols + 6).map(|_| rng.f32()).collect();
     let h: Vec<u16> = (0..cols + 5).map(|_| f2h(rng.f32())).collect();
 
@@ -164,21 +151,6 @@ fn every_variant_computes_the_portable_bits() {
     eprintln!("variants on this CPU: {isas:?}");
     for isa in isas {
         let k = Kernels::get(isa).unwrap();
-        for t in 0..8 {
-            let (y1, yd1, ys1) = (&a.q8_1[t][..], &a.q8_1d[t][..], &a.q8_1s[t][..]);
-            let want = (p.q4_1)(&w4_1, y1, yd1, ys1).to_bits();
-            assert_eq!((k.q4_1)(&w4_1, y1, yd1, ys1).to_bits(), want, "{isa} q4_1 row {t}");
-            let x4 = (k.q4_1_x4)(
-                &w4_1,
-                refs(&a.q8_1[t / 4 * 4..]),
-                refs(&a.q8_1d[t / 4 * 4..]),
-                refs(&a.q8_1s[t / 4 * 4..]),
-            );
-            assert_eq!(x4[t % 4].to_bits(), want, "{isa} q4_1 x4 row {t}");
-            let mut x8 = [[0.0f32; 8]];
-            (k.q4_1_x8)(&w4_1, &a.q8_1.concat(), &a.q8_1d.concat(), &a.q8_1s.concat(), &mut x8);
-            assert_eq!(x8[0][t].to_bits(), want, "{isa} q4_1 x8 row {t}");
-        }
         for n in [7, 64, cols + 5] {
             assert_eq!(
                 (k.dot_f32)(&f[..n], &f[1..n + 1]).to_bits(),
@@ -206,89 +178,40 @@ fn every_variant_computes_the_portable_bits() {
     }
 }
 
-/// Panels of 1 to 7 weight rows × 8 inputs (so every variant's tiles of four and
-/// two rows and its single rows after them) give each cell the portable single-row
-/// bits.
-#[test]
-fn panels_compute_the_portable_bits() {
+/// Every variant's packed Q8_0-input kernel (`kernel`) on one to five groups of `rows`
+/// (packed by `pack`; the 512-bit kernels pair them, an odd one goes alone) against
+/// 1–8 inputs gives each cell the portable single-row bits (`one`). Inputs 0 and 1
+/// hold blocks of ±127, the worst case for AVX2's 16-bit sums.
+fn check_q8_0_groups<R: Copy, G: Copy>(
+    name: &str,
+    rows: &[Vec<R>],
+    pack: fn([&R; 8]) -> G,
+    kernel: fn(&Kernels) -> super::Q80x8<G>,
+    one: fn(&Kernels) -> super::Q80<R>,
+) {
     let p = Kernels::get(Isa::Portable).unwrap();
-    let mut rng = Rng(11);
-    // Two Q4_K blocks per row.
-    let cols = 2 * QK_K;
-    let a = acts(&mut rng, cols);
-    let nb = cols / QK;
-    const ROWS: usize = 7;
-    let w4_1: Vec<Vec<BlockQ4_1>> = (0..ROWS)
-        .map(|_| {
-            (0..nb)
-                .map(|_| BlockQ4_1 {
-                    d: rng.scale(),
-                    m: f2h(-0.01 * (rng.next() % 50) as f32),
-                    qs: rng.bytes(),
-                })
-                .collect()
-        })
-        .collect();
-    let (y1, yd1, ys1) = (a.q8_1.concat(), a.q8_1d.concat(), a.q8_1s.concat());
-    let mut checked = 0;
-    for isa in Isa::available() {
-        let k = Kernels::get(isa).unwrap();
-        for rows in 1..=ROWS {
-            let mut cells = vec![[f32::NAN; 8]; rows];
-            // Each cell against the portable single row.
-            let mut check = |name: &str, cells: &[[f32; 8]], want: &dyn Fn(usize, usize) -> f32| {
-                for (r, row) in cells.iter().enumerate() {
-                    for (t, c) in row.iter().enumerate() {
-                        assert_eq!(
-                            c.to_bits(),
-                            want(r, t).to_bits(),
-                            "{isa} {name} panel of {rows}: row {r} input {t}"
-                        );
-                    }
-                }
-                checked += 1;
-            };
-            (k.q4_1_x8)(&w4_1[..rows].concat(), &y1, &yd1, &ys1, &mut cells);
-            check("q4_1", &cells, &|r, t| {
-                (p.q4_1)(&w4_1[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t])
-            });
-        }
-    }
-    eprintln!("{checked} panels checked");
-}
-
-/// Q4_0's packed groups: every variant gives each cell the portable single-row bits
-/// of its row, for one to five groups (the 512-bit kernel pairs them, an odd one
-/// goes alone) and any number of inputs.
-#[test]
-fn packed_q4_0_groups_compute_the_portable_bits() {
-    let p = Kernels::get(Isa::Portable).unwrap();
-    let mut rng = Rng(29);
-    let nb = 7;
-    let cols = nb * QK;
-    let a = acts(&mut rng, cols);
-    let rows = q4_0_rows(&mut rng, 40, nb);
-    let packed: Vec<BlockQ4_0x8> = (0..5)
-        .flat_map(|g| {
-            let rows = &rows;
-            (0..nb).map(move |i| BlockQ4_0x8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
-        })
-        .collect();
+    let nb = rows[0].len();
+    let mut a = acts(&mut Rng(33), nb * QK);
+    a.q8_0[0][0].qs = [127; 32];
+    a.q8_0[1][2].qs = [-127; 32];
     let offsets: Vec<Vec<i32>> = a.q8_0.iter().map(|r| r.iter().map(q4_0_offset).collect()).collect();
+    let packed: Vec<G> = (0..5)
+        .flat_map(|g| (0..nb).map(move |i| pack(std::array::from_fn(|r| &rows[8 * g + r][i]))))
+        .collect();
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
         for groups in 1..=5 {
-            for n in [1, 2, 3, 4, 5, 7, 8] {
+            for n in 1..=8 {
                 let mut out = vec![f32::NAN; n * 8 * groups];
                 let (y, yd, yo) = (a.q8_0[..n].concat(), a.q8_0d[..n].concat(), offsets[..n].concat());
-                (k.q4_0x8)(&packed[..groups * nb], &y, &yd, &yo, n, &mut out);
+                kernel(k)(&packed[..groups * nb], &y, &yd, &yo, n, &mut out);
                 for t in 0..n {
                     for r in 0..8 * groups {
-                        let want = (p.q4_0)(&rows[r], &a.q8_0[t], &a.q8_0d[t]);
+                        let want = one(p)(&rows[r], &a.q8_0[t], &a.q8_0d[t]);
                         assert_eq!(
                             out[t * 8 * groups + r].to_bits(),
                             want.to_bits(),
-                            "{isa} q4_0x8: {groups} groups, {n} inputs, row {r} input {t}"
+                            "{isa} {name}: {groups} groups, {n} inputs, row {r} input {t}"
                         );
                     }
                 }
@@ -297,18 +220,34 @@ fn packed_q4_0_groups_compute_the_portable_bits() {
     }
 }
 
+/// Row `r` of each packed block of `rows` (groups of eight) is the file's block, by `same`.
+fn check_round_trip<R, G>(rows: &[Vec<R>], pack: fn([&R; 8]) -> G, row: fn(&G, usize) -> R, same: fn(&R, &R) -> bool) {
+    for (g, group) in rows.chunks_exact(8).enumerate() {
+        for i in 0..group[0].len() {
+            let b = pack(std::array::from_fn(|r| &group[r][i]));
+            for (r, want) in group.iter().map(|row| &row[i]).enumerate() {
+                assert!(same(&row(&b, r), want), "group {g} block {i} row {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_q4_0_groups_compute_the_portable_bits() {
+    let rows = q4_0_rows(&mut Rng(29), 40, 7);
+    check_round_trip(&rows, BlockQ4_0x8::pack, BlockQ4_0x8::row, |a, b| {
+        (a.d, a.qs) == (b.d, b.qs)
+    });
+    check_q8_0_groups("q4_0x8", &rows, BlockQ4_0x8::pack, |k| k.q4_0x8, |k| k.q4_0);
+}
+
 /// Q8_0's packed groups, as Q4_0's. Row 0 holds −128 and 127 (files may hold −128;
-/// ggml's quantizer never writes it) against input blocks of ±127: the AVX2 kernel's
-/// 16-bit pairs reach their largest there.
+/// ggml's quantizer never writes it): the AVX2 kernel's 16-bit pairs reach their
+/// largest there.
 #[test]
 fn packed_q8_0_groups_compute_the_portable_bits() {
-    let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(33);
     let nb = 7;
-    let cols = nb * QK;
-    let mut a = acts(&mut rng, cols);
-    a.q8_0[0][0].qs = [127; 32];
-    a.q8_0[1][2].qs = [-127; 32];
     let rows: Vec<Vec<BlockQ8_0>> = (0..40)
         .map(|r| {
             (0..nb)
@@ -323,53 +262,18 @@ fn packed_q8_0_groups_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let packed: Vec<BlockQ8_0x8> = (0..5)
-        .flat_map(|g| {
-            let rows = &rows;
-            (0..nb).map(move |i| BlockQ8_0x8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
-        })
-        .collect();
-    for (i, b) in packed.iter().enumerate() {
-        for r in 0..8 {
-            let (want, got) = (&rows[8 * (i / nb) + r][i % nb], b.row(r));
-            assert_eq!((got.d, got.qs), (want.d, want.qs));
-        }
-    }
-    // The offsets of the inputs (with a recomputed first block: its values changed).
-    let offsets: Vec<Vec<i32>> = a.q8_0.iter().map(|r| r.iter().map(q4_0_offset).collect()).collect();
-    for isa in Isa::available() {
-        let k = Kernels::get(isa).unwrap();
-        for groups in 1..=5 {
-            for n in 1..=8 {
-                let mut out = vec![f32::NAN; n * 8 * groups];
-                let (y, yd, yo) = (a.q8_0[..n].concat(), a.q8_0d[..n].concat(), offsets[..n].concat());
-                (k.q8_0x8)(&packed[..groups * nb], &y, &yd, &yo, n, &mut out);
-                for t in 0..n {
-                    for r in 0..8 * groups {
-                        let want = (p.q8_0)(&rows[r], &a.q8_0[t], &a.q8_0d[t]);
-                        assert_eq!(
-                            out[t * 8 * groups + r].to_bits(),
-                            want.to_bits(),
-                            "{isa} q8_0x8: {groups} groups, {n} inputs, row {r} input {t}"
-                        );
-                    }
-                }
-            }
-        }
-    }
+    check_round_trip(&rows, BlockQ8_0x8::pack, BlockQ8_0x8::row, |a, b| {
+        (a.d, a.qs) == (b.d, b.qs)
+    });
+    check_q8_0_groups("q8_0x8", &rows, BlockQ8_0x8::pack, |k| k.q8_0x8, |k| k.q8_0);
 }
 
 /// Q5_0's packed groups, as Q4_0's. Row 0 holds the largest values (all nibbles and
-/// fifth bits set) and row 1 the smallest (none) against input blocks of ±127.
+/// fifth bits set) and row 1 the smallest (none).
 #[test]
 fn packed_q5_0_groups_compute_the_portable_bits() {
-    let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(34);
     let nb = 7;
-    let cols = nb * QK;
-    let mut a = acts(&mut rng, cols);
-    a.q8_0[0][0].qs = [127; 32];
-    a.q8_0[1][2].qs = [-127; 32];
     let rows: Vec<Vec<BlockQ5_0>> = (0..40)
         .map(|r| {
             (0..nb)
@@ -389,33 +293,45 @@ fn packed_q5_0_groups_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let packed: Vec<BlockQ5_0x8> = (0..5)
-        .flat_map(|g| {
-            let rows = &rows;
-            (0..nb).map(move |i| BlockQ5_0x8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
-        })
+    check_round_trip(&rows, BlockQ5_0x8::pack, BlockQ5_0x8::row, |a, b| {
+        (a.d, a.qh, a.qs) == (b.d, b.qh, b.qs)
+    });
+    check_q8_0_groups("q5_0x8", &rows, BlockQ5_0x8::pack, |k| k.q5_0x8, |k| k.q5_0);
+}
+
+/// Every variant's packed Q8_1-input kernel (`kernel`) on one to five groups of `rows`
+/// (packed by `pack`) against 1–8 inputs gives each cell the portable single-row
+/// bits (`one`). The first row holds the largest values and inputs 0 and 1 the
+/// extreme bytes, the worst case for AVX2's 16-bit sums.
+fn check_min_groups<R: Copy, G: Copy>(
+    name: &str,
+    rows: &[Vec<R>],
+    pack: fn([&R; 8]) -> G,
+    kernel: fn(&Kernels) -> super::Q81x8<G>,
+    one: fn(&Kernels) -> super::Q81<R>,
+) {
+    let p = Kernels::get(Isa::Portable).unwrap();
+    let nb = rows[0].len();
+    let mut a = acts(&mut Rng(30), nb * QK);
+    a.q8_1[0][0].qs = [127; 32];
+    a.q8_1[1][2].qs = [-127; 32];
+    let packed: Vec<G> = (0..5)
+        .flat_map(|g| (0..nb).map(move |i| pack(std::array::from_fn(|r| &rows[8 * g + r][i]))))
         .collect();
-    for (i, b) in packed.iter().enumerate() {
-        for r in 0..8 {
-            let (want, got) = (&rows[8 * (i / nb) + r][i % nb], b.row(r));
-            assert_eq!((got.d, got.qh, got.qs), (want.d, want.qh, want.qs));
-        }
-    }
-    let offsets: Vec<Vec<i32>> = a.q8_0.iter().map(|r| r.iter().map(q4_0_offset).collect()).collect();
     for isa in Isa::available() {
         let k = Kernels::get(isa).unwrap();
         for groups in 1..=5 {
-            for n in 1..=8 {
+            for n in [1, 2, 3, 4, 5, 7, 8] {
                 let mut out = vec![f32::NAN; n * 8 * groups];
-                let (y, yd, yo) = (a.q8_0[..n].concat(), a.q8_0d[..n].concat(), offsets[..n].concat());
-                (k.q5_0x8)(&packed[..groups * nb], &y, &yd, &yo, n, &mut out);
+                let (y, yd, ys) = (a.q8_1[..n].concat(), a.q8_1d[..n].concat(), a.q8_1s[..n].concat());
+                kernel(k)(&packed[..groups * nb], &y, &yd, &ys, n, &mut out);
                 for t in 0..n {
                     for r in 0..8 * groups {
-                        let want = (p.q5_0)(&rows[r], &a.q8_0[t], &a.q8_0d[t]);
+                        let want = one(p)(&rows[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t]);
                         assert_eq!(
                             out[t * 8 * groups + r].to_bits(),
                             want.to_bits(),
-                            "{isa} q5_0x8: {groups} groups, {n} inputs, row {r} input {t}"
+                            "{isa} {name}: {groups} groups, {n} inputs, row {r} input {t}"
                         );
                     }
                 }
@@ -424,18 +340,10 @@ fn packed_q5_0_groups_compute_the_portable_bits() {
     }
 }
 
-/// Q5_1's packed groups, as Q4_0's. Row 0 holds the largest values (all nibbles and
-/// fifth bits set) against an input block of 127s: the AVX2 kernel's 16-bit sums
-/// reach their largest there.
 #[test]
 fn packed_q5_1_groups_compute_the_portable_bits() {
-    let p = Kernels::get(Isa::Portable).unwrap();
     let mut rng = Rng(30);
     let nb = 7;
-    let cols = nb * QK;
-    let mut a = acts(&mut rng, cols);
-    a.q8_1[0][0].qs = [127; 32];
-    a.q8_1[1][2].qs = [-127; 32];
     let rows: Vec<Vec<BlockQ5_1>> = (0..40)
         .map(|r| {
             (0..nb)
@@ -448,39 +356,31 @@ fn packed_q5_1_groups_compute_the_portable_bits() {
                 .collect()
         })
         .collect();
-    let packed: Vec<BlockQ5_1x8> = (0..5)
-        .flat_map(|g| {
-            let rows = &rows;
-            (0..nb).map(move |i| BlockQ5_1x8::pack(std::array::from_fn(|r| &rows[8 * g + r][i])))
+    check_round_trip(&rows, BlockQ5_1x8::pack, BlockQ5_1x8::row, |a, b| {
+        (a.d, a.m, a.qh, a.qs) == (b.d, b.m, b.qh, b.qs)
+    });
+    check_min_groups("q5_1x8", &rows, BlockQ5_1x8::pack, |k| k.q5_1x8, |k| k.q5_1);
+}
+
+#[test]
+fn packed_q4_1_groups_compute_the_portable_bits() {
+    let mut rng = Rng(31);
+    let nb = 7;
+    let rows: Vec<Vec<BlockQ4_1>> = (0..40)
+        .map(|r| {
+            (0..nb)
+                .map(|_| BlockQ4_1 {
+                    d: rng.scale(),
+                    m: f2h(-0.01 * (rng.next() % 50) as f32),
+                    qs: if r == 0 { [0xff; 16] } else { rng.bytes() },
+                })
+                .collect()
         })
         .collect();
-    for (i, b) in packed.iter().enumerate() {
-        for r in 0..8 {
-            let want = &rows[8 * (i / nb) + r][i % nb];
-            let got = b.row(r);
-            assert_eq!((got.d, got.m, got.qh, got.qs), (want.d, want.m, want.qh, want.qs));
-        }
-    }
-    for isa in Isa::available() {
-        let k = Kernels::get(isa).unwrap();
-        for groups in 1..=5 {
-            for n in [1, 2, 3, 4, 5, 7, 8] {
-                let mut out = vec![f32::NAN; n * 8 * groups];
-                let (y, yd, ys) = (a.q8_1[..n].concat(), a.q8_1d[..n].concat(), a.q8_1s[..n].concat());
-                (k.q5_1x8)(&packed[..groups * nb], &y, &yd, &ys, n, &mut out);
-                for t in 0..n {
-                    for r in 0..8 * groups {
-                        let want = (p.q5_1)(&rows[r], &a.q8_1[t], &a.q8_1d[t], &a.q8_1s[t]);
-                        assert_eq!(
-                            out[t * 8 * groups + r].to_bits(),
-                            want.to_bits(),
-                            "{isa} q5_1x8: {groups} groups, {n} inputs, row {r} input {t}"
-                        );
-                    }
-                }
-            }
-        }
-    }
+    check_round_trip(&rows, BlockQ4_1x8::pack, BlockQ4_1x8::row, |a, b| {
+        (a.d, a.m, a.qs) == (b.d, b.m, b.qs)
+    });
+    check_min_groups("q4_1x8", &rows, BlockQ4_1x8::pack, |k| k.q4_1x8, |k| k.q4_1);
 }
 
 /// The Q5_1 arithmetic (one integer sum and two FMAs per block) is the dot product of
@@ -692,31 +592,6 @@ fn packed_q6_k_groups_compute_the_portable_bits() {
             }
         }
     }
-}
-
-/// A panel whose weights are not whole rows of the inputs' length is refused, not
-/// read past.
-#[test]
-#[should_panic(expected = "a panel's weights")]
-fn a_panel_with_a_partial_row_is_refused() {
-    let k = Kernels::active();
-    let y = vec![
-        BlockQ8_1 {
-            d: 0,
-            s: 0,
-            qs: [0; 32]
-        };
-        8 * 2
-    ];
-    let w = vec![
-        BlockQ4_1 {
-            d: 0,
-            m: 0,
-            qs: [0; 16]
-        };
-        3
-    ];
-    (k.q4_1_x8)(&w, &y, &[0.0; 16], &[0.0; 16], &mut [[0.0; 8]; 2]);
 }
 
 /// The attention tiles give exactly the one-row kernels' bits: each score is

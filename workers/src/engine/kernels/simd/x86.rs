@@ -1,11 +1,10 @@
-//! ggml's AVX2 dot products, lane for lane, compiled three times: for AVX2 + FMA +
-//! F16C ([`avx2`]), with AVX-VNNI's `vpdpbusd` doing the 8-bit multiply-adds
-//! ([`avx_vnni`], as ggml does under `__AVXVNNI__`), and with AVX-512 VNNI's EVEX
-//! `vpdpbusd` on 256-bit registers ([`avx512_vl`], for the AVX-512 table's single
-//! rows, as ggml does under `__AVX512VNNI__ && __AVX512VL__`). `vpdpbusd` sums the same four
-//! products per 32-bit lane that `vpmaddubsw` + `vpmaddwd` do, none of these sums can
-//! saturate for the block formats here, so both give the same integers and the same
-//! floats.
+//! The 256-bit kernels over the packed types and the f32/f16 vector helpers, compiled
+//! three times: for AVX2 + FMA + F16C ([`avx2`], `vpmaddubsw` + `vpmaddwd` for the
+//! 8-bit multiply-adds), with AVX-VNNI's `vpdpbusd` ([`avx_vnni`]), and with AVX-512
+//! VNNI's EVEX `vpdpbusd` on 256-bit registers ([`avx512_vl`], for the AVX-512 table's
+//! f32 helpers and a last odd packed group). `vpdpbusd` sums the same four products
+//! per 32-bit lane that `vpmaddubsw` + `vpmaddwd` do, and the kernels bound the 16-bit
+//! sums so that neither saturates: every variant gives the same integers and floats.
 //!
 //! Every function is `unsafe`: the caller guarantees the CPU has the module's
 //! features ([`super::Kernels::get`] hands them out only then).
@@ -37,27 +36,6 @@ pub(super) unsafe fn h2f(h: u16) -> f32 {
         options(pure, nomem, nostack, preserves_flags),
     );
     r
-}
-
-/// The 4-bit and 8-bit helpers shared by the 256-bit kernels here and the 512-bit
-/// ones in `avx512.rs`.
-#[inline(always)]
-pub(super) unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    let tmp = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
-    _mm256_and_si256(_mm256_set1_epi8(0x0f), bytes)
-}
-
-/// ggml's `bytes_from_bits_32`: byte `i` is 0xFF where bit `i` of `x` is set.
-#[inline(always)]
-pub(super) unsafe fn bytes_from_bits_32(x: &[u8; 4]) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    let x32 = i32::from_le_bytes(*x);
-    let shuf_mask = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf_mask);
-    let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
 }
 
 /// Asks for the cache line `PREFETCH_BYTES` past block `i` of a weight row. A decode
@@ -132,102 +110,8 @@ macro_rules! x86_kernels {
         pub mod $module {
             use super::*;
             use crate::engine::kernels::kquants::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, KGroup};
-            use crate::engine::kernels::quants::{ActBlock, BlockQ4_0x8, BlockQ5_0x8, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Extra, Fifth8, MinBlock};
-            use crate::engine::kernels::simd::{eight, panel_rows};
+            use crate::engine::kernels::quants::{ActBlock, BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Extra, Nibbles8};
             use std::arch::x86_64::*;
-
-            /// Sums of four u8 × i8 products per 32-bit lane, as floats.
-            #[inline(always)]
-            unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
-                if $dot == Dot::AvxVnni {
-                    _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy))
-                } else if $dot == Dot::Avx512Vnni {
-                    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy))
-                } else {
-                    let dot = _mm256_maddubs_epi16(ax, sy);
-                    _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
-                }
-            }
-
-            /// A Q4_1 or Q5_1 block's unsigned values (ggml's `bytes_from_nibbles_32`,
-            /// with Q5_1's `bytes_from_bits_32(qh) & 0x10` or-ed in).
-            #[inline(always)]
-            unsafe fn min_bytes<B: MinBlock>(a: &B) -> __m256i {
-                let qx = bytes_from_nibbles_32(a.qs());
-                if B::FIFTH {
-                    let hi = _mm256_and_si256(bytes_from_bits_32(&a.qh()), _mm256_set1_epi8(0x10));
-                    _mm256_or_si256(qx, hi)
-                } else {
-                    qx
-                }
-            }
-
-            /// `N` activation rows (scales already in f32) against one Q4_1 or Q5_1
-            /// weight row: the values are unpacked once per block; each output uses
-            /// exactly the single-row arithmetic.
-            #[inline(always)]
-            unsafe fn rows_min<B: MinBlock, const N: usize>(
-                x: &[B],
-                y: [&[BlockQ8_1]; N],
-                yd: [&[f32]; N],
-                ys: [&[f32]; N],
-            ) -> [f32; N] {
-                // Checked once here, so the loop indexes without bounds checks.
-                for r in 0..N {
-                    assert!(y[r].len() >= x.len() && yd[r].len() >= x.len() && ys[r].len() >= x.len());
-                }
-                let mut acc = [_mm256_setzero_ps(); N];
-                let mut summs = [0.0f32; N];
-                for (i, a) in x.iter().enumerate() {
-                    prefetch_ahead(x, i);
-                    let d0 = h2f(a.d());
-                    let m = h2f(a.m());
-                    let qx = min_bytes(a);
-                    for r in 0..N {
-                        summs[r] += m * *ys[r].get_unchecked(i);
-                        let d0d1 = _mm256_set1_ps(d0 * *yd[r].get_unchecked(i));
-                        let qy = _mm256_loadu_si256(y[r].get_unchecked(i).qs.as_ptr() as *const __m256i);
-                        acc[r] = _mm256_fmadd_ps(d0d1, mul_sum_us8_pairs_float(qx, qy), acc[r]);
-                    }
-                }
-                let mut out = [0.0f32; N];
-                for r in 0..N {
-                    out[r] = hsum_float_8(acc[r]) + summs[r];
-                }
-                out
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_min_q8_1<B: MinBlock>(x: &[B], y: &[BlockQ8_1], yd: &[f32], ys: &[f32]) -> f32 {
-                rows_min(x, [y], [yd], [ys])[0]
-            }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_min_q8_1_x4<B: MinBlock>(
-                x: &[B],
-                y: [&[BlockQ8_1]; 4],
-                yd: [&[f32]; 4],
-                ys: [&[f32]; 4],
-            ) -> [f32; 4] {
-                rows_min(x, y, yd, ys)
-            }
-
-            // Panels: eight activation rows against each weight row in turn; each
-            // weight block is unpacked once for all eight (eight accumulators, the
-            // weights and two temporaries fit AVX2's sixteen registers).
-            #[target_feature(enable = $features)]
-            pub unsafe fn dot_min_q8_1_x8<B: MinBlock>(
-                x: &[B],
-                y: &[BlockQ8_1],
-                yd: &[f32],
-                ys: &[f32],
-                out: &mut [[f32; 8]],
-            ) {
-                let (y, yd, ys) = (eight(y), eight(yd), eight(ys));
-                for (row, o) in panel_rows(x, y[0].len(), out) {
-                    *o = rows_min(row, y, yd, ys);
-                }
-            }
 
             /// `N` (1–4) Q8_0 rows against one group of eight packed Q4_0 rows, one
             /// row per lane: the nibbles taken as unsigned bytes, each block's
@@ -394,15 +278,16 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// `N` (1–4) inputs against one group of eight packed 5-bit rows (Q5_0
-            /// against Q8_0, Q5_1 against Q8_1), one row per lane: the unsigned values
-            /// (nibbles or-ed with their fifth bits) against the input's broadcast
-            /// bytes, each block's integer sum (Q5_0: on top of `2 ·` the input's
-            /// offset, `−16 · Σ y`), then one multiply (the scales) and one FMA per
-            /// block and cell, and for Q5_1 a second FMA (the min times the input's
-            /// sum), as the portable kernels.
+            /// `N` (1–4) inputs against one group of eight packed rows of small
+            /// unsigned values (Q5_0 against Q8_0, Q4_1 and Q5_1 against Q8_1), one
+            /// row per lane: the values (nibbles, or-ed with their fifth bits where
+            /// there are any) against the input's broadcast bytes, each block's integer
+            /// sum (Q5_0: on top of `2 ·` the input's offset, `−16 · Σ y`), then one
+            /// multiply (the scales) and one FMA per block and cell, and for Q4_1 and
+            /// Q5_1 a second FMA (the min times the input's sum), as the portable
+            /// kernels.
             #[inline(always)]
-            pub(in crate::engine::kernels::simd) unsafe fn group_q5<G: Fifth8, A: ActBlock, E: Extra, const N: usize>(
+            pub(in crate::engine::kernels::simd) unsafe fn group_nibbles<G: Nibbles8, A: ActBlock, E: Extra, const N: usize>(
                 x: &[G],
                 y: [&[A]; N],
                 yd: [&[f32]; N],
@@ -428,9 +313,12 @@ macro_rules! x86_kernels {
                     let mut sum16 = [_mm256_setzero_si256(); N];
                     for s in 0..4 {
                         let w = _mm256_loadu_si256(a.qs().as_ptr().add(32 * s) as *const __m256i);
-                        let (fl, fh) = fifth_bits(a.qh(), s);
-                        let lo = _mm256_or_si256(_mm256_and_si256(w, m4), fl);
-                        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), fh);
+                        let mut lo = _mm256_and_si256(w, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                        if G::FIFTH {
+                            let (fl, fh) = fifth_bits(a.qh(), s);
+                            (lo, hi) = (_mm256_or_si256(lo, fl), _mm256_or_si256(hi, fh));
+                        }
                         for t in 0..N {
                             let q = y[t].get_unchecked(i).qs().as_ptr();
                             let ql = _mm256_set1_epi32((q.add(4 * s) as *const i32).read_unaligned());
@@ -463,10 +351,11 @@ macro_rules! x86_kernels {
                 acc
             }
 
-            /// [`super::super::Kernels::q5_0x8`] and [`super::super::Kernels::q5_1x8`]:
+            /// [`super::super::Kernels::q4_1x8`], [`super::super::Kernels::q5_0x8`] and
+            /// [`super::super::Kernels::q5_1x8`]:
             /// each group against the inputs four at a time.
             #[inline(always)]
-            unsafe fn dot_q5x8<G: Fifth8, A: ActBlock, E: Extra>(
+            unsafe fn dot_nibbles_x8<G: Nibbles8, A: ActBlock, E: Extra>(
                 x: &[G],
                 y: &[A],
                 yd: &[f32],
@@ -480,7 +369,7 @@ macro_rules! x86_kernels {
                     let xg = &x[g * nb..(g + 1) * nb];
                     tiles!(n, 4, |t, M| {
                         let ins = |k: usize| (t + k) * nb..(t + k + 1) * nb;
-                        let acc = group_q5::<G, A, E, M>(
+                        let acc = group_nibbles::<G, A, E, M>(
                             xg,
                             std::array::from_fn(|k| &y[ins(k)]),
                             std::array::from_fn(|k| &yd[ins(k)]),
@@ -500,7 +389,19 @@ macro_rules! x86_kernels {
                 n: usize,
                 out: &mut [f32],
             ) {
-                dot_q5x8(x, y, yd, yo, n, out)
+                dot_nibbles_x8(x, y, yd, yo, n, out)
+            }
+
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_1x8_q8_1(
+                x: &[BlockQ4_1x8],
+                y: &[BlockQ8_1],
+                yd: &[f32],
+                ys: &[f32],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                dot_nibbles_x8(x, y, yd, ys, n, out)
             }
 
             #[target_feature(enable = $features)]
@@ -512,7 +413,7 @@ macro_rules! x86_kernels {
                 n: usize,
                 out: &mut [f32],
             ) {
-                dot_q5x8(x, y, yd, ys, n, out)
+                dot_nibbles_x8(x, y, yd, ys, n, out)
             }
 
             /// `N` (1–4) Q8_K rows against one group of eight packed Q4_K or Q5_K rows,

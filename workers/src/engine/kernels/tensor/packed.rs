@@ -1,5 +1,6 @@
-//! Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices, stored as packed groups of eight
-//! rows ([`BlockQ4_0x8`], [`BlockQ5_0x8`], [`BlockQ5_1x8`], [`BlockQ8_0x8`], [`BlockQ4Kx8`], [`BlockQ5Kx8`], [`BlockQ6Kx8`]: one row per 32-bit
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices — every quantized type
+//! the engine reads — stored as packed groups of eight rows ([`BlockQ4_0x8`],
+//! [`BlockQ4_1x8`], [`BlockQ5_0x8`], [`BlockQ5_1x8`], [`BlockQ8_0x8`], [`BlockQ4Kx8`], [`BlockQ5Kx8`], [`BlockQ6Kx8`]: one row per 32-bit
 //! lane, llama.cpp's repacked layouts, Q4_K's with a plane of fifth bits, Q6_K's
 //! nibbles and two-bit planes) whatever the
 //! CPU, because their arithmetic is defined on them: each block finished in integers,
@@ -25,7 +26,8 @@ use super::QData;
 use super::{chunk_rows, OutPtr, QAct, QMatrix};
 use crate::engine::kernels::kquants::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, QK_K};
 use crate::engine::kernels::quants::{
-    BlockQ4_0, BlockQ4_0x8, BlockQ5_0, BlockQ5_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0, BlockQ8_0x8, QK,
+    BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ5_0, BlockQ5_0x8, BlockQ5_1, BlockQ5_1x8, BlockQ8_0,
+    BlockQ8_0x8, QK,
 };
 use crate::engine::kernels::simd::Kernels;
 use rayon::prelude::*;
@@ -115,6 +117,30 @@ impl Packed for BlockQ8_0x8 {
         };
         let nb = x.len();
         (k.q8_0)(x, &y[t * nb..(t + 1) * nb], &yd[t * nb..(t + 1) * nb])
+    }
+}
+
+impl Packed for BlockQ4_1x8 {
+    type Row = BlockQ4_1;
+    const BLOCK: usize = QK;
+    fn pack(rows: [&BlockQ4_1; 8]) -> Self {
+        BlockQ4_1x8::pack(rows)
+    }
+    fn row(&self, r: usize) -> BlockQ4_1 {
+        BlockQ4_1x8::row(self, r)
+    }
+    fn groups(k: &Kernels, x: &[Self], act: &QAct, n: usize, nb: usize, out: &mut [f32]) {
+        let QAct::Q8_1(y, yd, ys) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        (k.q4_1x8)(x, &y[..n * nb], &yd[..n * nb], &ys[..n * nb], n, out)
+    }
+    fn one(k: &Kernels, x: &[BlockQ4_1], act: &QAct, t: usize) -> f32 {
+        let QAct::Q8_1(y, yd, ys) = act else {
+            unreachable!("prepare() matches the weight type")
+        };
+        let ins = t * x.len()..(t + 1) * x.len();
+        (k.q4_1)(x, &y[ins.clone()], &yd[ins.clone()], &ys[ins])
     }
 }
 
@@ -327,6 +353,13 @@ pub(super) fn q5_0(blocks: &[BlockQ5_0], rows: usize, nb: usize) -> QData {
 pub(super) fn q8_0(blocks: &[BlockQ8_0], rows: usize, nb: usize) -> QData {
     let (groups, tail) = pack(blocks, rows, nb);
     QData::Q8_0x8(groups, tail)
+}
+
+/// A Q4_1 matrix's [`QData`].
+#[cfg(test)]
+pub(super) fn q4_1(blocks: &[BlockQ4_1], rows: usize, nb: usize) -> QData {
+    let (groups, tail) = pack(blocks, rows, nb);
+    QData::Q4_1x8(groups, tail)
 }
 
 /// A Q5_1 matrix's [`QData`].
