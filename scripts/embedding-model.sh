@@ -17,6 +17,12 @@ say() { printf '[embedding-model] %s\n' "$*" >&2; }
 PY="$CACHE/venv/bin/python"
 [ -x "$PY" ] || { say "no venv at $CACHE/venv: run scripts/setup.sh first"; exit 1; }
 
+# One install at a time: tests that need the model run in parallel, and from an empty
+# cache two of them once raced on the same unpack directory (one saw it half written).
+mkdir -p "$CACHE/models"
+exec 9>"$CACHE/models/.all-MiniLM-L6-v2.lock"
+flock 9
+
 if [ -s "$DIR/model.safetensors" ] && [ -s "$DIR/tokenizer.json" ]; then
   say "all-MiniLM-L6-v2: cached at $DIR"
 else

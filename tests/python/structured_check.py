@@ -143,7 +143,7 @@ def _(res):
     r = c.chat.completions.create(model=model, response_format={"type": "json_object"}, temperature=0,
                                   max_tokens=300, messages=[
         {"role": "system", "content": 'Reply with a JSON object only, like {"city": "Paris", "country": "France"}.'},
-        {"role": "user", "content": "Where is the Colosseum?"}])
+        {"role": "user", "content": "Which city and country is the Colosseum in?"}])
     ch = r.choices[0]
     try:
         value = json.loads(ch.message.content or "")
