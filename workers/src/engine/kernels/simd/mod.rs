@@ -69,18 +69,10 @@ type Kx8<G> = fn(&[G], &[BlockQ8K], &[[i32; 4]], usize, &mut [f32]);
 type QK<B> = fn(&[B], &[BlockQ8K]) -> f32;
 
 /// One variant's kernels. Weight blocks come first, then the prepared activations
-/// (Q8_0/Q8_1 blocks with their scales, and Q8_1's sums, already in f32). The `_x4`
-/// forms take 4 activation rows against one weight row and give each exactly the
-/// single-row result. The `_x8` forms are prefill's panels: `out.len()` weight rows
-/// (stored one after another) against 8 activation rows (likewise; each argument
-/// holds all eight), `out[row][input]`, again each cell exactly the single-row
-/// result. One call covers a whole run of weight rows, so the dispatch, the slicing
-/// of the inputs and the checks are paid once per panel, not once per row (on Gemma
-/// 3's 640-wide rows they were ~8% of a prefill); a variant tiles the panel as its
-/// registers allow.
+/// (Q8_0/Q8_1/Q8_K blocks with their scales, and Q8_1's sums or the offsets and min
+/// pairs, already computed once per input).
 ///
-/// Q4_0, Q5_0, Q5_1, Q8_0 and the K-quants have their own arithmetic and layout:
-/// `q4_0x8`, `q4_1x8`, `q5_0x8`, `q5_1x8`, `q8_0x8`, `q4_kx8`, … take groups of eight rows packed as [`BlockQ4_0x8`],
+/// Every quantized type has its own layout and arithmetic: `q4_0x8`, `q4_1x8`, `q5_0x8`, `q5_1x8`, `q8_0x8`, `q4_kx8`, … take groups of eight rows packed as [`BlockQ4_0x8`],
 /// [`BlockQ5_1x8`], [`BlockQ4Kx8`], … (one row per 32-bit
 /// lane) against any number of inputs, and each cell finishes a block in integers and
 /// does one fused multiply-add per block and sum, in block order — as llama.cpp's
@@ -321,9 +313,10 @@ static AVX2: Kernels = x86_table!(Isa::Avx2, x86::avx2);
 #[cfg(target_arch = "x86_64")]
 static AVX_VNNI: Kernels = x86_table!(Isa::AvxVnni, x86::avx_vnni);
 
-/// AVX-512: the 4-row kernels and the panels' tiles are 512-bit; single rows and the f32/f16 vector
-/// helpers are the 256-bit kernels with EVEX `vpdpbusd` (not AVX-VNNI's VEX form,
-/// which Ice Lake and Zen 4 lack).
+/// AVX-512: the packed groups go two to a 512-bit register where there are several
+/// inputs; a one-input call (decode), a last odd group and the f32/f16 vector helpers
+/// use the 256-bit kernels with EVEX `vpdpbusd` (not AVX-VNNI's VEX form, which Ice
+/// Lake and Zen 4 lack).
 #[cfg(target_arch = "x86_64")]
 static AVX512: Kernels = {
     use avx512 as k;
