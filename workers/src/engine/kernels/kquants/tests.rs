@@ -294,8 +294,8 @@ fn packed_q6_k_rows_round_trip() {
             let (half, h) = (c / 2, c % 2);
             for s in 0..8 {
                 for l in 0..4 {
-                    let w = packed.ql[256 * c + 32 * s + 4 * r + l];
-                    let high = packed.qh[256 * half + 32 * s + 4 * r + l];
+                    let w = packed.q[BlockQ6Kx8::ql_at(c, s) + 4 * r + l];
+                    let high = packed.q[BlockQ6Kx8::qh_at(half, s) + 4 * r + l];
                     let v = 128 * half + 32 * h + 4 * s + l;
                     for (q, v) in [
                         ((w & 0xf) | ((high >> (2 * h)) & 3) << 4, v),

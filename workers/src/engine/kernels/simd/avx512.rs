@@ -556,12 +556,12 @@ unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [
                     let (mut lo_sum, mut hi_sum) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
                     for s in 4 * q..4 * q + 4 {
                         let w = pair256(
-                            a.ql.as_ptr().add(256 * (2 * $half + $h) + 32 * s),
-                            b.ql.as_ptr().add(256 * (2 * $half + $h) + 32 * s),
+                            a.q.as_ptr().add(BlockQ6Kx8::ql_at(2 * $half + $h, s)),
+                            b.q.as_ptr().add(BlockQ6Kx8::ql_at(2 * $half + $h, s)),
                         );
                         let bits = pair256(
-                            a.qh.as_ptr().add(256 * $half + 32 * s),
-                            b.qh.as_ptr().add(256 * $half + 32 * s),
+                            a.q.as_ptr().add(BlockQ6Kx8::qh_at($half, s)),
+                            b.q.as_ptr().add(BlockQ6Kx8::qh_at($half, s)),
                         );
                         let (up, down) = if $h == 0 {
                             (_mm512_slli_epi16(bits, 4), bits)

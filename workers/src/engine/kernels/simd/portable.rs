@@ -319,8 +319,8 @@ pub fn dot_q6_kx8_q8_k(x: &[BlockQ6Kx8], y: &[BlockQ8K], ym: &[[i32; 4]], n: usi
                         let (half, h) = (c / 2, c % 2);
                         for s in 0..8 {
                             for l in 0..4 {
-                                let w = a.ql[256 * c + 32 * s + 4 * r + l];
-                                let high = a.qh[256 * half + 32 * s + 4 * r + l];
+                                let w = a.q[BlockQ6Kx8::ql_at(c, s) + 4 * r + l];
+                                let high = a.q[BlockQ6Kx8::qh_at(half, s) + 4 * r + l];
                                 let lo = (w & 0xf) | ((high >> (2 * h)) & 3) << 4;
                                 let hi = (w >> 4) | ((high >> (2 * h + 4)) & 3) << 4;
                                 let v = 128 * half + 32 * h + 4 * s + l;

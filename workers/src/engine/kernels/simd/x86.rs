@@ -605,8 +605,8 @@ macro_rules! x86_kernels {
                             let (lo_sc, hi_sc) = ([q6k_scale(g, j), q6k_scale(g, j + 1)], [q6k_scale(g, j + 4), q6k_scale(g, j + 5)]);
                             let (mut lo_sum, mut hi_sum) = ([_mm256_setzero_si256(); N], [_mm256_setzero_si256(); N]);
                             for s in 0..8 {
-                                let w = _mm256_loadu_si256(g.ql.as_ptr().add(256 * (2 * $half + $h) + 32 * s) as *const __m256i);
-                                let bits = _mm256_loadu_si256(g.qh.as_ptr().add(256 * $half + 32 * s) as *const __m256i);
+                                let w = _mm256_loadu_si256(g.q.as_ptr().add(BlockQ6Kx8::ql_at(2 * $half + $h, s)) as *const __m256i);
+                                let bits = _mm256_loadu_si256(g.q.as_ptr().add(BlockQ6Kx8::qh_at($half, s)) as *const __m256i);
                                 // Bits 2h..2h + 2 of each `qh` byte to bits 4–5 (low
                                 // nibbles' values), bits 2h + 4.. likewise (high).
                                 // (Immediate shifts: `$h` is a literal. When `h` was
