@@ -133,12 +133,15 @@ impl BlockQ4Kx8 {
 /// Eight Q5_K rows' super-block `i`: their low four bits, scales and mins packed as
 /// [`BlockQ4Kx8`], and the fifth bits in the same lanes: `qh[32s + 4r..+4]` holds
 /// bytes `4s..+4` of row `r`'s `qh`, whose bit `j` belongs to sub-block `j`. 1,440
-/// bytes for eight rows' 1,408.
+/// bytes for eight rows' 1,408. The fifth bits come first: the kernels read them with
+/// the first 256 bytes of `qs`, so the block is read nearly front to back, as
+/// [`BlockQ6Kx8`] (whose split planes stalled decode on a Zen 4 EPYC; for Q5_K, whose
+/// plane is smaller, the move measured within noise there).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ5Kx8 {
-    pub low: BlockQ4Kx8,
     pub qh: [u8; 256],
+    pub low: BlockQ4Kx8,
 }
 
 impl BlockQ5Kx8 {

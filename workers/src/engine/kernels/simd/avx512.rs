@@ -399,10 +399,6 @@ unsafe fn groups2_k<G: KGroup, const N: usize>(
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
         let (ga, gb) = (x0.get_unchecked(i), x1.get_unchecked(i));
-        if i + 1 < nb {
-            super::x86::prefetch_block(x0.get_unchecked(i + 1));
-            super::x86::prefetch_block(x1.get_unchecked(i + 1));
-        }
         let (a, b) = (ga.low(), gb.low());
         let mut sums = [_mm512_setzero_si512(); N];
         for k in 0..4 {
@@ -525,11 +521,6 @@ unsafe fn groups2_q6k<const N: usize>(x0: &[BlockQ6Kx8], x1: &[BlockQ6Kx8], y: [
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
         let (a, b) = (x0.get_unchecked(i), x1.get_unchecked(i));
-        // The next super-blocks, a line at a time (see the 256-bit kernel).
-        if i + 1 < nb {
-            super::x86::prefetch_block(x0.get_unchecked(i + 1));
-            super::x86::prefetch_block(x1.get_unchecked(i + 1));
-        }
         // Sub-block j's scale in each of the sixteen rows' lanes.
         let scale = |j: usize| {
             let pairs = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
