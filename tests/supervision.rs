@@ -4,7 +4,10 @@
 //!   session is closed and its KV slot given back, and the worker and its other
 //!   sessions keep serving;
 //! - a KvCacheActor that panics is started again, announces a fresh start (snapshot
-//!   `seq` 1, nothing held), and the prefix index fills again from the next requests.
+//!   `seq` 1, nothing held), and the prefix index fills again from the next requests;
+//! - a root actor that panics (a WorkerActor, a CoordinatorActor) is noticed: its
+//!   handle's `failed()` resolves (the CLI then exits non-zero), its NATS connection
+//!   is drained, and the rest of the fleet serves every request.
 
 mod common;
 
@@ -136,4 +139,76 @@ async fn panicking_session_and_kv_cache_actors_never_take_the_worker_down() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(fleet.worker.status().await.unwrap().available);
+}
+
+/// Five greedy requests through `client`, each answered in full.
+async fn serves(client: &switchyard::Client, what: &str) {
+    for i in 0..5 {
+        let reply = tokio::time::timeout(Duration::from_secs(60), async {
+            client
+                .generate(greedy("The capital of France is", 4))
+                .await?
+                .collect()
+                .await
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: request {i} timed out"))
+        .unwrap_or_else(|e| panic!("{what}: request {i} failed: {e}"));
+        assert_eq!(reply.tokens.len(), 4, "{what}: request {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_root_actor_is_noticed_and_the_rest_of_the_fleet_serves() {
+    let fleet = fleet(|c| c.worker.threads = 1).await;
+    let client = fleet.client().await;
+    serves(&client, "before any fault").await;
+
+    // --- A second coordinator, then the first one's actor panics.
+    let second = switchyard::node::start_coordinator(&fleet.config)
+        .await
+        .expect("second coordinator");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while second.status().await.unwrap().workers.is_empty() {
+        assert!(Instant::now() < deadline, "the second coordinator never saw the worker");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fleet.coordinator.inject_panic();
+    let why = tokio::time::timeout(Duration::from_secs(15), fleet.coordinator.failed())
+        .await
+        .expect("the coordinator's failure is noticed");
+    assert!(why.contains("coordinator"), "{why}");
+    serves(&client, "after the first coordinator failed").await;
+
+    // --- A second worker, then the first one's actor panics.
+    let mut config = fleet.config.clone();
+    config.worker.id = "w2".into();
+    let loaded = switchyard::node::load(&config).await.expect("model loads");
+    let w2 = switchyard::node::start_worker(&config, &loaded)
+        .await
+        .expect("second worker");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while second.status().await.unwrap().workers.len() < 2 {
+        assert!(Instant::now() < deadline, "the coordinator never saw the second worker");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fleet.worker.inject_fault(Fault::PanicWorker);
+    let why = tokio::time::timeout(Duration::from_secs(15), fleet.worker.failed())
+        .await
+        .expect("the worker's failure is noticed");
+    assert!(why.contains("w1"), "{why}");
+    serves(&client, "after worker w1 failed").await;
+    // w1 is gone from the fleet (no heartbeats, no subscriptions), w2 serves on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let workers = second.status().await.unwrap().workers;
+        if workers.iter().all(|w| w.status.worker_id != "w1") {
+            assert!(workers.iter().any(|w| w.status.worker_id == "w2"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "w1 still listed: {workers:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w2.shutdown(Duration::from_secs(5)).await;
+    second.shutdown().await;
 }

@@ -6,6 +6,8 @@
 //!   keep-alives while a request waits or computes.
 //! - [`process`]: child processes that die with us, free loopback ports.
 //! - [`host`]: what `/proc` says (host name, available memory, resident sets).
+//! - [`root`]: [`RootWatch`], which notices a worker's or coordinator's root actor
+//!   ending unasked, drains its NATS connection and says why.
 //! - [`cancel`]: [`CancelRegistry`] and [`Cancelled`], request id → cancel flag, fed by
 //!   `{p}.v1.cancel.{request_id}`.
 //!
@@ -16,10 +18,12 @@ pub mod chunks;
 pub mod host;
 pub mod nats;
 pub mod process;
+pub mod root;
 pub mod trace;
 
 pub use cancel::{CancelRegistry, Cancelled};
 pub use chunks::ChunkSink;
+pub use root::RootWatch;
 
 /// Unix time in milliseconds.
 pub fn now_ms() -> u64 {

@@ -71,6 +71,8 @@ pub enum CoordinatorMsg {
     Cancel(String, String),
     /// Answers every waiting request [`Waited::Handoff`]; replies how many.
     Handoff(RpcReplyPort<usize>),
+    /// Panics in the handler: an injected fault (the supervision tests).
+    Panic,
 }
 
 /// The actor (stateless; its state is the registry).
@@ -230,6 +232,7 @@ impl Actor for CoordinatorActor {
                     }
                 }
             }
+            CoordinatorMsg::Panic => panic!("injected fault: the coordinator actor panics"),
             CoordinatorMsg::Handoff(reply) => {
                 state.stopping = true;
                 let n = state.waiting.len();

@@ -99,6 +99,7 @@ pub struct CoordinatorHandle {
     tasks: Vec<JoinHandle<()>>,
     service: Option<async_nats::service::Service>,
     handed_off: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    root: switchyard_actors::RootWatch,
 }
 
 impl CoordinatorHandle {
@@ -107,7 +108,7 @@ impl CoordinatorHandle {
         let stats = std::sync::Arc::new(stats::CoordinatorStats::default());
         let fleet_queue = queue::FleetQueue::new(opts.max_queued as usize, opts.max_queued_bytes);
         waiting::register_depth_gauge(opts.coordinator_id.clone(), &fleet_queue.depths());
-        let (actor, _) = Actor::spawn(
+        let (actor, join) = Actor::spawn(
             None,
             CoordinatorActor,
             CoordinatorArgs {
@@ -121,6 +122,8 @@ impl CoordinatorHandle {
         )
         .await
         .map_err(|e| anyhow::anyhow!("starting the coordinator actor: {e}"))?;
+        let root =
+            switchyard_actors::RootWatch::start(join, client.clone(), format!("coordinator {}", opts.coordinator_id));
         let mut tasks = Vec::new();
 
         // Heartbeats, as many as are waiting per actor call (one round trip per batch,
@@ -284,7 +287,22 @@ impl CoordinatorHandle {
             tasks,
             service: Some(service),
             handed_off,
+            root,
         })
+    }
+
+    /// Resolves once the coordinator's actor has ended without [`Self::shutdown`] (a
+    /// panic in its handler): its NATS connection is drained by then, so the other
+    /// coordinators take its share of the traffic. A process should exit non-zero;
+    /// its service manager starts it again (the registry rebuilds from heartbeats).
+    pub async fn failed(&self) -> String {
+        self.root.failed().await
+    }
+
+    /// Makes the actor panic in its handler (the supervision tests).
+    #[doc(hidden)]
+    pub fn inject_panic(&self) {
+        let _ = self.actor.cast(CoordinatorMsg::Panic);
     }
 
     /// The current fleet view.
@@ -323,6 +341,7 @@ impl CoordinatorHandle {
         }
         // Drain unsubscribes everything and flushes before closing.
         let _ = self.client.drain().await;
+        self.root.stopping();
         self.actor.stop(None);
     }
 }

@@ -44,7 +44,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let stop = node::shutdown_signal();
             let coordinator = node::start_coordinator(&config).await?;
             eprintln!("coordinator up on {} (prefix {})", config.nats.url, config.nats.prefix);
-            stop.await;
+            tokio::select! {
+                _ = stop => {}
+                why = coordinator.failed() => return Ok(failed(&why)),
+            }
             coordinator.shutdown().await;
             Ok(ExitCode::SUCCESS)
         }
@@ -70,7 +73,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 loaded.device,
                 loaded.capacity
             );
-            stop.await;
+            tokio::select! {
+                _ = stop => {}
+                why = worker.failed() => {
+                    loaded.stop();
+                    return Ok(failed(&why));
+                }
+            }
             eprintln!("draining worker {} …", worker.id());
             worker.shutdown(Duration::from_secs(30)).await;
             loaded.stop();
@@ -304,7 +313,18 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         std::io::stdout().flush().ok();
     }
     if !args.exit_after_prompt {
-        stop.await;
+        let why = tokio::select! {
+            _ = stop => None,
+            why = worker.failed() => Some(why),
+            why = coordinator.failed() => Some(why),
+        };
+        if let Some(why) = why {
+            if let Some(g) = gateway {
+                g.shutdown().await;
+            }
+            loaded.stop();
+            return Ok(failed(&why));
+        }
     }
     eprintln!("shutting down …");
     if let Some(g) = gateway {
@@ -315,6 +335,14 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
     coordinator.shutdown().await;
     drop(secure);
     Ok(ExitCode::SUCCESS)
+}
+
+/// A root actor (worker or coordinator) ended unasked: its NATS connection is
+/// already drained; the process exits non-zero so its service manager starts it
+/// again, rather than staying up and serving nothing.
+fn failed(why: &str) -> ExitCode {
+    eprintln!("error: {why}; exiting so a service manager can restart this process");
+    ExitCode::from(70)
 }
 
 fn request(

@@ -83,6 +83,9 @@ pub enum Fault {
     PanicKvCache,
     /// This session's actor panics while handling its next call.
     PanicSessionOnNextCall(String),
+    /// The WorkerActor itself panics in its handler (the root: the process must
+    /// notice, see [`WorkerHandle::failed`]).
+    PanicWorker,
 }
 
 struct WorkerState {
@@ -380,6 +383,7 @@ impl Actor for WorkerActor {
                 let _ = state.kv.cast(KvMsg::Panic);
             }
             WorkerMsg::Fault(Fault::PanicSessionOnNextCall(id)) => state.sessions.arm_panic(&id),
+            WorkerMsg::Fault(Fault::PanicWorker) => panic!("injected fault: the worker actor panics"),
         }
         Ok(())
     }
@@ -432,6 +436,7 @@ impl Actor for WorkerActor {
 pub struct WorkerHandle {
     actor: ActorRef<WorkerMsg>,
     worker_id: String,
+    root: switchyard_actors::RootWatch,
 }
 
 impl WorkerHandle {
@@ -442,11 +447,27 @@ impl WorkerHandle {
         opts: WorkerOptions,
     ) -> anyhow::Result<Self> {
         let worker_id = opts.worker_id.clone();
-        let (actor, _join) = Actor::spawn(None, WorkerActor, WorkerArgs { client, model, opts })
-            .await
-            .map_err(|e| anyhow::anyhow!("starting worker {worker_id}: {e}"))?;
+        let (actor, join) = Actor::spawn(
+            None,
+            WorkerActor,
+            WorkerArgs {
+                client: client.clone(),
+                model,
+                opts,
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("starting worker {worker_id}: {e}"))?;
+        let root = switchyard_actors::RootWatch::start(join, client, format!("worker {worker_id}"));
         let _ = actor.cast(WorkerMsg::Heartbeat);
-        Ok(Self { actor, worker_id })
+        Ok(Self { actor, worker_id, root })
+    }
+
+    /// Resolves once the worker's actor has ended without [`Self::shutdown`] (a
+    /// panic in its handler): its NATS connection is drained by then, so it serves
+    /// nothing. A process should exit non-zero; its service manager starts it again.
+    pub async fn failed(&self) -> String {
+        self.root.failed().await
     }
 
     /// The worker's id.
@@ -476,6 +497,7 @@ impl WorkerHandle {
             }
         }
         // Wait for post_stop, which drains the NATS connection.
+        self.root.stopping();
         let _ = self.actor.stop_and_wait(None, Some(Duration::from_secs(10))).await;
     }
 }
