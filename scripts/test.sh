@@ -12,6 +12,11 @@
 #                                   than AVX2 (AVX-512, AVX-VNNI): checked by the
 #                                   tolerance rules (ggml itself changes near ties there).
 # SWITCHYARD_SKIP_LLAMA=1 skips the llama.cpp reference (its tests say so).
+# Skipped tests are listed in the summary with their reasons (tests/common's `skip`
+# writes them to $SWITCHYARD_SKIP_LOG). A "Fixable" skip — a tool scripts/setup.sh
+# installs, root for namespaces or mounts — fails the run when SWITCHYARD_STRICT_SKIPS
+# is set, as .ci/run sets it on a Linux root machine; "Expected" ones (a GPU present, a
+# CPU feature, SWITCHYARD_SKIP_* set) never do.
 # Extra arguments go to `cargo test`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +37,9 @@ echo "[test] cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);"
   "reference llama-server: ${SWITCHYARD_LLAMA_SERVER:-none}; native: ${SWITCHYARD_LLAMA_SERVER_NATIVE:-none}" >&2
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+SWITCHYARD_SKIP_LOG=$(mktemp)
+export SWITCHYARD_SKIP_LOG
+trap 'rm -f "$log" "$SWITCHYARD_SKIP_LOG"' EXIT
 cargo test --workspace --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
@@ -40,7 +47,17 @@ echo
 echo "== summary"
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
-echo "$passed passed, $failed failed"
+skipped=$(sort -u "$SWITCHYARD_SKIP_LOG" | grep -c . || true)
+echo "$passed passed, $failed failed, $skipped skipped (in whole or in part)"
+if [ "$skipped" -gt 0 ]; then
+  echo "skipped tests:"
+  sort -u "$SWITCHYARD_SKIP_LOG" | awk -F'\t' '{ printf "  %s (%s): %s\n", $2, $1, $3 }'
+fi
+fixable=$(sort -u "$SWITCHYARD_SKIP_LOG" | grep -c '^Fixable' || true)
+if [ -n "${SWITCHYARD_STRICT_SKIPS:-}" ] && [ "$fixable" -gt 0 ]; then
+  echo "$fixable test(s) skipped for a reason this machine should have fixed (SWITCHYARD_STRICT_SKIPS is set)"
+  [ "$status" -eq 0 ] && status=1
+fi
 if [ "$status" -ne 0 ]; then
   echo "failed tests:"
   # The last "failures:" block before each "test result:" lists the failed tests.

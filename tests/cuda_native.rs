@@ -439,7 +439,10 @@ async fn a_native_cuda_worker_streams_chat_stops_cancels_and_reuses_prefixes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_a_gpu_a_native_cuda_worker_refuses_clearly_and_the_fleet_routes_elsewhere() {
     if GpuVendor::Cuda.gpus().is_ok() {
-        eprintln!("SKIPPED: this machine has an NVIDIA GPU, so a cuda worker does not refuse");
+        skip(
+            Skip::Expected,
+            "this machine has an NVIDIA GPU, so a cuda worker does not refuse",
+        );
         return;
     }
     let fleet = fleet(|c| c.worker.id = "w-cpu".into()).await;

@@ -222,7 +222,10 @@ fn the_cuda_worker_process_takes_its_child_down_when_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_a_gpu_a_cuda_worker_refuses_clearly_and_the_fleet_routes_elsewhere() {
     if GpuVendor::Cuda.gpus().is_ok() {
-        eprintln!("SKIPPED: this machine has an NVIDIA GPU, so a cuda worker does not refuse");
+        skip(
+            Skip::Expected,
+            "this machine has an NVIDIA GPU, so a cuda worker does not refuse",
+        );
         return;
     }
     let fleet = fleet(|c| c.worker.id = "w-cpu".into()).await;

@@ -31,41 +31,22 @@ fn on_path(names: &[&str]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// (chromium, chromedriver); installs Debian's packages when they are missing and
-/// apt-get is there. `None` only when neither they nor apt-get are.
+/// (chromium, chromedriver) from `PATH` (scripts/setup.sh installs Debian's packages;
+/// tests install nothing). `None`, with the reason printed, when they are missing.
 fn browser() -> Option<(PathBuf, PathBuf)> {
-    let find = || {
-        let chromium = on_path(&["chromium", "chromium-browser", "google-chrome"])?;
-        Some((chromium, on_path(&["chromedriver"])?))
-    };
-    if let Some(found) = find() {
-        return Some(found);
+    let chromium = on_path(&["chromium", "chromium-browser", "google-chrome"]);
+    let driver = on_path(&["chromedriver"]);
+    match (chromium, driver) {
+        (Some(c), Some(d)) => Some((c, d)),
+        _ => {
+            skip(
+                Skip::Fixable,
+                "chromium and chromedriver are not both on PATH; run scripts/setup.sh (as root it installs \
+                 Debian's chromium and chromium-driver) or put a Chromium and its chromedriver on PATH",
+            );
+            None
+        }
     }
-    if on_path(&["apt-get"]).is_none() {
-        eprintln!(
-            "SKIPPED: chromium and chromedriver are not installed and there is no apt-get to install \
-             them; install a Chromium and its chromedriver on PATH to run this test"
-        );
-        return None;
-    }
-    eprintln!("chromium/chromedriver missing: apt-get install -y chromium chromium-driver");
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    let install = ["install", "-y", "-q", "chromium", "chromium-driver"];
-    if !apt(&install) {
-        apt(&["update", "-q"]);
-        apt(&install);
-    }
-    Some(find().expect(
-        "chromium and chromedriver are missing and `apt-get install -y chromium chromium-driver` did \
-         not install them (run scripts/setup.sh as root)",
-    ))
 }
 
 /// chromedriver in its own process group, with the browsers it starts: the whole

@@ -172,7 +172,10 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
             panic!("network namespaces are required here (SWITCHYARD_REQUIRE_NETNS) but: {e}")
         }
         Err(e) => {
-            eprintln!("SKIPPED: cannot create network namespaces ({e}); run as root with iproute2");
+            skip(
+                Skip::Fixable,
+                &format!("cannot create network namespaces ({e}); run as root with iproute2"),
+            );
             return;
         }
     };

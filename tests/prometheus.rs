@@ -7,8 +7,8 @@
 //! `dashboards/switchyard.json`, through Prometheus' HTTP API, must return series with
 //! a value.
 //!
-//! Skipped (with the reason printed) only when no `prometheus` binary is present and it
-//! cannot be installed (see `common::prometheus_bin`).
+//! Skipped (with the reason printed) only when no `prometheus` binary is present
+//! (scripts/setup.sh installs it; see `common::prometheus_bin`).
 
 mod common;
 

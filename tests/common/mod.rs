@@ -11,6 +11,40 @@ use std::time::{Duration, Instant};
 use switchyard::{Client, ClientOptions};
 use switchyard_procs::nats_server::{find_nats_server, kill_with_parent, NatsServer};
 
+/// Why a test does not run here: something this machine could have (a tool
+/// scripts/setup.sh installs, root for namespaces or mounts) — a CI machine must —
+/// or something it is not meant to have (a GPU, a CPU feature, a variable the user set).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Skip {
+    /// Fixable on this machine: CI fails on it (`SWITCHYARD_STRICT_SKIPS`).
+    Fixable,
+    /// What this machine is, or what the user asked for.
+    Expected,
+}
+
+/// Says a test (or a case of it) is skipped, and why: on stderr, and as a line
+/// `kind<TAB>test<TAB>reason` appended to `$SWITCHYARD_SKIP_LOG`, the file
+/// scripts/test.sh lists in its summary (failing the run on fixable skips when
+/// `SWITCHYARD_STRICT_SKIPS` is set, as `.ci/run` does).
+pub fn skip(kind: Skip, reason: &str) {
+    eprintln!("SKIPPED: {reason}");
+    let Some(log) = std::env::var_os("SWITCHYARD_SKIP_LOG") else {
+        return;
+    };
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|s| s.rsplit_once('-').map(|(name, _hash)| name.to_string()).unwrap_or(s))
+        .unwrap_or_default();
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{kind:?}\t{binary}::{test}\t{}\n", reason.replace(['\n', '\t'], " "));
+    use std::io::Write;
+    // One short O_APPEND write per line: test threads and binaries do not interleave.
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
 /// Starts a fresh nats-server on a free port.
 pub fn nats() -> NatsServer {
     let bin = find_nats_server("").expect("nats-server (run scripts/setup.sh)");
@@ -33,7 +67,10 @@ pub fn demo_model() -> PathBuf {
 #[allow(dead_code)] // only the reference tests use it
 pub fn gemma_model() -> Option<PathBuf> {
     if std::env::var_os("SWITCHYARD_SKIP_GEMMA").is_some() {
-        eprintln!("SKIPPED: SWITCHYARD_SKIP_GEMMA is set, so the Gemma 3 checks do not run");
+        skip(
+            Skip::Expected,
+            "SWITCHYARD_SKIP_GEMMA is set, so the Gemma 3 checks do not run",
+        );
         return None;
     }
     let p = switchyard::node::demo_model_path().with_file_name("gemma-3-270m-q4_k_m.gguf");
@@ -265,7 +302,10 @@ pub fn greedy(prompt: &str, max_tokens: u32) -> switchyard::GenerateRequest {
 /// reference is disabled with `SWITCHYARD_SKIP_LLAMA=1`.
 pub fn llama_server_bin() -> Option<PathBuf> {
     if std::env::var_os("SWITCHYARD_SKIP_LLAMA").is_some() {
-        eprintln!("SKIPPED: SWITCHYARD_SKIP_LLAMA is set, so the llama.cpp reference is not used");
+        skip(
+            Skip::Expected,
+            "SWITCHYARD_SKIP_LLAMA is set, so the llama.cpp reference is not used",
+        );
         return None;
     }
     if let Some(p) = std::env::var_os("SWITCHYARD_LLAMA_SERVER") {
@@ -281,7 +321,10 @@ pub fn llama_server_bin() -> Option<PathBuf> {
 #[allow(dead_code)] // only the reference tests use it
 pub fn native_llama_server_bin() -> Option<PathBuf> {
     if std::env::var_os("SWITCHYARD_SKIP_LLAMA").is_some() {
-        eprintln!("SKIPPED: SWITCHYARD_SKIP_LLAMA is set, so the llama.cpp reference is not used");
+        skip(
+            Skip::Expected,
+            "SWITCHYARD_SKIP_LLAMA is set, so the llama.cpp reference is not used",
+        );
         return None;
     }
     if let Some(p) = std::env::var_os("SWITCHYARD_LLAMA_SERVER_NATIVE") {
@@ -289,9 +332,12 @@ pub fn native_llama_server_bin() -> Option<PathBuf> {
     }
     use switchyard_workers::engine::kernels::isa::Isa;
     if !cfg!(target_arch = "x86_64") || matches!(Isa::best(), Isa::Avx2 | Isa::Portable) {
-        eprintln!(
-            "SKIPPED: this CPU's best kernels are {}; a native llama.cpp build would be the AVX2 reference again",
-            Isa::best()
+        skip(
+            Skip::Expected,
+            &format!(
+                "this CPU's best kernels are {}; a native llama.cpp build would be the AVX2 reference again",
+                Isa::best()
+            ),
         );
         return None;
     }
@@ -431,45 +477,30 @@ pub fn scrape_address(p: &Proc) -> String {
     addr.to_string()
 }
 
-/// Debian's `prometheus` (scripts/setup.sh installs it): `$SWITCHYARD_PROMETHEUS`,
-/// else `/usr/bin/prometheus`, else `PATH`. When it is missing, installs the package
-/// with apt-get where that can work (root, apt-get present). `None`, with the reason
-/// printed, only when it is absent and cannot be installed.
+/// Debian's `prometheus` (scripts/setup.sh installs it; tests install nothing):
+/// `$SWITCHYARD_PROMETHEUS`, else `/usr/bin/prometheus`, else `PATH`. `None`, with the
+/// reason printed, when it is missing.
 pub fn prometheus_bin() -> Option<PathBuf> {
-    let found = || -> Option<PathBuf> {
-        if let Some(p) = std::env::var_os("SWITCHYARD_PROMETHEUS") {
-            return Some(PathBuf::from(p));
-        }
-        let deb = PathBuf::from("/usr/bin/prometheus");
-        if deb.is_file() {
-            return Some(deb);
-        }
-        std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|d| d.join("prometheus"))
-                .find(|p| p.is_file())
-        })
-    };
-    if let Some(p) = found() {
-        return Some(p);
+    if let Some(p) = std::env::var_os("SWITCHYARD_PROMETHEUS") {
+        return Some(PathBuf::from(p));
     }
-    // SAFETY: geteuid(2) has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root && std::path::Path::new("/usr/bin/apt-get").is_file() {
-        eprintln!("prometheus missing: installing Debian's package with apt-get");
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null")
-            .status();
-        if let Some(p) = found() {
-            return Some(p);
-        }
+    let deb = PathBuf::from("/usr/bin/prometheus");
+    if deb.is_file() {
+        return Some(deb);
     }
-    eprintln!(
-        "SKIPPED: no prometheus binary (looked at $SWITCHYARD_PROMETHEUS, /usr/bin/prometheus, PATH) and it could not be installed \
-         (apt-get as root) — run scripts/setup.sh or set SWITCHYARD_PROMETHEUS"
-    );
-    None
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("prometheus"))
+            .find(|p| p.is_file())
+    });
+    if on_path.is_none() {
+        skip(
+            Skip::Fixable,
+            "no prometheus binary (looked at $SWITCHYARD_PROMETHEUS, /usr/bin/prometheus, PATH) — run \
+             scripts/setup.sh (as root it installs Debian's package) or set SWITCHYARD_PROMETHEUS",
+        );
+    }
+    on_path
 }
 
 /// Asserts the fleet still answers a short greedy request with all its tokens.
