@@ -6,7 +6,7 @@ code blocks) or as markdown link targets, and prints each one that does not exis
 the repository as FILE:LINE: PATH. Exits 1 if there is any, 0 otherwise.
 
 What counts as a repository path: a token that starts with one of the repository's
-top-level entries (`actors/`, `docs/`, `scripts/`, ..., `README.md`, `Cargo.toml`)
+top-level entries (`fabric/`, `docs/`, `scripts/`, ..., `README.md`, `Cargo.toml`)
 and either contains a '/' or is one of those files. Markdown link targets are
 resolved against the folder of the file that holds them (as a renderer does). A
 `:line` or `:line-line` suffix, a `::item` suffix and a `#anchor` are stripped.
@@ -23,7 +23,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TOP_DIRS = (
-    "actors/", "coordinator/", "workers/", "messages/", "config/", "procs/", "store/",
+    "backend/", "fabric/", "client/", "gateway/", "engine/", "testkit/", "coordinator/", "workers/", "messages/",
+    "config/", "procs/", "store/",
     "src/", "tests/", "docs/", "scripts/", "deploy/", "dashboards/", "examples/", ".ci/",
 )
 TOP_FILES = ("README.md", "Cargo.toml")

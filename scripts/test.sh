@@ -12,7 +12,7 @@
 #                                   than AVX2 (AVX-512, AVX-VNNI): checked by the
 #                                   tolerance rules (ggml itself changes near ties there).
 # SWITCHYARD_SKIP_LLAMA=1 skips the llama.cpp reference (its tests say so).
-# Skipped tests are listed in the summary with their reasons (tests/common's `skip`
+# Skipped tests are listed in the summary with their reasons (switchyard-testkit's `skip`
 # writes them to $SWITCHYARD_SKIP_LOG). A "Fixable" skip — a tool scripts/setup.sh
 # installs, root for namespaces or mounts — fails the run when SWITCHYARD_STRICT_SKIPS
 # is set, as .ci/run sets it on a Linux root machine; "Expected" ones (a GPU present, a

@@ -1,11 +1,10 @@
 //! Assembling coordinators and workers from a [`Config`].
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 use switchyard_config::Config;
 use switchyard_coordinator::{CoordinatorHandle, CoordinatorOptions};
-use switchyard_messages::{Subjects, TextModel};
+use switchyard_messages::Subjects;
 use switchyard_workers::backends::Registry;
 use switchyard_workers::{WorkerHandle, WorkerOptions};
 
@@ -97,7 +96,7 @@ fn store_refused(e: &anyhow::Error) -> bool {
 }
 
 async fn fetch(config: &Config, name: &str) -> anyhow::Result<switchyard_store::Fetched> {
-    let nats = switchyard_actors::nats::connect(
+    let nats = switchyard_fabric::nats::connect(
         &config.nats.url,
         &config.nats.security(),
         "switchyard-worker-fetch",
@@ -113,11 +112,6 @@ async fn fetch(config: &Config, name: &str) -> anyhow::Result<switchyard_store::
 /// `worker.backend` (a pin, or `auto`), printing progress to stderr.
 pub async fn load(config: &Config) -> anyhow::Result<Loaded> {
     Registry::default().load(&config.worker, &worker_id(config)).await
-}
-
-/// Loads the worker's model on the CPU engine, printing progress to stderr.
-pub async fn load_model(config: &Config) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
-    switchyard_workers::backends::cpu::load_model(&config.worker).await
 }
 
 /// The worker id: `worker.id`, else `{backend}-{host}-{pid}` (for `auto`, the
@@ -136,7 +130,7 @@ pub fn worker_id(config: &Config) -> String {
 
 /// Starts a worker for a loaded model.
 pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<WorkerHandle> {
-    let nats = switchyard_actors::nats::connect(
+    let nats = switchyard_fabric::nats::connect(
         &config.nats.url,
         &config.nats.security(),
         "switchyard-worker",
@@ -163,7 +157,7 @@ pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<Wo
 
 /// Starts a coordinator.
 pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHandle> {
-    let nats = switchyard_actors::nats::connect(
+    let nats = switchyard_fabric::nats::connect(
         &config.nats.url,
         &config.nats.security(),
         "switchyard-coordinator",

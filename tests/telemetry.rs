@@ -4,6 +4,7 @@
 //! parent/child links, the GenAI span attributes, and the GenAI metrics' names, units,
 //! buckets and attributes.
 
+#[path = "fleet/common.rs"]
 mod common;
 
 use common::*;

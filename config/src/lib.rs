@@ -495,3 +495,13 @@ pub fn cache_dir() -> std::path::PathBuf {
             .join(".cache/switchyard"),
     }
 }
+
+/// File name of the demo model that `scripts/setup.sh` installs.
+pub const DEMO_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The demo model's path: `$SWITCHYARD_DEMO_MODEL`, else the cache's `models/`.
+pub fn demo_model_path() -> std::path::PathBuf {
+    std::env::var_os("SWITCHYARD_DEMO_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("models").join(DEMO_MODEL_FILE))
+}

@@ -29,7 +29,7 @@ use async_nats::service::ServiceExt;
 use futures::StreamExt;
 use ractor::{Actor, ActorRef};
 use std::time::Duration;
-use switchyard_actors::nats::serve_endpoint;
+use switchyard_fabric::nats::serve_endpoint;
 use switchyard_messages::subjects::COORDINATOR_QUEUE;
 use switchyard_messages::{encode, FleetStatus, ModelsReply, Subjects};
 use tokio::task::JoinHandle;
@@ -99,7 +99,7 @@ pub struct CoordinatorHandle {
     tasks: Vec<JoinHandle<()>>,
     service: Option<async_nats::service::Service>,
     handed_off: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    root: switchyard_actors::RootWatch,
+    root: switchyard_fabric::RootWatch,
 }
 
 impl CoordinatorHandle {
@@ -123,7 +123,7 @@ impl CoordinatorHandle {
         .await
         .map_err(|e| anyhow::anyhow!("starting the coordinator actor: {e}"))?;
         let root =
-            switchyard_actors::RootWatch::start(join, client.clone(), format!("coordinator {}", opts.coordinator_id));
+            switchyard_fabric::RootWatch::start(join, client.clone(), format!("coordinator {}", opts.coordinator_id));
         let mut tasks = Vec::new();
 
         // Heartbeats, as many as are waiting per actor call (one round trip per batch,
@@ -367,9 +367,9 @@ fn fetch_kv_snapshot(actor: ActorRef<CoordinatorMsg>, client: async_nats::Client
 
 /// A default coordinator id: `coord-{host}-{pid}`.
 pub fn default_coordinator_id() -> String {
-    switchyard_actors::host::subject_token(&format!(
+    switchyard_fabric::host::subject_token(&format!(
         "coord-{}-{}",
-        switchyard_actors::host::hostname(),
+        switchyard_fabric::host::hostname(),
         std::process::id()
     ))
 }

@@ -106,7 +106,7 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (
     };
     checked.map_err(|e| (id.clone(), e))?;
     if let Some(d) = head.deadline_ms {
-        let now = switchyard_actors::now_ms();
+        let now = switchyard_fabric::now_ms();
         if now >= d {
             let e = WireError::new(
                 ErrorCode::DeadlineExceeded,
@@ -137,7 +137,7 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
         switchyard.queue.wait_ms = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
-    switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
+    switchyard_fabric::trace::continue_from(&span, msg.headers.as_ref());
     tracing::Instrument::instrument(forward_routed(ctx, msg, verb), span).await;
 }
 
@@ -194,7 +194,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
     span.record("gen_ai.request.model", req.model.as_str());
     span.record(
         "switchyard.routing.kv_blocks",
-        switchyard_actors::trace::int(query.blocks.len()),
+        switchyard_fabric::trace::int(query.blocks.len()),
     );
 
     // Wait in the fleet queue for a worker with room: until the request's own
@@ -203,7 +203,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
     let (tenant, priority) = (req.tenant.clone().unwrap_or_default(), req.priority.unwrap_or_default());
     let mut wait_ms = req.queue_ms.unwrap_or(ctx.waiter.options.timeout.as_millis() as u64);
     if let Some(d) = req.deadline_ms {
-        wait_ms = wait_ms.min(d.saturating_sub(switchyard_actors::now_ms()));
+        wait_ms = wait_ms.min(d.saturating_sub(switchyard_fabric::now_ms()));
     }
     let ticket = Ticket {
         id: ctx.tickets.fetch_add(1, Ordering::Relaxed),
@@ -323,20 +323,20 @@ async fn try_workers(
         let mut headers = msg.headers.clone().unwrap_or_default();
         headers.insert(HEADER_STREAM_TO, inbox);
         headers.insert(HEADER_QUEUED_US, queued.as_micros().to_string().as_str());
-        let admit_by = switchyard_actors::now_ms() + ctx.admission_timeout.as_millis() as u64;
+        let admit_by = switchyard_fabric::now_ms() + ctx.admission_timeout.as_millis() as u64;
         headers.insert(HEADER_ADMIT_BY, admit_by.to_string().as_str());
         if first_seq > 0 {
             headers.insert(HEADER_FIRST_SEQ, first_seq.to_string().as_str());
         }
-        switchyard_actors::trace::inject(&span, &mut headers);
+        switchyard_fabric::trace::inject(&span, &mut headers);
         span.record(
             "switchyard.routing.attempts",
-            switchyard_actors::trace::int(attempt + 1),
+            switchyard_fabric::trace::int(attempt + 1),
         );
         // The forward adds headers to a payload that fitted: a request that no longer
         // fits can never be delivered, to any worker — refuse it, do not retry it.
-        let size = switchyard_actors::nats::message_size(Some(&headers), msg.payload.len());
-        if let Err(max) = switchyard_actors::nats::fits(&ctx.client, size) {
+        let size = switchyard_fabric::nats::message_size(Some(&headers), msg.payload.len());
+        if let Err(max) = switchyard_fabric::nats::fits(&ctx.client, size) {
             return Tried::Failed(WireError::new(
                 ErrorCode::BadRequest,
                 format!(

@@ -5,7 +5,7 @@
 //! language reading `docs/protocol.md`) can depend on it.
 //!
 //! ## Layout
-//! - [`types`]: the seed contract's value types — [`Token`], [`Message`],
+//! - [`types`]: the contract's value types — [`Token`], [`Message`],
 //!   [`GenerateConfig`], [`LoadConfig`], [`ModelInfo`], [`GenerateMetrics`],
 //!   [`ClassifyResult`], [`BatchResult`], [`AttentionSnapshot`].
 //! - [`wire`]: envelopes — [`GenerateRequest`] in, [`StreamChunk`]s out,
@@ -14,14 +14,11 @@
 //! - [`error`]: the closed set of [`ErrorCode`]s with their `retryable` flag.
 //! - [`subjects`]: every NATS subject, under a configurable prefix.
 //! - [`codec`]: MessagePack with named fields (`encode` / `decode`).
-//! - [`backend`]: the `Backend` / `TextModel` traits backends implement.
-//! - [`stream`]: the stream a generation returns ([`GenerateStream`]), whose
-//!   consumer may hold tokens without being woken for each.
-//! - [`fleet`]: [`BackendKind`] (with seed 000's preference order) and [`Device`],
+//! - [`fleet`]: [`BackendKind`] (with its preference order) and [`Device`],
 //!   typed; strings on the wire.
 //! - [`embed`]: embeddings requests and replies.
 //! - [`kv`]: prefix blocks for KV-aware routing.
-//! - [`session`]: seed 002's persistent sessions (open, ensure_prefix, …).
+//! - [`session`]: persistent sessions (open, ensure_prefix, …).
 //! - [`structured`]: a generation's [`Constraint`] (JSON schema, regex, grammar)
 //!   and the [`Tool`]s a chat may call, with the [`ToolCall`]s parsed out of answers.
 //! - [`validate`]: what every receiver checks, against the [`InputLimits`].
@@ -31,7 +28,6 @@
 //! forwards it to [`Subjects::worker`]; the worker answers the coordinator with an
 //! [`Admission`] and streams [`StreamChunk`]s straight to the client's inbox.
 
-pub mod backend;
 pub mod codec;
 pub mod embed;
 pub mod error;
@@ -39,18 +35,12 @@ pub mod fleet;
 pub mod kv;
 pub mod queueing;
 pub mod session;
-pub mod stream;
 pub mod structured;
 pub mod subjects;
 pub mod types;
 pub mod validate;
 pub mod wire;
 
-pub use backend::{
-    Backend, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EmbedFuture, EventSender,
-    GenerateEvent, GenerateItem, GenerateStream, InspectFuture, ModelMemory, ModelSession, Prompt, ResidentUpdate,
-    TextModel, ToolFormat,
-};
 pub use codec::{decode, encode, DecodeError};
 pub use embed::{EmbedInput, EmbedItem, EmbedReply, EmbedRequest};
 pub use error::{ErrorCode, WireError};

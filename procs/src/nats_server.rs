@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub use switchyard_actors::process::{free_port, kill_with_parent};
+pub use switchyard_fabric::process::{free_port, kill_with_parent};
 
 /// A running `nats-server` child process.
 pub struct NatsServer {
@@ -171,5 +171,5 @@ impl Drop for NatsServer {
 /// holds it.
 fn lock_dir(dir: &Path) -> anyhow::Result<Option<std::fs::File>> {
     let path = dir.join(".switchyard.lock");
-    switchyard_actors::process::lock_file(&path, false).with_context(|| format!("locking {}", path.display()))
+    switchyard_fabric::process::lock_file(&path, false).with_context(|| format!("locking {}", path.display()))
 }

@@ -27,7 +27,7 @@ pub async fn client(config: &Config, stall_ms: Option<u64>) -> anyhow::Result<Cl
     let url = nats_url_for_client(config);
     Client::connect_with(&url, opts)
         .await
-        .with_context(|| format!("connecting to {}", switchyard_actors::nats::display_url(&url)))
+        .with_context(|| format!("connecting to {}", switchyard_fabric::nats::display_url(&url)))
 }
 
 pub fn report(e: ClientError) -> anyhow::Result<ExitCode> {

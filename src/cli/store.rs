@@ -123,7 +123,7 @@ async fn store(config: &Config) -> anyhow::Result<Store> {
         true => "nats://127.0.0.1:4222".to_string(),
         false => config.nats.url.clone(),
     };
-    let nats = switchyard_actors::nats::connect(
+    let nats = switchyard_fabric::nats::connect(
         &url,
         &config.nats.security(),
         "switchyard-models",

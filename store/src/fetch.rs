@@ -355,7 +355,7 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 /// for another process's fetch of the same model.
 async fn lock(path: PathBuf) -> anyhow::Result<std::fs::File> {
     tokio::task::spawn_blocking(move || {
-        switchyard_actors::process::lock_file(&path, true)
+        switchyard_fabric::process::lock_file(&path, true)
             .with_context(|| format!("locking {}", path.display()))?
             .context("no lock")
     })

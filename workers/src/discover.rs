@@ -97,7 +97,7 @@ fn gguf_model(path: &Path) -> Option<DiscoveredModel> {
                 .and_then(|v| v.to_string().ok())
                 .cloned()
                 .unwrap_or_default();
-            (model.quant_bits, model.quant_group) = crate::engine::kernels::tensor::dominant_quant(&content);
+            (model.quant_bits, model.quant_group) = switchyard_engine::kernels::tensor::dominant_quant(&content);
         }
     }
     Some(model)

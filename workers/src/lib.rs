@@ -1,8 +1,8 @@
-//! # switchyard-workers — the engine, the backends and the WorkerActor
+//! # switchyard-workers — the backends and the WorkerActor
 //!
 //! ## Layout
-//! - [`engine`]: switchyard's own CPU inference engine — kernels, the decoder,
-//!   tokenizers and templates, and the serving side (slots, batcher, KV store).
+//! - [`engine`]: `switchyard-engine` re-exported — switchyard's own inference
+//!   engine, which the `cpu` and native `cuda` backends serve.
 //! - [`backends`]: one folder per backend (`cpu` = the engine, `llama_cpp`,
 //!   `llama_server` = `rocm` and `cuda`, `mlx` = `metal`) and the registry that picks one by priority or pin.
 //! - [`worker`]: the `WorkerActor`, pinned to one device and one loaded model, with
@@ -12,13 +12,13 @@
 //!   llama-server builds).
 //!
 //! A request arrives on `{p}.v1.worker.{wid}.generate` ([`worker::service`]), is
-//! admitted by the worker's BatcherActor ([`worker::batcher`], bounded), runs on
+//! admitted by the worker's bounded counter ([`worker::admission`]), runs on
 //! the model's backend (for `cpu`, the engine's compute thread) and streams back as
 //! numbered chunks.
 
 pub mod backends;
 pub mod discover;
-pub mod engine;
+pub use switchyard_engine as engine;
 pub mod local;
 pub mod worker;
 

@@ -7,17 +7,7 @@ use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use switchyard_config::WorkerConfig;
 
-pub use switchyard_config::cache_dir;
-
-/// File name of the demo model that `scripts/setup.sh` installs.
-pub const DEMO_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-/// The demo model's path: `$SWITCHYARD_DEMO_MODEL`, else the cache's `models/`.
-pub fn demo_model_path() -> PathBuf {
-    std::env::var_os("SWITCHYARD_DEMO_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cache_dir().join("models").join(DEMO_MODEL_FILE))
-}
+pub use switchyard_config::{cache_dir, demo_model_path, DEMO_MODEL_FILE};
 
 /// The model file a worker serves (`worker.model`, or the demo model).
 pub fn model_path(w: &WorkerConfig) -> anyhow::Result<PathBuf> {

@@ -8,7 +8,8 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use switchyard_messages::{Backend, LoadConfig, Prompt, TextModel};
+use switchyard_backend::{Prompt, TextModel};
+use switchyard_messages::LoadConfig;
 
 /// `switchyard bench embed`.
 #[derive(Args, Debug)]
@@ -81,7 +82,7 @@ pub async fn embed(model: &Path, server_bin: &Path, args: &BenchEmbedArgs) -> an
         parallel_slots: slots as u32,
         ..LoadConfig::default()
     };
-    let m: Arc<dyn TextModel> = switchyard_workers::CpuBackend.load_model(model, &load)?;
+    let m: Arc<dyn TextModel> = super::engine_model(model, &load)?;
     let server_args = ["--embeddings", "--pooling", "mean"];
     let server =
         switchyard_procs::llama_server::LlamaServer::start_with(server_bin, model, threads, slots, &server_args)

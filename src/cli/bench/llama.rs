@@ -8,9 +8,10 @@ use futures::StreamExt;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
-use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt, TextModel};
+use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
+use switchyard_messages::{GenerateConfig, LoadConfig};
 use switchyard_workers::engine::candle::Placement;
-use switchyard_workers::engine::{Compute, EngineModel};
+use switchyard_workers::engine::{EngineModel, ForwardPass};
 
 /// `switchyard bench llama`.
 #[derive(Args, Debug)]
@@ -77,9 +78,9 @@ pub async fn llama(
         ..LoadConfig::default()
     };
     let m: Arc<dyn TextModel> = match cuda {
-        None => switchyard_workers::CpuBackend.load_model(model, &load)?,
+        None => super::engine_model(model, &load)?,
         Some(i) => {
-            let compute = Compute::Candle {
+            let compute = ForwardPass::Candle {
                 placement: Placement::Cuda(i),
                 gpu_layers: -1,
             };
@@ -205,8 +206,8 @@ pub async fn llama(
     let med = |xs: &[Sample], f: fn(&Sample) -> f64| median(&xs.iter().map(f).collect::<Vec<_>>());
     let (op, od) = (med(&ours, |s| s.prefill_tps), med(&ours, |s| s.decode_tps));
     let (lp, ld) = (med(&theirs, |s| s.prefill_tps), med(&theirs, |s| s.decode_tps));
-    let our_rss = switchyard_actors::host::process_memory(None).0;
-    let their_rss = switchyard_actors::host::process_memory(Some(pid)).0;
+    let our_rss = switchyard_fabric::host::process_memory(None).0;
+    let their_rss = switchyard_fabric::host::process_memory(Some(pid)).0;
     println!(
         "switchyard {engine} vs llama-server{}: {}, {threads} threads, {} prompt tokens (llama.cpp: {}), {max_tokens} greedy tokens \
          (switchyard generated {}, llama.cpp {}), {runs} alternating runs, medians",

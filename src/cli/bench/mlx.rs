@@ -16,8 +16,9 @@ use std::process::ExitCode;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use switchyard::client::{Client, StreamEvent};
+use switchyard_backend::{CancelFlag, GenerateEvent, Prompt};
 use switchyard_config::Config;
-use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, GenerateRequest, LoadConfig, Prompt};
+use switchyard_messages::{GenerateConfig, GenerateRequest, LoadConfig};
 
 /// `switchyard bench mlx`.
 #[derive(Args, Debug)]
@@ -212,7 +213,7 @@ pub async fn mlx(config: Config, python: &Path, runs: usize, max_tokens: u32, th
         context_len: 2048,
         ..LoadConfig::default()
     };
-    let cpu = switchyard_workers::CpuBackend.load_model(&model_dir, &load)?;
+    let cpu = super::engine_model(&model_dir, &load)?;
     let mut c = Vec::new();
     for i in 0..=runs {
         let mut clock = RunClock::start();

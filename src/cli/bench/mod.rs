@@ -27,8 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard::client::{Client, ClientOptions, StreamEvent};
 use switchyard::node;
+use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
 use switchyard_config::Config;
-use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, GenerateRequest, Prompt, TextModel};
+use switchyard_messages::{GenerateConfig, GenerateRequest};
 use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
 /// A prompt of roughly 100 tokens that continues for a long time.
@@ -211,7 +212,7 @@ impl FabricCpu {
     /// The counters now, totals since each thread started.
     fn now(nats: Option<u32>) -> Self {
         let mut total = Self::default();
-        for t in switchyard_actors::host::threads(None) {
+        for t in switchyard_fabric::host::threads(None) {
             if t.name.starts_with("sy-compute") {
                 total.preempted += t.preempted as f64;
             } else if !t.name.starts_with("sy-engine") {
@@ -220,7 +221,7 @@ impl FabricCpu {
             }
         }
         for t in nats
-            .map(|pid| switchyard_actors::host::threads(Some(pid)))
+            .map(|pid| switchyard_fabric::host::threads(Some(pid)))
             .unwrap_or_default()
         {
             total.us += t.ran_ns as f64 / 1e3;
@@ -478,4 +479,13 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     probe_worker.shutdown(Duration::from_secs(5)).await;
     local.stop().await;
     Ok(())
+}
+
+/// A model loaded in switchyard's engine on its own CPU kernels, as the `cpu` backend
+/// would load it (an embedding model or a decoder).
+pub(super) fn engine_model(
+    path: &std::path::Path,
+    load: &switchyard_messages::LoadConfig,
+) -> Result<std::sync::Arc<dyn switchyard_backend::TextModel>, switchyard_backend::BackendError> {
+    switchyard_workers::engine::load_model(path, load, switchyard_workers::engine::ForwardPass::Own)
 }

@@ -9,7 +9,8 @@ use clap::Args;
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use switchyard_messages::{CancelFlag, GenerateConfig, GenerateEvent, GenerateMetrics, LoadConfig, Prompt, TextModel};
+use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
+use switchyard_messages::{GenerateConfig, GenerateMetrics, LoadConfig};
 use switchyard_workers::EngineModel;
 
 /// `switchyard bench kv`.
@@ -104,7 +105,7 @@ async fn measure(path: &Path, args: &BenchKvPagesArgs, copy: bool) -> anyhow::Re
     };
     let model = EngineModel::load(path, &config)?;
     let mut questions = prompts(&model, args.prompt_tokens, args.streams)?;
-    let rss0 = switchyard_actors::host::process_memory(None).1;
+    let rss0 = switchyard_fabric::host::process_memory(None).1;
     let cold = finish(&model, questions.remove(0), args.max_tokens).await?;
     let started = Instant::now();
     let runs = questions.iter().map(|q| finish(&model, q.clone(), args.max_tokens));
@@ -124,7 +125,7 @@ async fn measure(path: &Path, args: &BenchKvPagesArgs, copy: bool) -> anyhow::Re
         held: usage.resident_bytes,
         tokens: usage.resident_tokens,
         own,
-        rss_growth: switchyard_actors::host::process_memory(None).1.saturating_sub(rss0),
+        rss_growth: switchyard_fabric::host::process_memory(None).1.saturating_sub(rss0),
         cold_ttft_ms: ttft_ms(&cold),
         ttft_ms: done.iter().map(ttft_ms).collect(),
         last_cached: done.last().map_or(0, |m| m.cached_tokens),

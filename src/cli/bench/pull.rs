@@ -54,7 +54,7 @@ pub async fn run(mut config: Config, args: &BenchPullArgs) -> anyhow::Result<Exi
         false => None,
     };
     config.store.bucket = "switchyard-bench-pull".into();
-    let nats = switchyard_actors::nats::connect(
+    let nats = switchyard_fabric::nats::connect(
         &config.nats.url,
         &config.nats.security(),
         "switchyard-bench",

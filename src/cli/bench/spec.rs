@@ -11,7 +11,8 @@ use clap::Args;
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Message, Prompt, TextModel};
+use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
+use switchyard_messages::{GenerateConfig, LoadConfig, Message};
 use switchyard_procs::llama_server::LlamaServer;
 
 /// `switchyard bench spec`.
@@ -159,8 +160,8 @@ async fn measure(model: &Path, server_bin: &Path, args: &BenchSpecArgs) -> anyho
         "loading {} in switchyard's cpu engine, speculative off and {mode} …",
         model.display()
     );
-    let plain = switchyard_workers::CpuBackend.load_model(model, &load("off"))?;
-    let lookup = switchyard_workers::CpuBackend.load_model(model, &load(mode))?;
+    let plain = super::engine_model(model, &load("off"))?;
+    let lookup = super::engine_model(model, &load(mode))?;
     let m = args.draft_max.to_string();
     let spec_args: Vec<&str> = match &draft {
         // The same n-gram and draft length as ours.

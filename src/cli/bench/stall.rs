@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard_messages::{Backend, CancelFlag, GenerateConfig, GenerateEvent, LoadConfig, Prompt, TextModel};
+use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
+use switchyard_messages::{GenerateConfig, LoadConfig};
 use tokio::sync::Notify;
 
 /// `switchyard bench stall`.
@@ -183,7 +184,7 @@ pub async fn run(args: &BenchStallArgs) -> anyhow::Result<ExitCode> {
             kv_cache_mb: 0,
             ..LoadConfig::default()
         };
-        Ok(switchyard_workers::CpuBackend.load_model(&model, &cfg)?)
+        Ok(super::engine_model(&model, &cfg)?)
     };
     eprintln!("loading {} twice in switchyard's cpu engine …", model.display());
     let engines = [

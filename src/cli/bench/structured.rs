@@ -11,9 +11,8 @@ use clap::Args;
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use switchyard_messages::{
-    Backend, CancelFlag, Constraint, GenerateConfig, GenerateEvent, LoadConfig, Message, Prompt, TextModel,
-};
+use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
+use switchyard_messages::{Constraint, GenerateConfig, LoadConfig, Message};
 
 /// `switchyard bench structured`.
 #[derive(Args, Debug)]
@@ -151,7 +150,7 @@ async fn measure(
         parallel_slots: 1,
         ..LoadConfig::default()
     };
-    let m = switchyard_workers::CpuBackend.load_model(model, &load)?;
+    let m = super::engine_model(model, &load)?;
     // Warm-up: the grammar vocabulary is built on the first constrained request.
     once(&m, 1_000_000, 8, true).await?;
     once(&m, 1_000_001, 8, false).await?;

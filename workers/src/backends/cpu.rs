@@ -1,33 +1,20 @@
-//! The `cpu` backend: switchyard's own engine ([`crate::engine`]).
+//! The `cpu` backend: switchyard's own engine ([`switchyard_engine`]).
 
 use super::worker_backend::{capacity, Loaded, WorkerBackend};
-use crate::engine::Compute;
 use crate::local;
 use anyhow::Context;
 use futures::future::BoxFuture;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use switchyard_backend::{BackendError, TextModel};
 use switchyard_config::WorkerConfig;
-use switchyard_messages::{Backend, BackendError, BackendKind, Device, LoadConfig, TextModel};
+use switchyard_engine::ForwardPass;
+use switchyard_messages::{BackendKind, Device, LoadConfig};
 
 /// The CPU engine as a backend (registry name `"cpu"`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CpuBackend;
-
-impl Backend for CpuBackend {
-    fn name(&self) -> &str {
-        "cpu"
-    }
-
-    fn available(&self) -> bool {
-        true
-    }
-
-    fn load_model(&self, path: &Path, config: &LoadConfig) -> Result<Arc<dyn TextModel>, BackendError> {
-        crate::engine::encoder::load_model(path, config, Compute::Own)
-    }
-}
 
 impl WorkerBackend for CpuBackend {
     fn kind(&self) -> BackendKind {
@@ -60,7 +47,7 @@ impl WorkerBackend for CpuBackend {
 
 /// Loads the worker's model on the CPU engine, printing progress to stderr.
 pub async fn load_model(w: &WorkerConfig) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
-    load_model_on(w, Compute::Own).await
+    load_model_on(w, ForwardPass::Own).await
 }
 
 /// Loads the worker's model on the engine with the forward pass `compute` chooses
@@ -68,7 +55,7 @@ pub async fn load_model(w: &WorkerConfig) -> anyhow::Result<(Arc<dyn TextModel>,
 /// progress to stderr.
 pub async fn load_model_on(
     w: &WorkerConfig,
-    compute: Compute,
+    compute: ForwardPass,
 ) -> anyhow::Result<(Arc<dyn TextModel>, PathBuf, String)> {
     let path = local::model_path(w)?;
     let name = local::model_name(w, &path);
@@ -80,8 +67,8 @@ pub async fn load_model_on(
         std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
     };
     let place = match compute {
-        Compute::Own => "cpu".to_string(),
-        Compute::Candle { placement, gpu_layers } => format!("{} (gpu_layers {gpu_layers})", placement.label()),
+        ForwardPass::Own => "cpu".to_string(),
+        ForwardPass::Candle { placement, gpu_layers } => format!("{} (gpu_layers {gpu_layers})", placement.label()),
     };
     eprintln!("loading {} ({:.1} MB) on {place} …", path.display(), size as f64 / 1e6);
     let started = Instant::now();
@@ -101,7 +88,7 @@ pub async fn load_model_on(
     };
     let p = path.clone();
     let model = tokio::task::spawn_blocking(move || -> Result<Arc<dyn TextModel>, BackendError> {
-        crate::engine::encoder::load_model(&p, &load, compute)
+        switchyard_engine::load_model(&p, &load, compute)
     })
     .await
     .context("model loading task")??;
@@ -114,7 +101,7 @@ pub async fn load_model_on(
         info.context_len,
         info.quant_bits,
         info.kernels,
-        if compute == Compute::Own {
+        if compute == ForwardPass::Own {
             " (SWITCHYARD_CPU_ISA forces others)"
         } else {
             ""

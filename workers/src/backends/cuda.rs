@@ -2,7 +2,7 @@
 //! `worker.cuda_engine` says:
 //!
 //! - `native`: switchyard's engine with the candle forward pass on candle's CUDA
-//!   device ([`crate::engine::candle`]); in a build with the `cuda` feature.
+//!   device ([`switchyard_engine::candle`]); in a build with the `cuda` feature.
 //! - `llama-server`: a supervised llama-server child pinned to the GPU
 //!   ([`super::llama_server`]), as the `rocm` backend has.
 //! - `auto`: native in a `cuda` build, else llama-server.
@@ -13,11 +13,12 @@
 use super::cpu::load_model_on;
 use super::llama_server::{GpuVendor, LlamaServerBackend};
 use super::worker_backend::{capacity, Loaded, WorkerBackend};
-use crate::engine::candle::{device, Placement};
-use crate::engine::Compute;
 use futures::future::BoxFuture;
+use switchyard_backend::BackendError;
 use switchyard_config::WorkerConfig;
-use switchyard_messages::{BackendError, BackendKind, Device};
+use switchyard_engine::candle::{device, Placement};
+use switchyard_engine::ForwardPass;
+use switchyard_messages::{BackendKind, Device};
 
 /// The `cuda` backend (registry name `cuda`).
 #[derive(Debug, Default, Clone, Copy)]
@@ -111,7 +112,7 @@ impl WorkerBackend for CudaBackend {
             } else {
                 Placement::Cuda(w.gpu_device as usize)
             };
-            let compute = Compute::Candle {
+            let compute = ForwardPass::Candle {
                 placement,
                 gpu_layers: w.gpu_layers,
             };

@@ -2,7 +2,7 @@
 //! registry that picks one (seed 000's `Backend` registry).
 //!
 //! ## Layout
-//! - [`cpu`]: switchyard's own CPU engine ([`crate::engine`]).
+//! - [`cpu`]: switchyard's own CPU engine ([`switchyard_engine`]).
 //! - [`llama_cpp`]: an existing llama.cpp server over HTTP, and its sessions.
 //! - [`llama_server`]: a llama-server this worker starts and supervises on a GPU:
 //!   `rocm` (AMD) and `cuda` (NVIDIA), one supervisor parameterised by the vendor.

@@ -4,10 +4,10 @@
 //! never registered as a backend and never served by `up` or `worker`.
 
 use futures::stream;
-use switchyard_messages::{
-    BackendError, BatchFuture, BatchResult, CancelFlag, ClassifyFuture, FinishReason, GenerateConfig, GenerateEvent,
-    GenerateMetrics, GenerateStream, ModelInfo, Prompt, TextModel, Token,
+use switchyard_backend::{
+    BackendError, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream, Prompt, TextModel,
 };
+use switchyard_messages::{BatchResult, FinishReason, GenerateConfig, GenerateMetrics, ModelInfo, Token};
 
 /// Emits `max_tokens` tokens (`id` 0..n, text "x") as fast as the consumer reads them.
 #[derive(Debug, Default)]

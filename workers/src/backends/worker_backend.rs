@@ -5,8 +5,9 @@ use super::llama_server::supervisor::Supervisor;
 use futures::future::BoxFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
+use switchyard_backend::{BatchFuture, GenerateStream, TextModel};
 use switchyard_config::WorkerConfig;
-use switchyard_messages::{BackendKind, BatchFuture, Device, GenerateStream, TextModel};
+use switchyard_messages::{BackendKind, Device};
 
 /// A loaded model, ready for a worker: what it serves and how it announces itself.
 pub struct Loaded {
@@ -49,9 +50,7 @@ pub(crate) fn capacity(w: &WorkerConfig, own: u32) -> u32 {
 /// run together, each prompt gets its tokens or its own error.
 pub(crate) fn batch_of_streams(streams: Vec<GenerateStream>) -> BatchFuture {
     Box::pin(async move {
-        let jobs = streams
-            .into_iter()
-            .map(switchyard_messages::backend::collect_batch_result);
+        let jobs = streams.into_iter().map(switchyard_backend::collect_batch_result);
         futures::future::join_all(jobs).await
     })
 }

@@ -5,8 +5,9 @@ use super::kv::KvMsg;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_actors::CancelRegistry;
-use switchyard_messages::{ErrorCode, TextModel, WireError};
+use switchyard_backend::TextModel;
+use switchyard_fabric::CancelRegistry;
+use switchyard_messages::{ErrorCode, WireError};
 
 /// What every request handler shares.
 pub struct ServeContext {
@@ -17,8 +18,8 @@ pub struct ServeContext {
     pub device: String,
     pub model_name: String,
     pub model: Arc<dyn TextModel>,
-    /// The BatcherActor: admission (capacity + queue).
-    pub admission: super::batcher::Admission,
+    /// Admission: capacity + queue, then `overloaded`.
+    pub admission: super::admission::Admission,
     pub cancels: CancelRegistry,
     pub draining: AtomicBool,
     pub keepalive: Duration,

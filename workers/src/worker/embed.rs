@@ -3,7 +3,8 @@
 //! `handle_unary` in `service.rs`'s, as for classify and batch).
 
 use super::context::ServeContext;
-use switchyard_messages::{encode, EmbedInput, EmbedItem, EmbedReply, EmbedRequest, Prompt, PROTOCOL_VERSION};
+use switchyard_backend::Prompt;
+use switchyard_messages::{encode, EmbedInput, EmbedItem, EmbedReply, EmbedRequest, PROTOCOL_VERSION};
 
 /// The encoded reply to `r`: one item per input, each its vector or its own error.
 pub(super) async fn reply(ctx: &ServeContext, request_id: &str, r: EmbedRequest) -> Vec<u8> {

@@ -140,7 +140,7 @@ impl Actor for KvCacheActor {
                 stored: Vec::new(),
                 removed: Vec::new(),
             };
-            if let Err(e) = switchyard_actors::nats::publish(&args.client, args.subject.clone(), &fresh).await {
+            if let Err(e) = switchyard_fabric::nats::publish(&args.client, args.subject.clone(), &fresh).await {
                 tracing::warn!("kv fresh-start event not sent: {e}");
             }
             tracing::warn!(worker = %args.worker_id, "kv cache actor restarted; prefix index starts over");
@@ -163,7 +163,7 @@ impl Actor for KvCacheActor {
                 if let Some(event) = state.tracker.record(blocks) {
                     // In order, one at a time: the sequence numbers let a coordinator
                     // notice a lost or reordered event and ask for a snapshot.
-                    if let Err(e) = switchyard_actors::nats::publish(&state.client, state.subject.clone(), &event).await
+                    if let Err(e) = switchyard_fabric::nats::publish(&state.client, state.subject.clone(), &event).await
                     {
                         tracing::debug!("kv event not sent: {e}");
                     }

@@ -2,7 +2,7 @@
 //! (heartbeats, NATS micro service), serves `{p}.v1.worker.{wid}.*` through
 //! [`crate::worker::service`], and drains on shutdown.
 
-pub mod batcher;
+pub mod admission;
 pub mod coalesce;
 pub mod context;
 mod embed;
@@ -13,8 +13,8 @@ pub mod session;
 pub mod telemetry;
 pub mod tools;
 
+use admission::Admission;
 use async_nats::service::ServiceExt;
-use batcher::Admission;
 use futures::StreamExt;
 use kv::{KvArgs, KvCacheActor, KvMsg};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -25,9 +25,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_actors::nats::serve_endpoint;
-use switchyard_actors::CancelRegistry;
-use switchyard_messages::{BackendKind, Device, ServedModel, Subjects, TextModel, WorkerStatus, PROTOCOL_VERSION};
+use switchyard_backend::TextModel;
+use switchyard_fabric::nats::serve_endpoint;
+use switchyard_fabric::CancelRegistry;
+use switchyard_messages::{BackendKind, Device, ServedModel, Subjects, WorkerStatus, PROTOCOL_VERSION};
 use tokio::task::JoinHandle;
 
 /// How a worker presents itself and behaves.
@@ -159,7 +160,7 @@ impl WorkerState {
                 }
             },
             recent: self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).latency(),
-            nats_server: switchyard_actors::nats::connected_server(&self.client),
+            nats_server: switchyard_fabric::nats::connected_server(&self.client),
         }
     }
 
@@ -194,7 +195,7 @@ impl Actor for WorkerActor {
         let completed = Arc::new(AtomicU64::new(0));
         let counter = completed.clone();
         let me = myself.clone();
-        let admission = Admission::spawn_linked(opts.capacity, opts.queue_depth, myself.get_cell()).await?;
+        let admission = Admission::new(opts.capacity, opts.queue_depth);
         let ctx = Arc::new(ServeContext {
             client: client.clone(),
             worker_id: opts.worker_id.clone(),
@@ -283,14 +284,14 @@ impl Actor for WorkerActor {
                     .map(|c| c.inbox)
                     .unwrap_or_default();
                 match registry.cancel(id, &inbox) {
-                    switchyard_actors::Cancelled::Yes => tracing::debug!(request = id, "cancelled by client"),
-                    switchyard_actors::Cancelled::NotRequester => {
+                    switchyard_fabric::Cancelled::Yes => tracing::debug!(request = id, "cancelled by client"),
+                    switchyard_fabric::Cancelled::NotRequester => {
                         tracing::warn!(
                             request = id,
                             "a cancel that does not name the requester's inbox was ignored"
                         )
                     }
-                    switchyard_actors::Cancelled::Unknown => {}
+                    switchyard_fabric::Cancelled::Unknown => {}
                 }
             }
         }));
@@ -346,8 +347,8 @@ impl Actor for WorkerActor {
             ctx,
             completed,
             seq: 0,
-            started_at_ms: switchyard_actors::now_ms(),
-            host: switchyard_actors::host::hostname(),
+            started_at_ms: switchyard_fabric::now_ms(),
+            host: switchyard_fabric::host::hostname(),
             tasks,
             service: Some(service),
         })
@@ -363,7 +364,7 @@ impl Actor for WorkerActor {
             WorkerMsg::Heartbeat => {
                 let beat = state.heartbeat();
                 let subject = state.opts.subjects.heartbeat(&state.opts.worker_id);
-                if let Err(e) = switchyard_actors::nats::publish(&state.client, subject, &beat).await {
+                if let Err(e) = switchyard_fabric::nats::publish(&state.client, subject, &beat).await {
                     tracing::warn!("heartbeat not sent: {e}");
                 }
             }
@@ -374,7 +375,7 @@ impl Actor for WorkerActor {
                 state.ctx.draining.store(true, Ordering::Release);
                 let beat = state.heartbeat();
                 let subject = state.opts.subjects.heartbeat(&state.opts.worker_id);
-                let _ = switchyard_actors::nats::publish(&state.client, subject, &beat).await;
+                let _ = switchyard_fabric::nats::publish(&state.client, subject, &beat).await;
                 // Bounded: with the NATS server gone a flush would wait for it.
                 let _ = tokio::time::timeout(Duration::from_secs(1), state.client.flush()).await;
                 let _ = reply.send(());
@@ -402,10 +403,6 @@ impl Actor for WorkerActor {
                 tracing::error!(worker = %state.opts.worker_id, "kv cache actor failed ({why}); starting a new one");
                 *state.ctx.kv.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 state.kv = spawn_kv(&myself, &state.ctx, &state.opts, true).await?;
-            } else if cell.get_id() == state.ctx.admission.actor_id() {
-                // Nothing is admitted any more: every request is refused as retryable
-                // `unavailable`, so coordinators route elsewhere.
-                tracing::error!(worker = %state.opts.worker_id, "batcher actor failed ({why}); admitting nothing");
             } else if let Some(session) = state.sessions.actor_failed(cell.get_id()) {
                 tracing::error!(worker = %state.opts.worker_id, %session, "session actor failed ({why}); session closed");
             }
@@ -436,7 +433,7 @@ impl Actor for WorkerActor {
 pub struct WorkerHandle {
     actor: ActorRef<WorkerMsg>,
     worker_id: String,
-    root: switchyard_actors::RootWatch,
+    root: switchyard_fabric::RootWatch,
 }
 
 impl WorkerHandle {
@@ -458,7 +455,7 @@ impl WorkerHandle {
         )
         .await
         .map_err(|e| anyhow::anyhow!("starting worker {worker_id}: {e}"))?;
-        let root = switchyard_actors::RootWatch::start(join, client, format!("worker {worker_id}"));
+        let root = switchyard_fabric::RootWatch::start(join, client, format!("worker {worker_id}"));
         let _ = actor.cast(WorkerMsg::Heartbeat);
         Ok(Self { actor, worker_id, root })
     }
@@ -504,9 +501,9 @@ impl WorkerHandle {
 
 /// A default worker id: `{backend}-{host}-{pid}`, reduced to subject-safe characters.
 pub fn default_worker_id(backend: &str) -> String {
-    switchyard_actors::host::subject_token(&format!(
+    switchyard_fabric::host::subject_token(&format!(
         "{backend}-{}-{}",
-        switchyard_actors::host::hostname(),
+        switchyard_fabric::host::hostname(),
         std::process::id()
     ))
 }

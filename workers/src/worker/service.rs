@@ -11,13 +11,13 @@ use async_nats::service::Request;
 use futures::{FutureExt, StreamExt};
 use std::sync::Arc;
 use std::time::Instant;
-use switchyard_actors::ChunkSink;
+use switchyard_backend::{GenerateEvent, Prompt};
+use switchyard_fabric::ChunkSink;
 use switchyard_messages::subjects::{HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_STREAM_TO};
 use switchyard_messages::{
     check_deadline, decode, encode, validate_batch, validate_classify, validate_embed, validate_request,
     Admission as AdmissionMsg, BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Constraint,
-    EmbedRequest, ErrorCode, ErrorReply, FinishReason, GenerateEvent, GenerateRequest, Prompt, RequestHead, WireError,
-    PROTOCOL_VERSION,
+    EmbedRequest, ErrorCode, ErrorReply, FinishReason, GenerateRequest, RequestHead, WireError, PROTOCOL_VERSION,
 };
 
 pub use super::context::ServeContext;
@@ -72,7 +72,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     let parsed = decode::<GenerateRequest>(&msg.payload)
         .map_err(|e| WireError::new(ErrorCode::BadRequest, e.to_string()))
         .and_then(|req| validate_request(&req, chat, &ctx.limits).map(|()| req))
-        .and_then(|req| check_deadline(&req, switchyard_actors::now_ms()).map(|()| req));
+        .and_then(|req| check_deadline(&req, switchyard_fabric::now_ms()).map(|()| req));
     let admitted = parsed.and_then(|req| {
         if !req.head.model.is_empty() && req.head.model != ctx.model_name {
             return Err(WireError::new(
@@ -100,7 +100,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             .as_ref()
             .filter(|c| !matches!(c, Constraint::Lark { .. }))
         {
-            crate::engine::constraint::check(c).map_err(|e| e.to_wire())?;
+            switchyard_engine::constraint::check(c).map_err(|e| e.to_wire())?;
         }
         if let Some(c) = &req.config.constraint {
             // Retryable: another worker (cpu, metal) enforces what this one cannot.
@@ -125,7 +125,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         Ok((req, plan))
     });
     let admitted = match admitted {
-        Ok((req, plan)) => ctx.admission.admit().await.map(|permit| (req, plan, permit)),
+        Ok((req, plan)) => ctx.admission.admit().map(|permit| (req, plan, permit)),
         Err(e) => Err(e),
     };
 
@@ -161,7 +161,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         // partition healed): the request went to another worker or failed, so running
         // it would be work for nobody.
         let admit_by = header(HEADER_ADMIT_BY);
-        let now = switchyard_actors::now_ms();
+        let now = switchyard_fabric::now_ms();
         if admit_by > 0 && now > admit_by {
             tracing::info!(
                 worker = %ctx.worker_id,
@@ -240,7 +240,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         switchyard.speculative.draft_tokens = tracing::field::Empty,
         switchyard.speculative.accepted_tokens = tracing::field::Empty,
     );
-    switchyard_actors::trace::continue_from(&span, msg.headers.as_ref());
+    switchyard_fabric::trace::continue_from(&span, msg.headers.as_ref());
     let attrs = crate::worker::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
     let run = async {
         let events = ctx.model.generate(prompt, config, cancel.clone());
@@ -263,8 +263,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
 pub async fn pump(
     ctx: &ServeContext,
     sink: &ChunkSink,
-    mut events: switchyard_messages::GenerateStream,
-    cancel: &switchyard_messages::CancelFlag,
+    mut events: switchyard_backend::GenerateStream,
+    cancel: &switchyard_backend::CancelFlag,
     deadline_ms: Option<u64>,
     attrs: &[opentelemetry::KeyValue],
     mut calls: Option<super::tools::calls::CallFilter>,
@@ -294,7 +294,7 @@ pub async fn pump(
             ev = events.next() => Some(ev),
             () = tokio::time::sleep_until(due.unwrap_or(started).into()), if due.is_some() => None,
             _ = keepalive.tick() => {
-                if deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+                if deadline_ms.is_some_and(|d| switchyard_fabric::now_ms() >= d) {
                     // Tokens computed before the deadline reach the client, those
                     // queued quietly while a chunk was held too.
                     while let Some(Some(Ok(GenerateEvent::Token(t)))) = events.next().now_or_never() {
@@ -381,7 +381,7 @@ pub async fn pump(
                     span.record("gen_ai.usage.output_tokens", i64::from(metrics.generated_tokens));
                     span.record("gen_ai.response.finish_reasons", finish_reason.as_str());
                     span.record("switchyard.kv.cached_tokens", i64::from(metrics.cached_tokens));
-                    span.record("switchyard.queue_us", switchyard_actors::trace::int(metrics.queue_us));
+                    span.record("switchyard.queue_us", switchyard_fabric::trace::int(metrics.queue_us));
                     if metrics.draft_tokens > 0 {
                         span.record("switchyard.speculative.draft_tokens", i64::from(metrics.draft_tokens));
                         span.record(
@@ -421,7 +421,7 @@ pub async fn pump(
 
 /// Sends the tokens `out` holds as one chunk; false when it held none. A refused
 /// publish cancels the generation (nobody can receive it).
-async fn send_held(sink: &ChunkSink, out: &mut Coalescer, cancel: &switchyard_messages::CancelFlag) -> bool {
+async fn send_held(sink: &ChunkSink, out: &mut Coalescer, cancel: &switchyard_backend::CancelFlag) -> bool {
     let tokens = out.take();
     if tokens.is_empty() {
         return false;
@@ -473,7 +473,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
             UnaryRequest::Batch(r) => validate_batch(r, &ctx.limits)?,
             UnaryRequest::Embed(r) => validate_embed(r, &ctx.limits)?,
         }
-        if head.deadline_ms.is_some_and(|d| switchyard_actors::now_ms() >= d) {
+        if head.deadline_ms.is_some_and(|d| switchyard_fabric::now_ms() >= d) {
             return Err(WireError::new(
                 ErrorCode::DeadlineExceeded,
                 "the request's deadline passed",
@@ -492,7 +492,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
         Ok((head, req))
     });
     let parsed = match parsed {
-        Ok((head, req)) => ctx.admission.admit().await.map(|permit| (head, req, permit)),
+        Ok((head, req)) => ctx.admission.admit().map(|permit| (head, req, permit)),
         Err(e) => Err(e),
     };
     let (head, req, permit) = match parsed {
@@ -564,7 +564,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
         Unary::Batch => "batch",
         Unary::Embed => "embed",
     };
-    let body = switchyard_actors::nats::fit_reply(&ctx.client, body, what);
+    let body = switchyard_fabric::nats::fit_reply(&ctx.client, body, what);
     if let Err(e) = ctx.client.publish(reply_to, body.into()).await {
         tracing::warn!(worker = %ctx.worker_id, "{what} reply not sent: {e}");
     }

@@ -111,11 +111,11 @@ pub async fn run(config: Config, a: Plan) -> anyhow::Result<()> {
         .collect();
     let policy = a.policy;
     let nats =
-        switchyard_actors::nats::connect(&url, &Default::default(), "bench-routing", Duration::from_secs(10)).await?;
+        switchyard_fabric::nats::connect(&url, &Default::default(), "bench-routing", Duration::from_secs(10)).await?;
     let coordinator = CoordinatorProc::start(&url, &prefix, Some(policy.as_str()), nats.clone()).await?;
     let before_fleet = coordinator.report().await?;
     let sim_nats =
-        switchyard_actors::nats::connect(&url, &Default::default(), "simulator", Duration::from_secs(10)).await?;
+        switchyard_fabric::nats::connect(&url, &Default::default(), "simulator", Duration::from_secs(10)).await?;
     let started = Instant::now();
     let fleet = Fleet::start(sim_nats, &prefix, MODEL, specs, a.heartbeat).await?;
     let clients = futures::future::try_join_all((0..4).map(|_| client(&url, &prefix))).await?;

@@ -50,7 +50,7 @@ pub async fn serve_coordinator(mut config: Config, routing: Option<&str>) -> any
     let stop = node::shutdown_signal();
     let coordinator = node::start_coordinator(&config).await?;
     let stats = coordinator.stats();
-    let nats = switchyard_actors::nats::connect(
+    let nats = switchyard_fabric::nats::connect(
         &config.nats.url,
         &config.nats.security(),
         "bench-routing",
@@ -63,7 +63,7 @@ pub async fn serve_coordinator(mut config: Config, routing: Option<&str>) -> any
         tokio::select! {
             _ = &mut stop => break,
             Some(msg) = asks.next() => {
-                let (peak_rss, rss) = switchyard_actors::host::process_memory(None);
+                let (peak_rss, rss) = switchyard_fabric::host::process_memory(None);
                 let report = CoordinatorReport { stats: stats.snapshot(), rss, peak_rss, cpu_us: cpu_time_us() };
                 if let Some(reply) = msg.reply {
                     let _ = nats.publish(reply, rmp_serde::to_vec_named(&report)?.into()).await;

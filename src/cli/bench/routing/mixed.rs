@@ -140,9 +140,9 @@ async fn run_policy(
     let n = specs.len();
     let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
     let nats =
-        switchyard_actors::nats::connect(url, &Default::default(), "bench-routing", Duration::from_secs(10)).await?;
+        switchyard_fabric::nats::connect(url, &Default::default(), "bench-routing", Duration::from_secs(10)).await?;
     let coordinator = CoordinatorProc::start(url, prefix, Some(policy.as_str()), nats).await?;
-    let sim = switchyard_actors::nats::connect(url, &Default::default(), "simulator", Duration::from_secs(10)).await?;
+    let sim = switchyard_fabric::nats::connect(url, &Default::default(), "simulator", Duration::from_secs(10)).await?;
     let fleet = Fleet::start(sim, prefix, MODEL, specs, heartbeat).await?;
     let client = client(url, prefix).await?;
     wait_loaded(&coordinator, &client, n).await?;

@@ -407,7 +407,7 @@ impl Fleet {
             model: model.to_string(),
             workers: order.iter().map(|w| (w.spec.id.clone(), w.clone())).collect(),
             order,
-            started_at_ms: switchyard_actors::now_ms(),
+            started_at_ms: switchyard_fabric::now_ms(),
             counters: Counters::default(),
             subjects: subjects.clone(),
         });

@@ -6,9 +6,9 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+use switchyard_backend::{BackendError, CancelFlag, GenerateEvent, Prompt};
 use switchyard_messages::{
-    BackendError, CancelFlag, Constraint, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, ModelInfo,
-    Prompt, Token, TokenLogprob, TopLogprob,
+    Constraint, FinishReason, GenerateConfig, GenerateMetrics, ModelInfo, Token, TokenLogprob, TopLogprob,
 };
 
 /// How often the health loop asks `/health`.
@@ -40,7 +40,7 @@ pub(super) struct Shared {
     pub(super) http: reqwest::Client,
     pub(super) info: ModelInfo,
     pub(super) props: ServerProps,
-    /// The last `/health` answer (or a failed request since): see [`switchyard_messages::TextModel::healthy`].
+    /// The last `/health` answer (or a failed request since): see [`switchyard_backend::TextModel::healthy`].
     pub(super) healthy: AtomicBool,
     pub(super) last_metrics: Mutex<GenerateMetrics>,
     /// Slots held by sessions (`id_slot`), one flag per server slot.
@@ -97,7 +97,7 @@ impl LlamaCppModel {
     /// Connects to the server at `url` (e.g. `http://127.0.0.1:8080`), waiting for
     /// `/health` to report ready (it answers 503 while loading) for up to `wait`.
     /// A background loop keeps asking `/health` for as long as the model lives, so
-    /// [`switchyard_messages::TextModel::healthy`] follows the server going away and coming back.
+    /// [`switchyard_backend::TextModel::healthy`] follows the server going away and coming back.
     pub async fn connect(url: &str, wait: Duration) -> Result<Self, BackendError> {
         let url = url.trim_end_matches('/').to_string();
         // Idle connections are dropped before llama-server's keep-alive timeout (5 s)
@@ -408,7 +408,7 @@ impl LlamaCppModel {
         // W3C trace context to the server, so a tracing-aware proxy or server joins
         // the request's trace.
         let mut request = self.shared.http.post(format!("{}/completion", self.url()));
-        for (k, v) in switchyard_actors::trace::http_headers(&tracing::Span::current()) {
+        for (k, v) in switchyard_fabric::trace::http_headers(&tracing::Span::current()) {
             request = request.header(k, v);
         }
         let request = request.json(&body);

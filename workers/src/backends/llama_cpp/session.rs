@@ -12,10 +12,10 @@ use crate::backends::llama_cpp::LlamaCppModel;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use switchyard_messages::{
-    BackendError, BackendFuture, CancelFlag, GenerateConfig, GenerateEvent, GenerateStream, ModelSession, Prompt,
-    ResidentUpdate,
+use switchyard_backend::{
+    BackendError, BackendFuture, CancelFlag, GenerateEvent, GenerateStream, ModelSession, Prompt, ResidentUpdate,
 };
+use switchyard_messages::GenerateConfig;
 
 /// One session's slot on a llama.cpp server.
 pub struct LlamaCppSession {

@@ -6,10 +6,10 @@ use crate::backends::worker_backend::batch_of_streams;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use switchyard_messages::{
-    BackendError, BatchFuture, CancelFlag, ClassifyFuture, ClassifyResult, GenerateConfig, GenerateEvent,
-    GenerateMetrics, GenerateStream, ModelInfo, Prompt, TextModel, Token,
+use switchyard_backend::{
+    BackendError, BatchFuture, CancelFlag, ClassifyFuture, GenerateEvent, GenerateStream, Prompt, TextModel,
 };
+use switchyard_messages::{ClassifyResult, GenerateConfig, GenerateMetrics, ModelInfo, Token};
 
 impl TextModel for LlamaCppModel {
     fn enforces(&self, constraint: &switchyard_messages::Constraint) -> Result<(), String> {
@@ -35,7 +35,7 @@ impl TextModel for LlamaCppModel {
 
     /// The server's own embeddings (`/v1/embeddings`; it must run with `--embeddings`,
     /// and pools as its `--pooling` says), one request per input so each fails alone.
-    fn embed(&self, inputs: Vec<Prompt>) -> switchyard_messages::EmbedFuture {
+    fn embed(&self, inputs: Vec<Prompt>) -> switchyard_backend::EmbedFuture {
         let this = self.clone();
         Box::pin(async move {
             let jobs = inputs.into_iter().map(|p| {
@@ -96,7 +96,7 @@ impl TextModel for LlamaCppModel {
         )
     }
 
-    fn open_session(&self) -> switchyard_messages::BackendFuture<Arc<dyn switchyard_messages::ModelSession>> {
+    fn open_session(&self) -> switchyard_backend::BackendFuture<Arc<dyn switchyard_backend::ModelSession>> {
         let this = self.clone();
         Box::pin(async move {
             let slots = this.props().total_slots;
@@ -105,12 +105,12 @@ impl TextModel for LlamaCppModel {
                     "every llama.cpp slot but one is held by a session ({slots} slots; one stays for requests)"
                 ))
             })?;
-            Ok(Arc::new(LlamaCppSession::new(this, slot)) as Arc<dyn switchyard_messages::ModelSession>)
+            Ok(Arc::new(LlamaCppSession::new(this, slot)) as Arc<dyn switchyard_backend::ModelSession>)
         })
     }
 
-    fn memory(&self) -> switchyard_messages::ModelMemory {
-        switchyard_messages::ModelMemory {
+    fn memory(&self) -> switchyard_backend::ModelMemory {
+        switchyard_backend::ModelMemory {
             model_max_context: self.shared.props.n_ctx,
             ..Default::default()
         }

@@ -12,8 +12,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use switchyard_actors::process::{free_port, kill_with_parent};
-use switchyard_messages::BackendError;
+use switchyard_backend::BackendError;
+use switchyard_fabric::process::{free_port, kill_with_parent};
 
 /// Log lines of the child kept for error messages.
 const LOG_TAIL: usize = 20;

@@ -4,7 +4,8 @@
 
 use std::path::Path;
 use std::time::Duration;
-use switchyard_messages::{BackendError, BackendKind, Device};
+use switchyard_backend::BackendError;
+use switchyard_messages::{BackendKind, Device};
 
 /// Whose GPU a supervised llama-server runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

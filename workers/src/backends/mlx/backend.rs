@@ -9,8 +9,9 @@ use futures::future::BoxFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard_backend::TextModel;
 use switchyard_config::WorkerConfig;
-use switchyard_messages::{BackendKind, Device, TextModel};
+use switchyard_messages::{BackendKind, Device};
 
 /// MLX through the Python bridge (registry name `metal`).
 #[derive(Debug, Default, Clone, Copy)]

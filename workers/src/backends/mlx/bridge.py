@@ -119,7 +119,7 @@ CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
 # Whitespace JSON may hold between tokens: one space, or one or two newlines and up to
 # 20 spaces or tabs of indent (llama.cpp's rule). Unbounded whitespace lets a small
 # model at temperature 1 write newlines until max_tokens. The CPU engine uses the
-# same pattern (workers/src/engine/constraint.rs, JSON_WHITESPACE).
+# same pattern (engine/src/constraint.rs, JSON_WHITESPACE).
 JSON_WHITESPACE = r"[\x20\x09]|\x0A{1,2}[\x20\x09]{0,20}"
 
 

@@ -5,13 +5,11 @@
 
 use super::child::{error_from, Bridge, Events};
 use super::supervisor::Supervised;
-use crate::engine::stops::{StopCheck, StopFilter};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
-use switchyard_messages::{
-    BackendError, CancelFlag, FinishReason, GenerateConfig, GenerateEvent, GenerateMetrics, GenerateStream, Prompt,
-    Token,
-};
+use switchyard_backend::{BackendError, CancelFlag, GenerateEvent, GenerateStream, Prompt};
+use switchyard_engine::stops::{StopCheck, StopFilter};
+use switchyard_messages::{FinishReason, GenerateConfig, GenerateMetrics, Token};
 
 fn metrics_from(m: &Value) -> GenerateMetrics {
     let u = |k: &str| m[k].as_u64().unwrap_or(0);

@@ -10,10 +10,8 @@ use super::supervisor::Supervised;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use switchyard_messages::{
-    BackendError, BackendFuture, CancelFlag, GenerateConfig, GenerateMetrics, GenerateStream, ModelSession,
-    ResidentUpdate,
-};
+use switchyard_backend::{BackendError, BackendFuture, CancelFlag, GenerateStream, ModelSession, ResidentUpdate};
+use switchyard_messages::{GenerateConfig, GenerateMetrics};
 
 /// One session's cache in the bridge.
 pub struct MlxSession {

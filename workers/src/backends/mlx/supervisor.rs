@@ -12,7 +12,7 @@ use crate::backends::backoff::Backoff;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
-use switchyard_messages::BackendError;
+use switchyard_backend::BackendError;
 
 /// The current bridge, restarted when it exits.
 pub struct Supervised {

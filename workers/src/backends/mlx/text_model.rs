@@ -10,10 +10,12 @@ use super::supervisor::Supervised;
 use crate::backends::worker_backend::batch_of_streams;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
+use switchyard_backend::{
+    BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EmbedFuture, GenerateStream, InspectFuture,
+    ModelMemory, ModelSession, Prompt, TextModel,
+};
 use switchyard_messages::{
-    AttentionSnapshot, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, ClassifyResult,
-    EmbedFuture, Embedding, GenerateConfig, GenerateMetrics, GenerateStream, InspectFuture, ModelInfo, ModelMemory,
-    ModelSession, Prompt, TextModel, Token,
+    AttentionSnapshot, ClassifyResult, Embedding, GenerateConfig, GenerateMetrics, ModelInfo, Token,
 };
 
 /// A model loaded in MLX behind the (supervised) bridge.

@@ -18,11 +18,12 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use switchyard_actors::ChunkSink;
+use switchyard_backend::BackendError;
+use switchyard_fabric::ChunkSink;
 use switchyard_messages::session::{ContextReport, DecodeRequest, SegmentRequest, SessionCall};
 use switchyard_messages::{
-    decode, encode, validate_decode, validate_segment, validate_session_call, BackendError, ErrorCode, ErrorReply,
-    WireError, PROTOCOL_VERSION,
+    decode, encode, validate_decode, validate_segment, validate_session_call, ErrorCode, ErrorReply, WireError,
+    PROTOCOL_VERSION,
 };
 
 /// What the SessionActor is told (by its forwarder).
@@ -208,13 +209,13 @@ impl Actor for SessionActor {
                             error,
                         })
                     });
-                    let body = switchyard_actors::nats::fit_reply(&ctx.client, body, "session");
+                    let body = switchyard_fabric::nats::fit_reply(&ctx.client, body, "session");
                     if let Err(e) = ctx.client.publish(reply.clone(), body.into()).await {
                         tracing::warn!("session {verb} reply not sent: {e}");
                     }
                 };
                 if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
-                    let why = switchyard_actors::panic_message(panic);
+                    let why = switchyard_fabric::panic_message(panic);
                     let id = st.session.id.clone();
                     // Stop listening first, so the caller's next call finds no one.
                     if let Some(f) = st.forwarder.take() {

@@ -2,7 +2,7 @@
 //!
 //! A coordinator forwards `{p}.v1.session.open` to `{p}.v1.worker.{wid}.session_open`;
 //! [`SessionHost::open`] checks the request, applies the fence and opens a
-//! [`switchyard_messages::ModelSession`] on the backend (a pinned KV slot). Each
+//! [`switchyard_backend::ModelSession`] on the backend (a pinned KV slot). Each
 //! session is then a SessionActor ([`actor`]), linked under the WorkerActor, that owns
 //! its state ([`state`]) and answers `{p}.v1.session.{sid}.*` one call at a time.
 //!

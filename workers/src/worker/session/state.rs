@@ -6,10 +6,11 @@ use crate::worker::context::ServeContext;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use switchyard_backend::{BackendError, ModelSession};
 use switchyard_messages::session::{
     hex, token_hash, ContextManifest, ContextReport, PrefixStatus, SegmentRequest, SessionModelInfo, SuffixStatus,
 };
-use switchyard_messages::{kv::fnv1a, BackendError, ErrorCode, ModelSession, WireError};
+use switchyard_messages::{kv::fnv1a, ErrorCode, WireError};
 
 /// A worker's sessions: the owner of the latest open, and each live session.
 #[derive(Default)]
@@ -80,7 +81,7 @@ pub(super) fn wire(e: BackendError) -> WireError {
 pub(super) fn describe(ctx: &ServeContext) -> SessionModelInfo {
     let mem = ctx.model.memory();
     let info = ctx.model.info();
-    let free = switchyard_actors::host::available_memory();
+    let free = switchyard_fabric::host::available_memory();
     let ceiling = if mem.model_max_context > 0 {
         mem.model_max_context
     } else {

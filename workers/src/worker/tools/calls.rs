@@ -5,7 +5,8 @@
 //! that turns out not to be a call is sent after all, so nothing is lost.
 
 use serde_json::Value;
-use switchyard_messages::{Token, ToolCall, ToolFormat};
+use switchyard_backend::ToolFormat;
+use switchyard_messages::{Token, ToolCall};
 
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";

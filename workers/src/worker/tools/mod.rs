@@ -10,13 +10,14 @@
 //!   calls' text is held back and parsed into [`ToolCall`]s for the last chunk.
 //!
 //! Every backend gets the same treatment, because all of it happens here, around
-//! [`TextModel::generate`](switchyard_messages::TextModel::generate).
+//! [`TextModel::generate`](switchyard_backend::TextModel::generate).
 
 pub mod calls;
 pub mod generic;
 
 use serde_json::{json, Map, Value};
-use switchyard_messages::{Constraint, GenerateRequest, Message, Prompt, Tool, ToolChoice, ToolFormat, WireError};
+use switchyard_backend::{Prompt, ToolFormat};
+use switchyard_messages::{Constraint, GenerateRequest, Message, Tool, ToolChoice, WireError};
 
 /// What the worker runs for one chat request.
 pub struct Plan {
@@ -69,7 +70,7 @@ pub fn plan(
     let mut schemas = Vec::with_capacity(req.tools.len());
     for (i, t) in req.tools.iter().enumerate() {
         let schema = parameters(i, t)?;
-        crate::engine::constraint::check_schema(&schema)
+        switchyard_engine::constraint::check_schema(&schema)
             .map_err(|e| bad(format!("tools[{i}].parameters ({}): {e}", t.name)))?;
         schemas.push(schema);
     }
@@ -155,7 +156,7 @@ fn call_schema(tools: &[(&Tool, &Value)], args_key: &str) -> Value {
     if !defs.is_empty() {
         schema["$defs"] = Value::Object(defs);
     }
-    crate::engine::constraint::bounded_whitespace(schema)
+    switchyard_engine::constraint::bounded_whitespace(schema)
 }
 
 /// Tool `i`'s `params` with its `$defs` / `definitions` moved into `defs` as
@@ -248,7 +249,7 @@ pub fn call_json_schema(tools: &[(&Tool, &Value)], format: ToolFormat, parallel:
         if let Some(defs) = defs {
             list["$defs"] = defs;
         }
-        crate::engine::constraint::bounded_whitespace(list)
+        switchyard_engine::constraint::bounded_whitespace(list)
     } else {
         one
     };
@@ -346,7 +347,7 @@ mod tests {
         req.tool_choice = ToolChoice::Required;
         let plan = plan(&req, ToolFormat::Generic, &|_| Ok(())).unwrap();
         let grammar = plan.constraint.unwrap();
-        crate::engine::constraint::check(&grammar).expect("the call grammar compiles");
+        switchyard_engine::constraint::check(&grammar).expect("the call grammar compiles");
         let Constraint::Lark { grammar } = grammar else {
             panic!()
         };
@@ -360,7 +361,7 @@ mod tests {
             _ => Err("json only".to_string()),
         };
         let plan = super::plan(&req, ToolFormat::Generic, &json_only).unwrap();
-        crate::engine::constraint::check(&plan.constraint.unwrap()).expect("the list schema compiles");
+        switchyard_engine::constraint::check(&plan.constraint.unwrap()).expect("the list schema compiles");
     }
 
     #[test]

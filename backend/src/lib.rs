@@ -1,0 +1,24 @@
+//! # switchyard-backend — the in-process contract every backend implements
+//!
+//! A worker serves whatever implements [`TextModel`]: switchyard's own engine, an
+//! existing llama.cpp server, a supervised llama-server child, an MLX child. A
+//! generation is a [`GenerateStream`] of [`GenerateEvent`]s ending with
+//! [`GenerateEvent::Done`] or a [`BackendError`], cancelled through a [`CancelFlag`]
+//! the backend checks at every token boundary. None of this crosses a process
+//! boundary: the wire types are `switchyard-messages`'.
+//!
+//! ## Layout
+//! - `contract.rs`: [`TextModel`], [`ModelSession`], [`Prompt`], [`GenerateEvent`],
+//!   [`BackendError`] (and its mapping to the wire's error codes), the futures
+//!   classify/embed/batch calls return.
+//! - [`stream`]: the stream a generation returns ([`GenerateStream`]), whose
+//!   consumer may hold tokens without being woken for each.
+
+mod contract;
+pub mod stream;
+
+pub use contract::{
+    collect_batch_result, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EmbedFuture,
+    EventSender, GenerateEvent, GenerateItem, GenerateStream, InspectFuture, ModelMemory, ModelSession, Prompt,
+    ResidentUpdate, TextModel, ToolFormat,
+};

@@ -1,0 +1,594 @@
+//! The compute thread: owns the model weights and one KV cache per slot, and runs
+//! jobs from a channel (generations continuously batched by [`super::batcher`]).
+//! Nothing here runs on an async task.
+
+use super::kvstore::{self, KvStore, Stored, BLOCK_TOKENS};
+use super::model::forward::{Forward, SeqStep};
+use super::text::template::ChatTemplate;
+use super::text::tokenizer::GgufTokenizer;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use switchyard_backend::{BackendError, CancelFlag, Prompt, ResidentUpdate};
+use switchyard_messages::{AttentionSnapshot, ClassifyResult, GenerateConfig, GenerateMetrics};
+
+/// The future of a per-input job: what the compute thread answered, or, for each of
+/// the `n` inputs, `unavailable` when the job was not `sent` or the thread dropped it.
+pub(crate) fn per_input<T: Send + 'static>(
+    sent: bool,
+    answer: tokio::sync::oneshot::Receiver<Vec<Result<T, BackendError>>>,
+    n: usize,
+) -> futures::future::BoxFuture<'static, Vec<Result<T, BackendError>>> {
+    Box::pin(async move {
+        let stopped = || (0..n).map(|_| Err(BackendError::Unavailable("the compute thread has stopped".into())));
+        if !sent {
+            return stopped().collect();
+        }
+        answer.await.unwrap_or_else(|_| stopped().collect())
+    })
+}
+
+/// Work for the compute thread.
+pub enum Job {
+    /// A streamed generation.
+    Generate(GenerateJob),
+    /// Prefill, then read the post-RoPE keys from the cache.
+    Inspect {
+        prompt: Prompt,
+        architecture: String,
+        reply: tokio::sync::oneshot::Sender<Result<AttentionSnapshot, BackendError>>,
+    },
+    /// Prefill-only passes; the answer comes back on `reply`.
+    Classify {
+        prompts: Vec<Prompt>,
+        return_logits: bool,
+        reply: tokio::sync::oneshot::Sender<Vec<Result<ClassifyResult, BackendError>>>,
+    },
+    /// Embeddings (hidden-state passes); the answer comes back on `reply`.
+    Embed {
+        inputs: Vec<Prompt>,
+        reply: tokio::sync::oneshot::Sender<Vec<Result<switchyard_messages::Embedding, BackendError>>>,
+    },
+    /// A session's call on its pinned slot (answered at once, between steps).
+    Session(SessionOp),
+}
+
+/// What a session asks of the engine. Its decode is a [`GenerateJob`] with
+/// `session_slot` set.
+pub enum SessionOp {
+    /// Pin a slot for a new session: `None` when only one unpinned slot is left (it
+    /// stays for ordinary requests).
+    Open {
+        reply: tokio::sync::oneshot::Sender<Option<usize>>,
+    },
+    /// Make the slot's resident tokens equal `target`.
+    Set {
+        slot: usize,
+        target: Vec<u32>,
+        invalidate: bool,
+        reply: tokio::sync::oneshot::Sender<Result<ResidentUpdate, BackendError>>,
+    },
+    /// The slot's resident tokens.
+    Resident {
+        slot: usize,
+        reply: tokio::sync::oneshot::Sender<Vec<u32>>,
+    },
+    /// Unpin the slot; what it holds stays reusable by later requests.
+    Close { slot: usize },
+}
+
+/// One generation request for the compute thread.
+pub struct GenerateJob {
+    pub prompt: Prompt,
+    pub config: GenerateConfig,
+    pub cancel: CancelFlag,
+    pub deadline_ms: Option<u64>,
+    pub enqueued: Instant,
+    pub events: switchyard_backend::EventSender,
+    /// A session's decode: generate from this pinned slot's resident tokens instead
+    /// of `prompt`.
+    pub session_slot: Option<usize>,
+}
+
+/// Counters of the batcher's decode steps.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    /// Decode steps run.
+    pub steps: std::sync::atomic::AtomicU64,
+    /// Sequences advanced, summed over steps (`rows / steps` = mean batch).
+    pub rows: std::sync::atomic::AtomicU64,
+    /// The largest batch one step ran.
+    pub peak: std::sync::atomic::AtomicU64,
+}
+
+/// What one KV slot holds.
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// The tokens whose keys and values sit at positions `0..len`. A job whose
+    /// tokens start the same way reuses them and computes only the divergent tail.
+    pub resident: Vec<u32>,
+    /// In use by a running job.
+    pub busy: bool,
+    /// Held by a session: never claimed by other jobs (but its prefix may be copied).
+    pub pinned: bool,
+    /// When it was last released (a logical clock), for least-recently-used reuse.
+    pub last_used: u64,
+}
+
+/// Everything the compute thread owns.
+pub struct ComputeState {
+    pub model: Box<dyn Forward>,
+    pub tokenizer: Arc<GgufTokenizer>,
+    /// Constraints compiled against this model's vocabulary.
+    pub grammars: Arc<super::constraint::Grammars>,
+    pub template: Arc<ChatTemplate>,
+    pub context_len: usize,
+    pub last_metrics: Arc<Mutex<GenerateMetrics>>,
+    /// One per sequence the model holds.
+    pub slots: Vec<Slot>,
+    /// Shared with the model's owner, for observation.
+    pub stats: Arc<BatchStats>,
+    /// Blocks saved from slots before they are overwritten (the KvCacheActor's store).
+    pub store: KvStore,
+    /// The model identity that seeds the store's block hashes.
+    pub kv_seed: u64,
+    /// What the slots and the store hold, refreshed by the batcher for heartbeats.
+    pub usage: Arc<Mutex<switchyard_messages::KvUsage>>,
+    /// Prompt tokens per decode step for a request prefilled while others generate;
+    /// 0 = chosen from measured speeds ([`LoadConfig::prefill_chunk`]).
+    ///
+    /// [`LoadConfig::prefill_chunk`]: switchyard_messages::LoadConfig::prefill_chunk
+    pub prefill_chunk: usize,
+    /// How generations draft tokens for speculative decoding.
+    pub speculative: super::speculate::Mode,
+    /// The most tokens one step drafts per generation.
+    pub draft_max: usize,
+    /// The draft model, with speculative mode `Draft`.
+    pub draft: Option<super::speculate::DraftModel>,
+    /// How embeddings pool the token rows.
+    pub pooling: super::pooling::Pooling,
+    clock: u64,
+}
+
+pub use super::kvstore::common_prefix;
+
+pub use switchyard_fabric::panic_message;
+
+/// Runs `f`, turning a panic into a compute error.
+pub fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(BackendError::Compute(format!("engine panicked: {}", panic_message(p)))))
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl ComputeState {
+    /// Renders and tokenizes a prompt.
+    pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError> {
+        let text = match prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Chat { messages, tools } => self
+                .template
+                .render(messages, tools, true)
+                .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
+            Prompt::Tokens(ids) => {
+                let vocab = self.tokenizer.vocab_size() as u32;
+                if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+                    return Err(BackendError::Invalid(format!(
+                        "token id {bad} is outside the vocabulary of {vocab}"
+                    )));
+                }
+                return Ok(ids.clone());
+            }
+            Prompt::Continue { prompt, generated } => {
+                let mut ids = self.tokenize(prompt)?;
+                ids.extend(self.tokenize(&Prompt::Tokens(generated.clone()))?);
+                return Ok(ids);
+            }
+        };
+        if text.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        self.tokenizer.encode(&text).map_err(BackendError::Invalid)
+    }
+
+    /// An engine around `model`, one slot per sequence it holds.
+    pub fn new(
+        model: Box<dyn Forward>,
+        tokenizer: Arc<GgufTokenizer>,
+        template: Arc<ChatTemplate>,
+        context_len: usize,
+        last_metrics: Arc<Mutex<GenerateMetrics>>,
+    ) -> Self {
+        let slots = (0..model.sequences()).map(|_| Slot::default()).collect();
+        Self {
+            model,
+            grammars: Arc::new(super::constraint::Grammars::new(tokenizer.clone())),
+            tokenizer,
+            template,
+            context_len,
+            last_metrics,
+            slots,
+            stats: Arc::default(),
+            store: KvStore::new(0),
+            kv_seed: 0,
+            usage: Arc::default(),
+            prefill_chunk: 0,
+            speculative: super::speculate::Mode::Off,
+            draft_max: 0,
+            draft: None,
+            pooling: super::pooling::Pooling::Mean,
+            clock: 0,
+        }
+    }
+
+    /// Refreshes [`ComputeState::usage`].
+    pub fn publish_usage(&self) {
+        let resident: usize = self.slots.iter().map(|s| s.resident.len()).sum();
+        let bytes = self
+            .model
+            .kv_held_bytes()
+            .unwrap_or_else(|| self.slots.iter().map(|s| self.model.kv_bytes(s.resident.len())).sum());
+        let store = self.store.stats();
+        let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        *u = switchyard_messages::KvUsage {
+            slots: self.slots.len() as u32,
+            busy: self.slots.iter().filter(|s| s.busy).count() as u32,
+            sessions: self.slots.iter().filter(|s| s.pinned).count() as u32,
+            resident_tokens: resident as u64,
+            resident_bytes: bytes as u64,
+            store_blocks: store.blocks as u64,
+            store_bytes: store.bytes as u64,
+            store_budget_bytes: self.store.budget() as u64,
+            hit_ratio: u.hit_ratio,
+        };
+    }
+
+    /// Slots neither running a job nor held by a session.
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| !s.busy && !s.pinned).count()
+    }
+
+    /// Pins a free slot for a session, the least recently used, emptied; `None` when
+    /// that would leave no unpinned slot for ordinary requests.
+    pub fn pin(&mut self) -> Option<usize> {
+        let unpinned = self.slots.iter().filter(|s| !s.pinned).count();
+        if unpinned < 2 {
+            return None;
+        }
+        let slot = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
+            .min_by_key(|&i| self.slots[i].last_used)?;
+        // A session starts empty: what earlier requests left in the slot is theirs
+        // (its blocks may still sit in the store, keyed by hash, not by owner).
+        self.slots[slot].pinned = true;
+        self.slots[slot].resident.clear();
+        Some(slot)
+    }
+
+    /// Makes pinned `slot`'s resident tokens equal `target`, keeping the longest
+    /// resident prefix unless `invalidate`, and computing the rest.
+    pub fn set_resident(
+        &mut self,
+        slot: usize,
+        target: &[u32],
+        invalidate: bool,
+    ) -> Result<ResidentUpdate, BackendError> {
+        let s = self
+            .slots
+            .get(slot)
+            .filter(|s| s.pinned)
+            .ok_or_else(|| BackendError::Invalid(format!("slot {slot} is not a session's")))?;
+        if s.busy {
+            return Err(BackendError::Invalid("the session is decoding".into()));
+        }
+        if target.len() > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: target.len(),
+                max_tokens: 0,
+                context_len: self.context_len,
+            });
+        }
+        let had = s.resident.len();
+        let kept = if invalidate || !self.model.reuses_prefix() {
+            0
+        } else {
+            let shared = common_prefix(&s.resident, target);
+            if shared < target.len() {
+                self.model.resumable(slot, shared)
+            } else {
+                // Nothing to compute, but the session's decode runs the last token
+                // again: the model must be able to resume there.
+                let last = shared.saturating_sub(1);
+                match self.model.resumable(slot, last) {
+                    q if q == last => shared,
+                    q => q,
+                }
+            }
+        };
+        // Stored blocks may extend what the slot kept (not across a new manifest).
+        let keep = if invalidate {
+            0
+        } else {
+            self.restore(slot, target, kept)
+        };
+        if keep < target.len() {
+            self.forward(&[SeqStep::new(slot, &target[keep..], keep)])?;
+        } else {
+            self.slots[slot].resident.truncate(keep);
+        }
+        Ok(ResidentUpdate {
+            reused: keep as u32,
+            computed: (target.len() - keep) as u32,
+            dropped: (had - kept) as u32,
+        })
+    }
+
+    /// Takes a free slot for a job over `tokens` (non-empty) and returns it with how
+    /// many leading tokens are already resident there (at most `len - 1`: the last
+    /// token is always computed, for its logits). The free slot holding the longest
+    /// prefix of `tokens` wins, the least recently used among equals; when another
+    /// slot (even a busy one) holds a longer prefix, its keys and values are copied
+    /// over, so a shared system prompt is computed once per worker, not once per slot.
+    /// A prefix counts only as far as the model can resume from it
+    /// ([`Forward::resumable`]: a sliding-window ring may have lost its window).
+    pub fn claim(&mut self, tokens: &[u32]) -> Option<(usize, usize)> {
+        let (reuse, last) = (self.model.reuses_prefix(), tokens.len() - 1);
+        let lcp: Vec<usize> = (0..self.slots.len())
+            .map(|i| {
+                let shared = common_prefix(&self.slots[i].resident, tokens).min(last);
+                if reuse {
+                    self.model.resumable(i, shared)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let slot = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
+            .max_by_key(|&i| (lcp[i], std::cmp::Reverse(self.slots[i].last_used)))?;
+        let have = self.take_longer_prefix(slot, tokens, lcp[slot]);
+        let have = self.restore(slot, &tokens[..last], have);
+        self.slots[slot].busy = true;
+        Some((slot, self.model.resumable(slot, have.min(last))))
+    }
+
+    /// Makes `slot`, which holds the first `have` of `tokens`, hold the longest prefix
+    /// of `tokens` (short of the last token) that another slot holds, even a busy one,
+    /// when that is longer: taken over (pages shared on the CPU engine), not computed
+    /// again. Returns how many leading tokens `slot` holds now. A prompt waiting its
+    /// turn to prefill calls this again when its turn comes, so prompts arriving
+    /// together behind one system prompt compute it once.
+    pub fn take_longer_prefix(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
+        if !self.model.reuses_prefix() {
+            return have;
+        }
+        let last = tokens.len().saturating_sub(1);
+        let best = (0..self.slots.len())
+            .filter(|&i| i != slot)
+            .map(|i| {
+                (
+                    self.model
+                        .resumable(i, common_prefix(&self.slots[i].resident, tokens).min(last)),
+                    i,
+                )
+            })
+            .max();
+        let Some((longer, from)) = best.filter(|b| b.0 > have) else {
+            return have;
+        };
+        // What the slot held beyond the shared part is about to go.
+        self.save_tail(slot, have);
+        if !self.model.copy_prefix(from, slot, longer) {
+            return have;
+        }
+        self.slots[slot].resident = tokens[..longer].to_vec();
+        longer
+    }
+
+    /// Saves the full blocks of `slot` from the one holding position `from` on into
+    /// the store (those not there yet): they are about to be overwritten.
+    fn save_tail(&mut self, slot: usize, from: usize) {
+        let held = self.slots[slot].resident.len();
+        if !self.store.enabled() || from / BLOCK_TOKENS >= held / BLOCK_TOKENS {
+            return;
+        }
+        let hashes = kvstore::chain(self.kv_seed, &self.slots[slot].resident);
+        self.save_blocks(slot, &hashes, from / BLOCK_TOKENS);
+    }
+
+    /// Saves blocks `first..` of `slot` (chained `hashes` of its resident tokens)
+    /// that the store lacks and the slot still holds; a block a ring lost already was
+    /// saved as it left, or is gone.
+    fn save_blocks(&mut self, slot: usize, hashes: &[u64], first: usize) {
+        for (b, &hash) in hashes.iter().enumerate().skip(first) {
+            if self.store.contains(hash) {
+                continue;
+            }
+            let block = match self.model.page(slot, b) {
+                Some(page) => Some(Stored::Page(page)),
+                None => {
+                    (self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS)).map(|(k, v)| Stored::Rows { k, v })
+                }
+            };
+            if let Some(block) = block {
+                self.store.put(hash, block);
+            }
+        }
+    }
+
+    /// Saves the full blocks below `pos` that a step writing `n` positions from `pos`
+    /// pushes out of `slot`'s sliding-window rings (those not in the store yet), while
+    /// the rings still hold them: so a later prompt sharing only the head of a long
+    /// sequence (a system prompt) gets it back from the store.
+    fn save_leaving(&mut self, slot: usize, pos: usize, n: usize) {
+        let Some(ring) = self.model.ring() else { return };
+        // Blocks starting below `before` lost rows already (saved then, or gone).
+        let before = pos.saturating_sub(ring).div_ceil(BLOCK_TOKENS);
+        let lost = (pos + n).saturating_sub(ring).min(pos);
+        let resident = &self.slots[slot].resident;
+        let upto = lost.div_ceil(BLOCK_TOKENS).min(pos.min(resident.len()) / BLOCK_TOKENS);
+        if !self.store.enabled() || upto <= before {
+            return;
+        }
+        let hashes = kvstore::chain(self.kv_seed, &resident[..upto * BLOCK_TOKENS]);
+        self.save_blocks(slot, &hashes, before);
+    }
+
+    /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
+    /// already holds into it; returns how many leading tokens it holds now.
+    fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
+        if !self.store.enabled() || !self.model.reuses_prefix() {
+            return have;
+        }
+        let hashes = kvstore::chain(self.kv_seed, tokens);
+        let n = self.store.leading(&hashes);
+        if n * BLOCK_TOKENS <= have {
+            return have;
+        }
+        self.save_tail(slot, have);
+        self.slots[slot].resident.truncate(have);
+        for (b, &hash) in hashes.iter().enumerate().take(n).skip(have / BLOCK_TOKENS) {
+            let restored = match self.store.get(hash) {
+                Some(Stored::Page(page)) => self.model.adopt_page(slot, b, page),
+                Some(Stored::Rows { k, v }) => self.model.write_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS, &k, &v),
+                None => false,
+            };
+            if !restored {
+                break;
+            }
+            self.slots[slot].resident = tokens[..(b + 1) * BLOCK_TOKENS].to_vec();
+        }
+        self.slots[slot].resident.len().max(have)
+    }
+
+    /// Keeps only the leading resident tokens of `slot` that `history` starts with:
+    /// a step that checked drafted tokens wrote them all, and those not kept are
+    /// not the sequence's (their rows are overwritten by the next step).
+    pub fn keep_resident(&mut self, slot: usize, history: &[u32]) {
+        let s = &mut self.slots[slot];
+        let keep = common_prefix(&s.resident, history);
+        s.resident.truncate(keep);
+    }
+
+    /// Gives a slot back; what it holds stays resident for later jobs.
+    pub fn release(&mut self, slot: usize) {
+        self.clock += 1;
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.busy = false;
+            s.last_used = self.clock;
+        }
+    }
+
+    /// One forward pass over `steps`, keeping each slot's `resident` true: positions
+    /// below a step's `pos` are untouched even if the pass fails or panics.
+    ///
+    /// With sliding-window rings and a block store, a step longer than one pass is
+    /// run here as passes (as the model would split it), so the blocks each pass
+    /// pushes out of the rings are saved before it overwrites them.
+    pub fn forward(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let max = self.model.max_pass();
+        if self.store.enabled() && self.model.ring().is_some() && steps.iter().any(|s| s.tokens.len() > max) {
+            let mut rest = steps.to_vec();
+            loop {
+                // The positions that want logits stay in the last pass.
+                let lead: Vec<SeqStep<'_>> = rest
+                    .iter_mut()
+                    .filter(|s| s.tokens.len() > max && s.tokens.len() > s.outputs)
+                    .map(|s| {
+                        let n = max.min(s.tokens.len() - s.outputs);
+                        let lead = SeqStep::new(s.seq, &s.tokens[..n], s.pos);
+                        s.tokens = &s.tokens[n..];
+                        s.pos += n;
+                        lead
+                    })
+                    .collect();
+                if lead.is_empty() {
+                    return self.pass(&rest);
+                }
+                self.pass(&lead)?;
+            }
+        }
+        self.pass(steps)
+    }
+
+    /// One pass of [`Self::forward`].
+    fn pass(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.pass_with(steps, |m, s| m.forward_batch(s))
+    }
+
+    /// One pass of `run` over `steps`, the slots' `resident` kept true around it.
+    fn pass_with(
+        &mut self,
+        steps: &[SeqStep<'_>],
+        run: impl FnOnce(&mut Box<dyn Forward>, &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError>,
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        for s in steps {
+            self.save_tail(s.seq, s.pos);
+            self.save_leaving(s.seq, s.pos, s.tokens.len());
+            self.slots[s.seq].resident.truncate(s.pos);
+        }
+        let model = &mut self.model;
+        let rows = guarded(|| run(model, steps))?;
+        for s in steps {
+            self.slots[s.seq].resident.extend_from_slice(s.tokens);
+        }
+        Ok(rows)
+    }
+
+    /// [`Self::forward`] returning the final hidden states ([`Forward::hidden_batch`])
+    /// instead of logits; every step must fit one pass.
+    pub fn hidden(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.pass_with(steps, |m, s| m.hidden_batch(s))
+    }
+
+    /// Refuses a `logit_bias` naming a token outside the vocabulary.
+    pub fn check_logit_bias(&self, config: &GenerateConfig) -> Result<(), BackendError> {
+        let vocab = self.tokenizer.vocab_size();
+        match config.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            Some((id, _)) => Err(BackendError::Invalid(format!(
+                "logit_bias: token id {id} is outside the vocabulary of {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The most tokens a job over `tokens` generates: `config.max_tokens`, or with
+    /// `fit_max_tokens` no more than the context leaves after the prompt; refused when
+    /// that does not fit (with `fit_max_tokens`: when the prompt fills the context).
+    pub fn max_tokens(&self, tokens: &[u32], config: &GenerateConfig) -> Result<usize, BackendError> {
+        let mut n = config.max_tokens as usize;
+        if config.fit_max_tokens {
+            n = n.min(self.context_len.saturating_sub(tokens.len())).max(1);
+        }
+        self.check_fits(tokens, n)?;
+        Ok(n)
+    }
+
+    /// Checks that a prompt of `tokens` plus `max_tokens` fits the context.
+    pub fn check_fits(&self, tokens: &[u32], max_tokens: usize) -> Result<(), BackendError> {
+        if tokens.is_empty() {
+            return Err(BackendError::EmptyPrompt);
+        }
+        if tokens.len() + max_tokens > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens,
+                context_len: self.context_len,
+            });
+        }
+        Ok(())
+    }
+}
+
+pub fn rate(n: u64, us: u64) -> f64 {
+    if us == 0 {
+        0.0
+    } else {
+        n as f64 * 1e6 / us as f64
+    }
+}

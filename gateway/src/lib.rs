@@ -1,0 +1,245 @@
+//! # switchyard-gateway — the OpenAI-compatible HTTP gateway (docs/gateway.md): OpenAI's API over HTTP on
+//! one side, switchyard's protocol over NATS on the other. Stateless, so any number
+//! run side by side, on any machine.
+//!
+//! - [`openai`]: request bodies, defaults, what is refused.
+//! - [`complete`]: chat and text completions, whole or streamed (SSE).
+//! - [`keys`]: API keys (hashed), per-key models and limits.
+//! - [`errors`]: errors in OpenAI's shape and status.
+//! - [`metrics`]: GenAI client metrics per relayed request.
+//! - `page.html`: the fleet page and chat playground at `/`.
+
+pub mod complete;
+mod cors;
+mod embed;
+pub mod errors;
+pub mod keys;
+pub mod metrics;
+pub mod openai;
+pub mod structured;
+
+use anyhow::{bail, Context};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use errors::ApiError;
+use keys::KeyStore;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use switchyard_client::Client;
+use switchyard_config::GatewayConfig;
+use switchyard_messages::Subjects;
+use tokio::task::JoinHandle;
+
+/// What every handler shares.
+pub struct Gateway {
+    client: Client,
+    subjects: Subjects,
+    keys: KeyStore,
+    max_body: u32,
+    queue_timeout_ms: u64,
+    /// Origins allowed to call from a browser (`*`: any).
+    cors_origins: Vec<String>,
+}
+
+/// A running gateway.
+pub struct GatewayHandle {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl GatewayHandle {
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops listening and lets open responses finish.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut self.task).await;
+        self.task.abort();
+    }
+}
+
+/// Starts a gateway for the fleet `client` reaches, listening on `config.listen`.
+/// Beyond loopback it refuses to start without API keys unless `allow_no_keys`.
+pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyhow::Result<GatewayHandle> {
+    let keys = KeyStore::load(config)?;
+    let addr: SocketAddr = config
+        .listen
+        .parse()
+        .with_context(|| format!("gateway.listen {:?} is not host:port", config.listen))?;
+    if !addr.ip().is_loopback() && !keys.enabled() && !config.allow_no_keys {
+        bail!(
+            "gateway.listen {addr} is beyond loopback and no API keys are configured (gateway.keys / \
+             gateway.keys_file); anyone who reaches it could use the fleet. Add keys, or set \
+             gateway.allow_no_keys = true (--allow-no-keys) to serve without them"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("gateway.listen: cannot listen on {addr}"))?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(Gateway {
+        client,
+        subjects: Subjects::new(prefix),
+        keys,
+        max_body: config.max_body_bytes,
+        queue_timeout_ms: config.queue_timeout_ms,
+        cors_origins: config.cors_origins.clone(),
+    });
+    let app = Router::new()
+        .route("/v1/chat/completions", post(complete::chat))
+        .route("/v1/completions", post(complete::completion))
+        .route("/v1/embeddings", post(embed::embeddings))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/fleet", get(fleet))
+        .route("/health", get(health))
+        .route("/", get(page))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(config.max_body_bytes as usize))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), cors::cors))
+        .with_state(state);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stopped.await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!("gateway stopped: {e}");
+        }
+    });
+    Ok(GatewayHandle {
+        addr,
+        stop: Some(stop),
+        task,
+    })
+}
+
+/// Continues the caller's W3C trace (`traceparent`, `tracestate`) in `span`.
+fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
+    let mut map = async_nats::HeaderMap::new();
+    for name in ["traceparent", "tracestate"] {
+        if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+            map.insert(name, v);
+        }
+    }
+    switchyard_fabric::trace::continue_from(span, Some(&map));
+}
+
+/// `GET /v1/models`: the fleet's models.
+async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    g.keys.admit(&headers, "").or_else(|e| match e.status {
+        StatusCode::FORBIDDEN => Ok(keys_any()),
+        _ => Err(e),
+    })?;
+    let reply = g.client.models().await?;
+    let data: Vec<_> = reply.models.iter().map(model_json).collect();
+    Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
+}
+
+/// `GET /v1/models/{id}`: one model, as in the list; `model_not_found` (404) when
+/// no worker serves it.
+async fn model(
+    State(g): State<Arc<Gateway>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    g.keys.admit(&headers, "").or_else(|e| match e.status {
+        StatusCode::FORBIDDEN => Ok(keys_any()),
+        _ => Err(e),
+    })?;
+    let reply = g.client.models().await?;
+    let m = reply.models.iter().find(|m| m.name == id).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model {id:?} does not exist (no worker serves it)"),
+        )
+    })?;
+    Ok(axum::Json(model_json(m)).into_response())
+}
+
+fn model_json(m: &switchyard_messages::ModelEntry) -> serde_json::Value {
+    let mut v = json!({"id": m.name, "object": "model", "created": 0, "owned_by": "switchyard",
+                       "backends": m.backends, "workers": m.workers.len(), "context_length": m.info.context_len});
+    if m.info.embedding_dim > 0 {
+        // Served by `POST /v1/embeddings`, vectors of this width.
+        v["embedding_dimension"] = json!(m.info.embedding_dim);
+    }
+    if m.info.embedding_only {
+        // An embedding model: chat and completions are refused for it.
+        v["embedding_only"] = json!(true);
+    }
+    v
+}
+
+/// A key restricted to some models may still list them.
+fn keys_any() -> keys::Admitted {
+    KeyStore::default()
+        .admit(&HeaderMap::new(), "")
+        .unwrap_or_else(|_| unreachable!("an empty key store admits everything"))
+}
+
+/// `GET /v1/fleet`: what `switchyard status` shows, as JSON (the page reads it).
+async fn fleet(State(g): State<Arc<Gateway>>) -> Result<Response, ApiError> {
+    Ok(axum::Json(g.client.status().await?).into_response())
+}
+
+/// `GET /health`: 200 when a coordinator answers and sees a worker.
+async fn health(State(g): State<Arc<Gateway>>) -> Response {
+    match g.client.status().await {
+        Ok(s) if !s.workers.is_empty() => {
+            axum::Json(json!({"status": "ok", "workers": s.workers.len()})).into_response()
+        }
+        Ok(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "no workers"})),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "no coordinator", "error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /`: the fleet page and chat playground, one static file in the binary.
+async fn page() -> Html<&'static str> {
+    Html(include_str!("page.html"))
+}
+
+/// A known path with another method: 405 in OpenAI's error shape.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        "no such endpoint",
+    )
+}
