@@ -79,31 +79,42 @@ struct Admitted {
     prompt_bytes: usize,
 }
 
-/// Decodes and checks a request for `verb`.
+/// Decodes and checks a request for `verb`: one decode of the whole request (a request
+/// that does not decode is read again only for its id, to answer it).
 fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (String, WireError)> {
-    let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
-    let head: RequestHead = decode(payload).map_err(|e| (String::new(), bad(e)))?;
-    let id = head.request_id.clone();
+    let bad = |e: switchyard_messages::DecodeError| {
+        let id = decode::<RequestHead>(payload).map(|h| h.request_id).unwrap_or_default();
+        (id, WireError::new(ErrorCode::BadRequest, e.to_string()))
+    };
     let (mut blocks, mut prompt_bytes) = (Vec::new(), 0);
-    let checked = match verb {
-        Verb::Generate | Verb::Chat => decode::<GenerateRequest>(payload)
-            .map_err(bad)
-            .and_then(|r| validate_request(&r, verb == Verb::Chat, limits).map(|()| r))
-            .map(|r| {
+    let (head, checked) = match verb {
+        Verb::Generate | Verb::Chat => {
+            let r = decode::<GenerateRequest>(payload).map_err(bad)?;
+            let checked = validate_request(&r, verb == Verb::Chat, limits);
+            if checked.is_ok() {
                 let key = kv::routing_key(r.prompt.as_deref(), r.messages.as_deref());
                 blocks = kv::prefix_blocks(&key);
                 prompt_bytes = key.len();
-            }),
-        Verb::Classify => decode::<ClassifyRequest>(payload)
-            .map_err(bad)
-            .and_then(|r| validate_classify(&r, limits)),
-        Verb::Batch => decode::<BatchRequest>(payload)
-            .map_err(bad)
-            .and_then(|r| validate_batch(&r, limits)),
-        Verb::Embed => decode::<EmbedRequest>(payload)
-            .map_err(bad)
-            .and_then(|r| validate_embed(&r, limits)),
+            }
+            (r.head, checked)
+        }
+        Verb::Classify => {
+            let r = decode::<ClassifyRequest>(payload).map_err(bad)?;
+            let checked = validate_classify(&r, limits);
+            (r.head, checked)
+        }
+        Verb::Batch => {
+            let r = decode::<BatchRequest>(payload).map_err(bad)?;
+            let checked = validate_batch(&r, limits);
+            (r.head, checked)
+        }
+        Verb::Embed => {
+            let r = decode::<EmbedRequest>(payload).map_err(bad)?;
+            let checked = validate_embed(&r, limits);
+            (r.head, checked)
+        }
     };
+    let id = head.request_id.clone();
     checked.map_err(|e| (id.clone(), e))?;
     if let Some(d) = head.deadline_ms {
         let now = switchyard_fabric::now_ms();

@@ -2,7 +2,7 @@
 //! jobs from a channel (generations continuously batched by [`super::batcher`]).
 //! Nothing here runs on an async task.
 
-use super::kvstore::{self, KvStore, Stored, BLOCK_TOKENS};
+use super::block_store::{self, KvStore, Stored, BLOCK_TOKENS};
 use super::model::forward::{Forward, SeqStep};
 use super::text::template::ChatTemplate;
 use super::text::tokenizer::GgufTokenizer;
@@ -149,7 +149,7 @@ pub struct ComputeState {
     clock: u64,
 }
 
-pub use super::kvstore::common_prefix;
+pub use super::block_store::common_prefix;
 
 pub use switchyard_fabric::panic_message;
 
@@ -397,7 +397,7 @@ impl ComputeState {
         if !self.store.enabled() || from / BLOCK_TOKENS >= held / BLOCK_TOKENS {
             return;
         }
-        let hashes = kvstore::chain(self.kv_seed, &self.slots[slot].resident);
+        let hashes = block_store::chain(self.kv_seed, &self.slots[slot].resident);
         self.save_blocks(slot, &hashes, from / BLOCK_TOKENS);
     }
 
@@ -435,7 +435,7 @@ impl ComputeState {
         if !self.store.enabled() || upto <= before {
             return;
         }
-        let hashes = kvstore::chain(self.kv_seed, &resident[..upto * BLOCK_TOKENS]);
+        let hashes = block_store::chain(self.kv_seed, &resident[..upto * BLOCK_TOKENS]);
         self.save_blocks(slot, &hashes, before);
     }
 
@@ -445,7 +445,7 @@ impl ComputeState {
         if !self.store.enabled() || !self.model.reuses_prefix() {
             return have;
         }
-        let hashes = kvstore::chain(self.kv_seed, tokens);
+        let hashes = block_store::chain(self.kv_seed, tokens);
         let n = self.store.leading(&hashes);
         if n * BLOCK_TOKENS <= have {
             return have;

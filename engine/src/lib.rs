@@ -14,7 +14,7 @@
 //! - [`text`]: tokenizers (GGUF vocabularies as BPE or SentencePiece, streaming
 //!   decode) and chat templates.
 //! - The serving side: [`compute`] (the compute thread's state: slots, jobs,
-//!   sessions), [`batcher`] (continuous batching on that thread), [`kvstore`] (KV
+//!   sessions), [`batcher`] (continuous batching on that thread), [`block_store`] (KV
 //!   blocks kept after slots are overwritten), [`sampler`], [`constraint`] (JSON
 //!   schema / regex / grammar masks per sequence), [`stops`], [`session`].
 //!
@@ -27,6 +27,7 @@
 //! native `cuda` backend serves it on candle's CUDA device ([`ForwardPass::Candle`]).
 
 pub mod batcher;
+pub mod block_store;
 pub mod candle;
 pub mod chunking;
 pub mod compute;
@@ -34,7 +35,6 @@ pub mod constraint;
 pub mod encoder;
 mod handle;
 pub mod kernels;
-pub mod kvstore;
 mod load;
 pub mod model;
 mod passes;

@@ -12,7 +12,7 @@ use switchyard_backend::{BackendError, TextModel};
 use switchyard_messages::{GenerateMetrics, LoadConfig, ModelInfo};
 
 use crate::EngineModel;
-use crate::{batcher, candle, kernels, kvstore, pooling, speculate, SUPPORTED_ARCHITECTURES};
+use crate::{batcher, block_store, candle, kernels, pooling, speculate, SUPPORTED_ARCHITECTURES};
 use crate::{compute, ForwardPass, DEFAULT_CONTEXT, DEFAULT_SLOTS};
 
 /// What loading learned about a model beside its weights: its own context ceiling,
@@ -247,7 +247,7 @@ impl EngineModel {
             context_len,
             last_metrics.clone(),
         );
-        engine.store = kvstore::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
+        engine.store = block_store::KvStore::new(config.kv_cache_mb as usize * 1024 * 1024);
         engine.model.share_prefixes(!config.copy_kv_prefixes);
         engine.prefill_chunk = config.prefill_chunk as usize;
         engine.pooling = pooling::Pooling::parse(&config.pooling)

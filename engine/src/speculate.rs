@@ -17,7 +17,7 @@
 //! and seeded sampled output are identical token for token with and without
 //! speculation.
 
-use super::kvstore::common_prefix;
+use super::block_store::common_prefix;
 use super::model::forward::{CpuForward, Forward, SeqStep};
 use super::model::llama::LlamaModel;
 use super::sampler::argmax;

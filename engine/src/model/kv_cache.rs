@@ -31,7 +31,7 @@ use std::sync::Arc;
 /// (`ChunkBudget::MAX`), so only a prompt prefilled alone is split.
 pub const SWA_PASS: usize = 512;
 
-/// Positions per page: the block store's block (`kvstore::BLOCK_TOKENS`), so the
+/// Positions per page: the block store's block (`block_store::BLOCK_TOKENS`), so the
 /// blocks the store keys and the pages slots share are the same token runs.
 pub const PAGE: usize = 32;
 

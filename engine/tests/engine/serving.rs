@@ -285,7 +285,7 @@ async fn a_prefix_evicted_from_its_slot_comes_back_from_the_block_store() {
     };
     let store = load(64);
     let tok = store.tokenizer().encode(story).unwrap();
-    let blocks = (tok.len() - 1) / switchyard_engine::kvstore::BLOCK_TOKENS;
+    let blocks = (tok.len() - 1) / switchyard_engine::block_store::BLOCK_TOKENS;
     assert!(blocks >= 2, "{} tokens", tok.len());
     let (cold_ids, cold) = run(&store, story, 12).await;
     assert_eq!(cold.cached_tokens, 0);

@@ -9,8 +9,8 @@
 use candle_core::quantized::gguf_file;
 use futures::StreamExt;
 use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
+use switchyard_engine::block_store::BLOCK_TOKENS;
 use switchyard_engine::compute::common_prefix;
-use switchyard_engine::kvstore::BLOCK_TOKENS;
 use switchyard_engine::model::forward::{CpuForward, Forward, SeqStep};
 use switchyard_engine::model::llama::{KvCache, LlamaModel, SWA_PASS};
 use switchyard_engine::EngineModel;

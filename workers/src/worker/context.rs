@@ -1,7 +1,7 @@
 //! What every request handler of a worker shares: the NATS client, the model, the
 //! admission queue, cancels, KV announcements and recent latencies.
 
-use super::kv::KvMsg;
+use super::prefix_index::KvMsg;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

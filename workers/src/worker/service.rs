@@ -69,7 +69,16 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         return;
     };
 
-    let parsed = decode::<GenerateRequest>(&msg.payload)
+    let decoded = decode::<GenerateRequest>(&msg.payload);
+    // A refusal names the request: from the decoded request, or (only when it did not
+    // decode) from its head read alone.
+    let refused_id = match &decoded {
+        Ok(req) => req.head.request_id.clone(),
+        Err(_) => decode::<RequestHead>(&msg.payload)
+            .map(|h| h.request_id)
+            .unwrap_or_default(),
+    };
+    let parsed = decoded
         .map_err(|e| WireError::new(ErrorCode::BadRequest, e.to_string()))
         .and_then(|req| validate_request(&req, chat, &ctx.limits).map(|()| req))
         .and_then(|req| check_deadline(&req, switchyard_fabric::now_ms()).map(|()| req));
@@ -137,11 +146,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             if via_coordinator {
                 answer_admission(&ctx, &request, Some(error)).await;
             } else {
-                let request_id = decode::<serde_json::Value>(&msg.payload)
-                    .ok()
-                    .and_then(|v| v.get("request_id").and_then(|r| r.as_str()).map(str::to_string))
-                    .unwrap_or_default();
-                ChunkSink::new(ctx.client.clone(), stream_to, request_id, Some(ctx.worker_id.clone()))
+                ChunkSink::new(ctx.client.clone(), stream_to, refused_id, Some(ctx.worker_id.clone()))
                     .error(error)
                     .await;
             }
@@ -462,12 +467,13 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
         return;
     };
     let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
-    let parsed = decode::<RequestHead>(&msg.payload).map_err(bad).and_then(|head| {
-        let req = match verb {
-            Unary::Classify => UnaryRequest::Classify(decode(&msg.payload).map_err(bad)?),
-            Unary::Batch => UnaryRequest::Batch(decode(&msg.payload).map_err(bad)?),
-            Unary::Embed => UnaryRequest::Embed(decode(&msg.payload).map_err(bad)?),
-        };
+    // One decode: the whole request, its head taken from it.
+    let decoded = match verb {
+        Unary::Classify => decode::<ClassifyRequest>(&msg.payload).map(|r| (r.head.clone(), UnaryRequest::Classify(r))),
+        Unary::Batch => decode::<BatchRequest>(&msg.payload).map(|r| (r.head.clone(), UnaryRequest::Batch(r))),
+        Unary::Embed => decode::<EmbedRequest>(&msg.payload).map(|r| (r.head.clone(), UnaryRequest::Embed(r))),
+    };
+    let parsed = decoded.map_err(bad).and_then(|(head, req)| {
         match &req {
             UnaryRequest::Classify(r) => validate_classify(r, &ctx.limits)?,
             UnaryRequest::Batch(r) => validate_batch(r, &ctx.limits)?,

@@ -1,4 +1,5 @@
-//! What a worker holds warm, for KV-aware routing (see `switchyard_messages::kv`).
+//! The KvCacheActor's prefix index: what a worker holds warm, for KV-aware routing (see
+//! `switchyard_messages::kv`; the engine's own KV block store is `switchyard_engine::block_store`).
 //!
 //! Each finished request leaves its prompt's prefix resident in one of the worker's
 //! slots (the CPU engine has one resident sequence; a llama.cpp server one per slot).
