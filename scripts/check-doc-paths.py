@@ -23,7 +23,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TOP_DIRS = (
-    "backend/", "fabric/", "client/", "gateway/", "engine/", "testkit/", "coordinator/", "workers/", "messages/",
+    "backend/", "fabric/", "client/", "gateway/", "engine/", "testkit/", "node/", "bench/", "coordinator/", "workers/", "messages/",
     "config/", "procs/", "store/",
     "src/", "tests/", "docs/", "scripts/", "deploy/", "dashboards/", "examples/", ".ci/",
 )

@@ -5,8 +5,9 @@
 //! wakes a parked sibling to look for work whenever a task is woken), each one a
 //! time slice taken from the compute threads (issue 17, `bench fabric`).
 
-use super::{BenchCommand, Command};
+use super::Command;
 use switchyard::Config;
+use switchyard_bench::BenchCommand;
 
 /// The backend of the worker `command` runs in its own process, if it runs one.
 fn worker_backend<'a>(command: &'a Command, config: &'a Config) -> Option<&'a str> {

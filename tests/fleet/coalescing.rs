@@ -1,4 +1,4 @@
-//! Coalescing (`worker.coalesce_ms`, issue 17): tokens that are ready together travel
+//! Coalescing (`worker.coalesce_ms`): tokens that are ready together travel
 //! in one chunk, and none is lost, duplicated or reordered on the way.
 //!
 //! Most tests serve `fabric-probe`, a compute-free fake model whose tokens are all
@@ -8,11 +8,8 @@
 //! itself (`workers/src/worker/coalesce.rs`).
 
 use crate::common::*;
-use std::sync::Arc;
 use std::time::Duration;
 use switchyard::{Client, FinishReason, GenerateRequest, StreamEvent};
-use switchyard_backend::TextModel;
-use switchyard_workers::backends::probe::FabricProbe;
 use switchyard_workers::worker::coalesce::MAX_TOKENS;
 
 /// Serves the probe behind a coordinator with `coalesce_ms`, generates `n` tokens
@@ -25,17 +22,7 @@ async fn chunk_sizes(coalesce_ms: u64, n: u32) -> Vec<usize> {
     config.worker.coalesce_ms = coalesce_ms;
     config.validate().expect("valid test config");
     let coordinator = switchyard::node::start_coordinator(&config).await.expect("coordinator");
-    let model: Arc<dyn TextModel> = Arc::new(FabricProbe);
-    let loaded = switchyard::node::Loaded {
-        model,
-        path: "fabric-probe".into(),
-        name: "fabric-probe".into(),
-        backend: switchyard_messages::BackendKind::Cpu,
-        device: switchyard_messages::Device::Cpu,
-        capacity: 1,
-        supervisor: None,
-    };
-    let worker = switchyard::node::start_worker(&config, &loaded).await.expect("worker");
+    let worker = switchyard_bench::probe::start_worker(&config).await.expect("worker");
     let client = client(&nats.url(), Duration::from_secs(5)).await;
     wait_for_workers(&client, &["probe"], Duration::from_secs(10)).await;
 

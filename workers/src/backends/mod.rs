@@ -11,11 +11,9 @@
 //! - [`mlx`]: MLX (Metal on Apple silicon) through a Python bridge child.
 //! - [`backoff`]: the restart policy every supervised child (llama-server, the MLX
 //!   bridge) shares.
-//! - [`probe`]: `fabric-probe`, a compute-free fake model named as such, for
-//!   measuring the fabric's own overhead (not in the registry).
 //!
 //! A worker asks the [`Registry`] for its backend: `worker.backend` pins one by name;
-//! `auto` takes the most preferred one that is available here, in seed 000's order
+//! `auto` takes the most preferred one that is available here, in the preference order
 //! (`metal > rocm > llama_cpp > cuda > cpu`, [`BackendKind::BY_PREFERENCE`]). Kinds
 //! this build has no backend for are simply not in the registry.
 
@@ -25,7 +23,6 @@ pub mod cuda;
 pub mod llama_cpp;
 pub mod llama_server;
 pub mod mlx;
-pub mod probe;
 mod registry;
 pub(crate) mod worker_backend;
 

@@ -1,7 +1,9 @@
 //! `FabricProbe`: a **fake** model that does no compute. It exists only so
 //! `switchyard bench fabric` can measure the fabric's own cost per token (NATS,
-//! coordinator, worker service, client) without model time drowning it out. It is
-//! never registered as a backend and never served by `up` or `worker`.
+//! coordinator, worker service, client) without model time drowning it out, and so
+//! tests can see what the fabric does with tokens that are all ready at once. It lives
+//! here, not among the backends: it is never registered, never served by `up` or
+//! `worker`.
 
 use futures::stream;
 use switchyard_backend::{
@@ -74,4 +76,19 @@ impl TextModel for FabricProbe {
     fn metrics(&self) -> GenerateMetrics {
         GenerateMetrics::default()
     }
+}
+
+/// Starts a worker serving [`FabricProbe`] as `fabric-probe`, with `config`'s worker
+/// settings (its id among them).
+pub async fn start_worker(config: &switchyard_config::Config) -> anyhow::Result<switchyard_workers::WorkerHandle> {
+    let loaded = switchyard_node::Loaded {
+        model: std::sync::Arc::new(FabricProbe),
+        path: "fabric-probe".into(),
+        name: "fabric-probe".into(),
+        backend: switchyard_messages::BackendKind::Cpu,
+        device: switchyard_messages::Device::Cpu,
+        capacity: 1,
+        supervisor: None,
+    };
+    switchyard_node::start_worker(config, &loaded).await
 }

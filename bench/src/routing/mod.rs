@@ -22,7 +22,7 @@ pub mod sim;
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
 use std::time::Duration;
-use switchyard::Config;
+use switchyard_config::Config;
 use switchyard_config::RoutingPolicy;
 
 /// Which simulated fleet.

@@ -8,10 +8,10 @@
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
-use switchyard::client::{Client, ClientOptions};
-use switchyard::node;
+use switchyard_client::{Client, ClientOptions};
 use switchyard_config::Config;
 use switchyard_messages::GenerateRequest;
+use switchyard_node as node;
 use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
 /// The workload's shape.

@@ -1,4 +1,9 @@
-//! Benchmarks that print ratios against a peer measured in the same run.
+//! # switchyard-bench — benchmarks that print ratios against a peer measured in the same run
+//!
+//! The `switchyard bench …` subcommands ([`BenchCommand`], run by [`run`]): each
+//! measures switchyard against a peer in the same run (llama-server on the same GGUF,
+//! mlx-lm, plain HTTP, the in-process backend) and prints the ratio. The commands,
+//! what each measures and the latest figures are in docs/benchmarks.md.
 //!
 //! `fabric`: the same greedy request through the in-process backend call and through
 //! NATS + coordinator + worker (real TCP loopback, real nats-server), alternating, so
@@ -7,6 +12,7 @@
 pub mod batch;
 pub mod burst;
 pub mod chaos;
+mod command;
 pub mod embed;
 pub mod gateway;
 pub mod kv;
@@ -16,20 +22,22 @@ pub mod llama_cpp;
 pub mod mlx;
 pub mod pages;
 pub mod prefix;
+pub mod probe;
 pub mod pull;
 pub mod routing;
 pub mod spec;
 pub mod stall;
 pub mod structured;
 
+pub use command::{run, BenchCommand};
+
 use futures::StreamExt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard::client::{Client, ClientOptions, StreamEvent};
-use switchyard::node;
 use switchyard_backend::{CancelFlag, GenerateEvent, Prompt, TextModel};
+use switchyard_client::{Client, ClientOptions, StreamEvent};
 use switchyard_config::Config;
 use switchyard_messages::{GenerateConfig, GenerateRequest};
+use switchyard_node as node;
 use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
 /// A prompt of roughly 100 tokens that continues for a long time.
@@ -412,17 +420,7 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     // The fabric alone: a compute-free probe model behind a second worker.
     let mut probe_cfg = config.clone();
     probe_cfg.worker.id = "fabric-probe".into();
-    let probe: Arc<dyn TextModel> = Arc::new(switchyard_workers::backends::probe::FabricProbe);
-    let probe_loaded = node::Loaded {
-        model: probe.clone(),
-        path: "fabric-probe".into(),
-        name: "fabric-probe".into(),
-        backend: switchyard_messages::BackendKind::Cpu,
-        device: switchyard_messages::Device::Cpu,
-        capacity: 1,
-        supervisor: None,
-    };
-    let probe_worker = node::start_worker(&probe_cfg, &probe_loaded).await?;
+    let probe_worker = probe::start_worker(&probe_cfg).await?;
     while client
         .status()
         .await
@@ -463,7 +461,8 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
     let mut in_process = Vec::new();
     for _ in 0..runs.max(3) {
         let start = Instant::now();
-        let mut events = probe.generate(Prompt::Text("x".into()), probe_cfg_gen.clone(), CancelFlag::new());
+        let mut events =
+            probe::FabricProbe.generate(Prompt::Text("x".into()), probe_cfg_gen.clone(), CancelFlag::new());
         while events.next().await.is_some() {}
         in_process.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(probe_tokens));
     }
@@ -483,7 +482,7 @@ pub async fn fabric(config: Config, runs: usize, max_tokens: u32) -> anyhow::Res
 
 /// A model loaded in switchyard's engine on its own CPU kernels, as the `cpu` backend
 /// would load it (an embedding model or a decoder).
-pub(super) fn engine_model(
+pub(crate) fn engine_model(
     path: &std::path::Path,
     load: &switchyard_messages::LoadConfig,
 ) -> Result<std::sync::Arc<dyn switchyard_backend::TextModel>, switchyard_backend::BackendError> {

@@ -20,7 +20,7 @@ pub struct BenchBurstArgs {
     /// The worker's settings (its --capacity is the fleet's, and llama-server's
     /// --parallel); --llama-server names the peer's binary.
     #[command(flatten)]
-    pub worker: crate::cli::WorkerFlags,
+    pub worker: switchyard_node::WorkerFlags,
     /// Loads, as multiples of the capacity: requests in flight at once.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
     pub loads: Vec<usize>,
@@ -96,7 +96,7 @@ pub async fn burst(mut config: Config, bin: &Path, args: &BenchBurstArgs) -> any
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n as usize,
     };
-    let model = switchyard::node::model_path(&config)?;
+    let model = switchyard_node::model_path(&config)?;
     let ctx = (512 * capacity).to_string();
     // One HTTP thread per request in flight at the largest load, so llama-server
     // queues every request instead of refusing connections.
@@ -127,7 +127,7 @@ pub async fn burst(mut config: Config, bin: &Path, args: &BenchBurstArgs) -> any
         queue_timeout_ms: deadline.as_millis() as u64,
         ..GatewayConfig::default()
     };
-    let gw = switchyard::gateway::start(local.client.clone(), &local.config.nats.prefix, &listen).await?;
+    let gw = switchyard_gateway::start(local.client.clone(), &local.config.nats.prefix, &listen).await?;
     // A fresh connection per request on both sides: llama-server closes idle
     // keep-alive connections, and a pooled one it closed would fail the request
     // ("connection closed before message completed") for want of the client's retry.

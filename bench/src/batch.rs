@@ -9,7 +9,7 @@ use super::llama_cpp::{direct, fabric, Run};
 use super::{median, LocalNode, BENCH_PROMPT};
 use std::path::Path;
 use std::time::Instant;
-use switchyard::client::Client;
+use switchyard_client::Client;
 use switchyard_config::Config;
 use switchyard_procs::llama_server::LlamaServer;
 
@@ -52,7 +52,7 @@ pub async fn batch(
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n as usize,
     };
-    let model = switchyard::node::model_path(&config)?;
+    let model = switchyard_node::model_path(&config)?;
     eprintln!(
         "starting llama-server ({threads} threads, --parallel {slots}) on {} …",
         model.display()

@@ -11,10 +11,10 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use switchyard::client::{Client, StreamEvent};
-use switchyard::node;
+use switchyard_client::{Client, StreamEvent};
 use switchyard_config::Config;
 use switchyard_messages::{GenerateConfig, GenerateRequest};
+use switchyard_node as node;
 use switchyard_procs::llama_server::LlamaServer;
 use switchyard_workers::backends::llama_cpp::completion_body;
 

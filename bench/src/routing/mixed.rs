@@ -12,7 +12,8 @@ use super::sim::{Fleet, SimSpec, Timing, BYTES_PER_TOKEN};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use switchyard::{Client, Config, GenerateRequest, StreamEvent};
+use switchyard_client::{Client, GenerateRequest, StreamEvent};
+use switchyard_config::Config;
 use switchyard_config::RoutingPolicy;
 use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 

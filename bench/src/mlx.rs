@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use switchyard::client::{Client, StreamEvent};
 use switchyard_backend::{CancelFlag, GenerateEvent, Prompt};
+use switchyard_client::{Client, StreamEvent};
 use switchyard_config::Config;
 use switchyard_messages::{GenerateConfig, GenerateRequest, LoadConfig};
 
@@ -147,7 +147,7 @@ pub async fn run(mut config: Config, args: &BenchMlxArgs) -> anyhow::Result<Exit
         "{} is not a Hugging Face model directory; make the demo one with: \
          ~/.cache/switchyard/venv/bin/python scripts/gguf-to-hf.py {} {} f32",
         model.display(),
-        switchyard::node::demo_model_path().display(),
+        switchyard_node::demo_model_path().display(),
         model.display()
     );
     let python = args.mlx_python.clone().unwrap_or_else(|| cache.join("venv/bin/python"));

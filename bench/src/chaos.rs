@@ -12,7 +12,8 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use switchyard::{Client, ClientOptions, Config, GenerateRequest};
+use switchyard_client::{Client, ClientOptions, GenerateRequest};
+use switchyard_config::Config;
 use switchyard_procs::nats_server::{find_nats_server, kill_with_parent, NatsServer};
 
 /// `switchyard bench chaos`.

@@ -1,4 +1,14 @@
-//! Assembling coordinators and workers from a [`Config`].
+//! # switchyard-node — assembling coordinators and workers from a [`Config`]
+//!
+//! What `switchyard up`, `coordinator` and `worker` run, and what the benchmarks and
+//! tests start in process: resolving the worker's model (a file, a directory or a
+//! name in the fleet's store), loading it on the backend the registry picks, and
+//! starting the WorkerActor and the CoordinatorActor. [`WorkerFlags`] are the
+//! worker's command-line flags.
+
+mod flags;
+
+pub use flags::WorkerFlags;
 
 use std::path::PathBuf;
 use std::time::Duration;

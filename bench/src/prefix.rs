@@ -6,7 +6,7 @@
 
 use super::{median, LocalNode, BENCH_PROMPT};
 use std::time::{Duration, Instant};
-use switchyard::client::{Client, StreamEvent};
+use switchyard_client::{Client, StreamEvent};
 use switchyard_config::Config;
 use switchyard_messages::{GenerateMetrics, GenerateRequest};
 

@@ -6,8 +6,10 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
-use switchyard::{node, Client, ClientError, ClientOptions, Config};
+use switchyard_client::{Client, ClientError, ClientOptions};
+use switchyard_config::Config;
 use switchyard_coordinator::stats::StatsSnapshot;
+use switchyard_node as node;
 use switchyard_procs::nats_server::kill_with_parent;
 
 /// The model the simulated workers serve.

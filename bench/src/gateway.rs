@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use switchyard::{Client, GenerateRequest, Message, StreamEvent};
+use switchyard_client::{Client, GenerateRequest, Message, StreamEvent};
 use switchyard_config::{Config, GatewayConfig};
 use switchyard_procs::llama_server::LlamaServer;
 
@@ -130,7 +130,7 @@ pub async fn gateway(
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n as usize,
     };
-    let model = switchyard::node::model_path(&config)?;
+    let model = switchyard_node::model_path(&config)?;
     // 512 positions per slot on both sides: a ~40-token chat prompt and its answer.
     let ctx = (512 * slots).to_string();
     eprintln!(
@@ -149,7 +149,7 @@ pub async fn gateway(
         listen: "127.0.0.1:0".into(),
         ..GatewayConfig::default()
     };
-    let gw = switchyard::gateway::start(local.client.clone(), &local.config.nats.prefix, &listen).await?;
+    let gw = switchyard_gateway::start(local.client.clone(), &local.config.nats.prefix, &listen).await?;
     let http = reqwest::Client::new();
     let round = |url: String, r: usize, n: usize| {
         let http = http.clone();

@@ -166,7 +166,7 @@ fn percentile(xs: &[f64], p: f64) -> f64 {
 
 /// Runs the comparison and prints the table.
 pub async fn run(args: &BenchStallArgs) -> anyhow::Result<ExitCode> {
-    let model = args.model.clone().unwrap_or_else(switchyard::node::demo_model_path);
+    let model = args.model.clone().unwrap_or_else(switchyard_node::demo_model_path);
     let bin = super::llama_cpp::llama_server_or_build(args.llama_server.as_deref())?;
     let slots = args.streams + 1;
     eprintln!("starting llama-server ({} threads, --parallel {slots}) …", args.threads);
