@@ -48,7 +48,7 @@ else
   say "nats-server: installed $("$CACHE/bin/nats-server" --version)"
 fi
 
-# --- Prometheus (tests/fleet/prometheus.rs scrapes a fleet with it) -------------------------------
+# --- Prometheus (tests/prometheus.rs scrapes a fleet with it) -------------------------------
 # Debian's package; its postinst may enable a prometheus service on :9090 (the test runs its
 # own instance on a free port). Not fatal when it cannot be installed: that test then skips.
 if [ -x /usr/bin/prometheus ] || command -v prometheus >/dev/null 2>&1; then
@@ -58,10 +58,10 @@ elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; then
     say "prometheus: installed $(/usr/bin/prometheus --version 2>&1 | head -n1)"
   else
-    say "prometheus: apt-get install failed; tests/fleet/prometheus.rs will be skipped"
+    say "prometheus: apt-get install failed; tests/prometheus.rs will be skipped"
   fi
 else
-  say "prometheus: missing and not installable here (needs apt-get as root); tests/fleet/prometheus.rs will be skipped"
+  say "prometheus: missing and not installable here (needs apt-get as root); tests/prometheus.rs will be skipped"
 fi
 
 # --- the demo model -----------------------------------------------------------------------
@@ -148,15 +148,15 @@ else
 fi
 
 # Headless Chromium and its chromedriver, for the gateway page's browser test
-# (tests/fleet/gateway_page.rs); Debian's packages.
+# (tests/gateway_page.rs); Debian's packages.
 if command -v chromedriver >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then
   say "chromium: cached at $(command -v chromium)"
 elif command -v apt-get >/dev/null 2>&1; then
   say "chromium: installing Debian's chromium and chromium-driver"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } >&2 \
-    || say "chromium: apt-get install failed; tests/fleet/gateway_page.rs will skip, saying why"
+    || say "chromium: apt-get install failed; tests/gateway_page.rs will skip, saying why"
 else
-  say "chromium: not installed and no apt-get; tests/fleet/gateway_page.rs skips"
+  say "chromium: not installed and no apt-get; tests/gateway_page.rs skips"
 fi
 
 # The npm openai package, for tests/js/openai_check.mjs, in $CACHE/node/node_modules. Not fatal:

@@ -4,7 +4,6 @@
 //! parent/child links, the GenAI span attributes, and the GenAI metrics' names, units,
 //! buckets and attributes.
 
-#[path = "fleet/common.rs"]
 mod common;
 
 use common::*;

@@ -1,4 +1,4 @@
-//! `switchyard bench chaos`: the fault run behind tests/fleet/chaos.rs, longer and with a
+//! `switchyard bench chaos`: the fault run behind tests/chaos.rs, longer and with a
 //! report. A nats-server, coordinators and CPU workers as child processes of this
 //! binary; N short requests, C at a time; meanwhile workers are kill -9'd (each
 //! replaced), one coordinator is kill -9'd, and nats-server is killed and restarted

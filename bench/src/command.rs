@@ -44,7 +44,7 @@ pub enum BenchCommand {
     /// p50/p99, ratios; and the gateway's own cost against the NATS client.
     Gateway(BenchGatewayArgs),
     /// Faults under load: workers, a coordinator and nats-server killed during a run
-    /// of short requests; outcome counts, recovery per fault, RSS (tests/fleet/chaos.rs, longer).
+    /// of short requests; outcome counts, recovery per fault, RSS (tests/chaos.rs, longer).
     Chaos(crate::chaos::BenchChaosArgs),
     /// One coordinator and 1,000 simulated workers over nats-server: decisions/s and
     /// their latency, coordinator RSS/CPU, heartbeat rate; `--fleet mixed`: TTFT under

@@ -4,7 +4,7 @@
 //! models and tools `scripts/setup.sh` installs (the demo model, Gemma 3, the Python
 //! venv, llama-server builds, prometheus), and [`skip`], which every skipped test goes
 //! through so `scripts/test.sh` can list it. Nothing here knows about switchyard's
-//! services: the root crate's `tests/fleet/common.rs` adds fleets and clients on top.
+//! services: the root crate's `tests/common/mod.rs` adds fleets and clients on top.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 """A dedicated embedding model behind a switchyard gateway, as a RAG pipeline uses it
-(run by tests/fleet/embedding_models.rs): the official OpenAI client and LangChain's
+(run by tests/embedding_models.rs): the official OpenAI client and LangChain's
 OpenAIEmbeddings against all-MiniLM-L6-v2, with a chat model in the same fleet.
 
 Usage: embedding_model_check.py BASE_URL KEY EMBEDDING_MODEL CHAT_MODEL

@@ -1,4 +1,4 @@
-"""The official OpenAI client against a switchyard gateway (run by tests/fleet/gateway.rs).
+"""The official OpenAI client against a switchyard gateway (run by tests/gateway.rs).
 
 Usage: openai_check.py BASE_URL GOOD_KEY LIMITED_KEY RESTRICTED_KEY MODEL
 Prints one JSON object with what each call returned; the Rust test asserts on it.
