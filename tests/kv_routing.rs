@@ -2,7 +2,8 @@
 //! coordinator. Requests sharing a document prefix go back to the worker that holds
 //! it warm (and it reuses its KV: `cached_tokens`), new documents spread to workers
 //! that hold nothing, and a coordinator started after the workers recovers their
-//! warm prefixes from snapshots.
+//! warm prefixes from snapshots. Every forward carries the coordinator's prediction
+//! of `cached_tokens` from the workers' announced holdings, and it is exact.
 
 mod common;
 
@@ -32,6 +33,16 @@ async fn ask(client: &Client, doc: &str, question: &str) -> Completion {
     );
     req.config.max_tokens = 4;
     let done = client.generate(req).await.unwrap().collect().await.unwrap();
+    let m = &done.metrics;
+    assert_eq!(
+        m.predicted_cached_tokens,
+        Some(m.cached_tokens),
+        "the coordinator predicted what the worker reused: {m:?}"
+    );
+    assert!(
+        m.block_predicted_cached_tokens.is_some_and(|b| b <= m.cached_tokens),
+        "{m:?}"
+    );
     // Let the worker's KV event and post-request heartbeat land.
     settle(client).await;
     done

@@ -215,6 +215,7 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
         seq: 999,
         stored: vec![1, 2, 3],
         removed: vec![],
+        ..Default::default()
     };
     bob.publish(subjects.kv("w1"), encode(&event).into()).await.unwrap();
     violation(&errors, "sy.v1.kv.w1").await;

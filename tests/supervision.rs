@@ -3,8 +3,9 @@
 //! - a SessionActor that panics answers its caller with an `internal` error, its
 //!   session is closed and its KV slot given back, and the worker and its other
 //!   sessions keep serving;
-//! - a KvCacheActor that panics is started again, announces a fresh start (snapshot
-//!   `seq` 1, nothing held), and the prefix index fills again from the next requests;
+//! - a KvCacheActor that panics is started again and announces a fresh start
+//!   (snapshot `seq` 1) with what the engine still holds, and counts on from the next
+//!   requests;
 //! - a root actor that panics (a WorkerActor, a CoordinatorActor) is noticed: its
 //!   handle's `failed()` resolves (the CLI then exits non-zero), its NATS connection
 //!   is drained, and the rest of the fleet serves every request.
@@ -114,16 +115,24 @@ async fn panicking_session_and_kv_cache_actors_never_take_the_worker_down() {
     let fresh = loop {
         assert!(Instant::now() < deadline, "the kv cache actor was not restarted");
         if let Some(s) = snapshot(&nats, &subjects).await {
-            if s.seq == 1 && s.blocks.is_empty() {
+            if s.seq == 1 {
                 break s;
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(fresh.worker_id, "w1");
-    // Requests are served, and the index learns again from them.
+    // The engine still holds the prompt: the new actor says so at once.
+    let sorted = |mut b: Vec<u64>| {
+        b.sort();
+        b
+    };
+    assert!(fresh.precise, "{fresh:?}");
+    assert_eq!(sorted(fresh.blocks.clone()), sorted(before.blocks.clone()));
+    // Requests are served, and the index counts on from them.
+    let other = format!("{PREFIX} Something else: {PREFIX} {PREFIX} What is three plus three?");
     client
-        .generate(greedy(&long, 4))
+        .generate(greedy(&other, 4))
         .await
         .unwrap()
         .collect()

@@ -177,6 +177,9 @@ pub trait ModelSession: Send + Sync {
     fn close(&self);
 }
 
+/// Told a backend's KV holdings as they change ([`TextModel::watch_kv`]).
+pub type KvWatcher = Box<dyn Fn(Vec<switchyard_messages::KvHolding>) + Send + Sync>;
+
 /// What a backend can fail with. Mapped to the wire by [`BackendError::code`].
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -345,6 +348,16 @@ pub trait TextModel: Send + Sync {
             ..Default::default()
         }
     }
+    /// What the model's KV cache holds, in routing terms, refreshed before each
+    /// generation's stream ends (`None`: the backend does not say, and the worker
+    /// announces its recent requests' prefixes instead).
+    fn kv_holdings(&self) -> Option<Vec<switchyard_messages::KvHolding>> {
+        None
+    }
+    /// Calls `on_change` with the holdings whenever they change (a prompt claims a
+    /// slot, its prefill is done, a stream ends), from the backend's own thread; it
+    /// must not block. Replaces an earlier watcher. A backend without holdings ignores it.
+    fn watch_kv(&self, _on_change: KvWatcher) {}
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;
     /// Static facts.

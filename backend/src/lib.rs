@@ -19,6 +19,6 @@ pub mod stream;
 
 pub use contract::{
     collect_batch_result, BackendError, BackendFuture, BatchFuture, CancelFlag, ClassifyFuture, EmbedFuture,
-    EventSender, GenerateEvent, GenerateItem, GenerateStream, InspectFuture, ModelMemory, ModelSession, Prompt,
-    ResidentUpdate, TextModel, ToolFormat,
+    EventSender, GenerateEvent, GenerateItem, GenerateStream, InspectFuture, KvWatcher, ModelMemory, ModelSession,
+    Prompt, ResidentUpdate, TextModel, ToolFormat,
 };

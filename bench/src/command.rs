@@ -139,6 +139,12 @@ pub struct BenchKvArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 3)]
     pub concurrency: usize,
+    /// Documents of mixed length: even ones short (~80 tokens), odd ones long (~1,300
+    /// tokens, past Gemma 3's 512-token sliding window), and every other turn a
+    /// follow-up that continues the previous answer (the KV cache's real holdings
+    /// decide what is warm: rings, overwritten slots, the block store).
+    #[arg(long)]
+    pub mixed: bool,
 }
 
 /// `switchyard bench prefix`.
@@ -193,6 +199,7 @@ pub async fn run(cmd: BenchCommand, mut config: Config) -> anyhow::Result<ExitCo
                 conversations: args.conversations,
                 turns: args.turns,
                 concurrency: args.concurrency,
+                mixed: args.mixed,
             };
             crate::kv::kv_routing(config, w).await?;
             Ok(ExitCode::SUCCESS)

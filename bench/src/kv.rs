@@ -4,6 +4,12 @@
 //! conversation's document. A request "hits" when its worker reused the document from
 //! its KV cache (more than half the prompt came from `cached_tokens`). The first
 //! request of each document cannot hit anywhere, so the rate counts the others.
+//!
+//! It also scores the coordinator's prediction of each request's `cached_tokens`
+//! (from the workers' announced KV holdings, protocol 1.9) against what the worker
+//! reported: the share of requests where they are equal, precise and by whole
+//! 256-byte blocks. `--mixed` makes documents of mixed length (long ones past Gemma
+//! 3's sliding window) and follow-ups that continue the previous answer.
 
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashSet};
@@ -27,11 +33,18 @@ pub struct Workload {
     pub turns: usize,
     /// Requests in flight at once.
     pub concurrency: usize,
+    /// Mixed document lengths and follow-ups that continue an answer.
+    pub mixed: bool,
 }
 
-fn document(i: usize) -> String {
+fn document(i: usize, mixed: bool) -> String {
+    let entries = match (mixed, i % 2) {
+        (false, _) => 8,
+        (true, 0) => 2,
+        (true, _) => 32,
+    };
     let mut doc = format!("Archive file {i}.\n");
-    for s in 1..=8 {
+    for s in 1..=entries {
         doc.push_str(&format!(
             "Entry {s} of file {i}: the committee met again to review the harbour accounts, the state of \
              the bridges and the grain stores, and recorded its decisions for the council.\n"
@@ -40,8 +53,22 @@ fn document(i: usize) -> String {
     doc
 }
 
+/// How the coordinator's predictions of `cached_tokens` went.
+#[derive(Default)]
+struct Predictions {
+    /// Requests with a prediction.
+    made: usize,
+    /// Of those, equal to `cached_tokens`: precise, by whole blocks.
+    exact: usize,
+    by_blocks: usize,
+    /// Precise predictions above and below what was reused.
+    over: usize,
+    under: usize,
+}
+
 struct Outcome {
     hit_rate: f64,
+    predictions: Predictions,
     per_worker: BTreeMap<String, usize>,
     wall: Duration,
 }
@@ -75,40 +102,75 @@ async fn run(mut config: Config, w: Workload, kv_routing: bool) -> anyhow::Resul
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Turn by turn across conversations, so a document's follow-ups interleave with
-    // other documents' requests.
-    let mut requests = Vec::new();
-    for t in 0..w.turns {
-        for c in 0..w.conversations {
-            requests.push((
-                c % w.prefixes,
-                format!(
-                    "{}Question {c}.{t}: what did the committee decide?\nAnswer:",
-                    document(c % w.prefixes)
-                ),
-            ));
-        }
-    }
+    // other documents' requests. With `mixed`, odd turns continue the conversation's
+    // previous prompt and answer (so they run after it).
     let name = workers[0].1.name.clone();
     let started = Instant::now();
-    let results: Vec<anyhow::Result<(usize, String, bool)>> = futures::stream::iter(requests)
-        .map(|(doc, prompt)| {
-            let (client, name) = (client.clone(), name.clone());
-            async move {
-                let mut req = GenerateRequest::generate(Client::new_request_id(), name, prompt);
-                req.config.max_tokens = 4;
-                let done = client.generate(req).await?.collect().await?;
-                let hit = done.metrics.cached_tokens * 2 > done.metrics.prompt_tokens;
-                Ok((doc, done.worker_id, hit))
-            }
-        })
-        .buffered(w.concurrency.max(1))
-        .collect()
-        .await;
+    let mut results: Vec<anyhow::Result<Asked>> = Vec::new();
+    let mut last: Vec<String> = vec![String::new(); w.conversations];
+    for t in 0..w.turns {
+        let follow_up = w.mixed && t % 2 == 1;
+        let requests: Vec<(usize, usize, String)> = (0..w.conversations)
+            .map(|c| {
+                let doc = c % w.prefixes;
+                let prompt = if follow_up {
+                    format!("{}\nQuestion {c}.{t}: and then?\nAnswer:", last[c])
+                } else {
+                    format!(
+                        "{}Question {c}.{t}: what did the committee decide?\nAnswer:",
+                        document(doc, w.mixed)
+                    )
+                };
+                (c, doc, prompt)
+            })
+            .collect();
+        let turn: Vec<anyhow::Result<Asked>> = futures::stream::iter(requests)
+            .map(|(c, doc, prompt)| {
+                let (client, name) = (client.clone(), name.clone());
+                async move {
+                    let mut req = GenerateRequest::generate(Client::new_request_id(), name, prompt.clone());
+                    req.config.max_tokens = 4;
+                    let done = client.generate(req).await?.collect().await?;
+                    let m = &done.metrics;
+                    Ok(Asked {
+                        conversation: c,
+                        doc,
+                        worker: done.worker_id.clone(),
+                        hit: m.cached_tokens * 2 > m.prompt_tokens,
+                        cached: m.cached_tokens,
+                        predicted: m.predicted_cached_tokens.zip(m.block_predicted_cached_tokens),
+                        said: format!("{prompt}{}", done.text),
+                    })
+                }
+            })
+            .buffered(w.concurrency.max(1))
+            .collect()
+            .await;
+        for a in turn.iter().flatten() {
+            last[a.conversation] = a.said.clone();
+        }
+        results.extend(turn);
+    }
     let wall = started.elapsed();
     let (mut seen, mut eligible, mut hits) = (HashSet::new(), 0usize, 0usize);
     let mut per_worker = BTreeMap::new();
+    let mut predictions = Predictions::default();
     for r in results {
-        let (doc, worker, hit) = r?;
+        let Asked {
+            doc,
+            worker,
+            hit,
+            cached,
+            predicted,
+            ..
+        } = r?;
+        if let Some((precise, blocks)) = predicted {
+            predictions.made += 1;
+            predictions.exact += usize::from(precise == cached);
+            predictions.by_blocks += usize::from(blocks == cached);
+            predictions.over += usize::from(precise > cached);
+            predictions.under += usize::from(precise < cached);
+        }
         *per_worker.entry(worker).or_insert(0) += 1;
         if !seen.insert(doc) {
             eligible += 1;
@@ -122,9 +184,23 @@ async fn run(mut config: Config, w: Workload, kv_routing: bool) -> anyhow::Resul
     coordinator.shutdown().await;
     Ok(Outcome {
         hit_rate: hits as f64 / eligible.max(1) as f64,
+        predictions,
         per_worker,
         wall,
     })
+}
+
+/// One request's outcome.
+struct Asked {
+    conversation: usize,
+    doc: usize,
+    worker: String,
+    hit: bool,
+    cached: u32,
+    /// The coordinator's prediction (precise, by whole blocks).
+    predicted: Option<(u32, u32)>,
+    /// Its prompt and answer (what a follow-up continues).
+    said: String,
 }
 
 /// Runs the workload with KV-aware routing and with load-only routing, and prints
@@ -169,6 +245,17 @@ pub async fn kv_routing(mut config: Config, w: Workload) -> anyhow::Result<()> {
         "wall time s",
         rows[0].wall.as_secs_f64(),
         rows[1].wall.as_secs_f64()
+    );
+    let p = &rows[0].predictions;
+    let share = |n: usize| n as f64 * 100.0 / p.made.max(1) as f64;
+    println!(
+        "cached_tokens predicted (kv-aware): {} of {requests} requests; equal {:.1}% precise ({} over, {} under), \
+         {:.1}% by whole blocks",
+        p.made,
+        share(p.exact),
+        p.over,
+        p.under,
+        share(p.by_blocks)
     );
     println!(
         "hit rate ratio kv-aware / load-only: {:.2}; throughput ratio: {:.2}",

@@ -5,6 +5,8 @@
 //!   `registry/prefix.rs` (who holds which prefix block), `registry/ttft.rs` (predicted
 //!   time to first token), `registry/brief.rs` (what a decision reads of each worker).
 //! - [`actor`]: the CoordinatorActor owning the registry.
+//! - [`holdings`]: what each worker's engine says its KV cache holds, to predict a
+//!   forwarded request's `cached_tokens`.
 //! - [`stats`]: counters and a decision-latency histogram of the actor's work.
 //! - [`service`]: forwarding a client request to a worker with the client's inbox as
 //!   the stream target; tokens never pass through the coordinator.
@@ -18,6 +20,7 @@
 //! their heartbeats.
 
 pub mod actor;
+pub mod holdings;
 pub mod queue;
 pub mod registry;
 pub mod service;
@@ -125,6 +128,7 @@ impl CoordinatorHandle {
         let root =
             switchyard_fabric::RootWatch::start(join, client.clone(), format!("coordinator {}", opts.coordinator_id));
         let mut tasks = Vec::new();
+        let book = holdings::HoldingsBook::default();
 
         // Heartbeats, as many as are waiting per actor call (one round trip per batch,
         // not per heartbeat, and still backpressure: the next batch waits for this
@@ -135,7 +139,7 @@ impl CoordinatorHandle {
             .subscribe(opts.subjects.heartbeat_all())
             .await?
             .ready_chunks(BATCH);
-        let (a, kv_client, subjects) = (actor.clone(), client.clone(), opts.subjects.clone());
+        let (a, kv_client, subjects, b) = (actor.clone(), client.clone(), opts.subjects.clone(), book.clone());
         tasks.push(tokio::spawn(async move {
             while let Some(batch) = heartbeats.next().await {
                 let beats: Vec<switchyard_messages::Heartbeat> = batch
@@ -151,7 +155,13 @@ impl CoordinatorHandle {
                 }
                 if let Ok(joined) = ractor::call_t!(a, CoordinatorMsg::Heartbeats, 5_000, beats) {
                     for worker in joined {
-                        fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
+                        fetch_kv_snapshot(
+                            a.clone(),
+                            b.clone(),
+                            kv_client.clone(),
+                            subjects.kv_snapshot(&worker),
+                            worker,
+                        );
                     }
                 }
             }
@@ -160,7 +170,7 @@ impl CoordinatorHandle {
         // KV events: applied in order; a gap (a lost event, or a coordinator that
         // started after the worker) fetches the worker's snapshot.
         let mut kv_events = client.subscribe(opts.subjects.kv_all()).await?.ready_chunks(BATCH);
-        let (a, kv_client, subjects) = (actor.clone(), client.clone(), opts.subjects.clone());
+        let (a, kv_client, subjects, b) = (actor.clone(), client.clone(), opts.subjects.clone(), book.clone());
         tasks.push(tokio::spawn(async move {
             while let Some(batch) = kv_events.next().await {
                 let events: Vec<switchyard_messages::KvEvent> = batch
@@ -174,12 +184,21 @@ impl CoordinatorHandle {
                 if events.is_empty() {
                     continue;
                 }
+                for e in &events {
+                    b.event(e);
+                }
                 let Ok(gaps) = ractor::call_t!(a, CoordinatorMsg::Kv, 5_000, events) else {
                     continue;
                 };
                 for worker in gaps {
                     tracing::debug!(%worker, "kv events lost; fetching a snapshot");
-                    fetch_kv_snapshot(a.clone(), kv_client.clone(), subjects.kv_snapshot(&worker), worker);
+                    fetch_kv_snapshot(
+                        a.clone(),
+                        b.clone(),
+                        kv_client.clone(),
+                        subjects.kv_snapshot(&worker),
+                        worker,
+                    );
                 }
             }
         }));
@@ -212,6 +231,7 @@ impl CoordinatorHandle {
             admission_timeout: opts.admission_timeout,
             max_attempts: opts.max_attempts,
             kv_routing: opts.kv_routing,
+            holdings: book.clone(),
             limits: std::sync::Arc::new(opts.limits.clone()),
             waiter: waiting::Waiter {
                 client: client.clone(),
@@ -349,7 +369,13 @@ impl CoordinatorHandle {
 /// Asks a worker for its KV snapshot (in the background) and hands it to the actor.
 /// It is also the probe of a worker that joined: its round trip ends the worker's
 /// probation.
-fn fetch_kv_snapshot(actor: ActorRef<CoordinatorMsg>, client: async_nats::Client, subject: String, worker: String) {
+fn fetch_kv_snapshot(
+    actor: ActorRef<CoordinatorMsg>,
+    book: holdings::HoldingsBook,
+    client: async_nats::Client,
+    subject: String,
+    worker: String,
+) {
     tokio::spawn(async move {
         let sent = std::time::Instant::now();
         let reply = tokio::time::timeout(Duration::from_secs(5), client.request(subject, Vec::new().into())).await;
@@ -358,6 +384,7 @@ fn fetch_kv_snapshot(actor: ActorRef<CoordinatorMsg>, client: async_nats::Client
         }
         match reply.map(|r| r.map(|m| switchyard_messages::decode::<switchyard_messages::KvSnapshot>(&m.payload))) {
             Ok(Ok(Ok(snapshot))) => {
+                book.snapshot(&snapshot);
                 let _ = actor.cast(CoordinatorMsg::KvSnapshot(snapshot));
             }
             _ => tracing::debug!(%worker, "no kv snapshot"),

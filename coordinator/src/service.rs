@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_messages::kv;
 use switchyard_messages::subjects::{
-    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO,
+    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_KV_PREDICTED, HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO,
 };
 use switchyard_messages::{
     decode, encode, validate_batch, validate_classify, validate_embed, validate_request, Admission, BatchRequest,
@@ -31,6 +31,8 @@ pub struct ForwardContext {
     pub max_attempts: u32,
     /// KV-aware routing on.
     pub kv_routing: bool,
+    /// Workers' KV holdings, to predict each forward's `cached_tokens`.
+    pub holdings: crate::holdings::HoldingsBook,
     /// What one request may ask for.
     pub limits: std::sync::Arc<InputLimits>,
     /// How requests wait for a worker with room.
@@ -72,11 +74,13 @@ impl Verb {
 }
 
 /// What routing needs of a request: its routing fields and, for generate and chat, the
-/// prompt's prefix blocks (KV-aware routing) and its length in bytes (predicted TTFT).
+/// prompt's prefix blocks (KV-aware routing), its length in bytes (predicted TTFT)
+/// and its prediction key (predicted `cached_tokens`).
 struct Admitted {
     head: RequestHead,
     blocks: Vec<u64>,
     prompt_bytes: usize,
+    key: Vec<u8>,
 }
 
 /// Decodes and checks a request for `verb`: one decode of the whole request (a request
@@ -86,15 +90,18 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (
         let id = decode::<RequestHead>(payload).map(|h| h.request_id).unwrap_or_default();
         (id, WireError::new(ErrorCode::BadRequest, e.to_string()))
     };
-    let (mut blocks, mut prompt_bytes) = (Vec::new(), 0);
+    let (mut blocks, mut prompt_bytes, mut key) = (Vec::new(), 0, Vec::new());
     let (head, checked) = match verb {
         Verb::Generate | Verb::Chat => {
             let r = decode::<GenerateRequest>(payload).map_err(bad)?;
             let checked = validate_request(&r, verb == Verb::Chat, limits);
             if checked.is_ok() {
-                let key = kv::routing_key(r.prompt.as_deref(), r.messages.as_deref());
+                key = kv::routing_key(r.prompt.as_deref(), r.messages.as_deref());
                 blocks = kv::prefix_blocks(&key);
                 prompt_bytes = key.len();
+                if r.messages.is_some() {
+                    key.extend_from_slice(kv::ASSISTANT_TURN);
+                }
             }
             (r.head, checked)
         }
@@ -130,6 +137,7 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (
         head,
         blocks,
         prompt_bytes,
+        key,
     })
 }
 
@@ -189,6 +197,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         head: req,
         blocks,
         prompt_bytes,
+        key,
     } = match admit(verb, &msg.payload, &ctx.limits) {
         Ok(ok) => ok,
         Err((id, e)) => return fail(if id.is_empty() { header_id } else { id }, e, first_seq).await,
@@ -277,7 +286,11 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
                 return waiting::hand_off(&ctx.waiter, &msg, &inbox, wait.seq).await;
             }
         };
-        match try_workers(&ctx, &msg, &inbox, verb, workers, &query.blocks, wait.seq, queued).await {
+        let routed = Routed {
+            blocks: &query.blocks,
+            key: if ctx.kv_routing { &key } else { &[] },
+        };
+        match try_workers(&ctx, &msg, &inbox, verb, workers, routed, wait.seq, queued).await {
             Tried::Admitted => {
                 record("dispatched");
                 return;
@@ -313,9 +326,17 @@ enum Tried {
     Full(Vec<String>, WireError),
 }
 
+/// What a forward says of the request's prefix: its blocks (counted as routed to the
+/// worker that admits it) and its prediction key (empty: no prediction).
+#[derive(Clone, Copy)]
+struct Routed<'a> {
+    blocks: &'a [u64],
+    key: &'a [u8],
+}
+
 /// Forwards the request to `workers` in order until one admits it, with the client's
-/// inbox as the stream target, the trace context, where its chunks' `seq` starts and
-/// how long it waited.
+/// inbox as the stream target, the trace context, where its chunks' `seq` starts, how
+/// long it waited and the `cached_tokens` predicted there.
 #[allow(clippy::too_many_arguments)]
 async fn try_workers(
     ctx: &ForwardContext,
@@ -323,7 +344,7 @@ async fn try_workers(
     inbox: &str,
     verb: Verb,
     workers: Vec<String>,
-    blocks: &[u64],
+    routed: Routed<'_>,
     first_seq: u64,
     queued: Duration,
 ) -> Tried {
@@ -338,6 +359,11 @@ async fn try_workers(
         headers.insert(HEADER_ADMIT_BY, admit_by.to_string().as_str());
         if first_seq > 0 {
             headers.insert(HEADER_FIRST_SEQ, first_seq.to_string().as_str());
+        }
+        if !routed.key.is_empty() {
+            if let Some((precise, blocks)) = ctx.holdings.predict(&worker_id, routed.key) {
+                headers.insert(HEADER_KV_PREDICTED, format!("{precise},{blocks}").as_str());
+            }
         }
         switchyard_fabric::trace::inject(&span, &mut headers);
         span.record(
@@ -378,7 +404,9 @@ async fn try_workers(
                     span.record("switchyard.routing.worker", worker_id.as_str());
                     // The first candidate was counted when it was chosen.
                     if attempt > 0 {
-                        let _ = ctx.actor.cast(CoordinatorMsg::Routed(worker_id, blocks.to_vec()));
+                        let _ = ctx
+                            .actor
+                            .cast(CoordinatorMsg::Routed(worker_id, routed.blocks.to_vec()));
                     }
                     return Tried::Admitted;
                 }
@@ -401,6 +429,7 @@ async fn try_workers(
                 }
             },
             Err(e) if e.kind() == RequestErrorKind::NoResponders => {
+                ctx.holdings.remove(&worker_id);
                 let _ = ctx.actor.cast(CoordinatorMsg::Remove(worker_id.clone()));
                 last_error = WireError::new(ErrorCode::NoWorker, format!("worker {worker_id} is gone"));
             }
@@ -476,6 +505,7 @@ pub async fn open_session(ctx: ForwardContext, request: async_nats::service::Req
                 }
             },
             Err(e) if e.kind() == RequestErrorKind::NoResponders => {
+                ctx.holdings.remove(&worker_id);
                 let _ = ctx.actor.cast(CoordinatorMsg::Remove(worker_id.clone()));
                 last_error = WireError::new(ErrorCode::NoWorker, format!("worker {worker_id} is gone"));
             }

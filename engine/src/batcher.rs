@@ -87,14 +87,15 @@ impl Running {
         m.peak_memory_bytes = peak;
         m.active_memory_bytes = active;
         *engine.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = m.clone();
+        // Before `Done`: the worker reads what the slots hold as the stream ends.
+        engine.publish_holdings(Some((self.slot, &self.history)));
         self.send(GenerateEvent::Done {
             finish_reason: reason,
             metrics: m,
         });
     }
 
-    /// Ends at the length limit or on cancel: flushes what the stop filter and the
-    /// UTF-8 decoder still hold.
+    /// Ends at the length limit or on cancel: flushes the stop filter and UTF-8 decoder.
     fn finish_flushed(&mut self, reason: FinishReason, engine: &ComputeState) {
         let mut tail = self.stops.flush();
         let rest = self.decoder.finish();
@@ -326,13 +327,13 @@ impl Batcher {
         let prompt = match job.session_slot {
             // A session decodes from what its slot holds.
             Some(slot) => match self.engine.slots.get(slot) {
-                Some(s) if s.pinned && !s.busy => Ok(s.resident.clone()),
+                Some(s) if s.pinned && !s.busy => Ok((s.resident.clone(), None)),
                 Some(s) if s.busy => Err(BackendError::Invalid("the session is already decoding".into())),
                 _ => Err(BackendError::Invalid(format!("slot {slot} is not a session's"))),
             },
-            None => self.engine.tokenize(&job.prompt),
+            None => self.engine.tokenize_mapped(&job.prompt, true),
         };
-        let prompt = match prompt {
+        let (prompt, map) = match prompt {
             Ok(p) => p,
             Err(e) => return fail(&job, e),
         };
@@ -367,6 +368,8 @@ impl Batcher {
         let Some((slot, reused)) = claimed else {
             return fail(&job, BackendError::Unavailable("no free KV slot".into()));
         };
+        self.engine.slots[slot].map = map; // what it held before is gone: say so
+        self.engine.publish_holdings(None);
         let mut run = Running {
             slot,
             started,
@@ -417,11 +420,12 @@ impl Batcher {
         self.prefilled(run, t0, logits.map(|mut l| l.pop().unwrap_or_default()));
     }
 
-    /// A generation's prompt is all in its slot and `logits` are its last token's:
-    /// samples the first token, and the generation runs (or ends).
+    /// A generation's prompt is all in its slot (as its holding now says) and `logits`
+    /// are its last token's: samples the first token, and the generation runs or ends.
     fn prefilled(&mut self, mut run: Running, began: Instant, logits: Result<Vec<f32>, BackendError>) {
         run.metrics.prefill_us = began.elapsed().as_micros() as u64;
         run.decode_start = Instant::now();
+        self.engine.publish_holdings(None);
         match logits {
             Ok(logits) => {
                 if run.advance(logits, &self.engine) {

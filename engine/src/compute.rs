@@ -112,6 +112,9 @@ pub struct Slot {
     pub pinned: bool,
     /// When it was last released (a logical clock), for least-recently-used reuse.
     pub last_used: u64,
+    /// Where the tokens of the prompt that last claimed it end in its routing key
+    /// (`None`: a session's, or a prompt with no key).
+    pub map: Option<super::holdings::KeyMap>,
 }
 
 /// Everything the compute thread owns.
@@ -133,6 +136,9 @@ pub struct ComputeState {
     pub kv_seed: u64,
     /// What the slots and the store hold, refreshed by the batcher for heartbeats.
     pub usage: Arc<Mutex<switchyard_messages::KvUsage>>,
+    /// What the slots hold in routing terms, refreshed as generations start and end,
+    /// and who is told when it changes (the worker's KV events; [`super::holdings`]).
+    pub holdings: Arc<super::holdings::Shared>,
     /// Prompt tokens per decode step for a request prefilled while others generate;
     /// 0 = chosen from measured speeds ([`LoadConfig::prefill_chunk`]).
     ///
@@ -169,6 +175,16 @@ pub fn now_ms() -> u64 {
 impl ComputeState {
     /// Renders and tokenizes a prompt.
     pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError> {
+        self.tokenize_mapped(prompt, false).map(|(ids, _)| ids)
+    }
+
+    /// [`ComputeState::tokenize`], and with `map` the tokens' ends in the prompt's
+    /// routing key ([`super::holdings::KeyMap`]).
+    pub fn tokenize_mapped(
+        &self,
+        prompt: &Prompt,
+        map: bool,
+    ) -> Result<(Vec<u32>, Option<super::holdings::KeyMap>), BackendError> {
         let text = match prompt {
             Prompt::Text(t) => t.clone(),
             Prompt::Chat { messages, tools } => self
@@ -182,18 +198,24 @@ impl ComputeState {
                         "token id {bad} is outside the vocabulary of {vocab}"
                     )));
                 }
-                return Ok(ids.clone());
+                return Ok((ids.clone(), None));
             }
             Prompt::Continue { prompt, generated } => {
                 let mut ids = self.tokenize(prompt)?;
                 ids.extend(self.tokenize(&Prompt::Tokens(generated.clone()))?);
-                return Ok(ids);
+                return Ok((ids, None));
             }
         };
         if text.is_empty() {
             return Err(BackendError::EmptyPrompt);
         }
-        self.tokenizer.encode(&text).map_err(BackendError::Invalid)
+        let ids = self.tokenizer.encode(&text).map_err(BackendError::Invalid)?;
+        let map = if map {
+            super::holdings::KeyMap::new(&self.tokenizer, prompt, &text, &ids)
+        } else {
+            None
+        };
+        Ok((ids, map))
     }
 
     /// An engine around `model`, one slot per sequence it holds.
@@ -217,12 +239,52 @@ impl ComputeState {
             store: KvStore::new(0),
             kv_seed: 0,
             usage: Arc::default(),
+            holdings: Arc::default(),
             prefill_chunk: 0,
             speculative: super::speculate::Mode::Off,
             draft_max: 0,
             draft: None,
             pooling: super::pooling::Pooling::Mean,
             clock: 0,
+        }
+    }
+
+    /// Refreshes [`ComputeState::holdings`]; `finishing`: a slot whose generation is
+    /// ending, with its history.
+    pub fn publish_holdings(&self, finishing: Option<(usize, &[u32])>) {
+        let all: Vec<switchyard_messages::KvHolding> = (0..self.slots.len())
+            .filter_map(|i| {
+                let s = &self.slots[i];
+                let history = finishing.filter(|f| f.0 == i).map(|f| f.1);
+                let floor = |n| self.min_reuse(i, n);
+                let prefilling = s.busy && history.is_none();
+                let map = s.map.as_ref()?;
+                super::holdings::holding(map, &s.resident, prefilling, history, &self.tokenizer, floor)
+            })
+            .collect();
+        self.holdings.set(all);
+    }
+
+    /// The fewest leading tokens a step of `slot` can resume after (fewer: it starts
+    /// over), within `0..=held`; `held + 1` when none.
+    fn min_reuse(&self, slot: usize, held: usize) -> usize {
+        if !self.model.reuses_prefix() {
+            return held + 1;
+        }
+        // `resumable(w)` is `w` from some point on (rings) or everywhere.
+        let (mut lo, mut hi) = (1usize, held + 1);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.model.resumable(slot, mid) == mid {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        if lo == 1 {
+            0
+        } else {
+            lo
         }
     }
 
@@ -251,81 +313,6 @@ impl ComputeState {
     /// Slots neither running a job nor held by a session.
     pub fn free_slots(&self) -> usize {
         self.slots.iter().filter(|s| !s.busy && !s.pinned).count()
-    }
-
-    /// Pins a free slot for a session, the least recently used, emptied; `None` when
-    /// that would leave no unpinned slot for ordinary requests.
-    pub fn pin(&mut self) -> Option<usize> {
-        let unpinned = self.slots.iter().filter(|s| !s.pinned).count();
-        if unpinned < 2 {
-            return None;
-        }
-        let slot = (0..self.slots.len())
-            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
-            .min_by_key(|&i| self.slots[i].last_used)?;
-        // A session starts empty: what earlier requests left in the slot is theirs
-        // (its blocks may still sit in the store, keyed by hash, not by owner).
-        self.slots[slot].pinned = true;
-        self.slots[slot].resident.clear();
-        Some(slot)
-    }
-
-    /// Makes pinned `slot`'s resident tokens equal `target`, keeping the longest
-    /// resident prefix unless `invalidate`, and computing the rest.
-    pub fn set_resident(
-        &mut self,
-        slot: usize,
-        target: &[u32],
-        invalidate: bool,
-    ) -> Result<ResidentUpdate, BackendError> {
-        let s = self
-            .slots
-            .get(slot)
-            .filter(|s| s.pinned)
-            .ok_or_else(|| BackendError::Invalid(format!("slot {slot} is not a session's")))?;
-        if s.busy {
-            return Err(BackendError::Invalid("the session is decoding".into()));
-        }
-        if target.len() > self.context_len {
-            return Err(BackendError::ContextOverflow {
-                prompt_tokens: target.len(),
-                max_tokens: 0,
-                context_len: self.context_len,
-            });
-        }
-        let had = s.resident.len();
-        let kept = if invalidate || !self.model.reuses_prefix() {
-            0
-        } else {
-            let shared = common_prefix(&s.resident, target);
-            if shared < target.len() {
-                self.model.resumable(slot, shared)
-            } else {
-                // Nothing to compute, but the session's decode runs the last token
-                // again: the model must be able to resume there.
-                let last = shared.saturating_sub(1);
-                match self.model.resumable(slot, last) {
-                    q if q == last => shared,
-                    q => q,
-                }
-            }
-        };
-        // Stored blocks may extend what the slot kept (not across a new manifest).
-        let keep = if invalidate {
-            0
-        } else {
-            self.restore(slot, target, kept)
-        };
-        if keep < target.len() {
-            self.forward(&[SeqStep::new(slot, &target[keep..], keep)])?;
-        } else {
-            self.slots[slot].resident.truncate(keep);
-        }
-        Ok(ResidentUpdate {
-            reused: keep as u32,
-            computed: (target.len() - keep) as u32,
-            dropped: (had - kept) as u32,
-        })
     }
 
     /// Takes a free slot for a job over `tokens` (non-empty) and returns it with how
@@ -441,7 +428,7 @@ impl ComputeState {
 
     /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
     /// already holds into it; returns how many leading tokens it holds now.
-    fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
+    pub(crate) fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
         if !self.store.enabled() || !self.model.reuses_prefix() {
             return have;
         }

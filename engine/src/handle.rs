@@ -22,6 +22,7 @@ pub struct EngineModel {
     pub(crate) stats: Arc<compute::BatchStats>,
     pub(crate) memory: switchyard_backend::ModelMemory,
     pub(crate) usage: Arc<Mutex<switchyard_messages::KvUsage>>,
+    pub(crate) holdings: Arc<crate::holdings::Shared>,
 }
 
 impl EngineModel {
@@ -190,6 +191,14 @@ impl TextModel for EngineModel {
 
     fn memory(&self) -> switchyard_backend::ModelMemory {
         self.memory
+    }
+
+    fn kv_holdings(&self) -> Option<Vec<switchyard_messages::KvHolding>> {
+        Some(self.holdings.get())
+    }
+
+    fn watch_kv(&self, on_change: switchyard_backend::KvWatcher) {
+        self.holdings.watch(on_change);
     }
 
     fn kv_usage(&self) -> switchyard_messages::KvUsage {

@@ -16,7 +16,8 @@
 //! - The serving side: [`compute`] (the compute thread's state: slots, jobs,
 //!   sessions), [`batcher`] (continuous batching on that thread), [`block_store`] (KV
 //!   blocks kept after slots are overwritten), [`sampler`], [`constraint`] (JSON
-//!   schema / regex / grammar masks per sequence), [`stops`], [`session`].
+//!   schema / regex / grammar masks per sequence), [`stops`], [`session`],
+//!   [`holdings`] (what the slots hold, in the routing key's terms, for KV events).
 //!
 //! - [`EngineModel`] (`handle.rs`): the handle on a loaded model, which implements
 //!   the backend contract; `load.rs`: GGUF and Hugging Face loading.
@@ -34,6 +35,7 @@ pub mod compute;
 pub mod constraint;
 pub mod encoder;
 mod handle;
+pub mod holdings;
 pub mod kernels;
 mod load;
 pub mod model;

@@ -282,6 +282,7 @@ impl EngineModel {
         let stats = engine.stats.clone();
         engine.publish_usage();
         let usage = engine.usage.clone();
+        let holdings = engine.holdings.clone();
         let jobs = batcher::spawn(engine, config.threads as usize)
             .map_err(|e| load_err(format!("starting the compute thread: {e}")))?;
         Ok(Self {
@@ -295,6 +296,7 @@ impl EngineModel {
             stats,
             memory,
             usage,
+            holdings,
         })
     }
 

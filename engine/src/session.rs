@@ -2,7 +2,8 @@
 //! thread's job channel (so its prefills and decodes interleave with other requests'
 //! decode steps, and its decode joins the continuous batch).
 
-use super::compute::{ComputeState, Job, SessionOp};
+use super::compute::{common_prefix, ComputeState, Job, SessionOp};
+use super::model::forward::SeqStep;
 use super::text::tokenizer::GgufTokenizer;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -108,6 +109,82 @@ impl Drop for CpuSession {
 }
 
 impl ComputeState {
+    /// Pins a free slot for a session, the least recently used, emptied; `None` when
+    /// that would leave no unpinned slot for ordinary requests.
+    pub fn pin(&mut self) -> Option<usize> {
+        let unpinned = self.slots.iter().filter(|s| !s.pinned).count();
+        if unpinned < 2 {
+            return None;
+        }
+        let slot = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
+            .min_by_key(|&i| self.slots[i].last_used)?;
+        // A session starts empty: what earlier requests left in the slot is theirs
+        // (its blocks may still sit in the store, keyed by hash, not by owner).
+        self.slots[slot].pinned = true;
+        self.slots[slot].resident.clear();
+        self.slots[slot].map = None;
+        Some(slot)
+    }
+
+    /// Makes pinned `slot`'s resident tokens equal `target`, keeping the longest
+    /// resident prefix unless `invalidate`, and computing the rest.
+    pub fn set_resident(
+        &mut self,
+        slot: usize,
+        target: &[u32],
+        invalidate: bool,
+    ) -> Result<ResidentUpdate, BackendError> {
+        let s = self
+            .slots
+            .get(slot)
+            .filter(|s| s.pinned)
+            .ok_or_else(|| BackendError::Invalid(format!("slot {slot} is not a session's")))?;
+        if s.busy {
+            return Err(BackendError::Invalid("the session is decoding".into()));
+        }
+        if target.len() > self.context_len {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: target.len(),
+                max_tokens: 0,
+                context_len: self.context_len,
+            });
+        }
+        let had = s.resident.len();
+        let kept = if invalidate || !self.model.reuses_prefix() {
+            0
+        } else {
+            let shared = common_prefix(&s.resident, target);
+            if shared < target.len() {
+                self.model.resumable(slot, shared)
+            } else {
+                // Nothing to compute, but the session's decode runs the last token
+                // again: the model must be able to resume there.
+                let last = shared.saturating_sub(1);
+                match self.model.resumable(slot, last) {
+                    q if q == last => shared,
+                    q => q,
+                }
+            }
+        };
+        // Stored blocks may extend what the slot kept (not across a new manifest).
+        let keep = if invalidate {
+            0
+        } else {
+            self.restore(slot, target, kept)
+        };
+        if keep < target.len() {
+            self.forward(&[SeqStep::new(slot, &target[keep..], keep)])?;
+        } else {
+            self.slots[slot].resident.truncate(keep);
+        }
+        Ok(ResidentUpdate {
+            reused: keep as u32,
+            computed: (target.len() - keep) as u32,
+            dropped: (had - kept) as u32,
+        })
+    }
+
     /// Answers a session's call on its pinned slot (between decode steps).
     pub fn session_op(&mut self, op: SessionOp) {
         match op {

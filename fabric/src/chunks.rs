@@ -23,6 +23,8 @@ pub struct ChunkSink {
     first: u64,
     /// Microseconds the request waited at a coordinator, for the final metrics.
     fleet_queue_us: u64,
+    /// The coordinator's prediction of `cached_tokens` (precise, by whole blocks).
+    predicted: Option<(u32, u32)>,
 }
 
 impl ChunkSink {
@@ -42,7 +44,14 @@ impl ChunkSink {
             seq: Arc::new(AtomicU64::new(0)),
             first: 0,
             fleet_queue_us: 0,
+            predicted: None,
         }
+    }
+
+    /// The final metrics carry the coordinator's prediction of `cached_tokens` (its
+    /// `Sy-Kv-Predicted`: precise, and by whole blocks).
+    pub fn predicted(self, predicted: Option<(u32, u32)>) -> Self {
+        Self { predicted, ..self }
     }
 
     /// Chunks numbered from `first` on (the coordinator's `Sy-First-Seq`), and the
@@ -112,6 +121,8 @@ impl ChunkSink {
         c.finish_reason = Some(reason);
         c.metrics = Some(GenerateMetrics {
             fleet_queue_us: self.fleet_queue_us,
+            predicted_cached_tokens: self.predicted.map(|p| p.0),
+            block_predicted_cached_tokens: self.predicted.map(|p| p.1),
             ..metrics
         });
         c.tool_calls = tool_calls;

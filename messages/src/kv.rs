@@ -11,6 +11,13 @@
 //!
 //! Bytes, not tokens: the coordinator has no tokenizer, and the same bytes always
 //! render and tokenize to the same tokens on one model.
+//!
+//! (1.9) A worker whose engine says what its KV cache really holds also announces
+//! [`KvHolding`]s: each resident sequence (or chain of stored blocks) as the key it
+//! was rendered from and, per held token, how many leading key bytes a request must
+//! share to reuse it. From them a coordinator predicts, to the token, how much of a
+//! request the worker will reuse ([`predict_reuse`]); it sends the prediction with
+//! the forward and the worker reports it beside `cached_tokens`.
 
 use crate::Message;
 use serde::{Deserialize, Serialize};
@@ -65,8 +72,117 @@ pub fn leading_overlap(blocks: &[u64], held: impl Fn(u64) -> bool) -> usize {
     blocks.iter().take_while(|b| held(**b)).count()
 }
 
-/// Blocks a worker started or stopped holding warm (`{p}.v1.kv.{wid}`).
+/// A request's prediction key: its routing key, and for chat the `assistant \0` turn
+/// the generation prompt opens (a held conversation continues with the reply there).
+pub fn prediction_key(prompt: Option<&str>, messages: Option<&[Message]>) -> Vec<u8> {
+    let mut key = routing_key(prompt, messages);
+    if messages.is_some() {
+        key.extend_from_slice(ASSISTANT_TURN);
+    }
+    key
+}
+
+/// The key bytes that open an assistant turn (what a chat's generation prompt renders from).
+pub const ASSISTANT_TURN: &[u8] = b"assistant\0";
+
+/// One sequence a worker's KV cache holds, in routing terms (1.9).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvHolding {
+    /// Names this holding; a holding whose content changes gets a new id.
+    pub id: u64,
+    /// The prediction key its tokens were rendered from ([`prediction_key`]; a held
+    /// reply continues it).
+    pub key: String,
+    /// Per held token `i`: the leading key bytes a request must share for tokens
+    /// `0..=i` to be reused (a token of text: its bytes and the next byte; template
+    /// text: the key up to the content it leads into). Non-decreasing; its length is
+    /// the tokens held.
+    #[serde(default)]
+    pub bounds: Vec<u32>,
+    /// A request that would reuse fewer tokens than this reuses none (a sliding-window
+    /// ring no longer holds what an earlier resume point attends to).
+    #[serde(default)]
+    pub min_reuse: u32,
+    /// Reuse comes in whole blocks of this many tokens (1: any count).
+    #[serde(default = "one")]
+    pub granule: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl KvHolding {
+    /// Tokens a request with prediction key `key` would reuse from this holding.
+    pub fn reuse(&self, key: &[u8]) -> u32 {
+        let shared = self.shared(key);
+        self.reuse_of(
+            self.split_before_digit(shared, key),
+            ends_in_generation_prompt(shared, key),
+        )
+    }
+
+    /// `shared + 1` when the two keys part on a digit after a non-digit (`"Question
+    /// 1"` / `"Question 2"`): tokenizers split digits from what precedes them, so a
+    /// token ending there is the same in both and needs no byte past it; else `shared`.
+    fn split_before_digit(&self, shared: u32, key: &[u8]) -> u32 {
+        let at = shared as usize;
+        let held = self.key.as_bytes();
+        let digit = |k: &[u8]| k.get(at).is_some_and(u8::is_ascii_digit);
+        if at > 0 && digit(held) && digit(key) && !held[at - 1].is_ascii_digit() {
+            shared + 1
+        } else {
+            shared
+        }
+    }
+
+    /// The same, knowing only which whole [`BLOCK_BYTES`] blocks the request shares
+    /// (what the block index alone can tell).
+    pub fn reuse_by_blocks(&self, key: &[u8]) -> u32 {
+        let shared = self.shared(key);
+        let blocks = shared - shared % BLOCK_BYTES as u32;
+        self.reuse_of(blocks, ends_in_generation_prompt(blocks, key))
+    }
+
+    fn shared(&self, key: &[u8]) -> u32 {
+        self.key.as_bytes().iter().zip(key).take_while(|(a, b)| a == b).count() as u32
+    }
+
+    fn reuse_of(&self, shared: u32, whole_chat: bool) -> u32 {
+        let mut tokens = self.bounds.partition_point(|&b| b <= shared) as u32;
+        // A request reuses all but its last token (that one runs again for its
+        // logits). A raw prompt's last token needs a byte past the key, so it never
+        // counts; a chat's is the generation prompt's last, ending at the key's end.
+        if whole_chat && tokens > 0 && self.bounds[tokens as usize - 1] == shared {
+            tokens -= 1;
+        }
+        let tokens = tokens - tokens % self.granule.max(1);
+        if tokens < self.min_reuse {
+            0
+        } else {
+            tokens
+        }
+    }
+}
+
+/// Whether `shared` bytes are all of `key` and it is a chat's (ends with the
+/// assistant turn the generation prompt opens).
+fn ends_in_generation_prompt(shared: u32, key: &[u8]) -> bool {
+    shared as usize == key.len() && key.ends_with(ASSISTANT_TURN)
+}
+
+/// The most tokens any of `holdings` would give a request with prediction key `key`.
+pub fn predict_reuse<'a>(holdings: impl IntoIterator<Item = &'a KvHolding>, key: &[u8]) -> u32 {
+    holdings.into_iter().map(|h| h.reuse(key)).max().unwrap_or(0)
+}
+
+/// [`predict_reuse`] knowing only whole blocks ([`KvHolding::reuse_by_blocks`]).
+pub fn predict_reuse_by_blocks<'a>(holdings: impl IntoIterator<Item = &'a KvHolding>, key: &[u8]) -> u32 {
+    holdings.into_iter().map(|h| h.reuse_by_blocks(key)).max().unwrap_or(0)
+}
+
+/// Blocks a worker started or stopped holding warm (`{p}.v1.kv.{wid}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KvEvent {
     /// Protocol version.
     pub v: u32,
@@ -80,10 +196,20 @@ pub struct KvEvent {
     /// Block hashes no longer held.
     #[serde(default)]
     pub removed: Vec<u64>,
+    /// (1.9) The worker announces what its engine holds ([`KvHolding`]s), not a guess
+    /// from its recent requests.
+    #[serde(default)]
+    pub precise: bool,
+    /// (1.9) Holdings new since the previous event.
+    #[serde(default)]
+    pub holdings: Vec<KvHolding>,
+    /// (1.9) Ids of holdings no longer held.
+    #[serde(default)]
+    pub released: Vec<u64>,
 }
 
 /// Everything a worker holds warm, as of event `seq` (reply on `{p}.v1.kv.{wid}.snapshot`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KvSnapshot {
     /// Protocol version.
     pub v: u32,
@@ -94,6 +220,12 @@ pub struct KvSnapshot {
     /// Every block hash held.
     #[serde(default)]
     pub blocks: Vec<u64>,
+    /// (1.9) See [`KvEvent::precise`].
+    #[serde(default)]
+    pub precise: bool,
+    /// (1.9) Every holding.
+    #[serde(default)]
+    pub holdings: Vec<KvHolding>,
 }
 
 #[cfg(test)]
@@ -120,5 +252,60 @@ mod tests {
         assert_eq!(leading_overlap(&a, |h| c.contains(&h)), 2);
         let chat = routing_key(None, Some(&[Message::new("user", "hi")]));
         assert_eq!(chat, b"user\0hi\0");
+        let chat = prediction_key(None, Some(&[Message::new("user", "hi")]));
+        assert_eq!(chat, b"user\0hi\0assistant\0");
+    }
+
+    #[test]
+    fn a_holding_gives_the_tokens_whose_bytes_a_request_shares() {
+        // "The cat sat" as tokens "The", " cat", " sat": each counts once the byte
+        // after it is shared too.
+        let h = KvHolding {
+            id: 1,
+            key: "The cat sat".into(),
+            bounds: vec![4, 8, 12],
+            min_reuse: 0,
+            granule: 1,
+        };
+        assert_eq!(h.reuse(b"The cat sat down"), 2, "the last token needs a byte past it");
+        assert_eq!(h.reuse(b"The cat is"), 2);
+        assert_eq!(h.reuse(b"The cats"), 1, "' cat' may become ' cats'");
+        assert_eq!(h.reuse(b"The cat"), 1, "the request's own last token runs again");
+        assert_eq!(h.reuse(b"The cat "), 2);
+        assert_eq!(h.reuse(b"Thy"), 0);
+        let numbered = KvHolding {
+            id: 3,
+            key: "Question 1".into(),
+            bounds: vec![9, 10, 11],
+            min_reuse: 0,
+            granule: 1,
+        };
+        assert_eq!(numbered.reuse(b"Question 2?"), 2, "' ' before a digit ends hard");
+        assert_eq!(numbered.reuse(b"Question x?"), 1);
+        let ring = KvHolding {
+            min_reuse: 2,
+            ..h.clone()
+        };
+        assert_eq!((ring.reuse(b"The cat sat"), ring.reuse(b"The cats")), (2, 0));
+        let blocks = KvHolding {
+            granule: 2,
+            ..h.clone()
+        };
+        assert_eq!(blocks.reuse(b"The cat sat."), 2);
+        assert_eq!(blocks.reuse(b"The cats"), 0);
+        assert_eq!(predict_reuse([&h, &blocks], b"The cat sat."), 2);
+        // A chat: template tokens end where the content starts, and a request whose
+        // whole key is held gives back its last token.
+        let chat = KvHolding {
+            id: 2,
+            key: "user\0hi\0assistant\0Hello\0".into(),
+            bounds: vec![5, 5, 8, 18, 18, 24],
+            min_reuse: 0,
+            granule: 1,
+        };
+        assert_eq!(chat.reuse(b"user\0hi\0assistant\0"), 4);
+        assert_eq!(chat.reuse(b"user\0hi\0assistant\0Hello\0user\0"), 6);
+        assert_eq!(chat.reuse(b"user\0ho\0assistant\0"), 2);
+        assert_eq!(predict_reuse([], b"x"), 0);
     }
 }

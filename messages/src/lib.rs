@@ -45,7 +45,7 @@ pub use codec::{decode, encode, DecodeError};
 pub use embed::{EmbedInput, EmbedItem, EmbedReply, EmbedRequest};
 pub use error::{ErrorCode, WireError};
 pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
-pub use kv::{KvEvent, KvSnapshot};
+pub use kv::{KvEvent, KvHolding, KvSnapshot};
 pub use queueing::{Priority, QueueView};
 pub use structured::{Constraint, Tool, ToolCall, ToolChoice};
 pub use subjects::Subjects;
@@ -72,5 +72,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `accepted_tokens` in the final metrics and, summed, in `RecentLatency`. 1.6:
 /// `config.fit_max_tokens` and `config.logit_bias`. 1.7: `config.logprobs` and
 /// `Token.logprob` ([`TokenLogprob`]). 1.8: `ModelInfo.embedding_only` (embedding
-/// models: routed embed requests only).
-pub const PROTOCOL_MINOR: u32 = 8;
+/// models: routed embed requests only). 1.9: KV holdings ([`KvHolding`]: `precise`,
+/// `holdings`, `released` in [`KvEvent`] and [`KvSnapshot`]) and the coordinator's
+/// prediction of `cached_tokens` in the final metrics.
+pub const PROTOCOL_MINOR: u32 = 9;

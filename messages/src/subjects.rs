@@ -118,6 +118,10 @@ pub const HEADER_ADMIT_BY: &str = "Sy-Admit-By";
 /// On a forward: microseconds the request waited at the coordinator (protocol 1.4),
 /// reported back in the final metrics' `fleet_queue_us`.
 pub const HEADER_QUEUED_US: &str = "Sy-Queued-Us";
+/// On a forward: the coordinator's prediction of the worker's `cached_tokens` for the
+/// request, as `precise,blocks` ([`crate::kv::predict_reuse`] and its whole-block
+/// form), reported back in the final metrics (protocol 1.9; absent: no prediction).
+pub const HEADER_KV_PREDICTED: &str = "Sy-Kv-Predicted";
 /// W3C trace context.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 

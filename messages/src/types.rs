@@ -309,6 +309,15 @@ pub struct GenerateMetrics {
     /// own (`accepted_tokens / draft_tokens` is the acceptance rate).
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub accepted_tokens: u32,
+    /// (1.9) What the routing coordinator predicted `cached_tokens` would be, from the
+    /// worker's announced KV holdings; absent when it made no prediction (KV-aware
+    /// routing off, or a worker that announces no holdings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_cached_tokens: Option<u32>,
+    /// (1.9) The same prediction knowing only whole 256-byte routing blocks (what the
+    /// block index alone can say), for comparison.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_predicted_cached_tokens: Option<u32>,
 }
 
 fn is_zero(v: &u64) -> bool {

@@ -537,6 +537,8 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 fleet_queue_us: 2_500,
                 draft_tokens: 9,
                 accepted_tokens: 7,
+                predicted_cached_tokens: Some(1),
+                block_predicted_cached_tokens: Some(0),
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),
@@ -630,6 +632,19 @@ fn seed_kv_event() -> KvEvent {
         seq: 5,
         stored: vec![1, u64::MAX, 0xdead_beef],
         removed: vec![2],
+        precise: true,
+        holdings: vec![seed_kv_holding()],
+        released: vec![7],
+    }
+}
+
+fn seed_kv_holding() -> switchyard_messages::KvHolding {
+    switchyard_messages::KvHolding {
+        id: 9,
+        key: "user\0hi\0assistant\0".into(),
+        bounds: vec![0, 5, 8, 19, 20],
+        min_reuse: 0,
+        granule: 1,
     }
 }
 
@@ -639,6 +654,8 @@ fn seed_kv_snapshot() -> KvSnapshot {
         worker_id: "w-0".into(),
         seq: 5,
         blocks: vec![1, 2, u64::MAX],
+        precise: true,
+        holdings: vec![seed_kv_holding()],
     }
 }
 

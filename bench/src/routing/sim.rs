@@ -233,6 +233,7 @@ impl Inner {
                     seq: s.kv_seq,
                     stored,
                     removed,
+                    ..Default::default()
                 }
             })
         };
@@ -451,6 +452,7 @@ impl Fleet {
                         worker_id: w.spec.id.clone(),
                         seq: s.kv_seq,
                         blocks: s.held.keys().copied().collect(),
+                        ..Default::default()
                     }
                 };
                 let _ = i.nats.publish(reply, encode(&snapshot).into()).await;

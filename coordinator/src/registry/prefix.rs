@@ -291,6 +291,7 @@ mod tests {
             seq,
             stored: stored.to_vec(),
             removed: removed.to_vec(),
+            ..Default::default()
         }
     }
 
@@ -314,6 +315,7 @@ mod tests {
                 worker_id: "w".into(),
                 seq: 3,
                 blocks: vec![1, 7],
+                ..Default::default()
             },
         );
         p.clear(2);

@@ -177,6 +177,7 @@ fn kv(worker: &str, seq: u64, stored: &[u64], removed: &[u64]) -> KvEvent {
         seq,
         stored: stored.to_vec(),
         removed: removed.to_vec(),
+        ..Default::default()
     }
 }
 
@@ -196,6 +197,7 @@ fn kv_events_apply_in_order_and_a_gap_asks_for_a_snapshot() {
         worker_id: "a".into(),
         seq: 5,
         blocks: vec![1, 9],
+        ..Default::default()
     });
     assert_eq!(r.overlap("a", &[1, 9]), 2);
     assert!(!r.kv_event(&kv("a", 6, &[], &[1])));

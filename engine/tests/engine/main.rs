@@ -7,6 +7,7 @@ mod gemma_tokenizer;
 mod gguf_to_hf;
 mod greedy_reference;
 mod hf_reference;
+mod holdings;
 mod kv_pages;
 mod llama_reference;
 mod qwen_reference;

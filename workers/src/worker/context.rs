@@ -36,10 +36,16 @@ pub struct ServeContext {
 }
 
 impl ServeContext {
-    /// A request over `blocks` finished: tell the KvCacheActor (which announces what
-    /// is warm now).
-    pub(super) async fn record_kv(&self, blocks: Vec<u64>) {
-        self.tell_kv(KvMsg::Record(blocks));
+    /// A generation finished: tell the KvCacheActor what the engine holds now where
+    /// it says so, else the request's prefix blocks (it announces what is warm).
+    pub(super) fn record_kv(&self, req: &switchyard_messages::GenerateRequest) {
+        let msg = match self.model.kv_holdings() {
+            Some(now) => KvMsg::Holdings(now),
+            None => KvMsg::Record(switchyard_messages::kv::prefix_blocks(
+                &switchyard_messages::kv::routing_key(req.prompt.as_deref(), req.messages.as_deref()),
+            )),
+        };
+        self.tell_kv(msg);
     }
 
     /// Sends the KvCacheActor a message; dropped (with a debug line) while it is being

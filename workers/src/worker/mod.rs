@@ -120,6 +120,7 @@ async fn spawn_kv(
         slots: opts.capacity as usize,
         subject: opts.subjects.kv(&opts.worker_id),
         restarted,
+        held: ctx.model.kv_holdings(),
     };
     let (kv, _) = Actor::spawn_linked(None, KvCacheActor, args, myself.get_cell()).await?;
     *ctx.kv.lock().unwrap_or_else(|p| p.into_inner()) = Some(kv.clone());
@@ -219,6 +220,14 @@ impl Actor for WorkerActor {
             kv: std::sync::Mutex::new(None),
             recent: std::sync::Mutex::default(),
         });
+        // The engine says when what it holds changes (a prompt claims a slot, its
+        // prefill is done, a stream ends): the KvCacheActor announces it at once.
+        let weak = Arc::downgrade(&ctx);
+        model.watch_kv(Box::new(move |now| {
+            if let Some(ctx) = weak.upgrade() {
+                ctx.tell_kv(KvMsg::Holdings(now));
+            }
+        }));
 
         let metadata = HashMap::from([
             ("worker_id".to_string(), opts.worker_id.clone()),

@@ -1,21 +1,30 @@
 //! The KvCacheActor's prefix index: what a worker holds warm, for KV-aware routing (see
 //! `switchyard_messages::kv`; the engine's own KV block store is `switchyard_engine::block_store`).
 //!
-//! Each finished request leaves its prompt's prefix resident in one of the worker's
-//! slots (the CPU engine has one resident sequence; a llama.cpp server one per slot).
-//! [`KvTracker`] keeps the most recent `slots` requests' block lists and turns each
-//! change into a sequence-numbered [`KvEvent`]; the [`KvCacheActor`] owns it,
-//! publishes the events and answers snapshot requests.
+//! Where the backend says what its KV cache holds (the CPU and native CUDA engines:
+//! `TextModel::kv_holdings`, refreshed before each generation's stream ends), the
+//! index is that: [`KvTracker::holdings`] announces the holdings that came and went
+//! and derives the blocks held from them — a block counts while a request sharing
+//! exactly its bytes would reuse something (a sliding-window ring that lost an early
+//! resume point drops the blocks before it; an overwritten slot drops its own).
+//! Otherwise (llama.cpp servers, MLX) each finished request is assumed to leave its
+//! prompt resident in one of the worker's slots: [`KvTracker::record`] keeps the
+//! most recent `slots` requests' block lists. Either way each change becomes a
+//! sequence-numbered [`KvEvent`]; the [`KvCacheActor`] owns the tracker, publishes
+//! the events and answers snapshot requests.
 //!
 //! The actor runs linked under the WorkerActor. If it dies, the WorkerActor starts a
-//! new one, which announces a fresh start (an event with `seq` 1 and nothing stored:
-//! coordinators drop what they knew of this worker, `docs/protocol.md` §KV) and then
-//! counts on from 2. The slots are still warm, but routing learns it again from the
-//! next requests; nothing else depends on it.
+//! new one, which announces a fresh start (an event with `seq` 1: coordinators drop
+//! what they knew of this worker, `docs/protocol.md` §KV) and then counts on from 2.
+//! With holdings that event already says what the engine holds (a worker's first
+//! actor announces them the same way, so a coordinator predicts even its first
+//! request); without, the slots are still warm but routing learns it again from the
+//! next requests. Nothing else depends on it.
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use std::collections::{HashMap, VecDeque};
-use switchyard_messages::{KvEvent, KvSnapshot, PROTOCOL_VERSION};
+use std::collections::{HashMap, HashSet, VecDeque};
+use switchyard_messages::kv::{prefix_blocks, BLOCK_BYTES};
+use switchyard_messages::{KvEvent, KvHolding, KvSnapshot, PROTOCOL_VERSION};
 
 /// The warm prefixes of one worker.
 #[derive(Debug)]
@@ -25,6 +34,9 @@ pub struct KvTracker {
     seq: u64,
     recent: VecDeque<Vec<u64>>,
     held: HashMap<u64, u32>,
+    /// Announced from the backend's holdings (not guessed from recent requests).
+    precise: bool,
+    holdings: HashMap<u64, KvHolding>,
 }
 
 impl KvTracker {
@@ -36,7 +48,44 @@ impl KvTracker {
             seq: 0,
             recent: VecDeque::new(),
             held: HashMap::new(),
+            precise: false,
+            holdings: HashMap::new(),
         }
+    }
+
+    /// The backend holds `now`: announces the holdings that came and went and the
+    /// blocks they make warm. The event, or `None` when nothing changed.
+    pub fn holdings(&mut self, now: Vec<KvHolding>) -> Option<KvEvent> {
+        let first = !self.precise;
+        self.precise = true;
+        let ids: HashSet<u64> = now.iter().map(|h| h.id).collect();
+        let released: Vec<u64> = self.holdings.keys().filter(|id| !ids.contains(id)).copied().collect();
+        let added: Vec<KvHolding> = now.into_iter().filter(|h| !self.holdings.contains_key(&h.id)).collect();
+        for id in &released {
+            self.holdings.remove(id);
+        }
+        for h in &added {
+            self.holdings.insert(h.id, h.clone());
+        }
+        let blocks: HashSet<u64> = self.holdings.values().flat_map(warm_blocks).collect();
+        let stored: Vec<u64> = blocks.iter().filter(|b| !self.held.contains_key(b)).copied().collect();
+        let removed: Vec<u64> = self.held.keys().filter(|b| !blocks.contains(b)).copied().collect();
+        self.held = blocks.into_iter().map(|b| (b, 1)).collect();
+        self.recent.clear();
+        if !first && added.is_empty() && released.is_empty() && stored.is_empty() && removed.is_empty() {
+            return None;
+        }
+        self.seq += 1;
+        Some(KvEvent {
+            v: PROTOCOL_VERSION,
+            worker_id: self.worker_id.clone(),
+            seq: self.seq,
+            stored,
+            removed,
+            precise: true,
+            holdings: added,
+            released,
+        })
     }
 
     /// A request over `blocks` finished: they are warm now, and the least recent
@@ -76,6 +125,9 @@ impl KvTracker {
             seq: self.seq,
             stored,
             removed,
+            precise: false,
+            holdings: Vec::new(),
+            released: Vec::new(),
         })
     }
 
@@ -86,14 +138,34 @@ impl KvTracker {
             worker_id: self.worker_id.clone(),
             seq: self.seq,
             blocks: self.held.keys().copied().collect(),
+            precise: self.precise,
+            holdings: self.holdings.values().cloned().collect(),
         }
     }
+}
+
+/// The routing blocks of `h`'s key its held tokens reach into, when a request
+/// sharing all it holds would reuse them (a ring's holding is warm only for requests
+/// sharing enough: the precise prediction says so, the block index cannot).
+fn warm_blocks(h: &KvHolding) -> Vec<u64> {
+    let key = h.key.as_bytes();
+    let Some(&last) = h.bounds.last() else {
+        return Vec::new();
+    };
+    if h.reuse(key) == 0 {
+        return Vec::new();
+    }
+    let mut blocks = prefix_blocks(key);
+    blocks.truncate((last as usize).min(key.len()).div_ceil(BLOCK_BYTES));
+    blocks
 }
 
 /// What the [`KvCacheActor`] is told.
 pub enum KvMsg {
     /// A request over these prefix blocks finished on this worker.
     Record(Vec<u64>),
+    /// A request finished on this worker, whose backend holds these now.
+    Holdings(Vec<KvHolding>),
     /// Answer a snapshot request on this reply subject.
     Snapshot(String),
     /// Fault injection for the supervision tests: panic in the handler.
@@ -111,6 +183,9 @@ pub struct KvArgs {
     pub subject: String,
     /// Started again after its predecessor died: announce a fresh start.
     pub restarted: bool,
+    /// What the backend holds now, where it says (announced at once, as a fresh
+    /// start: `seq` 1).
+    pub held: Option<Vec<KvHolding>>,
 }
 
 /// The worker's prefix index: records finished requests, publishes the events,
@@ -131,19 +206,26 @@ impl Actor for KvCacheActor {
 
     async fn pre_start(&self, _myself: ActorRef<KvMsg>, args: KvArgs) -> Result<KvState, ActorProcessingErr> {
         let mut tracker = KvTracker::new(&args.worker_id, args.slots);
-        if args.restarted {
-            // seq 1 tells coordinators to start this worker's index over.
-            tracker.seq = 1;
-            let fresh = KvEvent {
-                v: PROTOCOL_VERSION,
-                worker_id: args.worker_id.clone(),
-                seq: 1,
-                stored: Vec::new(),
-                removed: Vec::new(),
-            };
-            if let Err(e) = switchyard_fabric::nats::publish(&args.client, args.subject.clone(), &fresh).await {
+        // seq 1 tells coordinators to start this worker's index over.
+        let first = match args.held {
+            Some(now) => tracker.holdings(now),
+            None if args.restarted => {
+                tracker.seq = 1;
+                Some(KvEvent {
+                    v: PROTOCOL_VERSION,
+                    worker_id: args.worker_id.clone(),
+                    seq: 1,
+                    ..Default::default()
+                })
+            }
+            None => None,
+        };
+        if let Some(first) = first {
+            if let Err(e) = switchyard_fabric::nats::publish(&args.client, args.subject.clone(), &first).await {
                 tracing::warn!("kv fresh-start event not sent: {e}");
             }
+        }
+        if args.restarted {
             tracing::warn!(worker = %args.worker_id, "kv cache actor restarted; prefix index starts over");
         }
         Ok(KvState {
@@ -160,8 +242,13 @@ impl Actor for KvCacheActor {
         state: &mut KvState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            KvMsg::Record(blocks) => {
-                if let Some(event) = state.tracker.record(blocks) {
+            KvMsg::Record(_) | KvMsg::Holdings(_) => {
+                let event = match msg {
+                    KvMsg::Record(blocks) => state.tracker.record(blocks),
+                    KvMsg::Holdings(now) => state.tracker.holdings(now),
+                    _ => None,
+                };
+                if let Some(event) = event {
                     // In order, one at a time: the sequence numbers let a coordinator
                     // notice a lost or reordered event and ask for a snapshot.
                     if let Err(e) = switchyard_fabric::nats::publish(&state.client, state.subject.clone(), &event).await
@@ -204,5 +291,45 @@ mod tests {
         // Nothing changes: no event, no sequence number used.
         assert!(t.record(vec![1, 5]).is_none());
         assert_eq!(t.snapshot().seq, 4);
+    }
+
+    fn holding(id: u64, key: &str, tokens: usize, min_reuse: u32) -> KvHolding {
+        // One token per 4 bytes.
+        KvHolding {
+            id,
+            key: key.into(),
+            bounds: (1..=tokens).map(|i| (i * 4 + 4).min(key.len() + 1) as u32).collect(),
+            min_reuse,
+            granule: 1,
+        }
+    }
+
+    #[test]
+    fn holdings_announce_what_the_engine_holds() {
+        let mut t = KvTracker::new("w", 1);
+        let doc = "d".repeat(BLOCK_BYTES * 3);
+        let blocks = prefix_blocks(doc.as_bytes());
+        // A slot holding the first 100 tokens (400 bytes: blocks 0 and 1).
+        let e = t.holdings(vec![holding(1, &doc, 100, 0)]).unwrap();
+        assert!(e.precise && e.released.is_empty() && e.holdings.len() == 1);
+        let mut stored = e.stored.clone();
+        stored.sort();
+        let mut want = blocks[..2].to_vec();
+        want.sort();
+        assert_eq!(stored, want);
+        // Unchanged: no event.
+        assert!(t.holdings(vec![holding(1, &doc, 100, 0)]).is_none());
+        // The slot now holds all of it.
+        let e = t.holdings(vec![holding(2, &doc, 192, 0)]).unwrap();
+        assert_eq!(
+            (e.released.clone(), e.stored.clone(), e.removed.len()),
+            (vec![1], vec![blocks[2]], 0)
+        );
+        // A ring that lost what any resume needs: nothing is warm.
+        let e = t.holdings(vec![holding(3, &doc, 192, 500)]).unwrap();
+        assert_eq!(e.removed.len(), 3);
+        let snap = t.snapshot();
+        assert!(snap.precise && snap.blocks.is_empty() && snap.holdings.len() == 1);
+        assert_eq!(snap.seq, e.seq);
     }
 }

@@ -187,7 +187,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         req.head.request_id.clone(),
         Some(ctx.worker_id.clone()),
     )
-    .after_queue(header(HEADER_FIRST_SEQ), header(HEADER_QUEUED_US));
+    .after_queue(header(HEADER_FIRST_SEQ), header(HEADER_QUEUED_US))
+    .predicted(kv_predicted(msg));
     sink.tokens(Vec::new()).await;
     let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
     let mut config = req.config.clone();
@@ -207,10 +208,6 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         };
     }
     tracing::debug!(worker = %ctx.worker_id, request = %req.head.request_id, "admitted");
-    let blocks = switchyard_messages::kv::prefix_blocks(&switchyard_messages::kv::routing_key(
-        req.prompt.as_deref(),
-        req.messages.as_deref(),
-    ));
     let op = if chat { "chat" } else { "text_completion" };
     let model = if req.head.model.is_empty() {
         &ctx.model_name
@@ -253,9 +250,20 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     };
     tracing::Instrument::instrument(run, span).await;
     ctx.cancels.remove(&req.head.request_id);
-    ctx.record_kv(blocks).await;
+    ctx.record_kv(&req);
     drop(permit);
     (ctx.on_complete)();
+}
+
+/// The coordinator's `Sy-Kv-Predicted` (`precise,blocks`), when it sent one.
+fn kv_predicted(msg: &async_nats::Message) -> Option<(u32, u32)> {
+    let v = msg
+        .headers
+        .as_ref()?
+        .get(switchyard_messages::subjects::HEADER_KV_PREDICTED)?
+        .as_str();
+    let (precise, blocks) = v.split_once(',')?;
+    Some((precise.parse().ok()?, blocks.parse().ok()?))
 }
 
 /// Streams a backend's events to `sink` until the end: tokens coalesced into chunks
