@@ -139,6 +139,8 @@ pub struct ComputeState {
     /// What the slots hold in routing terms, refreshed as generations start and end,
     /// and who is told when it changes (the worker's KV events; [`super::holdings`]).
     pub holdings: Arc<super::holdings::Shared>,
+    /// Chains saved to the block store, newest last ([`super::holdings::remember`]).
+    pub stored: std::collections::VecDeque<super::holdings::StoredChain>,
     /// Prompt tokens per decode step for a request prefilled while others generate;
     /// 0 = chosen from measured speeds ([`LoadConfig::prefill_chunk`]).
     ///
@@ -240,6 +242,7 @@ impl ComputeState {
             kv_seed: 0,
             usage: Arc::default(),
             holdings: Arc::default(),
+            stored: Default::default(),
             prefill_chunk: 0,
             speculative: super::speculate::Mode::Off,
             draft_max: 0,
@@ -252,7 +255,7 @@ impl ComputeState {
     /// Refreshes [`ComputeState::holdings`]; `finishing`: a slot whose generation is
     /// ending, with its history.
     pub fn publish_holdings(&self, finishing: Option<(usize, &[u32])>) {
-        let all: Vec<switchyard_messages::KvHolding> = (0..self.slots.len())
+        let mut all: Vec<switchyard_messages::KvHolding> = (0..self.slots.len())
             .filter_map(|i| {
                 let s = &self.slots[i];
                 let history = finishing.filter(|f| f.0 == i).map(|f| f.1);
@@ -262,6 +265,8 @@ impl ComputeState {
                 super::holdings::holding(map, &s.resident, prefilling, history, &self.tokenizer, floor)
             })
             .collect();
+        let stored = self.stored.iter();
+        all.extend(stored.filter_map(|c| c.holding(self.store.leading(&c.hashes), BLOCK_TOKENS)));
         self.holdings.set(all);
     }
 
@@ -392,6 +397,9 @@ impl ComputeState {
     /// that the store lacks and the slot still holds; a block a ring lost already was
     /// saved as it left, or is gone.
     fn save_blocks(&mut self, slot: usize, hashes: &[u64], first: usize) {
+        // What the saved chain covers, in routing terms, for the KV events.
+        let s = &self.slots[slot];
+        super::holdings::remember(&mut self.stored, s.map.as_ref(), &s.resident, &self.tokenizer, hashes);
         for (b, &hash) in hashes.iter().enumerate().skip(first) {
             if self.store.contains(hash) {
                 continue;

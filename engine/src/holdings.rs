@@ -6,7 +6,8 @@
 //! each slot remembers, per token it holds, how many leading key bytes a request must
 //! share to reuse it ([`KeyMap`]): a token of text (a message's content, a raw
 //! prompt, a reply) needs its own bytes and the next byte — the byte after decides
-//! whether the text tokenizes the same (`" cat"` followed by `"s"` becomes `" cats"`);
+//! whether the text tokenizes the same (`" cat"` followed by `"s"` becomes `" cats"`),
+//! except after a digit where the vocabulary splits numbers into digits;
 //! template text between messages needs the key up to the content it leads into (its
 //! role is known by then, and special tokens and the newline before a content split
 //! hard); control tokens need nothing more. Generated tokens continue the key with
@@ -68,6 +69,7 @@ impl KeyMap {
         };
         let mut bounds = Vec::with_capacity(tokens.len());
         let (mut cursor, mut floor) = (0usize, 0u32);
+        let digits = tokenizer.splits_digits();
         let rendered_bytes = rendered.as_bytes();
         for &id in tokens {
             let b = tokenizer.token_bytes(id);
@@ -85,7 +87,12 @@ impl KeyMap {
                 break;
             }
             let (end, text) = to_key(cursor);
-            let bound = if text && !control { end.saturating_add(1) } else { end };
+            let after_digit = digits && cursor > 0 && rendered_bytes[cursor - 1].is_ascii_digit();
+            let bound = if text && !control && !after_digit {
+                end.saturating_add(1)
+            } else {
+                end
+            };
             floor = floor.max(bound);
             bounds.push(floor);
         }
@@ -148,12 +155,14 @@ pub fn holding(
     if held.len() > prompt_len {
         // Generated tokens continue the key with their bytes.
         let mut floor = bounds.last().copied().unwrap_or(0);
+        let digits = tokenizer.splits_digits();
         for &id in &held[prompt_len..] {
             let bound = if tokenizer.is_control(id) {
                 key.len() as u32
             } else {
                 key.extend_from_slice(tokenizer.token_bytes(id));
-                key.len() as u32 + 1
+                let after_digit = digits && key.last().is_some_and(u8::is_ascii_digit);
+                key.len() as u32 + u32::from(!after_digit)
             };
             floor = floor.max(bound);
             bounds.push(floor);
@@ -225,5 +234,59 @@ impl Shared {
         if let Some(w) = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             w(told);
         }
+    }
+}
+
+/// A chain of blocks saved to the block store from a slot, as the slot's holding
+/// was then: the store holds its leading blocks until they are evicted.
+pub struct StoredChain {
+    pub holding: KvHolding,
+    /// The chain's block hashes (`block_store::chain` of the slot's tokens).
+    pub hashes: Vec<u64>,
+}
+
+impl StoredChain {
+    /// The chain as a holding of its first `blocks` blocks (reused in whole blocks).
+    pub fn holding(&self, blocks: usize, block_tokens: usize) -> Option<KvHolding> {
+        let tokens = (blocks * block_tokens).min(self.holding.bounds.len());
+        if tokens < block_tokens {
+            return None;
+        }
+        let h = &self.holding;
+        let mut id_bytes = h.key.as_bytes().to_vec();
+        id_bytes.extend_from_slice(b"\0store");
+        id_bytes.extend_from_slice(&(tokens as u64).to_le_bytes());
+        Some(KvHolding {
+            id: fnv1a(&id_bytes),
+            key: h.key.clone(),
+            bounds: h.bounds[..tokens].to_vec(),
+            min_reuse: 0,
+            granule: block_tokens as u32,
+        })
+    }
+}
+
+/// Chains saved to the block store that the KV events keep track of.
+pub const STORED_CHAINS: usize = 32;
+
+/// Notes that a slot holding `held` (its prompt mapped by `map`) saves blocks
+/// `hashes` to the store: the newest [`STORED_CHAINS`] chains are kept, one per chain.
+pub fn remember(
+    stored: &mut std::collections::VecDeque<StoredChain>,
+    map: Option<&KeyMap>,
+    held: &[u32],
+    tokenizer: &GgufTokenizer,
+    hashes: &[u64],
+) {
+    let Some(holding) = map.and_then(|m| holding(m, held, false, None, tokenizer, |_| 0)) else {
+        return;
+    };
+    stored.retain(|c| c.hashes.last() != hashes.last());
+    stored.push_back(StoredChain {
+        holding,
+        hashes: hashes.to_vec(),
+    });
+    while stored.len() > STORED_CHAINS {
+        stored.pop_front();
     }
 }

@@ -116,24 +116,17 @@ impl KvHolding {
     /// Tokens a request with prediction key `key` would reuse from this holding.
     pub fn reuse(&self, key: &[u8]) -> u32 {
         let shared = self.shared(key);
-        self.reuse_of(
-            self.split_before_digit(shared, key),
-            ends_in_generation_prompt(shared, key),
-        )
-    }
-
-    /// `shared + 1` when the two keys part on a digit after a non-digit (`"Question
-    /// 1"` / `"Question 2"`): tokenizers split digits from what precedes them, so a
-    /// token ending there is the same in both and needs no byte past it; else `shared`.
-    fn split_before_digit(&self, shared: u32, key: &[u8]) -> u32 {
+        let mut tokens = self.within(shared);
+        // Keys that part on a digit after a non-digit (`"Question 1"` / `"Question
+        // 2"`): tokenizers split digits from what precedes them, so the token ending
+        // where they part is the same in both and needs no byte past it.
         let at = shared as usize;
         let held = self.key.as_bytes();
         let digit = |k: &[u8]| k.get(at).is_some_and(u8::is_ascii_digit);
         if at > 0 && digit(held) && digit(key) && !held[at - 1].is_ascii_digit() {
-            shared + 1
-        } else {
-            shared
+            tokens += usize::from(self.bounds.get(tokens) == Some(&(shared + 1)));
         }
+        self.reuse_of(tokens, shared, ends_in_generation_prompt(shared, key))
     }
 
     /// The same, knowing only which whole [`BLOCK_BYTES`] blocks the request shares
@@ -141,15 +134,20 @@ impl KvHolding {
     pub fn reuse_by_blocks(&self, key: &[u8]) -> u32 {
         let shared = self.shared(key);
         let blocks = shared - shared % BLOCK_BYTES as u32;
-        self.reuse_of(blocks, ends_in_generation_prompt(blocks, key))
+        self.reuse_of(self.within(blocks), blocks, ends_in_generation_prompt(blocks, key))
     }
 
     fn shared(&self, key: &[u8]) -> u32 {
         self.key.as_bytes().iter().zip(key).take_while(|(a, b)| a == b).count() as u32
     }
 
-    fn reuse_of(&self, shared: u32, whole_chat: bool) -> u32 {
-        let mut tokens = self.bounds.partition_point(|&b| b <= shared) as u32;
+    /// Held tokens whose bound is within `shared` bytes.
+    fn within(&self, shared: u32) -> usize {
+        self.bounds.partition_point(|&b| b <= shared)
+    }
+
+    fn reuse_of(&self, tokens: usize, shared: u32, whole_chat: bool) -> u32 {
+        let mut tokens = tokens as u32;
         // A request reuses all but its last token (that one runs again for its
         // logits). A raw prompt's last token needs a byte past the key, so it never
         // counts; a chat's is the generation prompt's last, ending at the key's end.
@@ -276,7 +274,7 @@ mod tests {
         let numbered = KvHolding {
             id: 3,
             key: "Question 1".into(),
-            bounds: vec![9, 10, 11],
+            bounds: vec![9, 10, 10],
             min_reuse: 0,
             granule: 1,
         };

@@ -77,6 +77,13 @@ impl GgufTokenizer {
         self.token_bytes.get(id)
     }
 
+    /// Whether the vocabulary splits numbers into single digits (Qwen, SmolLM2,
+    /// Gemma, Llama 2): then text never merges across a digit's end.
+    pub fn splits_digits(&self) -> bool {
+        self.encode("2024")
+            .is_ok_and(|ids| ids.iter().filter(|&&id| !self.is_control(id)).count() == 4)
+    }
+
     /// Whether `id` is a control token (its text is markup, not content).
     pub fn is_control(&self, id: u32) -> bool {
         self.is_control.get(id as usize).copied().unwrap_or(false)

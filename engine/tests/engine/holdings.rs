@@ -1,6 +1,6 @@
 //! What the engine says its KV slots hold ([`TextModel::kv_holdings`], in routing-key
 //! terms) predicts each next request's `cached_tokens` exactly: raw prompts sharing a
-//! document, a prompt continuing an answer, chats continuing a reply, and on Gemma 3
+//! document, numbered questions, a prompt continuing an answer, chats continuing a reply, and on Gemma 3
 //! prompts whose head left the sliding-window ring.
 
 use futures::StreamExt;
@@ -104,6 +104,9 @@ async fn holdings_predict_cached_tokens_on_the_demo_model() {
             text(format!("{doc}Questions")),
             text(format!("Preface. {doc}")),
             text(format!("{doc}Question 1: what did they decide?\nAnswer:")),
+            text(format!("{doc}Question 1.0: what did they decide?\nAnswer:")),
+            text(format!("{doc}Question 10.2: what did they decide?\nAnswer:")),
+            text(format!("{doc}Question 10.25: why?\nAnswer:")),
         ],
     )
     .await;
