@@ -177,18 +177,22 @@ pub fn holding(
             }
         }
     }
-    // A reply cut inside a character keeps the whole characters only.
+    // At most MAX_KEY_BYTES of key (events stay well under NATS's max_payload), and
+    // a reply cut inside a character keeps the whole characters only.
+    if key.len() > MAX_KEY_BYTES {
+        key.truncate(MAX_KEY_BYTES);
+    }
     let key = match String::from_utf8(key) {
         Ok(k) => k,
         Err(e) => {
             let valid = e.utf8_error().valid_up_to();
             let mut bytes = e.into_bytes();
             bytes.truncate(valid);
-            let kept = bounds.partition_point(|&b| b as usize <= valid);
-            bounds.truncate(kept);
             String::from_utf8(bytes).ok()?
         }
     };
+    let kept = bounds.partition_point(|&b| b as usize <= key.len() + 1);
+    bounds.truncate(kept);
     let n = bounds.len();
     let min_reuse = min_reuse(n);
     let mut id_bytes = key.as_bytes().to_vec();
@@ -267,7 +271,12 @@ impl StoredChain {
 }
 
 /// Chains saved to the block store that the KV events keep track of.
-pub const STORED_CHAINS: usize = 32;
+pub const STORED_CHAINS: usize = 8;
+
+/// The most key bytes a holding carries: a request sharing more is predicted to reuse
+/// what lies within them (a snapshot of 16 slots and the stored chains stays under
+/// 1 MiB).
+pub const MAX_KEY_BYTES: usize = 32 * 1024;
 
 /// Notes that a slot holding `held` (its prompt mapped by `map`) saves blocks
 /// `hashes` to the store: the newest [`STORED_CHAINS`] chains are kept, one per chain.
