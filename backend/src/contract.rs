@@ -355,7 +355,7 @@ pub trait TextModel: Send + Sync {
         None
     }
     /// Calls `on_change` with the holdings whenever they change (a prompt claims a
-    /// slot, its prefill is done, a stream ends), from the backend's own thread; it
+    /// slot, a stream ends), from the backend's own thread; it
     /// must not block. Replaces an earlier watcher. A backend without holdings ignores it.
     fn watch_kv(&self, _on_change: KvWatcher) {}
     /// The architecture, e.g. `"llama"`.

@@ -139,7 +139,13 @@ impl CoordinatorHandle {
             .subscribe(opts.subjects.heartbeat_all())
             .await?
             .ready_chunks(BATCH);
-        let (a, kv_client, subjects, b) = (actor.clone(), client.clone(), opts.subjects.clone(), book.clone());
+        let snapshots = Snapshots {
+            actor: actor.clone(),
+            book: book.clone(),
+            client: client.clone(),
+            subjects: opts.subjects.clone(),
+        };
+        let (a, fetch) = (actor.clone(), snapshots.clone());
         tasks.push(tokio::spawn(async move {
             while let Some(batch) = heartbeats.next().await {
                 let beats: Vec<switchyard_messages::Heartbeat> = batch
@@ -155,13 +161,7 @@ impl CoordinatorHandle {
                 }
                 if let Ok(joined) = ractor::call_t!(a, CoordinatorMsg::Heartbeats, 5_000, beats) {
                     for worker in joined {
-                        fetch_kv_snapshot(
-                            a.clone(),
-                            b.clone(),
-                            kv_client.clone(),
-                            subjects.kv_snapshot(&worker),
-                            worker,
-                        );
+                        fetch.fetch(worker);
                     }
                 }
             }
@@ -170,7 +170,7 @@ impl CoordinatorHandle {
         // KV events: applied in order; a gap (a lost event, or a coordinator that
         // started after the worker) fetches the worker's snapshot.
         let mut kv_events = client.subscribe(opts.subjects.kv_all()).await?.ready_chunks(BATCH);
-        let (a, kv_client, subjects, b) = (actor.clone(), client.clone(), opts.subjects.clone(), book.clone());
+        let (a, fetch) = (actor.clone(), snapshots);
         tasks.push(tokio::spawn(async move {
             while let Some(batch) = kv_events.next().await {
                 let events: Vec<switchyard_messages::KvEvent> = batch
@@ -185,20 +185,14 @@ impl CoordinatorHandle {
                     continue;
                 }
                 for e in &events {
-                    b.event(e);
+                    fetch.book.event(e);
                 }
                 let Ok(gaps) = ractor::call_t!(a, CoordinatorMsg::Kv, 5_000, events) else {
                     continue;
                 };
                 for worker in gaps {
                     tracing::debug!(%worker, "kv events lost; fetching a snapshot");
-                    fetch_kv_snapshot(
-                        a.clone(),
-                        b.clone(),
-                        kv_client.clone(),
-                        subjects.kv_snapshot(&worker),
-                        worker,
-                    );
+                    fetch.fetch(worker);
                 }
             }
         }));
@@ -366,30 +360,42 @@ impl CoordinatorHandle {
     }
 }
 
-/// Asks a worker for its KV snapshot (in the background) and hands it to the actor.
-/// It is also the probe of a worker that joined: its round trip ends the worker's
-/// probation.
-fn fetch_kv_snapshot(
+/// Where a worker's KV snapshot goes: the actor's block index and the holdings book.
+#[derive(Clone)]
+struct Snapshots {
     actor: ActorRef<CoordinatorMsg>,
     book: holdings::HoldingsBook,
     client: async_nats::Client,
-    subject: String,
-    worker: String,
-) {
-    tokio::spawn(async move {
-        let sent = std::time::Instant::now();
-        let reply = tokio::time::timeout(Duration::from_secs(5), client.request(subject, Vec::new().into())).await;
-        if matches!(reply, Ok(Ok(_))) {
-            let _ = actor.cast(CoordinatorMsg::RoundTrip(worker.clone(), sent.elapsed()));
-        }
-        match reply.map(|r| r.map(|m| switchyard_messages::decode::<switchyard_messages::KvSnapshot>(&m.payload))) {
-            Ok(Ok(Ok(snapshot))) => {
-                book.snapshot(&snapshot);
-                let _ = actor.cast(CoordinatorMsg::KvSnapshot(snapshot));
+    subjects: Subjects,
+}
+
+impl Snapshots {
+    /// Asks `worker` for its KV snapshot (in the background) and applies it. It is
+    /// also the probe of a worker that joined: its round trip ends the worker's
+    /// probation.
+    fn fetch(&self, worker: String) {
+        let Self {
+            actor,
+            book,
+            client,
+            subjects,
+        } = self.clone();
+        tokio::spawn(async move {
+            let sent = std::time::Instant::now();
+            let subject = subjects.kv_snapshot(&worker);
+            let reply = tokio::time::timeout(Duration::from_secs(5), client.request(subject, Vec::new().into())).await;
+            if matches!(reply, Ok(Ok(_))) {
+                let _ = actor.cast(CoordinatorMsg::RoundTrip(worker.clone(), sent.elapsed()));
             }
-            _ => tracing::debug!(%worker, "no kv snapshot"),
-        }
-    });
+            match reply.map(|r| r.map(|m| switchyard_messages::decode::<switchyard_messages::KvSnapshot>(&m.payload))) {
+                Ok(Ok(Ok(snapshot))) => {
+                    book.snapshot(&snapshot);
+                    let _ = actor.cast(CoordinatorMsg::KvSnapshot(snapshot));
+                }
+                _ => tracing::debug!(%worker, "no kv snapshot"),
+            }
+        });
+    }
 }
 
 /// A default coordinator id: `coord-{host}-{pid}`.

@@ -420,12 +420,11 @@ impl Batcher {
         self.prefilled(run, t0, logits.map(|mut l| l.pop().unwrap_or_default()));
     }
 
-    /// A generation's prompt is all in its slot (as its holding now says) and `logits`
-    /// are its last token's: samples the first token, and the generation runs or ends.
+    /// A generation's prompt is all in its slot and `logits` are its last token's:
+    /// samples the first token, and the generation runs (or ends).
     fn prefilled(&mut self, mut run: Running, began: Instant, logits: Result<Vec<f32>, BackendError>) {
         run.metrics.prefill_us = began.elapsed().as_micros() as u64;
         run.decode_start = Instant::now();
-        self.engine.publish_holdings(None);
         match logits {
             Ok(logits) => {
                 if run.advance(logits, &self.engine) {

@@ -39,6 +39,8 @@ pub struct GgufTokenizer {
     /// Ids that end generation (EOS, EOT, `<|im_end|>`, …), ascending.
     pub(super) eog: Vec<u32>,
     pub(super) pre: String,
+    /// [`GgufTokenizer::splits_digits`], found out once.
+    pub(super) digits: std::sync::OnceLock<bool>,
 }
 
 impl GgufTokenizer {
@@ -80,8 +82,10 @@ impl GgufTokenizer {
     /// Whether the vocabulary splits numbers into single digits (Qwen, SmolLM2,
     /// Gemma, Llama 2): then text never merges across a digit's end.
     pub fn splits_digits(&self) -> bool {
-        self.encode("2024")
-            .is_ok_and(|ids| ids.iter().filter(|&&id| !self.is_control(id)).count() == 4)
+        *self.digits.get_or_init(|| {
+            self.encode("2024")
+                .is_ok_and(|ids| ids.iter().filter(|&&id| !self.is_control(id)).count() == 4)
+        })
     }
 
     /// Whether `id` is a control token (its text is markup, not content).

@@ -108,6 +108,7 @@ impl GgufTokenizer {
             add_eos: specials.eos.filter(|_| add_eos),
             eog: specials.eog,
             pre,
+            digits: Default::default(),
         })
     }
 
@@ -180,6 +181,7 @@ impl GgufTokenizer {
             add_eos,
             eog,
             pre: "tokenizer.json".into(),
+            digits: Default::default(),
         })
     }
 }

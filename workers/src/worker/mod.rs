@@ -221,7 +221,7 @@ impl Actor for WorkerActor {
             recent: std::sync::Mutex::default(),
         });
         // The engine says when what it holds changes (a prompt claims a slot, its
-        // prefill is done, a stream ends): the KvCacheActor announces it at once.
+        // a stream ends): the KvCacheActor announces it at once.
         let weak = Arc::downgrade(&ctx);
         model.watch_kv(Box::new(move |now| {
             if let Some(ctx) = weak.upgrade() {

@@ -75,17 +75,25 @@ impl KvTracker {
         if !first && added.is_empty() && released.is_empty() && stored.is_empty() && removed.is_empty() {
             return None;
         }
-        self.seq += 1;
         Some(KvEvent {
+            precise: true,
+            holdings: added,
+            released,
+            ..self.next_event(stored, removed)
+        })
+    }
+
+    /// The next event in sequence, with these blocks.
+    fn next_event(&mut self, stored: Vec<u64>, removed: Vec<u64>) -> KvEvent {
+        self.seq += 1;
+        KvEvent {
             v: PROTOCOL_VERSION,
             worker_id: self.worker_id.clone(),
             seq: self.seq,
             stored,
             removed,
-            precise: true,
-            holdings: added,
-            released,
-        })
+            ..Default::default()
+        }
     }
 
     /// A request over `blocks` finished: they are warm now, and the least recent
@@ -118,17 +126,7 @@ impl KvTracker {
         if stored.is_empty() && removed.is_empty() {
             return None;
         }
-        self.seq += 1;
-        Some(KvEvent {
-            v: PROTOCOL_VERSION,
-            worker_id: self.worker_id.clone(),
-            seq: self.seq,
-            stored,
-            removed,
-            precise: false,
-            holdings: Vec::new(),
-            released: Vec::new(),
-        })
+        Some(self.next_event(stored, removed))
     }
 
     /// Everything held, as of the last event.
@@ -209,15 +207,7 @@ impl Actor for KvCacheActor {
         // seq 1 tells coordinators to start this worker's index over.
         let first = match args.held {
             Some(now) => tracker.holdings(now),
-            None if args.restarted => {
-                tracker.seq = 1;
-                Some(KvEvent {
-                    v: PROTOCOL_VERSION,
-                    worker_id: args.worker_id.clone(),
-                    seq: 1,
-                    ..Default::default()
-                })
-            }
+            None if args.restarted => Some(tracker.next_event(Vec::new(), Vec::new())),
             None => None,
         };
         if let Some(first) = first {
