@@ -3,14 +3,16 @@
 //! it warm (and it reuses its KV: `cached_tokens`), new documents spread to workers
 //! that hold nothing, and a coordinator started after the workers recovers their
 //! warm prefixes from snapshots. Every forward carries the coordinator's prediction
-//! of `cached_tokens` from the workers' announced holdings, and it is exact.
+//! of `cached_tokens` from the workers' announced holdings, and it is exact — also
+//! for a llama.cpp worker, whose holdings follow its llama-server's slots and prompt
+//! cache.
 
 mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
 use switchyard::node;
-use switchyard::{Client, Completion, GenerateRequest};
+use switchyard::{Client, Completion, GenerateRequest, Message};
 
 const NAME: &str = "smol";
 
@@ -115,5 +117,87 @@ async fn requests_follow_their_warm_prefix_and_survive_a_coordinator_restart() {
         w.shutdown(Duration::from_secs(5)).await;
         loaded.stop();
     }
+    coordinator.shutdown().await;
+}
+
+/// A chat of `turns` (user, assistant, …, user) asked with greedy decoding; its
+/// prediction must equal what the worker reused.
+async fn chat(client: &Client, turns: &[&str]) -> Completion {
+    let roles = ["user", "assistant"];
+    let messages = turns
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Message::new(roles[i % 2], *t))
+        .collect();
+    let mut req = GenerateRequest::chat(Client::new_request_id(), NAME, messages);
+    req.config.max_tokens = 6;
+    let done = client.chat(req).await.unwrap().collect().await.unwrap();
+    let m = &done.metrics;
+    assert_eq!(
+        m.predicted_cached_tokens,
+        Some(m.cached_tokens),
+        "the coordinator predicted what the llama.cpp worker reused: {m:?}"
+    );
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llama_cpp_worker_announces_what_its_server_holds() {
+    let Some(bin) = llama_server_bin() else {
+        return;
+    };
+    // Two slots; the worker picks them.
+    let server = switchyard_procs::llama_server::LlamaServer::start_with(&bin, &demo_model(), 1, 2, &["-fa", "off"])
+        .await
+        .unwrap();
+    let nats = nats();
+    let url = nats.url();
+    let mut config = fleet_config(&url);
+    config.worker.model_name = NAME.into();
+    config.worker.id = "w-llama".into();
+    config.worker.backend = "llama_cpp".into();
+    config.worker.llama_url = server.url.clone();
+    config.validate().unwrap();
+    let coordinator = node::start_coordinator(&config).await.unwrap();
+    let loaded = node::load(&config).await.unwrap();
+    let worker = node::start_worker(&config, &loaded).await.unwrap();
+    let client = client(&url, Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.status().await.unwrap().workers.is_empty() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Each `ask` checks the prediction against `cached_tokens`.
+    let docs = [document("river"), document("harbour"), document("cathedral")];
+    let mut reused = 0;
+    for (doc, question) in [
+        (0, "What was studied?"),
+        (1, "What was studied?"),
+        (0, "Who cared for it?"),
+        // A third document takes the least recently used slot (the harbour's) ...
+        (2, "What was studied?"),
+        // ... and the harbour is computed again, in the river's.
+        (1, "Who cared for it?"),
+        (2, "Question 1"),
+        (2, "Question 10"),
+        (0, "What was measured?"),
+    ] {
+        reused += ask(&client, &docs[doc], question).await.metrics.cached_tokens;
+    }
+    assert!(reused > 600, "the documents were reused: {reused} tokens");
+    // A chat continued with its reply reuses the reply too.
+    let first = chat(&client, &["Tell me about rivers."]).await;
+    let reply = first.text.clone();
+    let next = chat(&client, &["Tell me about rivers.", &reply, "And harbours?"]).await;
+    assert!(
+        next.metrics.cached_tokens > first.metrics.prompt_tokens,
+        "{:?}",
+        next.metrics
+    );
+
+    worker.shutdown(Duration::from_secs(5)).await;
+    let mut loaded = loaded;
+    loaded.stop();
     coordinator.shutdown().await;
 }

@@ -124,7 +124,8 @@ pub struct BenchGatewayArgs {
 pub struct BenchKvArgs {
     #[command(flatten)]
     pub worker: WorkerFlags,
-    /// CPU workers.
+    /// Workers, of --backend (cpu by default; rocm with --gpu-allow-cpu runs a
+    /// llama-server per worker on the CPU).
     #[arg(long, default_value_t = 3)]
     pub workers: usize,
     /// Distinct documents (shared prefixes, ~330 tokens each).

@@ -23,7 +23,7 @@ use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 /// The workload's shape.
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
-    /// CPU workers.
+    /// Workers (of the configured backend).
     pub workers: usize,
     /// Distinct documents.
     pub prefixes: usize,
@@ -216,8 +216,8 @@ pub async fn kv_routing(mut config: Config, w: Workload) -> anyhow::Result<()> {
     }
     let requests = w.conversations * w.turns;
     println!(
-        "kv routing: {} CPU workers, {} documents, {} conversations × {} turns = {requests} requests, {} in flight",
-        w.workers, w.prefixes, w.conversations, w.turns, w.concurrency
+        "kv routing: {} {} workers, {} documents, {} conversations × {} turns = {requests} requests, {} in flight",
+        w.workers, config.worker.backend, w.prefixes, w.conversations, w.turns, w.concurrency
     );
     println!("{:<32} {:>14} {:>14}", "", "kv-aware", "load only");
     println!(

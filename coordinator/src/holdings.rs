@@ -85,6 +85,7 @@ mod tests {
             bounds: (1..=key.len() as u32).collect(),
             min_reuse: 0,
             granule: 1,
+            min_share: 0,
         }
     }
 

@@ -204,6 +204,7 @@ pub fn holding(
         bounds,
         min_reuse: min_reuse as u32,
         granule: 1,
+        min_share: 0,
     })
 }
 
@@ -266,6 +267,7 @@ impl StoredChain {
             bounds: h.bounds[..tokens].to_vec(),
             min_reuse: 0,
             granule: block_tokens as u32,
+            min_share: 0,
         })
     }
 }

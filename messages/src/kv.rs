@@ -106,6 +106,15 @@ pub struct KvHolding {
     /// Reuse comes in whole blocks of this many tokens (1: any count).
     #[serde(default = "one")]
     pub granule: u32,
+    /// A request reuses this holding only when the key bytes its reused tokens need
+    /// are more than this many thousandths of its key (a llama.cpp server's slot is
+    /// taken for a prompt sharing more than a tenth of it); 0: any reuse counts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_share: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 fn one() -> u32 {
@@ -126,7 +135,7 @@ impl KvHolding {
         if at > 0 && digit(held) && digit(key) && !held[at - 1].is_ascii_digit() {
             tokens += usize::from(self.bounds.get(tokens) == Some(&(shared + 1)));
         }
-        self.reuse_of(tokens, shared, ends_in_generation_prompt(shared, key))
+        self.reuse_of(tokens, shared, key)
     }
 
     /// The same, knowing only which whole [`BLOCK_BYTES`] blocks the request shares
@@ -134,7 +143,7 @@ impl KvHolding {
     pub fn reuse_by_blocks(&self, key: &[u8]) -> u32 {
         let shared = self.shared(key);
         let blocks = shared - shared % BLOCK_BYTES as u32;
-        self.reuse_of(self.within(blocks), blocks, ends_in_generation_prompt(blocks, key))
+        self.reuse_of(self.within(blocks), blocks, key)
     }
 
     fn shared(&self, key: &[u8]) -> u32 {
@@ -146,16 +155,19 @@ impl KvHolding {
         self.bounds.partition_point(|&b| b <= shared)
     }
 
-    fn reuse_of(&self, tokens: usize, shared: u32, whole_chat: bool) -> u32 {
+    fn reuse_of(&self, tokens: usize, shared: u32, key: &[u8]) -> u32 {
         let mut tokens = tokens as u32;
         // A request reuses all but its last token (that one runs again for its
         // logits). A raw prompt's last token needs a byte past the key, so it never
         // counts; a chat's is the generation prompt's last, ending at the key's end.
+        let whole_chat = ends_in_generation_prompt(shared, key);
         if whole_chat && tokens > 0 && self.bounds[tokens as usize - 1] == shared {
             tokens -= 1;
         }
         let tokens = tokens - tokens % self.granule.max(1);
-        if tokens < self.min_reuse {
+        let needs = |t: u32| t.checked_sub(1).map_or(0, |i| u64::from(self.bounds[i as usize]));
+        let too_little = needs(tokens) * 1000 <= u64::from(self.min_share) * key.len() as u64;
+        if tokens < self.min_reuse || (self.min_share > 0 && too_little) {
             0
         } else {
             tokens
@@ -264,6 +276,7 @@ mod tests {
             bounds: vec![4, 8, 12],
             min_reuse: 0,
             granule: 1,
+            min_share: 0,
         };
         assert_eq!(h.reuse(b"The cat sat down"), 2, "the last token needs a byte past it");
         assert_eq!(h.reuse(b"The cat is"), 2);
@@ -277,6 +290,7 @@ mod tests {
             bounds: vec![9, 10, 10],
             min_reuse: 0,
             granule: 1,
+            min_share: 0,
         };
         assert_eq!(numbered.reuse(b"Question 2?"), 2, "' ' before a digit ends hard");
         assert_eq!(numbered.reuse(b"Question x?"), 1);
@@ -292,6 +306,21 @@ mod tests {
         assert_eq!(blocks.reuse(b"The cat sat."), 2);
         assert_eq!(blocks.reuse(b"The cats"), 0);
         assert_eq!(predict_reuse([&h, &blocks], b"The cat sat."), 2);
+        // A llama.cpp slot counts only for a request it covers more than a tenth of.
+        let slot = KvHolding {
+            min_share: 100,
+            ..h.clone()
+        };
+        assert_eq!(
+            slot.reuse(format!("The cat sat {}", "x".repeat(67)).as_bytes()),
+            2,
+            "8 of 79 bytes"
+        );
+        assert_eq!(
+            slot.reuse(format!("The cat sat {}", "x".repeat(68)).as_bytes()),
+            0,
+            "8 of 80"
+        );
         // A chat: template tokens end where the content starts, and a request whose
         // whole key is held gives back its last token.
         let chat = KvHolding {
@@ -300,6 +329,7 @@ mod tests {
             bounds: vec![5, 5, 8, 18, 18, 24],
             min_reuse: 0,
             granule: 1,
+            min_share: 0,
         };
         assert_eq!(chat.reuse(b"user\0hi\0assistant\0"), 4);
         assert_eq!(chat.reuse(b"user\0hi\0assistant\0Hello\0user\0"), 6);

@@ -645,6 +645,7 @@ fn seed_kv_holding() -> switchyard_messages::KvHolding {
         bounds: vec![0, 5, 8, 19, 20],
         min_reuse: 0,
         granule: 1,
+        min_share: 100,
     }
 }
 

@@ -291,6 +291,7 @@ mod tests {
             bounds: (1..=tokens).map(|i| (i * 4 + 4).min(key.len() + 1) as u32).collect(),
             min_reuse,
             granule: 1,
+            min_share: 0,
         }
     }
 

@@ -1,15 +1,15 @@
 //! The HTTP client side of the `llama_cpp` backend: connecting, `/props`, the
 //! health loop, and streaming one completion.
 
+use super::body::{completion_body, constraint_supported, metrics_from, token_logprob};
+use super::holdings::SlotBook;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use switchyard_backend::{BackendError, CancelFlag, GenerateEvent, Prompt};
-use switchyard_messages::{
-    Constraint, FinishReason, GenerateConfig, GenerateMetrics, ModelInfo, Token, TokenLogprob, TopLogprob,
-};
+use switchyard_messages::{FinishReason, GenerateConfig, GenerateMetrics, ModelInfo, Token};
 
 /// How often the health loop asks `/health`.
 const HEALTH_PERIOD: Duration = Duration::from_millis(250);
@@ -45,6 +45,8 @@ pub(super) struct Shared {
     pub(super) last_metrics: Mutex<GenerateMetrics>,
     /// Slots held by sessions (`id_slot`), one flag per server slot.
     pub(super) pinned: Mutex<Vec<bool>>,
+    /// What the slots hold ([`SlotBook`]), when the model file is readable here.
+    pub(super) slots: Option<Arc<SlotBook>>,
 }
 
 impl Shared {
@@ -141,12 +143,20 @@ impl LlamaCppModel {
             embedding_dim: embedding_dim(&http, &url).await,
             embedding_only: false,
         };
+        let book = {
+            let (path, n) = (props.model_path.clone(), props.total_slots);
+            tokio::task::spawn_blocking(move || SlotBook::open(&path, n))
+                .await
+                .ok()
+                .flatten()
+        };
         tracing::info!(%url, model = %props.model_path, n_ctx = props.n_ctx, slots = props.total_slots, "llama.cpp server connected");
         let shared = Arc::new(Shared {
             url,
             http,
             info,
             pinned: Mutex::new(vec![false; props.total_slots as usize]),
+            slots: book.map(Arc::new),
             props,
             healthy: AtomicBool::new(true),
             last_metrics: Mutex::new(GenerateMetrics::default()),
@@ -284,107 +294,6 @@ fn server_error(path: &str, status: reqwest::StatusCode, body: &Value) -> Backen
     BackendError::Compute(format!("llama.cpp {path}: {status} {message}"))
 }
 
-/// `GenerateConfig` as llama.cpp `/completion` parameters (public so benchmarks send
-/// llama-server exactly what the worker sends).
-pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value {
-    let mut body = json!({
-        "prompt": prompt,
-        "n_predict": c.max_tokens,
-        "temperature": c.temperature,
-        // Greedy is the argmax after penalties, which top_k 1 gives without llama.cpp
-        // softmaxing the whole vocabulary each token (measured: 97 → 115 tok/s on
-        // SmolLM2 at 2 threads).
-        "top_k": if c.temperature <= 0.0 { 1 } else { c.top_k },
-        "top_p": if c.top_p > 0.0 && c.top_p < 1.0 { c.top_p } else { 1.0 },
-        "min_p": c.min_p,
-        "repeat_penalty": if c.repeat_penalty > 0.0 { c.repeat_penalty } else { 1.0 },
-        "repeat_last_n": c.repeat_last_n,
-        "stop": c.stop,
-        "stream": stream,
-        "return_tokens": true,
-        "cache_prompt": true,
-    });
-    if let Some(seed) = c.seed {
-        body["seed"] = json!(seed);
-    }
-    if let Some(n) = c.logprobs {
-        // The server reports the chosen token's probability only beside at least
-        // one alternative; the extra one is dropped ([`token_logprob`]).
-        body["n_probs"] = json!(n.max(1));
-    }
-    if !c.logit_bias.is_empty() {
-        body["logit_bias"] = json!(c.logit_bias.iter().map(|&(id, b)| json!([id, b])).collect::<Vec<_>>());
-    }
-    // llama.cpp enforces a JSON schema itself (converted to its GBNF grammar); what it
-    // cannot enforce is refused before this ([`constraint_supported`]).
-    match &c.constraint {
-        Some(Constraint::JsonObject) => body["json_schema"] = json!({"type": "object"}),
-        Some(Constraint::JsonSchema { schema }) => {
-            body["json_schema"] = serde_json::from_str(schema).unwrap_or(Value::Null);
-        }
-        _ => {}
-    }
-    body
-}
-
-/// One entry of llama-server's `completion_probabilities` (`n_probs`, reported
-/// before sampling as `logprob` / `top_logprobs`) as a token's log-probability with
-/// `top` alternatives.
-pub fn token_logprob(p: &Value, top: usize) -> Option<TokenLogprob> {
-    let bytes = |v: &Value| -> Vec<u8> {
-        v["bytes"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_u64).map(|b| b as u8).collect())
-            .unwrap_or_default()
-    };
-    Some(TokenLogprob {
-        logprob: p["logprob"].as_f64()? as f32,
-        bytes: bytes(p),
-        top: p["top_logprobs"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .take(top)
-                    .filter_map(|t| {
-                        Some(TopLogprob {
-                            id: t["id"].as_u64()? as u32,
-                            bytes: bytes(t),
-                            logprob: t["logprob"].as_f64()? as f32,
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-    })
-}
-
-/// Whether llama-server enforces `c` ([`super::constraint::support`]): checked by the
-/// worker before admission, and here again for direct callers.
-pub fn constraint_supported(c: &GenerateConfig) -> Result<(), BackendError> {
-    match &c.constraint {
-        Some(constraint) => super::constraint::support(constraint)
-            .map_err(|why| BackendError::Invalid(format!("config.constraint: {why}"))),
-        None => Ok(()),
-    }
-}
-
-/// Metrics from a completion's `timings`.
-fn metrics_from(timings: &Value) -> GenerateMetrics {
-    let f = |k: &str| timings[k].as_f64().unwrap_or(0.0);
-    GenerateMetrics {
-        // `prompt_n` counts only the tokens computed; `cache_n` the ones reused.
-        prompt_tokens: (f("prompt_n") + f("cache_n")) as u32,
-        cached_tokens: f("cache_n") as u32,
-        generated_tokens: f("predicted_n") as u32,
-        prefill_us: (f("prompt_ms") * 1000.0) as u64,
-        decode_us: (f("predicted_ms") * 1000.0) as u64,
-        total_us: ((f("prompt_ms") + f("predicted_ms")) * 1000.0) as u64,
-        prefill_tokens_per_sec: f("prompt_per_second"),
-        decode_tokens_per_sec: f("predicted_per_second"),
-        ..GenerateMetrics::default()
-    }
-}
-
 impl LlamaCppModel {
     /// Streams one completion into `tx` (on server slot `slot` when given); returns
     /// an error for the caller to send.
@@ -400,10 +309,18 @@ impl LlamaCppModel {
         // A default max_tokens needs only the prompt to fit: the server stops
         // generating where its slot's context ends.
         let room = if config.fit_max_tokens { 1 } else { config.max_tokens };
-        let prompt = self.prompt_value(&prompt, room).await?;
-        let mut body = completion_body(prompt, config, true);
-        if let Some(slot) = slot {
+        let value = self.prompt_value(&prompt, room).await?;
+        // What the slot holds afterwards, when the model's vocabulary is known here.
+        let mut follow = self.shared.slots.as_ref().map(|book| {
+            let pinned = self.shared.pinned.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            book.follow(&prompt, &value, slot, &pinned)
+        });
+        let mut body = completion_body(value, config, true);
+        if let Some(slot) = follow.as_ref().map_or(slot, |f| f.slot()) {
             body["id_slot"] = json!(slot);
+        }
+        if follow.as_ref().is_some_and(|f| f.fresh()) {
+            body["cache_prompt"] = json!(false);
         }
         // W3C trace context to the server, so a tracing-aware proxy or server joins
         // the request's trace.
@@ -437,6 +354,9 @@ impl LlamaCppModel {
         loop {
             if cancel.is_cancelled() {
                 // Dropping the response stops the server's generation.
+                if let Some(f) = follow.take() {
+                    f.settle(false).await;
+                }
                 let done = GenerateEvent::Done {
                     finish_reason: FinishReason::Cancelled,
                     metrics: GenerateMetrics::default(),
@@ -468,8 +388,14 @@ impl LlamaCppModel {
                     .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
                     .unwrap_or_default();
                 let probs = v["completion_probabilities"].as_array();
+                if let Some(f) = &mut follow {
+                    f.saw(&v, &ids);
+                }
                 for (i, id) in ids.iter().enumerate() {
                     if config.stop_tokens.contains(id) {
+                        if let Some(f) = follow.take() {
+                            f.settle(false).await;
+                        }
                         let done = GenerateEvent::Done {
                             finish_reason: FinishReason::Stop,
                             metrics: GenerateMetrics {
@@ -496,6 +422,9 @@ impl LlamaCppModel {
                 if v["stop"].as_bool() == Some(true) {
                     let metrics = metrics_from(&v["timings"]);
                     *self.shared.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = metrics.clone();
+                    if let Some(f) = follow.take() {
+                        f.settle(true).await;
+                    }
                     let finish_reason = match v["stop_type"].as_str() {
                         Some("limit") => FinishReason::Length,
                         _ => FinishReason::Stop,

@@ -12,6 +12,8 @@
 //!   would not enforce is refused before admission ([`constraint`]).
 //! - `classify`: one-token completions with `n_probs`, concurrently (the server
 //!   spreads them over its slots).
+//! - KV holdings: what each server slot (and llama-server's prompt cache) holds,
+//!   followed from the completions' `id_slot` ([`holdings`]).
 //! - `info`: `/props` (context size); metrics from each completion's `timings`.
 //! - Health: a background loop asks `/health` four times a second; a failed request
 //!   or a failed check marks the model unhealthy (the worker then refuses requests as
@@ -22,11 +24,14 @@
 //! same type, pointed at the llama-server child they supervise.
 
 mod backend;
+pub mod body;
 pub mod client;
 pub mod constraint;
+pub mod holdings;
 pub mod session;
 mod text_model;
 
 pub(crate) use backend::served;
 pub use backend::LlamaCppBackend;
-pub use client::{completion_body, LlamaCppModel, ServerProps};
+pub use body::completion_body;
+pub use client::{LlamaCppModel, ServerProps};

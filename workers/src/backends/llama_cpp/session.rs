@@ -75,6 +75,9 @@ impl ModelSession for LlamaCppSession {
                 "cache_prompt": !invalidate, "temperature": 0.0,
             });
             let v = model.post("/completion", body).await?;
+            if let Some(book) = &model.shared.slots {
+                book.clear(slot);
+            }
             let t = &v["timings"];
             let reused = t["cache_n"].as_u64().unwrap_or(0) as u32;
             let computed = t["prompt_n"].as_u64().unwrap_or(target.len() as u64) as u32;

@@ -129,6 +129,16 @@ impl TextModel for LlamaCppModel {
         }
     }
 
+    fn kv_holdings(&self) -> Option<Vec<switchyard_messages::KvHolding>> {
+        self.shared.slots.as_ref().map(|book| book.shared.get())
+    }
+
+    fn watch_kv(&self, on_change: switchyard_backend::KvWatcher) {
+        if let Some(book) = &self.shared.slots {
+            book.shared.watch(on_change);
+        }
+    }
+
     fn model_type(&self) -> &str {
         "llama_cpp"
     }

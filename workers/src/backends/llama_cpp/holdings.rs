@@ -1,0 +1,276 @@
+//! What a llama.cpp server's KV holds, as holdings ([`KvHolding`]), so a llama.cpp
+//! worker's KV events say what its server really keeps warm, as the CPU engine's do.
+//!
+//! The worker picks each completion's slot (`id_slot`): the idle slot whose holding
+//! the request reuses most, else the one idle longest, so what a request reuses is
+//! what its slot holds (left to itself, llama-server takes a slot sharing under a
+//! tenth of the prompt by least recent use and may reuse nothing of what it holds).
+//! When a completion ends, its slot holds the prompt and all but the last generated
+//! token. The prompt's tokens come from the model's own vocabulary (the GGUF the
+//! server loaded, read here: the same ids as the server's `/tokenize`), tokenized
+//! while the server computes, and are mapped onto the request's routing key by the
+//! CPU engine's [`KeyMap`].
+//!
+//! llama-server also keeps slots' earlier contents in host memory (its prompt cache,
+//! `--cache-ram`, on by default) and restores one when the slot a request takes
+//! shares over a tenth of the prompt but under half of what it holds, and a saved
+//! prompt shares more. Those are not holdings: the rules mix the request, its slot
+//! and every saved prompt, which no per-holding prediction can say, so such a
+//! request reuses more than predicted.
+//!
+//! Not followed: completions other clients of the same server send, and
+//! classification and embedding requests (they take a slot the server picks); a
+//! slot they overwrote is predicted to hold what it held before until the worker
+//! uses it again.
+//!
+//! Without the model file here (a server on another host), and for sliding-window
+//! models (Gemma 3: llama-server reuses their slots only from context checkpoints it
+//! does not report), the worker keeps the guess from recent requests' prefixes.
+
+use candle_core::quantized::gguf_file;
+use serde_json::Value;
+use std::sync::{Arc, Mutex};
+use switchyard_backend::Prompt;
+use switchyard_engine::holdings::{holding, KeyMap, Shared};
+use switchyard_engine::text::tokenizer::GgufTokenizer;
+use switchyard_messages::kv::prediction_key;
+use switchyard_messages::KvHolding;
+use tokio::task::JoinHandle;
+
+/// llama-server's `--slot-prompt-similarity` default in thousandths: a slot counts
+/// for a prompt that shares more than a tenth of it ([`KvHolding::min_share`]).
+pub const MIN_SHARE: u32 = 100;
+
+/// The server's slots, in routing terms.
+pub struct SlotBook {
+    tokenizer: Arc<GgufTokenizer>,
+    state: Mutex<Book>,
+    pub(super) shared: Shared,
+}
+
+#[derive(Default)]
+struct Book {
+    slots: Vec<Slot>,
+    /// Completions started, for least recent use.
+    clock: u64,
+}
+
+#[derive(Clone, Default)]
+struct Slot {
+    holding: Option<KvHolding>,
+    /// A followed completion runs on it.
+    busy: bool,
+    last_used: u64,
+}
+
+impl SlotBook {
+    /// The book of a server with `slots` slots serving the GGUF at `model_path`;
+    /// `None` (with a note in the log) when that file cannot be read here.
+    pub fn open(model_path: &str, slots: u32) -> Option<Self> {
+        let not_followed = |why: String| {
+            tracing::info!(
+                model = model_path,
+                "{why}; KV events announce recent requests' prefixes"
+            );
+            None
+        };
+        let content = std::fs::File::open(model_path)
+            .map_err(|e| e.to_string())
+            .and_then(|f| {
+                gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, f)).map_err(|e| e.to_string())
+            });
+        let content = match content {
+            Ok(c) => c,
+            Err(e) => return not_followed(format!("the server's model file is not readable here ({e})")),
+        };
+        // A sliding-window model's slot keeps only its window (llama-server reuses
+        // such a slot from its context checkpoints, which it does not report).
+        let window = content
+            .metadata
+            .iter()
+            .find(|(k, _)| k.ends_with(".attention.sliding_window"))
+            .and_then(|(_, v)| v.to_u32().ok());
+        if window.is_some_and(|w| w > 0) {
+            return not_followed("the model attends through a sliding window".into());
+        }
+        match GgufTokenizer::from_gguf(&content) {
+            Ok(tokenizer) => Some(Self {
+                tokenizer: Arc::new(tokenizer),
+                state: Mutex::new(Book {
+                    slots: vec![Slot::default(); slots as usize],
+                    ..Book::default()
+                }),
+                shared: Shared::default(),
+            }),
+            Err(e) => not_followed(format!("the model's vocabulary did not load ({e})")),
+        }
+    }
+
+    /// Starts following one completion of `prompt`, sent to the server as `value`
+    /// (rendered text; token ids map to no key and only clear the slot they land
+    /// on), on `slot` when the caller pinned one, else on the slot [`SlotBook`]
+    /// picks among those `pinned` does not hold ([`Completion::slot`]; none when all
+    /// are busy: the server then queues it).
+    pub fn follow(self: &Arc<Self>, prompt: &Prompt, value: &Value, slot: Option<u32>, pinned: &[bool]) -> Completion {
+        let rendered = value.as_str().map(str::to_string);
+        let tokens = rendered.clone().map(|text| {
+            let tokenizer = self.tokenizer.clone();
+            tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+        });
+        let key = match prompt {
+            Prompt::Text(t) => t.as_bytes().to_vec(),
+            Prompt::Chat { messages, .. } => prediction_key(None, Some(messages)),
+            _ => Vec::new(),
+        };
+        let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        book.clock += 1;
+        let slot = slot.map(|s| s as usize).or_else(|| {
+            let idle = |(i, s): &(usize, &Slot)| !s.busy && !pinned.get(*i).copied().unwrap_or(false);
+            let reuse = |s: &Slot| s.holding.as_ref().map_or(0, |h| h.reuse(&key));
+            let idle = book.slots.iter().enumerate().filter(idle);
+            let best = idle.clone().map(|(i, s)| (reuse(s), i)).filter(|(n, _)| *n > 0).max();
+            best.map(|(_, i)| i)
+                .or_else(|| idle.min_by_key(|(_, s)| s.last_used).map(|(i, _)| i))
+        });
+        // A slot that gives the request nothing computes it afresh: llama-server
+        // would still reuse the few tokens it shares, which no prediction counts.
+        let fresh = slot.is_some_and(|i| {
+            book.slots
+                .get(i)
+                .is_some_and(|s| s.holding.as_ref().is_some_and(|h| h.reuse(&key) == 0))
+        });
+        if let Some(s) = slot.and_then(|s| book.slots.get_mut(s)) {
+            s.busy = true;
+        }
+        if let Some(i) = slot {
+            let clock = book.clock;
+            if let Some(s) = book.slots.get_mut(i) {
+                s.last_used = clock;
+            }
+        }
+        drop(book);
+        Completion {
+            book: self.clone(),
+            prompt: matches!(prompt, Prompt::Text(_) | Prompt::Chat { .. }).then(|| prompt.clone()),
+            rendered,
+            tokens,
+            slot,
+            fresh,
+            generated: Vec::new(),
+            settled: false,
+        }
+    }
+
+    /// Slot `slot` now holds `now`; the holdings are published.
+    fn settle(&self, slot: usize, now: Option<KvHolding>) {
+        let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if slot >= book.slots.len() {
+            book.slots.resize(slot + 1, Slot::default());
+        }
+        book.slots[slot].busy = false;
+        book.slots[slot].holding = now;
+        let all: Vec<KvHolding> = book.slots.iter().filter_map(|s| s.holding.clone()).collect();
+        drop(book);
+        self.shared.set(all);
+    }
+
+    /// Slot `slot` was overwritten with what no key maps (a session's tokens).
+    pub fn clear(&self, slot: u32) {
+        self.settle(slot as usize, None);
+    }
+}
+
+/// One completion being followed: the slot it runs on and what it generated.
+pub struct Completion {
+    book: Arc<SlotBook>,
+    /// The prompt, when it has a key (text or chat).
+    prompt: Option<Prompt>,
+    rendered: Option<String>,
+    tokens: Option<JoinHandle<Result<Vec<u32>, String>>>,
+    slot: Option<usize>,
+    /// Sent with `cache_prompt: false` (its slot shares nothing that counts).
+    fresh: bool,
+    generated: Vec<u32>,
+    settled: bool,
+}
+
+impl Completion {
+    /// The slot it runs on, when known before it starts.
+    pub fn slot(&self) -> Option<u32> {
+        self.slot.map(|s| s as u32)
+    }
+
+    /// Whether to send it with `cache_prompt: false`: its slot shares too little
+    /// with it to count ([`MIN_SHARE`]).
+    pub fn fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// Notes a streamed event (its slot) and the token ids it carried.
+    pub fn saw(&mut self, event: &Value, ids: &[u32]) {
+        if let Some(slot) = event["id_slot"].as_u64() {
+            self.slot = Some(slot as usize);
+        }
+        self.generated.extend_from_slice(ids);
+    }
+
+    /// The completion ended (`finished`: the server said so; else it was stopped or
+    /// failed): its slot's holding is published before the caller hears.
+    pub async fn settle(mut self, finished: bool) {
+        self.settled = true;
+        let Some(slot) = self.slot else { return };
+        let tokens = match self.tokens.take() {
+            Some(t) => t.await.ok().and_then(Result::ok),
+            None => None,
+        };
+        let (prompt, rendered) = (self.prompt.take(), self.rendered.take());
+        // Ended before a token came: what the slot holds is not known.
+        let unknown = !finished && self.generated.is_empty();
+        let map = match (&prompt, &rendered, &tokens) {
+            _ if unknown => None,
+            (Some(p), Some(r), Some(t)) => KeyMap::new(&self.book.tokenizer, p, r, t),
+            _ => None,
+        };
+        let now = map.as_ref().zip(tokens).and_then(|(map, prompt_tokens)| {
+            let mut history = prompt_tokens;
+            history.extend_from_slice(&self.generated);
+            // The last token sampled was not run: the slot holds the rest.
+            let held = history.len().saturating_sub(usize::from(!self.generated.is_empty()));
+            let mut h = holding(
+                map,
+                &history[..held],
+                false,
+                Some(&history),
+                &self.book.tokenizer,
+                |_| 0,
+            )?;
+            h.min_share = MIN_SHARE;
+            Some(h)
+        });
+        self.book.settle(slot, now);
+    }
+}
+
+impl Drop for Completion {
+    /// A completion that ended without [`Completion::settle`] (an error, a dropped
+    /// stream) settles in the background with what it saw.
+    fn drop(&mut self) {
+        if self.settled || self.slot.is_none() {
+            return;
+        }
+        let rest = Completion {
+            book: self.book.clone(),
+            prompt: self.prompt.take(),
+            rendered: self.rendered.take(),
+            tokens: self.tokens.take(),
+            slot: self.slot,
+            fresh: self.fresh,
+            generated: std::mem::take(&mut self.generated),
+            settled: false,
+        };
+        self.settled = true;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(rest.settle(false));
+        }
+    }
+}
