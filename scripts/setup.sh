@@ -113,6 +113,14 @@ else
   "$PY" -m venv "$VENV" >&2 || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && "$PY" -m venv "$VENV" >&2; }
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nats-py>=2.6" "msgpack>=1.0" "gguf>=0.10" >&2
 fi
+# safetensors and numpy, for scripts/make-lora.py (the LoRA tests' adapters; mlx-lm brings
+# them too, named here so the tests do not depend on that).
+if "$VENV/bin/python" -c 'import safetensors.numpy, numpy' 2>/dev/null; then
+  say "safetensors: cached in $VENV"
+else
+  say "safetensors: installing safetensors and numpy into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check safetensors numpy >&2
+fi
 # The official OpenAI client, for the gateway's tests (and as the reference client).
 if "$VENV/bin/python" -c 'import openai' 2>/dev/null; then
   say "openai client: cached in $VENV"

@@ -76,6 +76,10 @@ pub enum BenchCommand {
     /// llama-server plain and with its n-gram speculation, same GGUF, alternating greedy
     /// runs: decode tok/s, speed-ups, acceptance rates; checks the answers are identical.
     Spec(crate::spec::BenchSpecArgs),
+    /// What unmerged LoRA adapters cost the CPU engine's decode: a batch of streams
+    /// on the bare base model, all on one adapter, and over four adapters, alternating
+    /// runs in this process: tok/s and ratios to the base model.
+    Lora(crate::lora::BenchLoraArgs),
     /// Fetching a model over NATS (JetStream's object store, as workers do) against
     /// the same bytes over plain HTTP on the same host, alternating: MB/s and ratio.
     /// Starts its own JetStream nats-server unless --nats is given.
@@ -249,6 +253,11 @@ pub async fn run(cmd: BenchCommand, mut config: Config) -> anyhow::Result<ExitCo
                 false => args.model.clone(),
             };
             crate::structured::structured(&models, args.threads, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Lora(args) => {
+            let model = args.model.clone().unwrap_or_else(node::demo_model_path);
+            crate::lora::run(&args, &model)?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Kv(args) => {

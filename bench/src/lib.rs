@@ -19,6 +19,7 @@ pub mod kv;
 pub mod limit;
 pub mod llama;
 pub mod llama_cpp;
+pub mod lora;
 pub mod mlx;
 pub mod pages;
 pub mod prefix;

@@ -188,6 +188,7 @@ impl CpuForward {
                 tokens: s.tokens,
                 pos: s.pos,
                 outputs: s.outputs,
+                lora: None,
             });
         }
         Ok(if hidden {

@@ -16,6 +16,7 @@ use crate::kernels::tensor::{load, QMatrix, TensorError};
 use candle_core::quantized::gguf_file;
 
 pub use super::kv_cache::{KvCache, SWA_PASS};
+use super::lora::{LoraAdapter, Proj};
 pub use super::params::{FfnAct, LlamaParams, ARCHITECTURES};
 use super::rope::RopeTable;
 
@@ -65,6 +66,8 @@ pub struct Step<'a> {
     /// How many of the step's last positions want logits (1 but when verifying
     /// drafted tokens: then every drafted position does).
     pub outputs: usize,
+    /// The LoRA adapter the sequence runs with (its updates apply to its rows only).
+    pub lora: Option<&'a LoraAdapter>,
 }
 
 impl LlamaModel {
@@ -157,6 +160,7 @@ impl LlamaModel {
             tokens,
             pos,
             outputs: 1,
+            lora: None,
         }];
         self.forward_batch(&mut steps).pop().unwrap_or_default()
     }
@@ -216,6 +220,7 @@ impl LlamaModel {
                         tokens: &tokens[..max],
                         pos: *pos,
                         outputs: 0,
+                        lora: s.lora,
                     });
                     *tokens = &tokens[max..];
                     *pos += max;
@@ -234,6 +239,7 @@ impl LlamaModel {
                 tokens,
                 pos,
                 outputs: s.outputs,
+                lora: s.lora,
             })
             .collect();
         self.pass(&mut last, out)
@@ -279,18 +285,21 @@ impl LlamaModel {
             rms_norm(&x, &layer.attn_norm, p.rms_eps, d, &mut xn);
             let act = layer.wq.prepare(&xn, n);
             layer.wq.matmul(&act, n, &mut q);
+            lora(steps, li, Proj::Q, &xn, &mut q);
             let act_k = if layer.wk.same_input_kind(&layer.wq) {
                 act
             } else {
                 layer.wk.prepare(&xn, n)
             };
             layer.wk.matmul(&act_k, n, &mut k);
+            lora(steps, li, Proj::K, &xn, &mut k);
             let act_v = if layer.wv.same_input_kind(&layer.wk) {
                 act_k
             } else {
                 layer.wv.prepare(&xn, n)
             };
             layer.wv.matmul(&act_v, n, &mut v);
+            lora(steps, li, Proj::V, &xn, &mut v);
             add_bias(&mut q, layer.bq.as_deref());
             add_bias(&mut k, layer.bk.as_deref());
             add_bias(&mut v, layer.bv.as_deref());
@@ -327,6 +336,7 @@ impl LlamaModel {
             }
             let act = layer.wo.prepare(&attn, n);
             layer.wo.matmul(&act, n, &mut proj);
+            lora(steps, li, Proj::O, &attn, &mut proj);
             add_residual(
                 &mut x,
                 &mut proj,
@@ -337,18 +347,21 @@ impl LlamaModel {
             rms_norm(&x, &layer.ffn_norm, p.rms_eps, d, &mut xn);
             let act = layer.w_gate.prepare(&xn, n);
             layer.w_gate.matmul(&act, n, &mut gate);
+            lora(steps, li, Proj::Gate, &xn, &mut gate);
             let act_u = if layer.w_up.same_input_kind(&layer.w_gate) {
                 act
             } else {
                 layer.w_up.prepare(&xn, n)
             };
             layer.w_up.matmul(&act_u, n, &mut up);
+            lora(steps, li, Proj::Up, &xn, &mut up);
             match p.ffn_act {
                 FfnAct::Silu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.silu_mul),
                 FfnAct::Gelu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.gelu_mul),
             }
             let act = layer.w_down.prepare(&gate, n);
             layer.w_down.matmul(&act, n, &mut proj);
+            lora(steps, li, Proj::Down, &gate, &mut proj);
             add_residual(
                 &mut x,
                 &mut proj,
@@ -381,6 +394,28 @@ impl LlamaModel {
         output.matmul(&act, m, &mut logits);
         logits.chunks_exact(output.rows).map(<[f32]>::to_vec).collect()
     }
+}
+
+/// Adds each step's LoRA update of `proj` in `layer` to its rows of `out`, from its
+/// rows of the projection's input `x`; rows over the compute pool.
+fn lora(steps: &[Step<'_>], layer: usize, proj: Proj, x: &[f32], out: &mut [f32]) {
+    use rayon::prelude::*;
+    if steps.iter().all(|s| s.lora.is_none()) {
+        return;
+    }
+    let rows: Vec<Option<&LoraAdapter>> = steps
+        .iter()
+        .flat_map(|s| std::iter::repeat_n(s.lora, s.tokens.len()))
+        .collect();
+    let (d_in, d_out) = (x.len() / rows.len(), out.len() / rows.len());
+    x.par_chunks_exact(d_in)
+        .zip(out.par_chunks_exact_mut(d_out))
+        .zip(rows.par_iter())
+        .for_each(|((xr, or), adapter)| {
+            if let Some(adapter) = adapter {
+                adapter.apply_row(layer, proj, xr, or);
+            }
+        });
 }
 
 /// What a pass returns for the positions that want outputs.

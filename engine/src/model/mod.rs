@@ -7,6 +7,7 @@
 //! - `attention`: causal grouped-query attention over the f16 KV cache.
 //! - [`bert`]: BERT-style encoders (embedding models): bidirectional, post-norm,
 //!   pooled; no KV cache.
+//! - [`lora`]: LoRA adapters (PEFT, GGUF), applied per sequence in a batch.
 //! - [`hf`]: Hugging Face directories (config.json + safetensors) onto that forward pass.
 //! - [`forward`]: the [`forward::Forward`] trait the serving side drives: independent
 //!   KV sequences (slots), batched steps, cache rows in and out.
@@ -17,5 +18,6 @@ pub mod forward;
 pub mod hf;
 pub mod kv_cache;
 pub mod llama;
+pub mod lora;
 pub mod params;
 mod rope;

@@ -10,6 +10,7 @@ mod hf_reference;
 mod holdings;
 mod kv_pages;
 mod llama_reference;
+mod lora;
 mod qwen_reference;
 mod serving;
 mod sliding_window;
