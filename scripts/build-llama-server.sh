@@ -49,10 +49,48 @@ cpu_key() {
   printf '%s-%s' "$(uname -m)" "$(cpu_flags | sha256sum | cut -c1-12)"
 }
 
+# A CPU that lists AMX where llama.cpp's AMX kernels still fault (seen: a Sapphire
+# Rapids VM, /proc/cpuinfo listing amx_tile, the native llama-server killed by SIGILL at
+# `tilezero` while warming up — though a small program granted the tile state runs
+# one): a native build that dies so on the demo model leaves `sigill` in its folder,
+# and native builds for this CPU are then made without AMX (folder `…-noamx`).
+NO_AMX=""
+if [ -f "$ROOT/native-$(cpu_key)/sigill" ]; then NO_AMX=1; fi
+
+# Whether llama-server `$1` survives loading the demo model (its warm-up decode runs
+# the CPU kernels); true when the demo model is not there to try.
+survives_warmup() {
+  local model="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" log pid rc
+  [ -s "$model" ] || return 0
+  log=$(mktemp)
+  "$1" -m "$model" --host 127.0.0.1 --port $((20000 + RANDOM % 20000)) -t 1 -c 256 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do
+    if grep -q 'listening' "$log"; then
+      kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"; return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"; rc=$?; rm -f "$log"
+      [ "$rc" -ne 132 ] # 128 + SIGILL
+      return
+    fi
+    sleep 0.25
+  done
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"; return 0
+}
+
+# Marks this CPU's AMX as unusable by llama.cpp and removes the native build that died.
+no_amx_here() {
+  local d="$ROOT/native-$(cpu_key)"
+  say "native: llama-server died of SIGILL warming up (AMX listed but faulting here); building it without AMX"
+  mkdir -p "$d" && touch "$d/sigill" && rm -f "$d/bin/llama-server"
+  NO_AMX=1
+}
+
 dest_of() {
   case "$1" in
     avx2) echo "$ROOT/avx2" ;;
-    native | quantize) echo "$ROOT/native-$(cpu_key)" ;;
+    native | quantize) echo "$ROOT/native-$(cpu_key)${NO_AMX:+-noamx}" ;;
     cuda) echo "$ROOT/cuda-sm$CUDA_CAP-$(cpu_key)" ;;
     *) say "unknown variant '$1' (avx2 | native | cuda)"; exit 2 ;;
   esac
@@ -68,7 +106,8 @@ cmake_flags_of() {
         "-DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF" \
         "-DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF" ;;
     native | quantize)
-      echo "-DGGML_NATIVE=ON" ;;
+      # Without usable AMX: this CPU's own flags but AMX's (CMAKE_*_FLAGS, below).
+      if [ -n "$NO_AMX" ]; then echo "-DGGML_NATIVE=OFF"; else echo "-DGGML_NATIVE=ON"; fi ;;
     cuda)
       echo "-DGGML_NATIVE=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_CAP" ;;
   esac
@@ -101,6 +140,14 @@ tool_of() {
   esac
 }
 
+# A cached native build that dies warming up is replaced by one without AMX.
+for v in "$@"; do
+  if [ "$v" = native ] && [ -z "$NO_AMX" ] && [ -x "$(dest_of native)/bin/llama-server" ] \
+    && ! survives_warmup "$(dest_of native)/bin/llama-server"; then
+    no_amx_here
+  fi
+done
+
 # Which requested variants are missing?
 missing=()
 for v in "$@"; do
@@ -128,7 +175,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     rm -rf "$SRC" && mkdir -p "$ROOT" && mv "$top" "$SRC"
     touch "$SRC/.complete"
   fi
-  for v in "${missing[@]}"; do
+  build_variant() {
+    local v=$1 dest BUILD flags toolkit nvcc march tool
     dest=$(dest_of "$v")
     BUILD=$(build_of "$v")
     flags=$(cmake_flags_of "$v")
@@ -138,6 +186,11 @@ if [ ${#missing[@]} -gt 0 ]; then
       # FindCUDAToolkit runs before the CUDA language is enabled: tell it where the root is.
       toolkit=(-DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$nvcc")")")
       say "$v: nvcc is $nvcc"
+    fi
+    if [ -n "$NO_AMX" ] && { [ "$v" = native ] || [ "$v" = quantize ]; }; then
+      march="-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+      toolkit+=(-DCMAKE_C_FLAGS="$march" -DCMAKE_CXX_FLAGS="$march")
+      say "$v: without AMX (it faults here)"
     fi
     say "$v: configuring ($flags)"
     # shellcheck disable=SC2086 # the flags are words on purpose
@@ -159,6 +212,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     # for cuda they only record the CPU it was built for.
     if [ "$v" = native ] || [ "$v" = cuda ]; then cpu_flags > "$dest/cpu-flags"; fi
     say "$v: built $dest/bin/$tool"
+  }
+  for v in "${missing[@]}"; do
+    build_variant "$v"
+    if [ "$v" = native ] && [ -z "$NO_AMX" ] && ! survives_warmup "$(dest_of native)/bin/llama-server"; then
+      no_amx_here
+      build_variant native
+    fi
   done
 fi
 

@@ -32,6 +32,7 @@ use switchyard_workers::backends::llama_server::GpuVendor;
 use switchyard_workers::engine::candle::{device, CandleForward, Placement};
 use switchyard_workers::engine::model::forward::{CpuForward, Forward, SeqStep};
 use switchyard_workers::engine::model::llama::LlamaModel;
+use switchyard_workers::engine::model::lora::LoraAdapter;
 use switchyard_workers::engine::text::tokenizer::GgufTokenizer;
 
 /// Tokens generated per prompt.
@@ -98,8 +99,19 @@ fn gap(x: &[f32]) -> f32 {
 }
 
 fn agreement(path: &Path, chat: &str) {
+    agreement_with(path, chat, None)
+}
+
+/// [`agreement`], both passes running slot 0 with the GGUF LoRA `adapter` when given.
+fn agreement_with(path: &Path, chat: &str, adapter: Option<&Path>) {
     let (mut own, mut candle, tok) = load_both(path, 512, 1);
-    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let mut name = path.file_name().unwrap().to_string_lossy().into_owned();
+    if let Some(file) = adapter {
+        let lora = LoraAdapter::load("one", file, &own.model.params, 1.0).unwrap();
+        let lora = std::sync::Arc::new(lora);
+        assert!(own.set_adapter(0, Some(lora.clone())) && candle.set_adapter(0, Some(lora)));
+        name.push_str(" with a LoRA adapter");
+    }
     let (mut exact, mut diffs, mut worst) = (0, Vec::new(), 0.0f32);
     let prompts: Vec<&str> = PROMPTS.iter().copied().chain([chat]).collect();
     for prompt in &prompts {
@@ -166,6 +178,27 @@ fn agreement(path: &Path, chat: &str) {
     );
     assert!(mean <= MEAN_TOL, "{name}: mean |Δ log p| {mean} > {MEAN_TOL}");
     assert!(worst <= MAX_TOL, "{name}: max |Δ log p| {worst} > {MAX_TOL}");
+}
+
+/// LoRA on the candle pass: with an adapter, the same agreement with the CPU
+/// engine; in one batch, a base slot and an adapter slot each get what they get alone.
+#[test]
+fn a_lora_adapter_on_candle_agrees_with_the_cpu_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let lora = make_lora(dir.path(), 1).join("adapter.gguf");
+    agreement_with(&demo_model(), "Hello! How are you?", Some(&lora));
+
+    let (own, mut candle, tok) = load_both(&demo_model(), 512, 2);
+    let adapter = std::sync::Arc::new(LoraAdapter::load("one", &lora, &own.model.params, 1.0).unwrap());
+    let tokens = tok.encode("The capital of France is").unwrap();
+    let base = one(&mut candle, 0, &tokens, 0);
+    assert!(candle.set_adapter(1, Some(adapter)));
+    let adapted = one(&mut candle, 1, &tokens, 0);
+    assert!(max_diff(&base, &adapted) > 0.1, "the adapter changes the logits");
+    let both = candle
+        .forward_batch(&[step(0, &tokens, 0), step(1, &tokens, 0)])
+        .unwrap();
+    assert!(max_diff(&both[0], &base) < 1e-3 && max_diff(&both[1], &adapted) < 1e-3);
 }
 
 #[test]

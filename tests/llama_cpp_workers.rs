@@ -210,6 +210,7 @@ async fn rocm_llama_cpp_and_cpu_workers_agree_route_by_priority_spill_and_honour
                     tenant: None,
                     priority: None,
                     queue_ms: None,
+                    adapter: None,
                 },
                 prompts: prompts.clone(),
                 return_logits: false,

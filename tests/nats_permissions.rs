@@ -236,6 +236,30 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
         .await
         .unwrap();
     violation(&errors, "sy.v1.generate").await;
+    // Unloading a worker's LoRA adapters is the operator's, not a client's.
+    let unload = switchyard_messages::AdapterRequest {
+        v: 1,
+        op: switchyard_messages::AdapterOp::Unload,
+        name: "x".into(),
+        path: String::new(),
+        scale: 1.0,
+    };
+    bob.publish(subjects.worker("w1", "adapters"), encode(&unload).into())
+        .await
+        .unwrap();
+    violation(&errors, "sy.v1.worker.w1.adapters").await;
+    let operator = client_as(&url, role("operator", "operator-pw-5", "_INBOX.operator")).await;
+    let listed = operator
+        .adapters(
+            "w1",
+            switchyard_messages::AdapterRequest {
+                op: switchyard_messages::AdapterOp::List,
+                ..unload
+            },
+        )
+        .await
+        .expect("the operator lists a worker's adapters");
+    assert!(listed.adapters.is_empty(), "{listed:?}");
 
     // None of it changed routing or service: still one worker (w1), its KV view its
     // own; alice's requests are all served, and bob saw none of them.

@@ -358,6 +358,31 @@ pub trait TextModel: Send + Sync {
     /// slot, a stream ends), from the backend's own thread; it
     /// must not block. Replaces an earlier watcher. A backend without holdings ignores it.
     fn watch_kv(&self, _on_change: KvWatcher) {}
+    /// The LoRA adapters loaded now, as heartbeats announce them.
+    fn adapters(&self) -> Vec<switchyard_messages::ServedAdapter> {
+        Vec::new()
+    }
+    /// Loads the LoRA adapter `name` from `path` (a PEFT directory or a GGUF LoRA
+    /// file) at `scale`, replacing one of that name; the error names what is wrong.
+    fn load_adapter(
+        &self,
+        name: String,
+        path: String,
+        scale: f32,
+    ) -> BackendFuture<switchyard_messages::ServedAdapter> {
+        let kind = self.model_type().to_string();
+        let _ = (name, path, scale);
+        Box::pin(async move {
+            Err(BackendError::Invalid(format!(
+                "{kind}: this backend loads no LoRA adapters"
+            )))
+        })
+    }
+    /// Unloads the LoRA adapter `name`: requests already running with it finish;
+    /// later ones naming it are refused.
+    fn unload_adapter(&self, name: String) -> BackendFuture<()> {
+        Box::pin(async move { Err(BackendError::Invalid(format!("no LoRA adapter {name:?} is loaded"))) })
+    }
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;
     /// Static facts.

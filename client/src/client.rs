@@ -311,6 +311,37 @@ impl Client {
         self.call(self.subjects.status()).await
     }
 
+    /// (1.10) Lists, loads or unloads the LoRA adapters of worker `worker_id` (the
+    /// operator's NATS role may; clients may not): its adapters afterwards, or why
+    /// the operation failed.
+    pub async fn adapters(
+        &self,
+        worker_id: &str,
+        req: switchyard_messages::AdapterRequest,
+    ) -> Result<switchyard_messages::AdapterReply, ClientError> {
+        let subject = self.subjects.worker(worker_id, "adapters");
+        let msg = self
+            .ask_on(self.nats.new_inbox(), subject.clone(), None, encode(&req))
+            .await?;
+        let remote = |error: WireError| ClientError::Remote {
+            error,
+            received: Vec::new(),
+        };
+        if msg.status == Some(StatusCode::NO_RESPONDERS) {
+            let e = WireError::new(
+                ErrorCode::NoWorker,
+                format!("no worker {worker_id:?} listens on {subject}"),
+            );
+            return Err(remote(e));
+        }
+        let reply: switchyard_messages::AdapterReply =
+            decode(&msg.payload).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        match reply.error {
+            Some(e) => Err(remote(e)),
+            None => Ok(reply),
+        }
+    }
+
     /// Models served by the fleet.
     pub async fn models(&self) -> Result<ModelsReply, ClientError> {
         self.call(self.subjects.models()).await

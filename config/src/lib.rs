@@ -18,7 +18,7 @@ mod worker;
 pub use gateway::{ApiKey, GatewayConfig};
 pub use routing::RoutingPolicy;
 pub use store::StoreConfig;
-pub use worker::{WorkerConfig, CUDA_ENGINES};
+pub use worker::{AdapterConfig, WorkerConfig, CUDA_ENGINES};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -108,6 +108,50 @@ pub struct WorkerConfig {
     /// `"cls"` or `"last"`; empty = the model's own (GGUF `pooling_type`,
     /// sentence-transformers' Pooling module), else mean.
     pub pooling: String,
+    /// LoRA adapters of the model loaded at start (`[[worker.adapters]]`: `name`,
+    /// `path` to a PEFT directory or a GGUF LoRA, `scale`, default 1): requests
+    /// naming one run with it (`cpu` and the native CUDA engine per sequence;
+    /// llama-server per request; MLX one per worker). One that fails to load is
+    /// logged and left out; the worker serves the rest.
+    pub adapters: Vec<AdapterConfig>,
+}
+
+/// One LoRA adapter of `worker.adapters`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterConfig {
+    /// The name requests use (no `:`, spaces or control characters).
+    pub name: String,
+    /// A PEFT directory (`adapter_config.json` + `adapter_model.safetensors`) or a
+    /// llama.cpp GGUF LoRA file.
+    pub path: String,
+    /// The update's scale (× the adapter's alpha / rank).
+    #[serde(default = "unit_scale")]
+    pub scale: f32,
+}
+
+fn unit_scale() -> f32 {
+    1.0
+}
+
+impl std::str::FromStr for AdapterConfig {
+    type Err = String;
+
+    /// `name=path`, or `name=path@scale`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, rest) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?}: an adapter is name=path or name=path@scale"))?;
+        let (path, scale) = match rest.rsplit_once('@') {
+            Some((p, sc)) => (p, sc.parse().map_err(|e| format!("{s:?}: scale {sc:?}: {e}"))?),
+            None => (rest, 1.0),
+        };
+        Ok(Self {
+            name: name.to_string(),
+            path: path.to_string(),
+            scale,
+        })
+    }
 }
 
 impl Default for WorkerConfig {
@@ -139,6 +183,7 @@ impl Default for WorkerConfig {
             draft_model: String::new(),
             draft_max: 8,
             pooling: String::new(),
+            adapters: Vec::new(),
             heartbeat_ms: 1_000,
             keepalive_ms: 1_000,
             coalesce_ms: 20,
@@ -183,6 +228,26 @@ impl WorkerConfig {
                 self.gpu_layers.to_string(),
                 "must be -1 (all) or a layer count",
             );
+        }
+        for a in &self.adapters {
+            let bad_char = |c: char| c.is_control() || c.is_whitespace() || c == ':';
+            if a.name.is_empty() || a.name.len() > 128 || a.name.chars().any(bad_char) {
+                return invalid(
+                    "worker.adapters.name",
+                    format!("{:?}", a.name),
+                    "must be 1-128 bytes without ':', spaces or control characters",
+                );
+            }
+            if a.path.is_empty() {
+                return invalid(
+                    "worker.adapters.path",
+                    format!("{:?}", a.name),
+                    "must name a file or directory",
+                );
+            }
+            if !a.scale.is_finite() {
+                return invalid("worker.adapters.scale", a.scale.to_string(), "must be a finite number");
+            }
         }
         if self.heartbeat_ms < 50 {
             return invalid(

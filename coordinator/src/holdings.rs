@@ -61,14 +61,15 @@ impl HoldingsBook {
         self.with(|book| book.remove(worker_id));
     }
 
-    /// The tokens `worker_id` should reuse for a request with prediction key `key`,
-    /// precise and by whole blocks; `None` for a worker that announces no holdings.
-    pub fn predict(&self, worker_id: &str, key: &[u8]) -> Option<(u32, u32)> {
+    /// The tokens `worker_id` should reuse for a request with prediction key `key`
+    /// run with LoRA `adapter`, precise and by whole blocks; `None` for a worker that
+    /// announces no holdings.
+    pub fn predict(&self, worker_id: &str, adapter: Option<&str>, key: &[u8]) -> Option<(u32, u32)> {
         self.with(|book| {
             let held = book.get(worker_id)?;
             Some((
-                predict_reuse(held.values(), key),
-                predict_reuse_by_blocks(held.values(), key),
+                predict_reuse(held.values(), adapter, key),
+                predict_reuse_by_blocks(held.values(), adapter, key),
             ))
         })
     }
@@ -86,6 +87,7 @@ mod tests {
             min_reuse: 0,
             granule: 1,
             min_share: 0,
+            adapter: None,
         }
     }
 
@@ -105,18 +107,22 @@ mod tests {
     #[test]
     fn events_and_snapshots_keep_each_workers_holdings() {
         let book = HoldingsBook::default();
-        assert_eq!(book.predict("w", b"abc"), None, "no holdings announced: no prediction");
+        assert_eq!(
+            book.predict("w", None, b"abc"),
+            None,
+            "no holdings announced: no prediction"
+        );
         book.event(&event(1, vec![holding(1, "abcdef")], vec![]));
-        assert_eq!(book.predict("w", b"abcxyz"), Some((3, 0)));
+        assert_eq!(book.predict("w", None, b"abcxyz"), Some((3, 0)));
         book.event(&event(2, vec![holding(2, "xy")], vec![1]));
-        assert_eq!(book.predict("w", b"abcxyz"), Some((0, 0)));
-        assert_eq!(book.predict("w", b"xyz"), Some((2, 0)));
+        assert_eq!(book.predict("w", None, b"abcxyz"), Some((0, 0)));
+        assert_eq!(book.predict("w", None, b"xyz"), Some((2, 0)));
         // A fresh start forgets everything; a snapshot replaces it.
         book.event(&KvEvent {
             precise: false,
             ..event(1, vec![], vec![])
         });
-        assert_eq!(book.predict("w", b"xyz"), None);
+        assert_eq!(book.predict("w", None, b"xyz"), None);
         book.snapshot(&KvSnapshot {
             v: 1,
             worker_id: "w".into(),
@@ -125,8 +131,8 @@ mod tests {
             precise: true,
             holdings: vec![holding(3, "abcdef")],
         });
-        assert_eq!(book.predict("w", b"abcdef!"), Some((6, 0)));
+        assert_eq!(book.predict("w", None, b"abcdef!"), Some((6, 0)));
         book.remove("w");
-        assert_eq!(book.predict("w", b"abcdef!"), None);
+        assert_eq!(book.predict("w", None, b"abcdef!"), None);
     }
 }

@@ -97,7 +97,7 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (
             let checked = validate_request(&r, verb == Verb::Chat, limits);
             if checked.is_ok() {
                 key = kv::routing_key(r.prompt.as_deref(), r.messages.as_deref());
-                blocks = kv::prefix_blocks(&key);
+                blocks = kv::adapter_blocks(r.head.adapter.as_deref(), &key);
                 prompt_bytes = key.len();
                 if r.messages.is_some() {
                     key.extend_from_slice(kv::ASSISTANT_TURN);
@@ -210,6 +210,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         prompt_bytes,
         room: Some(ctx.waiter.options.ahead),
         embed: verb == Verb::Embed,
+        adapter: req.adapter.clone(),
     };
     span.record("gen_ai.request.model", req.model.as_str());
     span.record(
@@ -289,6 +290,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
         let routed = Routed {
             blocks: &query.blocks,
             key: if ctx.kv_routing { &key } else { &[] },
+            adapter: query.adapter.as_deref(),
         };
         match try_workers(&ctx, &msg, &inbox, verb, workers, routed, wait.seq, queued).await {
             Tried::Admitted => {
@@ -332,6 +334,7 @@ enum Tried {
 struct Routed<'a> {
     blocks: &'a [u64],
     key: &'a [u8],
+    adapter: Option<&'a str>,
 }
 
 /// Forwards the request to `workers` in order until one admits it, with the client's
@@ -361,7 +364,7 @@ async fn try_workers(
             headers.insert(HEADER_FIRST_SEQ, first_seq.to_string().as_str());
         }
         if !routed.key.is_empty() {
-            if let Some((precise, blocks)) = ctx.holdings.predict(&worker_id, routed.key) {
+            if let Some((precise, blocks)) = ctx.holdings.predict(&worker_id, routed.adapter, routed.key) {
                 headers.insert(HEADER_KV_PREDICTED, format!("{precise},{blocks}").as_str());
             }
         }

@@ -280,7 +280,7 @@ impl Batcher {
     fn accept(&mut self, job: Job) {
         match job {
             Job::Session(op) => self.engine.session_op(op),
-            Job::Generate(g) if g.session_slot.is_some() => self.start(g),
+            Job::Generate(g) if g.session_slot.is_some() => self.start(*g),
             other => self.waiting.push_back(other),
         }
     }
@@ -290,7 +290,7 @@ impl Batcher {
         while self.engine.free_slots() > 0 {
             let Some(job) = self.waiting.pop_front() else { return };
             match job {
-                Job::Generate(g) => self.start(g),
+                Job::Generate(g) => self.start(*g),
                 Job::Session(op) => self.engine.session_op(op),
                 Job::Inspect {
                     prompt,
@@ -363,7 +363,7 @@ impl Batcher {
                 self.engine.slots[slot].busy = true;
                 Some((slot, prompt.len() - 1))
             }
-            None => self.engine.claim(&prompt),
+            None => self.engine.claim(&prompt, job.adapter.as_ref()),
         };
         let Some((slot, reused)) = claimed else {
             return fail(&job, BackendError::Unavailable("no free KV slot".into()));

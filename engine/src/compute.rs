@@ -2,7 +2,7 @@
 //! jobs from a channel (generations continuously batched by [`super::batcher`]).
 //! Nothing here runs on an async task.
 
-use super::block_store::{self, KvStore, Stored, BLOCK_TOKENS};
+use super::block_store::{KvStore, BLOCK_TOKENS};
 use super::model::forward::{Forward, SeqStep};
 use super::text::template::ChatTemplate;
 use super::text::tokenizer::GgufTokenizer;
@@ -29,8 +29,8 @@ pub(crate) fn per_input<T: Send + 'static>(
 
 /// Work for the compute thread.
 pub enum Job {
-    /// A streamed generation.
-    Generate(GenerateJob),
+    /// A streamed generation (boxed: it is most of the enum's size).
+    Generate(Box<GenerateJob>),
     /// Prefill, then read the post-RoPE keys from the cache.
     Inspect {
         prompt: Prompt,
@@ -78,6 +78,8 @@ pub enum SessionOp {
 
 /// One generation request for the compute thread.
 pub struct GenerateJob {
+    /// The LoRA adapter it runs with (none: the base model).
+    pub adapter: Option<Arc<super::model::lora::LoraAdapter>>,
     pub prompt: Prompt,
     pub config: GenerateConfig,
     pub cancel: CancelFlag,
@@ -115,6 +117,8 @@ pub struct Slot {
     /// Where the tokens of the prompt that last claimed it end in its routing key
     /// (`None`: a session's, or a prompt with no key).
     pub map: Option<super::holdings::KeyMap>,
+    /// The LoRA adapter its keys and values were computed with.
+    pub adapter: Option<Arc<super::model::lora::LoraAdapter>>,
 }
 
 /// Everything the compute thread owns.
@@ -263,6 +267,7 @@ impl ComputeState {
                 let prefilling = s.busy && history.is_none();
                 let map = s.map.as_ref()?;
                 super::holdings::holding(map, &s.resident, prefilling, history, &self.tokenizer, floor)
+                    .map(|h| h.with_adapter(s.adapter.as_ref().map(|a| a.name.as_str())))
             })
             .collect();
         let stored = self.stored.iter();
@@ -318,156 +323,6 @@ impl ComputeState {
     /// Slots neither running a job nor held by a session.
     pub fn free_slots(&self) -> usize {
         self.slots.iter().filter(|s| !s.busy && !s.pinned).count()
-    }
-
-    /// Takes a free slot for a job over `tokens` (non-empty) and returns it with how
-    /// many leading tokens are already resident there (at most `len - 1`: the last
-    /// token is always computed, for its logits). The free slot holding the longest
-    /// prefix of `tokens` wins, the least recently used among equals; when another
-    /// slot (even a busy one) holds a longer prefix, its keys and values are copied
-    /// over, so a shared system prompt is computed once per worker, not once per slot.
-    /// A prefix counts only as far as the model can resume from it
-    /// ([`Forward::resumable`]: a sliding-window ring may have lost its window).
-    pub fn claim(&mut self, tokens: &[u32]) -> Option<(usize, usize)> {
-        let (reuse, last) = (self.model.reuses_prefix(), tokens.len() - 1);
-        let lcp: Vec<usize> = (0..self.slots.len())
-            .map(|i| {
-                let shared = common_prefix(&self.slots[i].resident, tokens).min(last);
-                if reuse {
-                    self.model.resumable(i, shared)
-                } else {
-                    0
-                }
-            })
-            .collect();
-        let slot = (0..self.slots.len())
-            .filter(|&i| !self.slots[i].busy && !self.slots[i].pinned)
-            .max_by_key(|&i| (lcp[i], std::cmp::Reverse(self.slots[i].last_used)))?;
-        let have = self.take_longer_prefix(slot, tokens, lcp[slot]);
-        let have = self.restore(slot, &tokens[..last], have);
-        self.slots[slot].busy = true;
-        Some((slot, self.model.resumable(slot, have.min(last))))
-    }
-
-    /// Makes `slot`, which holds the first `have` of `tokens`, hold the longest prefix
-    /// of `tokens` (short of the last token) that another slot holds, even a busy one,
-    /// when that is longer: taken over (pages shared on the CPU engine), not computed
-    /// again. Returns how many leading tokens `slot` holds now. A prompt waiting its
-    /// turn to prefill calls this again when its turn comes, so prompts arriving
-    /// together behind one system prompt compute it once.
-    pub fn take_longer_prefix(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
-        if !self.model.reuses_prefix() {
-            return have;
-        }
-        let last = tokens.len().saturating_sub(1);
-        let best = (0..self.slots.len())
-            .filter(|&i| i != slot)
-            .map(|i| {
-                (
-                    self.model
-                        .resumable(i, common_prefix(&self.slots[i].resident, tokens).min(last)),
-                    i,
-                )
-            })
-            .max();
-        let Some((longer, from)) = best.filter(|b| b.0 > have) else {
-            return have;
-        };
-        // What the slot held beyond the shared part is about to go.
-        self.save_tail(slot, have);
-        if !self.model.copy_prefix(from, slot, longer) {
-            return have;
-        }
-        self.slots[slot].resident = tokens[..longer].to_vec();
-        longer
-    }
-
-    /// Saves the full blocks of `slot` from the one holding position `from` on into
-    /// the store (those not there yet): they are about to be overwritten.
-    fn save_tail(&mut self, slot: usize, from: usize) {
-        let held = self.slots[slot].resident.len();
-        if !self.store.enabled() || from / BLOCK_TOKENS >= held / BLOCK_TOKENS {
-            return;
-        }
-        let hashes = block_store::chain(self.kv_seed, &self.slots[slot].resident);
-        self.save_blocks(slot, &hashes, from / BLOCK_TOKENS);
-    }
-
-    /// Saves blocks `first..` of `slot` (chained `hashes` of its resident tokens)
-    /// that the store lacks and the slot still holds; a block a ring lost already was
-    /// saved as it left, or is gone.
-    fn save_blocks(&mut self, slot: usize, hashes: &[u64], first: usize) {
-        // What the saved chain covers, in routing terms, for the KV events.
-        let s = &self.slots[slot];
-        super::holdings::remember(&mut self.stored, s.map.as_ref(), &s.resident, &self.tokenizer, hashes);
-        for (b, &hash) in hashes.iter().enumerate().skip(first) {
-            if self.store.contains(hash) {
-                continue;
-            }
-            let block = match self.model.page(slot, b) {
-                Some(page) => Some(Stored::Page(page)),
-                None => {
-                    (self.model.read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS)).map(|(k, v)| Stored::Rows { k, v })
-                }
-            };
-            if let Some(block) = block {
-                self.store.put(hash, block);
-            }
-        }
-    }
-
-    /// Saves the full blocks below `pos` that a step writing `n` positions from `pos`
-    /// pushes out of `slot`'s sliding-window rings (those not in the store yet), while
-    /// the rings still hold them: so a later prompt sharing only the head of a long
-    /// sequence (a system prompt) gets it back from the store.
-    fn save_leaving(&mut self, slot: usize, pos: usize, n: usize) {
-        let Some(ring) = self.model.ring() else { return };
-        // Blocks starting below `before` lost rows already (saved then, or gone).
-        let before = pos.saturating_sub(ring).div_ceil(BLOCK_TOKENS);
-        let lost = (pos + n).saturating_sub(ring).min(pos);
-        let resident = &self.slots[slot].resident;
-        let upto = lost.div_ceil(BLOCK_TOKENS).min(pos.min(resident.len()) / BLOCK_TOKENS);
-        if !self.store.enabled() || upto <= before {
-            return;
-        }
-        let hashes = block_store::chain(self.kv_seed, &resident[..upto * BLOCK_TOKENS]);
-        self.save_blocks(slot, &hashes, before);
-    }
-
-    /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
-    /// already holds into it; returns how many leading tokens it holds now.
-    pub(crate) fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
-        if !self.store.enabled() || !self.model.reuses_prefix() {
-            return have;
-        }
-        let hashes = block_store::chain(self.kv_seed, tokens);
-        let n = self.store.leading(&hashes);
-        if n * BLOCK_TOKENS <= have {
-            return have;
-        }
-        self.save_tail(slot, have);
-        self.slots[slot].resident.truncate(have);
-        for (b, &hash) in hashes.iter().enumerate().take(n).skip(have / BLOCK_TOKENS) {
-            let restored = match self.store.get(hash) {
-                Some(Stored::Page(page)) => self.model.adopt_page(slot, b, page),
-                Some(Stored::Rows { k, v }) => self.model.write_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS, &k, &v),
-                None => false,
-            };
-            if !restored {
-                break;
-            }
-            self.slots[slot].resident = tokens[..(b + 1) * BLOCK_TOKENS].to_vec();
-        }
-        self.slots[slot].resident.len().max(have)
-    }
-
-    /// Keeps only the leading resident tokens of `slot` that `history` starts with:
-    /// a step that checked drafted tokens wrote them all, and those not kept are
-    /// not the sequence's (their rows are overwritten by the next step).
-    pub fn keep_resident(&mut self, slot: usize, history: &[u32]) {
-        let s = &mut self.slots[slot];
-        let keep = common_prefix(&s.resident, history);
-        s.resident.truncate(keep);
     }
 
     /// Gives a slot back; what it holds stays resident for later jobs.

@@ -23,6 +23,7 @@ pub struct EngineModel {
     pub(crate) memory: switchyard_backend::ModelMemory,
     pub(crate) usage: Arc<Mutex<switchyard_messages::KvUsage>>,
     pub(crate) holdings: Arc<crate::holdings::Shared>,
+    pub(crate) adapters: Arc<crate::adapters::Adapters>,
 }
 
 impl EngineModel {
@@ -53,7 +54,16 @@ impl EngineModel {
         deadline_ms: Option<u64>,
     ) -> GenerateStream {
         let (tx, rx) = GenerateStream::channel();
+        let adapter = match self.adapters.get(config.adapter.as_deref()) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                drop(tx);
+                return rx;
+            }
+        };
         let job = compute::GenerateJob {
+            adapter,
             prompt,
             config,
             cancel,
@@ -66,7 +76,7 @@ impl EngineModel {
             .jobs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .send(compute::Job::Generate(job));
+            .send(compute::Job::Generate(Box::new(job)));
         if sent.is_err() {
             let _ = tx.send(Err(BackendError::Unavailable("the compute thread has stopped".into())));
         }
@@ -203,5 +213,28 @@ impl TextModel for EngineModel {
 
     fn kv_usage(&self) -> switchyard_messages::KvUsage {
         *self.usage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn adapters(&self) -> Vec<switchyard_messages::ServedAdapter> {
+        self.adapters.list()
+    }
+
+    fn load_adapter(
+        &self,
+        name: String,
+        path: String,
+        scale: f32,
+    ) -> switchyard_backend::BackendFuture<switchyard_messages::ServedAdapter> {
+        let adapters = self.adapters.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || adapters.load(&name, &path, scale))
+                .await
+                .unwrap_or_else(|e| Err(BackendError::Compute(format!("loading the adapter failed: {e}"))))
+        })
+    }
+
+    fn unload_adapter(&self, name: String) -> switchyard_backend::BackendFuture<()> {
+        let unloaded = self.adapters.unload(&name);
+        Box::pin(async move { unloaded })
     }
 }

@@ -205,6 +205,7 @@ pub fn holding(
         min_reuse: min_reuse as u32,
         granule: 1,
         min_share: 0,
+        adapter: None,
     })
 }
 
@@ -261,14 +262,18 @@ impl StoredChain {
         let mut id_bytes = h.key.as_bytes().to_vec();
         id_bytes.extend_from_slice(b"\0store");
         id_bytes.extend_from_slice(&(tokens as u64).to_le_bytes());
-        Some(KvHolding {
-            id: fnv1a(&id_bytes),
-            key: h.key.clone(),
-            bounds: h.bounds[..tokens].to_vec(),
-            min_reuse: 0,
-            granule: block_tokens as u32,
-            min_share: 0,
-        })
+        Some(
+            KvHolding {
+                id: fnv1a(&id_bytes),
+                key: h.key.clone(),
+                bounds: h.bounds[..tokens].to_vec(),
+                min_reuse: 0,
+                granule: block_tokens as u32,
+                min_share: 0,
+                adapter: None,
+            }
+            .with_adapter(h.adapter.as_deref()),
+        )
     }
 }
 
@@ -280,18 +285,21 @@ pub const STORED_CHAINS: usize = 8;
 /// 1 MiB).
 pub const MAX_KEY_BYTES: usize = 32 * 1024;
 
-/// Notes that a slot holding `held` (its prompt mapped by `map`) saves blocks
-/// `hashes` to the store: the newest [`STORED_CHAINS`] chains are kept, one per chain.
+/// Notes that a slot holding `held` (its prompt mapped by `map`, computed with LoRA
+/// `adapter`) saves blocks `hashes` to the store: the newest [`STORED_CHAINS`]
+/// chains are kept, one per chain.
 pub fn remember(
     stored: &mut std::collections::VecDeque<StoredChain>,
     map: Option<&KeyMap>,
     held: &[u32],
+    adapter: Option<&str>,
     tokenizer: &GgufTokenizer,
     hashes: &[u64],
 ) {
     let Some(holding) = map.and_then(|m| holding(m, held, false, None, tokenizer, |_| 0)) else {
         return;
     };
+    let holding = holding.with_adapter(adapter);
     stored.retain(|c| c.hashes.last() != hashes.last());
     stored.push_back(StoredChain {
         holding,

@@ -17,7 +17,9 @@
 //!   sessions), [`batcher`] (continuous batching on that thread), [`block_store`] (KV
 //!   blocks kept after slots are overwritten), [`sampler`], [`constraint`] (JSON
 //!   schema / regex / grammar masks per sequence), [`stops`], [`session`],
-//!   [`holdings`] (what the slots hold, in the routing key's terms, for KV events).
+//!   [`holdings`] (what the slots hold, in the routing key's terms, for KV events),
+//!   [`adapters`] (the LoRA adapters a model serves; applied per sequence by
+//!   [`model::lora`]).
 //!
 //! - [`EngineModel`] (`handle.rs`): the handle on a loaded model, which implements
 //!   the backend contract; `load.rs`: GGUF and Hugging Face loading.
@@ -27,6 +29,7 @@
 //! returns its events as a stream. The workers' `cpu` backend serves it, and their
 //! native `cuda` backend serves it on candle's CUDA device ([`ForwardPass::Candle`]).
 
+pub mod adapters;
 pub mod batcher;
 pub mod block_store;
 pub mod candle;
@@ -41,6 +44,7 @@ mod load;
 pub mod model;
 mod passes;
 pub mod pooling;
+mod reuse;
 pub mod sampler;
 pub mod session;
 pub mod speculate;

@@ -240,6 +240,7 @@ impl EngineModel {
         tracing::info!(engine = model.kind(), slots, "cpu model loaded");
         let last_metrics = Arc::new(Mutex::new(GenerateMetrics::default()));
         let template = Arc::new(template);
+        let adapters = Arc::new(crate::adapters::Adapters::new(model.lora_base().cloned(), model.kind()));
         let mut engine = compute::ComputeState::new(
             model,
             tokenizer.clone(),
@@ -297,6 +298,7 @@ impl EngineModel {
             memory,
             usage,
             holdings,
+            adapters,
         })
     }
 

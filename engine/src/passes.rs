@@ -17,7 +17,7 @@ impl ComputeState {
         let tokens = self.tokenize(prompt)?;
         self.check_fits(&tokens, 0)?;
         let (slot, reused) = self
-            .claim(&tokens)
+            .claim(&tokens, None)
             .ok_or_else(|| BackendError::Unavailable("no free KV slot".into()))?;
         let result = self.forward(&[SeqStep::new(slot, &tokens[reused..], reused)]);
         let keys = result.and_then(|_| {
@@ -91,7 +91,7 @@ impl ComputeState {
         let mut out = Vec::with_capacity(inputs.len());
         let mut claimed = Vec::new();
         for (i, tokens) in inputs {
-            match self.claim(tokens) {
+            match self.claim(tokens, None) {
                 Some((slot, _)) => claimed.push((*i, tokens, slot)),
                 None => out.push((*i, Err(BackendError::Unavailable("no free KV slot".into())))),
             }
@@ -147,7 +147,7 @@ impl ComputeState {
         for chunk in ready.chunks(group) {
             let mut claimed = Vec::new();
             for (i, tokens) in chunk {
-                match self.claim(tokens) {
+                match self.claim(tokens, None) {
                     Some((slot, reused)) => claimed.push((*i, tokens, slot, reused)),
                     None => results[*i] = Some(Err(BackendError::Unavailable("no free KV slot".into()))),
                 }

@@ -71,6 +71,7 @@ impl ModelSession for CpuSession {
     fn decode(&self, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
         let (tx, rx) = GenerateStream::channel();
         let job = super::compute::GenerateJob {
+            adapter: None,
             prompt: Prompt::Tokens(Vec::new()),
             config,
             cancel,
@@ -79,7 +80,7 @@ impl ModelSession for CpuSession {
             events: tx.clone(),
             session_slot: Some(self.slot),
         };
-        if let Err(e) = self.send(Job::Generate(job)) {
+        if let Err(e) = self.send(Job::Generate(Box::new(job))) {
             let _ = tx.send(Err(e));
         }
         drop(tx);
@@ -121,6 +122,7 @@ impl ComputeState {
             .min_by_key(|&i| self.slots[i].last_used)?;
         // A session starts empty: what earlier requests left in the slot is theirs
         // (its blocks may still sit in the store, keyed by hash, not by owner).
+        self.use_adapter(slot, None);
         self.slots[slot].pinned = true;
         self.slots[slot].resident.clear();
         self.slots[slot].map = None;

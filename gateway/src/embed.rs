@@ -120,6 +120,7 @@ pub async fn embeddings(
     };
     let inputs = inputs(&req.input)?;
     let mut head = RequestHead::new(Client::new_request_id(), req.model.clone());
+    super::resolve_adapter(&g, &mut head).await;
     head.tenant = Some(admitted.name().to_string()).filter(|n| !n.is_empty());
     let mut op = Operation::start("embeddings", &req.model);
     let reply = match g.client.embed(EmbedRequest { head, inputs }).await {

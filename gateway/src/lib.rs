@@ -148,7 +148,7 @@ async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Result<Res
         _ => Err(e),
     })?;
     let reply = g.client.models().await?;
-    let data: Vec<_> = reply.models.iter().map(model_json).collect();
+    let data: Vec<_> = reply.models.iter().flat_map(model_and_adapters).collect();
     Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
 }
 
@@ -164,7 +164,8 @@ async fn model(
         _ => Err(e),
     })?;
     let reply = g.client.models().await?;
-    let m = reply.models.iter().find(|m| m.name == id).ok_or_else(|| {
+    let listed = reply.models.iter().flat_map(model_and_adapters);
+    let m = listed.into_iter().find(|m| m["id"] == id.as_str()).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -172,7 +173,48 @@ async fn model(
             format!("the model {id:?} does not exist (no worker serves it)"),
         )
     })?;
-    Ok(axum::Json(model_json(m)).into_response())
+    Ok(axum::Json(m).into_response())
+}
+
+/// A model's entry and, after it, one per LoRA adapter loaded on it: id
+/// `model:adapter` (what requests send as `model`), `parent` the base model (as
+/// vLLM lists served adapters), the workers holding it.
+fn model_and_adapters(m: &switchyard_messages::ModelEntry) -> Vec<serde_json::Value> {
+    let base = model_json(m);
+    let mut all = Vec::with_capacity(1 + m.adapters.len());
+    for a in &m.adapters {
+        let mut v = base.clone();
+        v["id"] = json!(format!("{}:{}", m.name, a.name));
+        v["parent"] = json!(m.name);
+        v["root"] = json!(m.name);
+        v["workers"] = json!(a.workers.len());
+        all.push(v);
+    }
+    all.insert(0, base);
+    all
+}
+
+/// A `model` of the form `base:adapter` that no worker serves under that whole name
+/// becomes model `base` with LoRA adapter `adapter` (vLLM-style served adapter names).
+pub(crate) async fn resolve_adapter(g: &Gateway, head: &mut switchyard_messages::RequestHead) {
+    if head.adapter.is_some() {
+        return;
+    }
+    let Some((base, adapter)) = head.model.rsplit_once(':') else {
+        return;
+    };
+    if base.is_empty() || adapter.is_empty() {
+        return;
+    }
+    let whole = match g.client.models().await {
+        Ok(m) => m.models.iter().any(|m| m.name == head.model),
+        Err(_) => false,
+    };
+    if !whole {
+        let (base, adapter) = (base.to_string(), adapter.to_string());
+        head.model = base;
+        head.adapter = Some(adapter);
+    }
 }
 
 fn model_json(m: &switchyard_messages::ModelEntry) -> serde_json::Value {

@@ -58,7 +58,17 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// Chained FNV-1a hashes of every complete block of `key`.
 pub fn prefix_blocks(key: &[u8]) -> Vec<u64> {
-    let mut h = FNV_OFFSET;
+    adapter_blocks(None, key)
+}
+
+/// [`prefix_blocks`] of a request run with LoRA `adapter` (1.10): the chain starts
+/// from the adapter's name, so no block is shared with the base model's or another
+/// adapter's (their keys and values differ).
+pub fn adapter_blocks(adapter: Option<&str>, key: &[u8]) -> Vec<u64> {
+    let mut h = match adapter {
+        Some(a) => fnv1a_from(fnv1a_from(FNV_OFFSET, b"lora\0"), a.as_bytes()),
+        None => FNV_OFFSET,
+    };
     key.chunks_exact(BLOCK_BYTES)
         .map(|block| {
             h = fnv1a_from(h, block);
@@ -111,6 +121,10 @@ pub struct KvHolding {
     /// taken for a prompt sharing more than a tenth of it); 0: any reuse counts.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub min_share: u32,
+    /// (1.10) The LoRA adapter its keys and values were computed with; a request
+    /// reuses it only with the same adapter (none: the base model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -122,6 +136,16 @@ fn one() -> u32 {
 }
 
 impl KvHolding {
+    /// This holding as computed with LoRA `adapter` (its id then names the adapter
+    /// too).
+    pub fn with_adapter(mut self, adapter: Option<&str>) -> Self {
+        if let Some(a) = adapter {
+            self.id ^= fnv1a_from(fnv1a(b"lora\0"), a.as_bytes());
+        }
+        self.adapter = adapter.map(str::to_string);
+        self
+    }
+
     /// Tokens a request with prediction key `key` would reuse from this holding.
     pub fn reuse(&self, key: &[u8]) -> u32 {
         let shared = self.shared(key);
@@ -181,14 +205,31 @@ fn ends_in_generation_prompt(shared: u32, key: &[u8]) -> bool {
     shared as usize == key.len() && key.ends_with(ASSISTANT_TURN)
 }
 
-/// The most tokens any of `holdings` would give a request with prediction key `key`.
-pub fn predict_reuse<'a>(holdings: impl IntoIterator<Item = &'a KvHolding>, key: &[u8]) -> u32 {
-    holdings.into_iter().map(|h| h.reuse(key)).max().unwrap_or(0)
+/// The most tokens any of `holdings` would give a request with prediction key `key`
+/// run with `adapter` (only holdings of the same adapter count).
+pub fn predict_reuse<'a>(holdings: impl IntoIterator<Item = &'a KvHolding>, adapter: Option<&str>, key: &[u8]) -> u32 {
+    let same = |h: &&KvHolding| h.adapter.as_deref() == adapter;
+    holdings
+        .into_iter()
+        .filter(same)
+        .map(|h| h.reuse(key))
+        .max()
+        .unwrap_or(0)
 }
 
 /// [`predict_reuse`] knowing only whole blocks ([`KvHolding::reuse_by_blocks`]).
-pub fn predict_reuse_by_blocks<'a>(holdings: impl IntoIterator<Item = &'a KvHolding>, key: &[u8]) -> u32 {
-    holdings.into_iter().map(|h| h.reuse_by_blocks(key)).max().unwrap_or(0)
+pub fn predict_reuse_by_blocks<'a>(
+    holdings: impl IntoIterator<Item = &'a KvHolding>,
+    adapter: Option<&str>,
+    key: &[u8],
+) -> u32 {
+    let same = |h: &&KvHolding| h.adapter.as_deref() == adapter;
+    holdings
+        .into_iter()
+        .filter(same)
+        .map(|h| h.reuse_by_blocks(key))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Blocks a worker started or stopped holding warm (`{p}.v1.kv.{wid}`).
@@ -260,6 +301,11 @@ mod tests {
         assert_eq!(a[..2], c[..2]);
         assert_ne!(a[2], c[2]);
         assert_eq!(leading_overlap(&a, |h| c.contains(&h)), 2);
+        // An adapter's blocks are its own.
+        let tuned = adapter_blocks(Some("tuned"), text.as_bytes());
+        assert_eq!(adapter_blocks(None, text.as_bytes()), a);
+        assert!(tuned.iter().all(|h| !a.contains(h)));
+        assert_ne!(tuned, adapter_blocks(Some("tuned2"), text.as_bytes()));
         let chat = routing_key(None, Some(&[Message::new("user", "hi")]));
         assert_eq!(chat, b"user\0hi\0");
         let chat = prediction_key(None, Some(&[Message::new("user", "hi")]));
@@ -277,6 +323,7 @@ mod tests {
             min_reuse: 0,
             granule: 1,
             min_share: 0,
+            adapter: None,
         };
         assert_eq!(h.reuse(b"The cat sat down"), 2, "the last token needs a byte past it");
         assert_eq!(h.reuse(b"The cat is"), 2);
@@ -291,6 +338,7 @@ mod tests {
             min_reuse: 0,
             granule: 1,
             min_share: 0,
+            adapter: None,
         };
         assert_eq!(numbered.reuse(b"Question 2?"), 2, "' ' before a digit ends hard");
         assert_eq!(numbered.reuse(b"Question x?"), 1);
@@ -305,7 +353,15 @@ mod tests {
         };
         assert_eq!(blocks.reuse(b"The cat sat."), 2);
         assert_eq!(blocks.reuse(b"The cats"), 0);
-        assert_eq!(predict_reuse([&h, &blocks], b"The cat sat."), 2);
+        assert_eq!(predict_reuse([&h, &blocks], None, b"The cat sat."), 2);
+        // Keys and values of another adapter are not the request's.
+        let tuned = KvHolding {
+            adapter: Some("tuned".into()),
+            ..h.clone()
+        };
+        assert_eq!(predict_reuse([&tuned], None, b"The cat sat."), 0);
+        assert_eq!(predict_reuse([&tuned], Some("other"), b"The cat sat."), 0);
+        assert_eq!(predict_reuse([&tuned, &h], Some("tuned"), b"The cat sat."), 2);
         // A llama.cpp slot counts only for a request it covers more than a tenth of.
         let slot = KvHolding {
             min_share: 100,
@@ -330,10 +386,11 @@ mod tests {
             min_reuse: 0,
             granule: 1,
             min_share: 0,
+            adapter: None,
         };
         assert_eq!(chat.reuse(b"user\0hi\0assistant\0"), 4);
         assert_eq!(chat.reuse(b"user\0hi\0assistant\0Hello\0user\0"), 6);
         assert_eq!(chat.reuse(b"user\0ho\0assistant\0"), 2);
-        assert_eq!(predict_reuse([], b"x"), 0);
+        assert_eq!(predict_reuse([], None, b"x"), 0);
     }
 }

@@ -9,8 +9,9 @@
 //!   [`GenerateConfig`], [`LoadConfig`], [`ModelInfo`], [`GenerateMetrics`],
 //!   [`ClassifyResult`], [`BatchResult`], [`AttentionSnapshot`].
 //! - [`wire`]: envelopes — [`GenerateRequest`] in, [`StreamChunk`]s out,
-//!   [`Admission`] between coordinator and worker, [`WorkerStatus`] heartbeats,
-//!   [`FleetStatus`] and [`ModelsReply`] for the fleet view.
+//!   [`Admission`] between coordinator and worker.
+//! - [`fleet_view`]: [`WorkerStatus`] heartbeats (models, adapters, load, KV),
+//!   [`FleetStatus`] and [`ModelsReply`].
 //! - [`error`]: the closed set of [`ErrorCode`]s with their `retryable` flag.
 //! - [`subjects`]: every NATS subject, under a configurable prefix.
 //! - [`codec`]: MessagePack with named fields (`encode` / `decode`).
@@ -22,16 +23,20 @@
 //! - [`structured`]: a generation's [`Constraint`] (JSON schema, regex, grammar)
 //!   and the [`Tool`]s a chat may call, with the [`ToolCall`]s parsed out of answers.
 //! - [`validate`]: what every receiver checks, against the [`InputLimits`].
+//! - [`admin`]: loading and unloading a worker's LoRA adapters at run time
+//!   (requests name one with [`RequestHead::adapter`]).
 //!
 //! A request's path: a client encodes a [`GenerateRequest`] to
 //! [`Subjects::generate`]; a coordinator routes it on [`WorkerStatus`] heartbeats and
 //! forwards it to [`Subjects::worker`]; the worker answers the coordinator with an
 //! [`Admission`] and streams [`StreamChunk`]s straight to the client's inbox.
 
+pub mod admin;
 pub mod codec;
 pub mod embed;
 pub mod error;
 pub mod fleet;
+pub mod fleet_view;
 pub mod kv;
 pub mod queueing;
 pub mod session;
@@ -41,10 +46,12 @@ pub mod types;
 pub mod validate;
 pub mod wire;
 
+pub use admin::{AdapterOp, AdapterReply, AdapterRequest};
 pub use codec::{decode, encode, DecodeError};
 pub use embed::{EmbedInput, EmbedItem, EmbedReply, EmbedRequest};
 pub use error::{ErrorCode, WireError};
 pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
+pub use fleet_view::*;
 pub use kv::{KvEvent, KvHolding, KvSnapshot};
 pub use queueing::{Priority, QueueView};
 pub use structured::{Constraint, Tool, ToolCall, ToolChoice};
@@ -74,5 +81,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `Token.logprob` ([`TokenLogprob`]). 1.8: `ModelInfo.embedding_only` (embedding
 /// models: routed embed requests only). 1.9: KV holdings ([`KvHolding`]: `precise`,
 /// `holdings`, `released` in [`KvEvent`] and [`KvSnapshot`]) and the coordinator's
-/// prediction of `cached_tokens` in the final metrics.
-pub const PROTOCOL_MINOR: u32 = 9;
+/// prediction of `cached_tokens` in the final metrics. 1.10: LoRA adapters — the head's
+/// `adapter`, `ServedModel.adapters`, `ModelEntry.adapters`, `KvHolding.adapter`,
+/// adapter-seeded prefix blocks ([`kv::adapter_blocks`]) and a worker's `adapters`
+/// endpoint ([`admin`]).
+pub const PROTOCOL_MINOR: u32 = 10;

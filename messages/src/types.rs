@@ -152,6 +152,10 @@ pub struct GenerateConfig {
     /// regex or a grammar), enforced at every token; `None` = free text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub constraint: Option<crate::Constraint>,
+    /// The LoRA adapter to run with, in-process only: a worker copies it from the
+    /// request's [`crate::RequestHead::adapter`] (where it travels) for its backend.
+    #[serde(skip)]
+    pub adapter: Option<String>,
 }
 
 impl Default for GenerateConfig {
@@ -173,6 +177,7 @@ impl Default for GenerateConfig {
             logit_bias: Vec::new(),
             logprobs: None,
             constraint: None,
+            adapter: None,
         }
     }
 }

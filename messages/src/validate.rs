@@ -117,7 +117,34 @@ fn check_head(head: &RequestHead) -> Result<(), WireError> {
             )));
         }
     }
+    if let Some(a) = &head.adapter {
+        check_adapter_name(a)?;
+    }
     Ok(())
+}
+
+/// An adapter's name: what a request may name and a worker may load (1.10): 1-128
+/// characters, none of them a control character, `:` or whitespace (the gateway reads
+/// `base:adapter` model names).
+pub fn check_adapter_name(name: &str) -> Result<(), WireError> {
+    let bad_char = |c: char| c.is_control() || c.is_whitespace() || c == ':';
+    if name.is_empty() || name.len() > MAX_TENANT_BYTES || name.chars().any(bad_char) {
+        return Err(bad(format!(
+            "adapter {name:?} must be 1-{MAX_TENANT_BYTES} bytes without ':', spaces or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// LoRA adapters change generation (generate, chat, batch); a prefill-only request
+/// naming one is refused rather than answered by the base model.
+fn no_adapter(head: &RequestHead, what: &str) -> Result<(), WireError> {
+    match &head.adapter {
+        Some(a) => Err(bad(format!(
+            "{what} requests run on the base model: adapter {a:?} applies to generate, chat and batch"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The longest `tenant` a request may name.
@@ -306,6 +333,7 @@ fn check_prompts(prompts: &[String], field: &str, limit: u32, limits: &InputLimi
 /// A classify request.
 pub fn validate_classify(req: &ClassifyRequest, limits: &InputLimits) -> Result<(), WireError> {
     check_head(&req.head)?;
+    no_adapter(&req.head, "classify")?;
     check_prompts(
         &req.prompts,
         "max_classify_prompts",
@@ -327,6 +355,7 @@ pub fn validate_classify(req: &ClassifyRequest, limits: &InputLimits) -> Result<
 /// within the prompt size limit.
 pub fn validate_embed(req: &EmbedRequest, limits: &InputLimits) -> Result<(), WireError> {
     check_head(&req.head)?;
+    no_adapter(&req.head, "embed")?;
     if req.inputs.is_empty() {
         return Err(bad("inputs is empty".into()));
     }

@@ -395,6 +395,8 @@ fn seed_config() -> GenerateConfig {
         constraint: Some(switchyard_messages::Constraint::JsonSchema {
             schema: r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#.into(),
         }),
+        // In-process only: it does not travel.
+        adapter: None,
     }
 }
 
@@ -413,6 +415,8 @@ fn seed_head() -> RequestHead {
 fn seed_generate() -> Vec<GenerateRequest> {
     let mut full = GenerateRequest::generate("req-1", "smollm2", "Once upon a time, é");
     full.head = seed_head();
+    // Generation may name a LoRA adapter (classify and embed may not).
+    full.head.adapter = Some("support-tone".into());
     full.config = seed_config();
     let mut chat = GenerateRequest::chat(
         "req-2",
@@ -590,6 +594,12 @@ fn seed_status() -> WorkerStatus {
             name: "smollm2".into(),
             path: "/models/smollm2.gguf".into(),
             info: seed_model_info_struct(),
+            adapters: vec![switchyard_messages::ServedAdapter {
+                name: "support-tone".into(),
+                path: "/adapters/support-tone".into(),
+                scale: 0.5,
+                exclusive: false,
+            }],
         }],
         capacity: 4,
         queue_capacity: 16,
@@ -646,6 +656,7 @@ fn seed_kv_holding() -> switchyard_messages::KvHolding {
         min_reuse: 0,
         granule: 1,
         min_share: 100,
+        adapter: Some("support-tone".into()),
     }
 }
 
@@ -815,6 +826,10 @@ fn seed_models() -> ModelsReply {
             workers: vec!["w-0".into(), "w-1".into()],
             backends: vec!["cpu".into()],
             info: seed_model_info_struct(),
+            adapters: vec![switchyard_messages::AdapterEntry {
+                name: "support-tone".into(),
+                workers: vec!["w-1".into()],
+            }],
         }],
     }
 }

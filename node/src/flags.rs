@@ -102,6 +102,12 @@ pub struct WorkerFlags {
     /// module, else mean).
     #[arg(long, value_parser = ["mean", "cls", "last"])]
     pub pooling: Option<String>,
+    /// A LoRA adapter of the model, loaded at start: NAME=PATH or NAME=PATH@SCALE
+    /// (PATH: a PEFT directory or a GGUF LoRA; SCALE default 1). Repeat for more;
+    /// given, they replace worker.adapters. Requests name one with `adapter` (NATS)
+    /// or model "MODEL:NAME" (the OpenAI gateway).
+    #[arg(long = "adapter", value_name = "NAME=PATH[@SCALE]")]
+    pub adapters: Vec<switchyard_config::AdapterConfig>,
 }
 
 impl WorkerFlags {
@@ -173,6 +179,9 @@ impl WorkerFlags {
         }
         if let Some(v) = &self.pooling {
             w.pooling = v.clone();
+        }
+        if !self.adapters.is_empty() {
+            w.adapters = self.adapters.clone();
         }
         if let Some(v) = &self.draft_model {
             w.draft_model = v.display().to_string();

@@ -101,6 +101,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config.validate()?;
             super::store::models(&config, args).await
         }
+        Command::Adapters(args) => {
+            config.validate()?;
+            super::adapters::run(&config, args).await
+        }
         Command::Bench(cmd) => switchyard_bench::run(cmd, config).await,
     }
 }
@@ -284,6 +288,7 @@ fn request(
     c.stop = s.stop.clone();
     req.head.backend = s.backend.clone();
     req.head.worker = s.worker.clone();
+    req.head.adapter = s.adapter.clone();
     req.config.constraint = s.constraint.constraint()?;
     Ok(req)
 }

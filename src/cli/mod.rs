@@ -1,6 +1,7 @@
 //! Command-line definitions (clap) and dispatch. Every flag is documented here so
 //! `--help` explains itself.
 
+mod adapters;
 mod commands;
 mod connect;
 mod coordinator;
@@ -91,6 +92,9 @@ pub enum Command {
     /// List models served by the fleet and held in its store (or found on disk with
     /// --dir); push, pull and remove models in the store (docs/models.md).
     Models(ModelsArgs),
+    /// List, load and unload a worker's LoRA adapters at run time (the operator's NATS
+    /// role; docs/adapters.md).
+    Adapters(adapters::AdaptersArgs),
     /// Benchmarks that print ratios against a peer measured in the same run.
     #[command(subcommand)]
     Bench(switchyard_bench::BenchCommand),
@@ -139,6 +143,10 @@ pub struct SamplingFlags {
     /// Model name (default: any model the fleet serves).
     #[arg(long, default_value = "")]
     pub model: String,
+    /// Run with this LoRA adapter of the model (a name `switchyard models` lists
+    /// under it); only workers that have loaded it are asked.
+    #[arg(long)]
+    pub adapter: Option<String>,
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: u32,

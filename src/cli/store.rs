@@ -272,6 +272,9 @@ async fn served(config: &Config, dir: Option<PathBuf>, json: bool) -> anyhow::Re
             m.backends.join(","),
             m.workers.join(",")
         );
+        for a in &m.adapters {
+            println!("  LoRA adapter {}:{}  workers: {}", m.name, a.name, a.workers.join(","));
+        }
     }
     let listing = async { store(config).await?.list().await };
     if let Ok(Ok(list)) = tokio::time::timeout(Duration::from_secs(3), listing).await {

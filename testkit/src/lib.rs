@@ -156,6 +156,26 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// Writes the test LoRA adapter with `seed` for the demo model into `dir` (as
+/// `scripts/make-lora.py` does: `dir/lora-{seed}` is the PEFT directory, and its
+/// `adapter.gguf` the same adapter as a llama.cpp GGUF LoRA).
+pub fn make_lora(dir: &std::path::Path, seed: u32) -> PathBuf {
+    let out = dir.join(format!("lora-{seed}"));
+    let run = std::process::Command::new(python())
+        .arg(repo().join("scripts/make-lora.py"))
+        .arg(demo_model())
+        .arg(&out)
+        .args(["--seed", &seed.to_string()])
+        .output()
+        .expect("run scripts/make-lora.py");
+    assert!(
+        run.status.success(),
+        "make-lora.py: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    out
+}
+
 /// The repository root.
 pub fn repo() -> PathBuf {
     let kit = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -156,6 +156,7 @@ impl Inner {
                 name: self.model.clone(),
                 path: "simulated".into(),
                 info: Default::default(),
+                adapters: Vec::new(),
             }],
             capacity: w.spec.capacity,
             queue_capacity: w.spec.queue_capacity,

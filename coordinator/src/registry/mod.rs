@@ -38,6 +38,7 @@
 //! their worker (and, for KV events, the blocks they name).
 
 mod brief;
+mod listing;
 pub mod prefix;
 pub mod ttft;
 
@@ -47,9 +48,7 @@ use prefix::PrefixIndex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 pub use switchyard_config::RoutingPolicy;
-use switchyard_messages::{
-    BackendKind, ErrorCode, Heartbeat, KvEvent, KvSnapshot, ModelEntry, WireError, WorkerStatus, WorkerView,
-};
+use switchyard_messages::{BackendKind, ErrorCode, Heartbeat, KvEvent, KvSnapshot, WireError, WorkerStatus};
 use ttft::Speed;
 
 /// What a request asks of routing.
@@ -71,6 +70,8 @@ pub struct RouteQuery {
     /// (1.7) Only workers whose model embeds (`info.embedding_dim` > 0); when not
     /// set, (1.8) only workers whose model generates (not `info.embedding_only`).
     pub embed: bool,
+    /// (1.10) Only workers that have loaded this LoRA adapter of `model`.
+    pub adapter: Option<String>,
 }
 
 /// A routing decision: the candidates, best first, and how many leading blocks of
@@ -337,6 +338,8 @@ impl Registry {
             name => Some(*self.model_ids.get(name).ok_or_else(|| self.unknown_model(name))?),
         };
         let (mut serving, mut matching, mut measured, mut routable) = (false, 0, 0, 0);
+        // Some worker serving the model holds the adapter asked for.
+        let mut adapted = false;
         // Workers skipped only because their model embeds and nothing else.
         let mut encoders = 0;
         let mut candidates: Vec<u32> = Vec::with_capacity(self.live);
@@ -353,6 +356,15 @@ impl Registry {
                 continue;
             }
             serving = true;
+            if let Some(a) = q.adapter.as_deref() {
+                let has = |m: &switchyard_messages::ServedModel| {
+                    (q.model.is_empty() || m.name == q.model) && m.has_adapter(Some(a))
+                };
+                if !status().models.iter().any(has) {
+                    continue;
+                }
+                adapted = true;
+            }
             let can = |m: &switchyard_messages::ServedModel| match q.embed {
                 true => m.info.embedding_dim > 0,
                 false => !m.info.embedding_only,
@@ -385,6 +397,9 @@ impl Registry {
         if !serving {
             return Err(self.unknown_model(&q.model));
         }
+        if let Some(a) = q.adapter.as_deref().filter(|_| !adapted) {
+            return Err(self.unknown_adapter(&q.model, a));
+        }
         if matching == 0 && encoders > 0 && !q.model.is_empty() {
             // Not a passing shortage: the model cannot do this.
             return Err(WireError::new(
@@ -399,8 +414,12 @@ impl Registry {
             return Err(WireError::new(
                 ErrorCode::NoWorker,
                 format!(
-                    "no live worker serves {:?} with backend {:?} and worker {:?}{}",
+                    "no live worker serves {:?}{} with backend {:?} and worker {:?}{}",
                     q.model,
+                    q.adapter
+                        .as_deref()
+                        .map(|a| format!(" with LoRA adapter {a:?}"))
+                        .unwrap_or_default(),
                     q.backend.as_deref().unwrap_or("any"),
                     q.worker.as_deref().unwrap_or("any"),
                     if q.embed {
@@ -490,64 +509,6 @@ impl Registry {
             warm: best.first().map_or(0, |&(_, s)| warm(s)),
             workers: best.into_iter().map(|(_, s)| id(s).to_string()).collect(),
         })
-    }
-
-    fn unknown_model(&self, model: &str) -> WireError {
-        let mut served: Vec<&str> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.worker.as_ref())
-            .flat_map(|e| e.status.models.iter().map(|m| m.name.as_str()))
-            .collect();
-        served.sort_unstable();
-        served.dedup();
-        WireError::new(
-            ErrorCode::UnknownModel,
-            format!("no worker serves model {model:?}; served: {}", served.join(", ")),
-        )
-    }
-
-    /// Every live worker, for `status`.
-    pub fn views(&self, now: Instant) -> Vec<WorkerView> {
-        let mut views: Vec<WorkerView> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.worker.as_ref())
-            .map(|e| WorkerView {
-                status: e.status.clone(),
-                age_ms: now.duration_since(e.seen).as_millis() as u64,
-            })
-            .collect();
-        views.sort_by(|a, b| a.status.worker_id.cmp(&b.status.worker_id));
-        views
-    }
-
-    /// Models served by live workers, for `models`.
-    pub fn models(&self) -> Vec<ModelEntry> {
-        let mut by_name: HashMap<&str, ModelEntry> = HashMap::new();
-        for e in self.slots.iter().filter_map(|s| s.worker.as_ref()) {
-            for m in &e.status.models {
-                let entry = by_name.entry(&m.name).or_insert_with(|| ModelEntry {
-                    name: m.name.clone(),
-                    workers: Vec::new(),
-                    backends: Vec::new(),
-                    info: m.info.clone(),
-                });
-                entry.workers.push(e.status.worker_id.clone());
-                // Embeddable when any of its workers embeds.
-                entry.info.embedding_dim = entry.info.embedding_dim.max(m.info.embedding_dim);
-                entry.info.embedding_only &= m.info.embedding_only;
-                if !entry.backends.contains(&e.status.backend) {
-                    entry.backends.push(e.status.backend.clone());
-                }
-            }
-        }
-        let mut models: Vec<ModelEntry> = by_name.into_values().collect();
-        for m in &mut models {
-            m.workers.sort();
-        }
-        models.sort_by(|a, b| a.name.cmp(&b.name));
-        models
     }
 
     /// Number of live workers.

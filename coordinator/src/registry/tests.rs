@@ -11,6 +11,7 @@ fn worker(id: &str, backend: &str, model: &str) -> WorkerStatus {
             name: model.into(),
             path: String::new(),
             info: Default::default(),
+            adapters: Vec::new(),
         }],
         capacity: 1,
         queue_capacity: 2,

@@ -9,10 +9,13 @@
 use super::device::{self, Placement};
 use super::weights::{self, Layer, Weights};
 use crate::model::forward::{CachedKeys, Forward, SeqStep};
+use crate::model::lora::{LoraAdapter, Proj};
 use crate::model::params::{FfnAct, LlamaParams};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, Module, Tensor};
+use std::collections::HashMap;
 use std::io::{Read, Seek};
+use std::sync::{Arc, Mutex};
 use switchyard_backend::BackendError;
 
 /// Positions a slot's cache is first allocated for.
@@ -42,7 +45,15 @@ pub struct CandleForward {
     slots: Vec<SlotCache>,
     ctx: usize,
     peak_memory: std::sync::atomic::AtomicU64,
+    /// Per slot, the LoRA adapter its steps run with.
+    adapters: Vec<Option<Arc<LoraAdapter>>>,
+    /// Adapters' A and Bᵀ on their layer's device, f32 `[d_in, rank]` and `[rank,
+    /// d_out]`: uploaded on first use, dropped once no slot runs the adapter.
+    lora_tensors: Mutex<LoraTensors>,
 }
+
+/// Adapters' A (transposed) and Bᵀ by (adapter load, layer, projection).
+type LoraTensors = HashMap<(u64, usize, usize), (Tensor, Tensor)>;
 
 fn err(e: candle_core::Error) -> BackendError {
     BackendError::Compute(format!("candle: {e}"))
@@ -123,6 +134,8 @@ impl CandleForward {
             slots: (0..slots.max(1)).map(|_| SlotCache::default()).collect(),
             ctx,
             peak_memory: Default::default(),
+            adapters: vec![None; slots.max(1)],
+            lora_tensors: Mutex::default(),
         };
         forward.gpu_memory();
         Ok(forward)
@@ -212,16 +225,17 @@ impl CandleForward {
             let (cos, sin) = rows[di][ri].as_ref().expect("filled above");
             let attn = self.attention(il, &x, steps, cos, sin, if swa { p.swa_window } else { 0 })?;
             let layer = &self.w.layers[il];
-            let o = layer.wo.forward(&attn)?;
+            let o = self.lora(il, Proj::O, &attn, steps, layer.wo.forward(&attn)?)?;
             x = residual(&x, o, layer.post_attn_norm.as_ref(), p.rms_eps)?;
             let xn = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, p.rms_eps)?;
-            let gate = layer.w_gate.forward(&xn)?;
-            let up = layer.w_up.forward(&xn)?;
+            let gate = self.lora(il, Proj::Gate, &xn, steps, layer.w_gate.forward(&xn)?)?;
+            let up = self.lora(il, Proj::Up, &xn, steps, layer.w_up.forward(&xn)?)?;
             let act = match p.ffn_act {
                 FfnAct::Silu => candle_nn::ops::silu(&gate)?,
                 FfnAct::Gelu => gate.gelu()?,
             };
-            let down = layer.w_down.forward(&(act * up)?)?;
+            let h = (act * up)?;
+            let down = self.lora(il, Proj::Down, &h, steps, layer.w_down.forward(&h)?)?;
             x = residual(&x, down, layer.post_ffn_norm.as_ref(), p.rms_eps)?;
         }
         // Only each step's last `outputs` positions need logits.
@@ -244,6 +258,65 @@ impl CandleForward {
         Ok(logits)
     }
 
+    /// `y` (the projection `proj` of layer `il` over the rows `x` of `steps`) plus,
+    /// for each step whose slot runs an adapter targeting it, that adapter's update
+    /// on the step's rows: `scale · (x·Aᵀ)·Bᵀ`.
+    fn lora(&self, il: usize, proj: Proj, x: &Tensor, steps: &[SeqStep<'_>], y: Tensor) -> candle_core::Result<Tensor> {
+        let adapter = |s: &SeqStep<'_>| self.adapters.get(s.seq).and_then(Option::as_ref);
+        if steps
+            .iter()
+            .all(|s| adapter(s).and_then(|a| a.pair(il, proj)).is_none())
+        {
+            return Ok(y);
+        }
+        let d_out = y.dim(1)?;
+        let mut parts = Vec::with_capacity(steps.len());
+        let mut start = 0;
+        for s in steps {
+            let len = s.tokens.len();
+            let part = match adapter(s).and_then(|a| Some((a, a.pair(il, proj)?))) {
+                Some((a, pair)) => {
+                    let (at, bt) = self.lora_tensors(a, il, proj, &pair, x.device())?;
+                    let rows = x.narrow(0, start, len)?.to_dtype(DType::F32)?;
+                    (rows.matmul(&at)?.matmul(&bt)? * f64::from(pair.scale))?.to_dtype(y.dtype())?
+                }
+                None => Tensor::zeros((len, d_out), y.dtype(), y.device())?,
+            };
+            parts.push(part);
+            start += len;
+        }
+        y + Tensor::cat(&parts, 0)?
+    }
+
+    /// The adapter's A (transposed) and Bᵀ for `proj` of layer `il` on `dev`.
+    fn lora_tensors(
+        &self,
+        a: &LoraAdapter,
+        il: usize,
+        proj: Proj,
+        pair: &crate::model::lora::LoraPair<'_>,
+        dev: &Device,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let key = (a.id, il, proj as usize);
+        if let Some(t) = self.lora_tensors.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(t.clone());
+        }
+        let f32s = |bits: &[u16]| {
+            bits.iter()
+                .map(|&b| half::f16::from_bits(b).to_f32())
+                .collect::<Vec<f32>>()
+        };
+        let at = Tensor::from_vec(f32s(pair.a), (pair.rank, pair.d_in), dev)?
+            .t()?
+            .contiguous()?;
+        let bt = Tensor::from_vec(f32s(pair.bt), (pair.rank, pair.d_out), dev)?;
+        let mut cache = self.lora_tensors.lock().unwrap_or_else(|p| p.into_inner());
+        let live: Vec<u64> = self.adapters.iter().flatten().map(|a| a.id).collect();
+        cache.retain(|k, _| live.contains(&k.0));
+        cache.insert(key, (at.clone(), bt.clone()));
+        Ok((at, bt))
+    }
+
     /// Self-attention of layer `il` for every step: projections over all rows, then
     /// per sequence RoPE, the cache write and softmax(QKᵀ)·V over its cache.
     fn attention(
@@ -259,17 +332,20 @@ impl CandleForward {
         let layer: &Layer = &self.w.layers[il];
         let (n, hd) = (x.dim(0)?, p.head_dim);
         let xn = candle_nn::ops::rms_norm(x, &layer.attn_norm, p.rms_eps)?;
-        let project =
-            |w: &candle_core::quantized::QMatMul, b: Option<&Tensor>, heads: usize| -> candle_core::Result<Tensor> {
-                let mut t = w.forward(&xn)?;
-                if let Some(b) = b {
-                    t = t.broadcast_add(b)?;
-                }
-                t.reshape((n, heads, hd))
-            };
-        let mut q = project(&layer.wq, layer.bq.as_ref(), p.n_head)?;
-        let mut k = project(&layer.wk, layer.bk.as_ref(), p.n_head_kv)?;
-        let v = project(&layer.wv, layer.bv.as_ref(), p.n_head_kv)?;
+        let project = |w: &candle_core::quantized::QMatMul,
+                       b: Option<&Tensor>,
+                       heads: usize,
+                       proj: Proj|
+         -> candle_core::Result<Tensor> {
+            let mut t = self.lora(il, proj, &xn, steps, w.forward(&xn)?)?;
+            if let Some(b) = b {
+                t = t.broadcast_add(b)?;
+            }
+            t.reshape((n, heads, hd))
+        };
+        let mut q = project(&layer.wq, layer.bq.as_ref(), p.n_head, Proj::Q)?;
+        let mut k = project(&layer.wk, layer.bk.as_ref(), p.n_head_kv, Proj::K)?;
+        let v = project(&layer.wv, layer.bv.as_ref(), p.n_head_kv, Proj::V)?;
         if let Some(w) = &layer.q_norm {
             q = candle_nn::ops::rms_norm(&q.contiguous()?, w, p.rms_eps)?;
         }
@@ -394,6 +470,20 @@ impl Forward for CandleForward {
 
     fn hidden_batch(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
         self.checked(steps, true)
+    }
+
+    fn lora_base(&self) -> Option<&LlamaParams> {
+        Some(&self.w.params)
+    }
+
+    fn set_adapter(&mut self, seq: usize, adapter: Option<Arc<LoraAdapter>>) -> bool {
+        match self.adapters.get_mut(seq) {
+            Some(a) => {
+                *a = adapter;
+                true
+            }
+            None => false,
+        }
     }
 
     fn kind(&self) -> &'static str {

@@ -5,6 +5,7 @@
 
 use super::kv_cache::KvPage;
 use super::llama::{KvCache, LlamaModel, Step};
+use super::lora::LoraAdapter;
 use std::sync::Arc;
 use switchyard_backend::BackendError;
 
@@ -138,6 +139,16 @@ pub trait Forward: Send {
     fn device_memory(&self) -> Option<(u64, u64)> {
         None
     }
+    /// The base model's shape when this pass applies LoRA adapters per sequence
+    /// ([`Forward::set_adapter`]); `None`: it applies none.
+    fn lora_base(&self) -> Option<&super::params::LlamaParams> {
+        None
+    }
+    /// Runs sequence `seq` with `adapter` (none: the base model) from its next step
+    /// on; false when the pass applies no adapters.
+    fn set_adapter(&mut self, _seq: usize, _adapter: Option<Arc<LoraAdapter>>) -> bool {
+        false
+    }
 }
 
 /// switchyard's own forward pass with one KV cache per slot.
@@ -148,14 +159,17 @@ pub struct CpuForward {
     /// them, each sequence holding its own — the layout before pages, kept for `bench
     /// kv`'s comparison).
     pub share_pages: bool,
+    /// Per sequence, the LoRA adapter its steps run with.
+    pub adapters: Vec<Option<Arc<LoraAdapter>>>,
 }
 
 impl CpuForward {
     /// `model` with `slots` (at least 1) independent sequences.
     pub fn new(model: LlamaModel, slots: usize) -> Self {
-        let caches = (0..slots.max(1)).map(|_| model.new_cache()).collect();
+        let caches: Vec<KvCache> = (0..slots.max(1)).map(|_| model.new_cache()).collect();
         Self {
             model,
+            adapters: vec![None; caches.len()],
             caches,
             share_pages: true,
         }
@@ -188,7 +202,7 @@ impl CpuForward {
                 tokens: s.tokens,
                 pos: s.pos,
                 outputs: s.outputs,
-                lora: None,
+                lora: self.adapters.get(s.seq).and_then(Option::as_deref),
             });
         }
         Ok(if hidden {
@@ -282,6 +296,20 @@ impl Forward for CpuForward {
 
     fn max_pass(&self) -> usize {
         self.caches[0].max_pass()
+    }
+
+    fn lora_base(&self) -> Option<&super::params::LlamaParams> {
+        Some(&self.model.params)
+    }
+
+    fn set_adapter(&mut self, seq: usize, adapter: Option<Arc<LoraAdapter>>) -> bool {
+        match self.adapters.get_mut(seq) {
+            Some(a) => {
+                *a = adapter;
+                true
+            }
+            None => false,
+        }
     }
 
     fn write_rows(&mut self, seq: usize, start: usize, n: usize, k: &[u16], v: &[u16]) -> bool {

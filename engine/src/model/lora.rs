@@ -6,7 +6,7 @@
 //! `adapter_model.safetensors`, Hugging Face's layout) and llama.cpp's GGUF LoRA
 //! (`general.type = adapter`, `adapter.type = lora`, `adapter.lora.alpha`, tensors
 //! `blk.{i}.{attn_q,…}.weight.lora_a` / `.lora_b`, Q and K rows in llama.cpp's RoPE
-//! order). `scale` is llama.cpp's: the user's scale × alpha / rank (alpha 0: the
+//! order). `scale` is llama.cpp's: the user's scale × alpha / each pair's rank (alpha 0: the
 //! user's scale alone; PEFT's `use_rslora`: alpha / √rank). A and B are kept in f16
 //! (llama.cpp's converter writes f16 adapters by default) and the update is computed
 //! in f32 (the engine's f16·f32 dot and axpy kernels).
@@ -79,8 +79,22 @@ impl Proj {
 struct LowRank {
     d_in: usize,
     d_out: usize,
+    /// alpha / rank of this pair (llama.cpp's rule: each tensor's own rank).
+    factor: f32,
     a: Vec<u16>,
     bt: Vec<u16>,
+}
+
+/// One projection's update, `out += scale · Bᵀ(A·x)`: A is `rank × d_in` and Bᵀ
+/// `rank × d_out`, row-major, f16 bits.
+pub struct LoraPair<'a> {
+    pub a: &'a [u16],
+    pub bt: &'a [u16],
+    pub rank: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    /// The user's scale × alpha / rank.
+    pub scale: f32,
 }
 
 /// A loaded adapter.
@@ -88,7 +102,11 @@ struct LowRank {
 pub struct LoraAdapter {
     /// The name requests use.
     pub name: String,
-    /// The factor the update is multiplied by.
+    /// Unique to this load in the process: KV computed with one load is reused only
+    /// by the same load (an adapter reloaded under its name computes other values).
+    pub id: u64,
+    /// The user's scale (each projection's update is also multiplied by its alpha /
+    /// rank).
     pub scale: f32,
     /// Per layer, per [`Proj`] (in [`PROJS`] order), the update when targeted.
     layers: Vec<[Option<LowRank>; 7]>,
@@ -118,7 +136,12 @@ impl LoraAdapter {
         // The base's layout: a Llama GGUF runs permuted Q and K ("normal" RoPE).
         let base_permuted = base.arch == "llama" && !base.rope_neox;
         let mut layers: Vec<[Option<LowRank>; 7]> = (0..base.n_layer).map(|_| Default::default()).collect();
-        let mut rank = 0;
+        let factor = |rank: usize| match (alpha, rslora) {
+            (0.0, _) => 1.0,
+            (a, true) => a / (rank as f32).sqrt(),
+            (a, false) => a / rank as f32,
+        };
+        let mut any = false;
         for ((layer, pi), pair) in pairs {
             let proj = PROJS[pi];
             let what = format!("layer {layer} {}", proj.hf());
@@ -140,7 +163,7 @@ impl LoraAdapter {
                      (an adapter for another model?)"
                 ));
             }
-            rank = rank.max(r);
+            any = true;
             let f32s = |t: Tensor| -> Result<Vec<f32>, String> {
                 t.to_dtype(DType::F32)
                     .and_then(|t| t.flatten_all())
@@ -166,22 +189,34 @@ impl LoraAdapter {
             layers[layer][pi] = Some(LowRank {
                 d_in,
                 d_out,
+                factor: factor(r),
                 a: f16(&f32s(a)?),
                 bt: f16(&bt),
             });
         }
-        if rank == 0 {
+        if !any {
             return Err("it holds no LoRA tensors".into());
         }
-        let factor = match (alpha, rslora) {
-            (0.0, _) => 1.0,
-            (a, true) => a / (rank as f32).sqrt(),
-            (a, false) => a / rank as f32,
-        };
+        static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Self {
             name: name.to_string(),
-            scale: scale * factor,
+            id: LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            scale,
             layers,
+        })
+    }
+
+    /// The update of `proj` in `layer`, when the adapter targets it: for forward
+    /// passes that apply it their own way (the candle one).
+    pub fn pair(&self, layer: usize, proj: Proj) -> Option<LoraPair<'_>> {
+        let lr = self.layers.get(layer)?[proj as usize].as_ref()?;
+        Some(LoraPair {
+            a: &lr.a,
+            bt: &lr.bt,
+            rank: lr.a.len() / lr.d_in,
+            d_in: lr.d_in,
+            d_out: lr.d_out,
+            scale: self.scale * lr.factor,
         })
     }
 
@@ -194,8 +229,9 @@ impl LoraAdapter {
         debug_assert_eq!((x.len(), out.len()), (lr.d_in, lr.d_out));
         let kern = Kernels::active();
         // out += Σ_j (scale · A_j·x) · Bᵀ_j
+        let scale = self.scale * lr.factor;
         for (ar, bt) in lr.a.chunks_exact(lr.d_in).zip(lr.bt.chunks_exact(lr.d_out)) {
-            (kern.axpy_f16)(out, bt, self.scale * (kern.dot_f16_f32)(ar, x));
+            (kern.axpy_f16)(out, bt, scale * (kern.dot_f16_f32)(ar, x));
         }
     }
 }
@@ -232,7 +268,8 @@ fn read_peft(dir: &Path) -> Result<(Pairs, f32, bool), String> {
     if config["fan_in_fan_out"].as_bool() == Some(true) {
         return Err("fan_in_fan_out adapters (GPT-2 style Conv1D) are not supported".into());
     }
-    let alpha = config["lora_alpha"].as_f64().unwrap_or(0.0) as f32;
+    // PEFT's LoraConfig default.
+    let alpha = config["lora_alpha"].as_f64().unwrap_or(8.0) as f32;
     let rslora = config["use_rslora"].as_bool().unwrap_or(false);
     let weights = dir.join("adapter_model.safetensors");
     let tensors =

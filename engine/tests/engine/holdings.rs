@@ -19,7 +19,7 @@ async fn predicted_and_reused(model: &EngineModel, prompt: Prompt, max_tokens: u
         _ => unreachable!(),
     };
     let held = model.kv_holdings().expect("the engine announces its holdings");
-    let predicted = predict_reuse(&held, &key);
+    let predicted = predict_reuse(&held, None, &key);
     let cfg = GenerateConfig {
         max_tokens,
         ..GenerateConfig::default()

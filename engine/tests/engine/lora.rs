@@ -12,7 +12,7 @@
 
 use candle_core::quantized::gguf_file;
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use switchyard_engine::model::llama::{LlamaModel, LlamaParams, Step};
 use switchyard_engine::model::lora::LoraAdapter;
 use switchyard_testkit::*;
@@ -21,24 +21,6 @@ const STEPS: usize = 24;
 const MEAN_TOL: f32 = 0.06;
 const MAX_TOL: f32 = 1.0;
 const TIE: f32 = 0.75;
-
-/// Writes the test adapter with `seed` for the demo model into `dir`.
-fn make_adapter(dir: &Path, seed: u32) -> PathBuf {
-    let out = dir.join(format!("lora-{seed}"));
-    let run = std::process::Command::new(python())
-        .arg(repo().join("scripts/make-lora.py"))
-        .arg(demo_model())
-        .arg(&out)
-        .args(["--seed", &seed.to_string()])
-        .output()
-        .expect("run scripts/make-lora.py");
-    assert!(
-        run.status.success(),
-        "make-lora.py: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    out
-}
 
 fn demo() -> LlamaModel {
     let path = demo_model();
@@ -93,7 +75,7 @@ fn greedy(model: &LlamaModel, prompt: &[u32], lora: Option<&LoraAdapter>, n: usi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adapters_match_llama_server_and_share_a_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let (one, two) = (make_adapter(dir.path(), 1), make_adapter(dir.path(), 2));
+    let (one, two) = (make_lora(dir.path(), 1), make_lora(dir.path(), 2));
     let model = demo();
     let p = &model.params;
     let a1 = LoraAdapter::load("one", &one.join("adapter.gguf"), p, 1.0).unwrap();
@@ -214,7 +196,7 @@ async fn adapters_match_llama_server_and_share_a_batch() {
 #[test]
 fn bad_adapters_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let one = make_adapter(dir.path(), 1);
+    let one = make_lora(dir.path(), 1);
     let model = demo();
     let err = LoraAdapter::load("x", &dir.path().join("missing.gguf"), &model.params, 1.0).unwrap_err();
     assert!(err.contains("missing.gguf"), "{err}");

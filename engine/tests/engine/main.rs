@@ -11,6 +11,7 @@ mod holdings;
 mod kv_pages;
 mod llama_reference;
 mod lora;
+mod lora_serving;
 mod qwen_reference;
 mod serving;
 mod sliding_window;

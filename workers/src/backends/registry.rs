@@ -67,8 +67,24 @@ impl Registry {
     }
 
     /// Loads the worker's model on the backend [`Self::select`] picks.
+    /// Then loads `worker.adapters` into it: one that fails is reported (naming it and
+    /// why) and left out, and the worker serves the rest.
     pub async fn load(&self, w: &WorkerConfig, worker_id: &str) -> anyhow::Result<Loaded> {
-        self.select(w)?.load(w, worker_id).await
+        let loaded = self.select(w)?.load(w, worker_id).await?;
+        for a in &w.adapters {
+            let load = loaded.model.load_adapter(a.name.clone(), a.path.clone(), a.scale);
+            match load.await {
+                Ok(_) => eprintln!(
+                    "[switchyard] LoRA adapter {:?} loaded from {} (scale {})",
+                    a.name, a.path, a.scale
+                ),
+                Err(e) => {
+                    tracing::error!(adapter = %a.name, path = %a.path, "LoRA adapter not loaded: {e}");
+                    eprintln!("[switchyard] LoRA adapter {:?} NOT loaded: {e}", a.name);
+                }
+            }
+        }
+        Ok(loaded)
     }
 }
 

@@ -41,7 +41,8 @@ impl ServeContext {
     pub(super) fn record_kv(&self, req: &switchyard_messages::GenerateRequest) {
         let msg = match self.model.kv_holdings() {
             Some(now) => KvMsg::Holdings(now),
-            None => KvMsg::Record(switchyard_messages::kv::prefix_blocks(
+            None => KvMsg::Record(switchyard_messages::kv::adapter_blocks(
+                req.head.adapter.as_deref(),
                 &switchyard_messages::kv::routing_key(req.prompt.as_deref(), req.messages.as_deref()),
             )),
         };
@@ -75,5 +76,29 @@ impl ServeContext {
             ));
         }
         Ok(())
+    }
+
+    /// Refuses a request naming a LoRA adapter this worker has not loaded, as
+    /// `unknown_model` naming it and those it has.
+    pub fn check_adapter(&self, adapter: Option<&str>) -> Result<(), WireError> {
+        let Some(want) = adapter else { return Ok(()) };
+        let loaded = self.model.adapters();
+        if loaded.iter().any(|a| a.name == want) {
+            return Ok(());
+        }
+        let names: Vec<&str> = loaded.iter().map(|a| a.name.as_str()).collect();
+        Err(WireError::new(
+            ErrorCode::UnknownModel,
+            format!(
+                "worker {} has not loaded the LoRA adapter {want:?} of {:?}; loaded: {}",
+                self.worker_id,
+                self.model_name,
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        ))
     }
 }

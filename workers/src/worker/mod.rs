@@ -2,6 +2,7 @@
 //! (heartbeats, NATS micro service), serves `{p}.v1.worker.{wid}.*` through
 //! [`crate::worker::service`], and drains on shutdown.
 
+mod adapters;
 pub mod admission;
 pub mod coalesce;
 pub mod context;
@@ -140,6 +141,7 @@ impl WorkerState {
                 name: self.opts.model_name.clone(),
                 path: self.opts.model_path.display().to_string(),
                 info: self.info.clone(),
+                adapters: self.ctx.model.adapters(),
             }],
             capacity: self.ctx.admission.capacity(),
             queue_capacity: self.ctx.admission.queue(),
@@ -253,6 +255,7 @@ impl Actor for WorkerActor {
             Stream { chat: bool },
             Unary(service::Unary),
             SessionOpen,
+            Adapters,
         }
         let sessions = SessionHost::new(ctx.clone(), opts.subjects.clone(), opts.session_idle, myself.get_cell());
         crate::worker::telemetry::register_gauges(&ctx);
@@ -263,12 +266,14 @@ impl Actor for WorkerActor {
             ("embed", Handler::Unary(service::Unary::Embed)),
             ("batch", Handler::Unary(service::Unary::Batch)),
             ("session_open", Handler::SessionOpen),
+            ("adapters", Handler::Adapters),
         ] {
             let ctx = ctx.clone();
+            let me = myself.clone();
             let sessions = sessions.clone();
             let subject = opts.subjects.worker(&opts.worker_id, verb);
             let serve = move |request: async_nats::service::Request| {
-                let (ctx, sessions) = (ctx.clone(), sessions.clone());
+                let (ctx, sessions, me) = (ctx.clone(), sessions.clone(), me.clone());
                 async move {
                     match handler {
                         Handler::Stream { chat } => service::handle(ctx, request, chat).await,
@@ -276,6 +281,14 @@ impl Actor for WorkerActor {
                         Handler::SessionOpen => {
                             let answer = sessions.handle_open(&request.message.payload).await;
                             let _ = request.respond(Ok(answer.into())).await;
+                        }
+                        Handler::Adapters => {
+                            let (answer, changed) = adapters::handle(&ctx, &request.message.payload).await;
+                            let _ = request.respond(Ok(answer.into())).await;
+                            if changed {
+                                // Coordinators learn of it now, not a period later.
+                                let _ = me.cast(WorkerMsg::Heartbeat);
+                            }
                         }
                     }
                 }

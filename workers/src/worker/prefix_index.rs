@@ -23,7 +23,7 @@
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::{HashMap, HashSet, VecDeque};
-use switchyard_messages::kv::{prefix_blocks, BLOCK_BYTES};
+use switchyard_messages::kv::{adapter_blocks, BLOCK_BYTES};
 use switchyard_messages::{KvEvent, KvHolding, KvSnapshot, PROTOCOL_VERSION};
 
 /// The warm prefixes of one worker.
@@ -153,7 +153,7 @@ fn warm_blocks(h: &KvHolding) -> Vec<u64> {
     if h.reuse(key) == 0 {
         return Vec::new();
     }
-    let mut blocks = prefix_blocks(key);
+    let mut blocks = adapter_blocks(h.adapter.as_deref(), key);
     blocks.truncate((last as usize).min(key.len()).div_ceil(BLOCK_BYTES));
     blocks
 }
@@ -292,6 +292,7 @@ mod tests {
             min_reuse,
             granule: 1,
             min_share: 0,
+            adapter: None,
         }
     }
 
@@ -299,7 +300,7 @@ mod tests {
     fn holdings_announce_what_the_engine_holds() {
         let mut t = KvTracker::new("w", 1);
         let doc = "d".repeat(BLOCK_BYTES * 3);
-        let blocks = prefix_blocks(doc.as_bytes());
+        let blocks = adapter_blocks(None, doc.as_bytes());
         // A slot holding the first 100 tokens (400 bytes: blocks 0 and 1).
         let e = t.holdings(vec![holding(1, &doc, 100, 0)]).unwrap();
         assert!(e.precise && e.released.is_empty() && e.holdings.len() == 1);

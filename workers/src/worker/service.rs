@@ -93,6 +93,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             ));
         }
         ctx.check_open()?;
+        ctx.check_adapter(req.head.adapter.as_deref())?;
         if !req.resume_tokens.is_empty() && !ctx.model.resumes() {
             // Retryable: another worker (a cpu one) may take the resumed stream.
             return Err(WireError::new(
@@ -192,6 +193,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     sink.tokens(Vec::new()).await;
     let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
     let mut config = req.config.clone();
+    config.adapter = req.head.adapter.clone();
     let (mut prompt, calls) = match plan {
         Some(plan) => {
             if plan.constraint.is_some() {
@@ -503,6 +505,7 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
             ));
         }
         ctx.check_open()?;
+        ctx.check_adapter(head.adapter.as_deref())?;
         Ok((head, req))
     });
     let parsed = match parsed {
@@ -563,7 +566,11 @@ pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary)
         UnaryRequest::Batch(r) => {
             let cancel = ctx.cancels.insert(&head.request_id, &reply_to);
             let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
-            let results = ctx.model.batch_generate(prompts, r.config, cancel).await;
+            let config = switchyard_messages::GenerateConfig {
+                adapter: head.adapter.clone(),
+                ..r.config
+            };
+            let results = ctx.model.batch_generate(prompts, config, cancel).await;
             ctx.cancels.remove(&head.request_id);
             encode(&BatchReply {
                 v: PROTOCOL_VERSION,

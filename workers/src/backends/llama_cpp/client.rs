@@ -47,6 +47,8 @@ pub(super) struct Shared {
     pub(super) pinned: Mutex<Vec<bool>>,
     /// What the slots hold ([`SlotBook`]), when the model file is readable here.
     pub(super) slots: Option<Arc<SlotBook>>,
+    /// The LoRA adapters the server loaded and the names they are served under.
+    pub(super) adapters: super::adapters::ServerAdapters,
 }
 
 impl Shared {
@@ -150,6 +152,10 @@ impl LlamaCppModel {
                 .ok()
                 .flatten()
         };
+        let lora = match http.get(format!("{url}/lora-adapters")).send().await {
+            Ok(r) if r.status().is_success() => r.json::<Value>().await.unwrap_or_default(),
+            _ => Value::Null,
+        };
         tracing::info!(%url, model = %props.model_path, n_ctx = props.n_ctx, slots = props.total_slots, "llama.cpp server connected");
         let shared = Arc::new(Shared {
             url,
@@ -157,6 +163,7 @@ impl LlamaCppModel {
             info,
             pinned: Mutex::new(vec![false; props.total_slots as usize]),
             slots: book.map(Arc::new),
+            adapters: super::adapters::ServerAdapters::new(&lora),
             props,
             healthy: AtomicBool::new(true),
             last_metrics: Mutex::new(GenerateMetrics::default()),
@@ -179,6 +186,11 @@ impl LlamaCppModel {
         }
         let slot = pinned.iter().position(|p| !*p)?;
         pinned[slot] = true;
+        drop(pinned);
+        // Its holding is the session's now, not for ordinary requests to reuse.
+        if let Some(book) = &self.shared.slots {
+            book.clear(slot as u32);
+        }
         Some(slot as u32)
     }
 
@@ -205,6 +217,9 @@ impl LlamaCppModel {
     pub fn mark_down(&self, why: &str) {
         if self.shared.healthy.swap(false, Ordering::AcqRel) {
             tracing::warn!(url = %self.url(), "llama.cpp server down: {why}");
+        }
+        if let Some(book) = &self.shared.slots {
+            book.forget();
         }
     }
 
@@ -313,9 +328,12 @@ impl LlamaCppModel {
         // What the slot holds afterwards, when the model's vocabulary is known here.
         let mut follow = self.shared.slots.as_ref().map(|book| {
             let pinned = self.shared.pinned.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            book.follow(&prompt, &value, slot, &pinned)
+            book.follow(&prompt, &value, slot, &pinned, config.adapter.as_deref())
         });
         let mut body = completion_body(value, config, true);
+        if let Some(lora) = self.shared.adapters.param(config.adapter.as_deref())? {
+            body["lora"] = lora;
+        }
         if let Some(slot) = follow.as_ref().map_or(slot, |f| f.slot()) {
             body["id_slot"] = json!(slot);
         }
@@ -347,6 +365,9 @@ impl LlamaCppModel {
         if !status.is_success() {
             let v: Value = r.json().await.unwrap_or_default();
             return Err(server_error("/completion", status, &v));
+        }
+        if let Some(f) = &mut follow {
+            f.accepted();
         }
         let mut body = r.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
@@ -494,6 +515,10 @@ async fn health_loop(shared: Weak<Shared>) {
         if up && !was {
             match fetch_props(&s.http, &url).await {
                 Ok(p) if p.model_path == s.props.model_path => {
+                    // It may have restarted: what its slots held is not known.
+                    if let Some(book) = &s.slots {
+                        book.forget();
+                    }
                     s.healthy.store(true, Ordering::Release);
                     tracing::info!(%url, "llama.cpp server is back; available again");
                 }

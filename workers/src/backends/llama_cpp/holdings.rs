@@ -111,7 +111,17 @@ impl SlotBook {
     /// on), on `slot` when the caller pinned one, else on the slot [`SlotBook`]
     /// picks among those `pinned` does not hold ([`Completion::slot`]; none when all
     /// are busy: the server then queues it).
-    pub fn follow(self: &Arc<Self>, prompt: &Prompt, value: &Value, slot: Option<u32>, pinned: &[bool]) -> Completion {
+    ///
+    /// A slot's holding counts only for a request with the same LoRA `adapter`:
+    /// llama-server clears a slot whose adapters change.
+    pub fn follow(
+        self: &Arc<Self>,
+        prompt: &Prompt,
+        value: &Value,
+        slot: Option<u32>,
+        pinned: &[bool],
+        adapter: Option<&str>,
+    ) -> Completion {
         let rendered = value.as_str().map(str::to_string);
         let tokens = rendered.clone().map(|text| {
             let tokenizer = self.tokenizer.clone();
@@ -124,59 +134,111 @@ impl SlotBook {
         };
         let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
         book.clock += 1;
-        let slot = slot.map(|s| s as usize).or_else(|| {
+        let started = book.clock;
+        let chosen = slot.map(|s| s as usize).or_else(|| {
             let idle = |(i, s): &(usize, &Slot)| !s.busy && !pinned.get(*i).copied().unwrap_or(false);
-            let reuse = |s: &Slot| s.holding.as_ref().map_or(0, |h| h.reuse(&key));
+            let reuse = |s: &Slot| reuse(s, adapter, &key);
             let idle = book.slots.iter().enumerate().filter(idle);
             let best = idle.clone().map(|(i, s)| (reuse(s), i)).filter(|(n, _)| *n > 0).max();
             best.map(|(_, i)| i)
                 .or_else(|| idle.min_by_key(|(_, s)| s.last_used).map(|(i, _)| i))
         });
-        // A slot that gives the request nothing computes it afresh: llama-server
-        // would still reuse the few tokens it shares, which no prediction counts.
-        let fresh = slot.is_some_and(|i| {
-            book.slots
-                .get(i)
-                .is_some_and(|s| s.holding.as_ref().is_some_and(|h| h.reuse(&key) == 0))
-        });
-        if let Some(s) = slot.and_then(|s| book.slots.get_mut(s)) {
+        // A slot the worker picked that gives the request nothing computes it
+        // afresh: llama-server would still reuse the few tokens it shares, which no
+        // prediction counts. A slot the caller pinned (a session's) keeps its cache.
+        let mut fresh = false;
+        let mut before = None;
+        if let Some(s) = chosen.and_then(|i| book.slots.get_mut(i)) {
+            fresh = slot.is_none() && reuse(s, adapter, &key) == 0;
+            // A busy slot's holding is no one else's to reuse until it settles.
+            before = s.holding.take();
             s.busy = true;
+            s.last_used = started;
         }
-        if let Some(i) = slot {
-            let clock = book.clock;
-            if let Some(s) = book.slots.get_mut(i) {
-                s.last_used = clock;
-            }
-        }
+        let all = book.holdings();
         drop(book);
+        if before.is_some() {
+            self.shared.set(all);
+        }
         Completion {
             book: self.clone(),
             prompt: matches!(prompt, Prompt::Text(_) | Prompt::Chat { .. }).then(|| prompt.clone()),
             rendered,
             tokens,
-            slot,
+            slot: chosen,
+            adapter: adapter.map(str::to_string),
+            started,
+            before,
+            accepted: false,
             fresh,
             generated: Vec::new(),
             settled: false,
         }
     }
 
-    /// Slot `slot` now holds `now`; the holdings are published.
-    fn settle(&self, slot: usize, now: Option<KvHolding>) {
+    /// Slot `slot` now holds `now`, unless a completion started after `started`
+    /// (or a session's prefill) took it since; the holdings are published.
+    fn settle(&self, slot: usize, started: u64, now: Option<KvHolding>) {
         let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if slot >= book.slots.len() {
             book.slots.resize(slot + 1, Slot::default());
         }
+        if book.slots[slot].last_used > started {
+            return;
+        }
         book.slots[slot].busy = false;
         book.slots[slot].holding = now;
-        let all: Vec<KvHolding> = book.slots.iter().filter_map(|s| s.holding.clone()).collect();
+        let all = book.holdings();
         drop(book);
         self.shared.set(all);
     }
 
-    /// Slot `slot` was overwritten with what no key maps (a session's tokens).
+    /// Slot `slot` was overwritten with what no key maps (a session's tokens); a
+    /// completion that ran on it before settles into nothing.
     pub fn clear(&self, slot: u32) {
-        self.settle(slot as usize, None);
+        let started = {
+            let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            book.clock += 1;
+            book.clock
+        };
+        self.settle(slot as usize, started, None);
+        if let Some(s) = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .slots
+            .get_mut(slot as usize)
+        {
+            s.last_used = started;
+        }
+    }
+
+    /// The server restarted (or went away): its slots hold nothing any more.
+    pub fn forget(&self) {
+        let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        book.clock += 1;
+        let clock = book.clock;
+        for s in &mut book.slots {
+            *s = Slot {
+                last_used: clock,
+                ..Slot::default()
+            };
+        }
+        drop(book);
+        self.shared.set(Vec::new());
+    }
+}
+
+/// Tokens a request with prediction key `key` run with `adapter` reuses from what
+/// `slot` holds.
+fn reuse(slot: &Slot, adapter: Option<&str>, key: &[u8]) -> u32 {
+    let same = |h: &&KvHolding| h.adapter.as_deref() == adapter;
+    slot.holding.as_ref().filter(same).map_or(0, |h| h.reuse(key))
+}
+
+impl Book {
+    fn holdings(&self) -> Vec<KvHolding> {
+        self.slots.iter().filter_map(|s| s.holding.clone()).collect()
     }
 }
 
@@ -188,6 +250,14 @@ pub struct Completion {
     rendered: Option<String>,
     tokens: Option<JoinHandle<Result<Vec<u32>, String>>>,
     slot: Option<usize>,
+    /// The LoRA adapter it runs with.
+    adapter: Option<String>,
+    /// The book's clock when it started: a later completion on its slot wins.
+    started: u64,
+    /// What its slot held before, again its holding if the server never took it.
+    before: Option<KvHolding>,
+    /// The server answered the request (it may have changed the slot).
+    accepted: bool,
     /// Sent with `cache_prompt: false` (its slot shares nothing that counts).
     fresh: bool,
     generated: Vec<u32>,
@@ -206,6 +276,11 @@ impl Completion {
         self.fresh
     }
 
+    /// The server took the request: from here on it may change the slot.
+    pub fn accepted(&mut self) {
+        self.accepted = true;
+    }
+
     /// Notes a streamed event (its slot) and the token ids it carried.
     pub fn saw(&mut self, event: &Value, ids: &[u32]) {
         if let Some(slot) = event["id_slot"].as_u64() {
@@ -217,8 +292,17 @@ impl Completion {
     /// The completion ended (`finished`: the server said so; else it was stopped or
     /// failed): its slot's holding is published before the caller hears.
     pub async fn settle(mut self, finished: bool) {
-        self.settled = true;
-        let Some(slot) = self.slot else { return };
+        let Some(slot) = self.slot else {
+            self.settled = true;
+            return;
+        };
+        if !self.accepted {
+            // Never reached the server: the slot holds what it held.
+            self.settled = true;
+            let before = self.before.take();
+            self.book.settle(slot, self.started, before);
+            return;
+        }
         let tokens = match self.tokens.take() {
             Some(t) => t.await.ok().and_then(Result::ok),
             None => None,
@@ -245,32 +329,48 @@ impl Completion {
                 |_| 0,
             )?;
             h.min_share = MIN_SHARE;
-            Some(h)
+            Some(h.with_adapter(self.adapter.as_deref()))
         });
-        self.book.settle(slot, now);
+        // Settled only here: a settle dropped while it waited for the tokens leaves
+        // the slot to Drop, which frees it.
+        self.settled = true;
+        self.book.settle(slot, self.started, now);
     }
 }
 
 impl Drop for Completion {
     /// A completion that ended without [`Completion::settle`] (an error, a dropped
-    /// stream) settles in the background with what it saw.
+    /// stream) settles in the background with what it saw; outside a runtime its
+    /// slot is freed holding nothing known.
     fn drop(&mut self) {
-        if self.settled || self.slot.is_none() {
+        let Some(slot) = self.slot.filter(|_| !self.settled) else {
             return;
-        }
+        };
+        self.settled = true;
         let rest = Completion {
             book: self.book.clone(),
             prompt: self.prompt.take(),
             rendered: self.rendered.take(),
             tokens: self.tokens.take(),
             slot: self.slot,
+            adapter: self.adapter.take(),
+            started: self.started,
+            before: self.before.take(),
+            accepted: self.accepted,
             fresh: self.fresh,
             generated: std::mem::take(&mut self.generated),
             settled: false,
         };
-        self.settled = true;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(rest.settle(false));
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(rest.settle(false));
+            }
+            Err(_) => {
+                let mut rest = rest;
+                rest.settled = true;
+                let now = if rest.accepted { None } else { rest.before.take() };
+                rest.book.settle(slot, rest.started, now);
+            }
         }
     }
 }

@@ -14,6 +14,8 @@
 //!   spreads them over its slots).
 //! - KV holdings: what each server slot (and llama-server's prompt cache) holds,
 //!   followed from the completions' `id_slot` ([`holdings`]).
+//! - LoRA adapters: those the server loaded at start (`--lora`), applied per request
+//!   ([`adapters`]).
 //! - `info`: `/props` (context size); metrics from each completion's `timings`.
 //! - Health: a background loop asks `/health` four times a second; a failed request
 //!   or a failed check marks the model unhealthy (the worker then refuses requests as
@@ -23,6 +25,7 @@
 //! The `rocm` and `cuda` backends ([`crate::backends::llama_server`]) serve through this
 //! same type, pointed at the llama-server child they supervise.
 
+pub mod adapters;
 mod backend;
 pub mod body;
 pub mod client;

@@ -139,6 +139,25 @@ impl TextModel for LlamaCppModel {
         }
     }
 
+    fn adapters(&self) -> Vec<switchyard_messages::ServedAdapter> {
+        self.shared.adapters.list()
+    }
+
+    fn load_adapter(
+        &self,
+        name: String,
+        path: String,
+        scale: f32,
+    ) -> switchyard_backend::BackendFuture<switchyard_messages::ServedAdapter> {
+        let loaded = self.shared.adapters.load(&name, &path, scale, &self.url());
+        Box::pin(async move { loaded })
+    }
+
+    fn unload_adapter(&self, name: String) -> switchyard_backend::BackendFuture<()> {
+        let unloaded = self.shared.adapters.unload(&name);
+        Box::pin(async move { unloaded })
+    }
+
     fn model_type(&self) -> &str {
         "llama_cpp"
     }

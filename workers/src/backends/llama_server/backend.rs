@@ -7,6 +7,7 @@ use crate::backends::llama_cpp::served;
 use crate::backends::worker_backend::{Loaded, WorkerBackend};
 use crate::local;
 use futures::future::BoxFuture;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use switchyard_config::WorkerConfig;
 use switchyard_messages::BackendKind;
@@ -74,6 +75,15 @@ impl WorkerBackend for LlamaServerBackend {
                 context_len: w.context_len,
                 parallel_slots: w.parallel_slots,
                 threads: w.threads,
+                // llama-server loads adapters only at start: the configured GGUF LoRAs go
+                // on its command line (anything else would stop it starting; loading
+                // that adapter by name then says why).
+                lora: w
+                    .adapters
+                    .iter()
+                    .map(|a| PathBuf::from(&a.path))
+                    .filter(|p| is_gguf_lora(p))
+                    .collect(),
                 extra_args: w.llama_server_args.split_whitespace().map(str::to_string).collect(),
                 allow_cpu: w.gpu_allow_cpu,
                 worker_id: worker_id.to_string(),
@@ -103,4 +113,18 @@ impl WorkerBackend for LlamaServerBackend {
             Ok(loaded)
         })
     }
+}
+
+/// Whether `path` is a llama.cpp GGUF LoRA (`general.type = adapter`, `adapter.type =
+/// lora`), what llama-server's `--lora` takes.
+fn is_gguf_lora(path: &std::path::Path) -> bool {
+    use candle_core::quantized::gguf_file;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let Ok(content) = gguf_file::Content::read(&mut std::io::BufReader::new(f)) else {
+        return false;
+    };
+    let text = |k: &str| content.metadata.get(k).and_then(|v| v.to_string().ok()).cloned();
+    text("general.type").as_deref() == Some("adapter") && text("adapter.type").as_deref() == Some("lora")
 }

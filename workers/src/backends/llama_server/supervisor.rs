@@ -40,6 +40,9 @@ pub struct ServerOptions {
     pub parallel_slots: u32,
     /// CPU threads (`-t`); `0` = llama-server's default.
     pub threads: u32,
+    /// LoRA adapter files loaded at start (`--lora`, each at scale 0 until a request
+    /// names it: `--lora-init-without-apply`).
+    pub lora: Vec<PathBuf>,
     /// More arguments, passed last.
     pub extra_args: Vec<String>,
     /// Run without the vendor's GPU (a CPU llama-server under the same supervisor),
@@ -312,6 +315,12 @@ pub fn command(opts: &ServerOptions, port: u16) -> Result<Command, BackendError>
     if opts.threads > 0 {
         let t = opts.threads.to_string();
         cmd.args(["-t", &t, "-tb", &t]);
+    }
+    for path in &opts.lora {
+        cmd.arg("--lora").arg(path);
+    }
+    if !opts.lora.is_empty() {
+        cmd.arg("--lora-init-without-apply");
     }
     cmd.args(&opts.extra_args);
     cmd.envs(pin_env(opts)?);

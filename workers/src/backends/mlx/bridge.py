@@ -41,6 +41,7 @@ only the rest (`cached_tokens` in the metrics). Each session owns its own cache.
 """
 import base64
 import json
+import os
 import queue
 import sys
 import threading
@@ -68,6 +69,97 @@ def f32_base64(array):
     import numpy as np
 
     return base64.b64encode(np.array(array.astype(mx.float32)).astype("<f4").tobytes()).decode("ascii")
+
+
+# The LoRA adapter the current request runs with (None: the base model). Requests run
+# one at a time, so one global switch serves every wrapped projection.
+ACTIVE = [None]
+
+
+def lora_switch(base):
+    """`base` (a Linear or QuantizedLinear) as a module that adds the active
+    adapter's update, `scale * (x @ A.T) @ B.T`, when it has one for this
+    projection."""
+    import mlx.nn as nn
+
+    class LoraSwitch(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            # Off the module tree: not parameters, no effect on the base's.
+            object.__setattr__(self, "loras", {})
+
+        def __call__(self, x):
+            y = self.base(x)
+            lo = self.loras.get(ACTIVE[0])
+            if lo is not None:
+                a, b, scale = lo
+                y = y + (scale * ((x @ a) @ b)).astype(y.dtype)
+            return y
+
+    return LoraSwitch(base)
+
+
+def load_peft(model, name, path, scale):
+    """Adds the PEFT adapter at `path` as `name` to `model`'s projections; returns how
+    many it adapts. Errors name what is wrong; on one, nothing is added."""
+    import mlx.core as mx
+
+    try:
+        with open(os.path.join(path, "adapter_config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BridgeError("bad_request", f"LoRA adapter {name!r} ({path}): {e} (MLX loads PEFT directories)")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise BridgeError("bad_request", f"LoRA adapter {name!r}: it is a {config.get('peft_type')} adapter, not LoRA")
+    alpha = float(config.get("lora_alpha", 8))
+    rslora = bool(config.get("use_rslora", False))
+    weights = mx.load(os.path.join(path, "adapter_model.safetensors"))
+    modules = dict(model.named_modules())
+    pairs = {}
+    for key, w in weights.items():
+        for part in (".lora_A.weight", ".lora_B.weight"):
+            if key.endswith(part):
+                target = key[: -len(part)].removeprefix("base_model.model.")
+                pairs.setdefault(target, {})[part[6]] = w
+    updates = []
+    for target, ab in sorted(pairs.items()):
+        if "A" not in ab or "B" not in ab:
+            raise BridgeError("bad_request", f"LoRA adapter {name!r}: {target}: A or B is missing")
+        module = modules.get(target)
+        base = getattr(module, "base", module)
+        if base is None or not hasattr(base, "weight"):
+            raise BridgeError("bad_request", f"LoRA adapter {name!r}: the model has no projection {target}")
+        a, b = ab["A"], ab["B"]
+        rank = a.shape[0]
+        out_dim, in_dim = base.weight.shape[0], a.shape[1]
+        if b.shape != (out_dim, rank) or getattr(base, "bits", None) is None and base.weight.shape != (out_dim, in_dim):
+            raise BridgeError(
+                "bad_request",
+                f"LoRA adapter {name!r}: {target}: A is {list(a.shape)} and B {list(b.shape)}, "
+                f"the model's projection is {list(base.weight.shape)} (an adapter for another model?)",
+            )
+        factor = 1.0 if alpha == 0 else (alpha / rank ** 0.5 if rslora else alpha / rank)
+        updates.append((target, module, a.T.astype(mx.float32), b.T.astype(mx.float32), scale * factor))
+    if not updates:
+        raise BridgeError("bad_request", f"LoRA adapter {name!r} ({path}): it holds no LoRA tensors")
+    unload_lora(model, name)  # replaced only once the new one is known good
+    for target, module, a, b, s in updates:
+        if not hasattr(module, "loras"):
+            parent, attr = target.rsplit(".", 1)
+            module = lora_switch(module)
+            setattr(modules[parent], attr, module)
+        module.loras[name] = (a, b, s)
+    return len(updates)
+
+
+def unload_lora(model, name):
+    found = False
+    for _, module in model.named_modules():
+        loras = getattr(module, "loras", None)
+        if isinstance(loras, dict) and loras.pop(name, None) is not None:
+            found = True
+    return found
 
 
 class BridgeError(Exception):
@@ -235,6 +327,8 @@ class Bridge:
         self.next_session = 1
         self.max_sessions = 8
         self.lltok = None  # llguidance's view of the loaded tokenizer, built on first use
+        self.adapters = set()
+        self.shared_adapter = None  # the adapter the shared cache's KV was computed with
 
     def load(self, req):
         import mlx.core as mx
@@ -375,6 +469,10 @@ class Bridge:
         self.check_context(len(tokens), max_tokens)
         started = time.time()
         guide = self.guide(cfg)
+        # Keys and values of another adapter (or none) are not this request's.
+        if ACTIVE[0] != self.shared_adapter:
+            self.shared = Cache(self.model)
+            self.shared_adapter = ACTIVE[0]
         # Keep what the shared cache shares with this prompt, but feed at least one
         # token: the last prompt token's logits pick the first new token.
         keep = self.shared.keep(min(common_prefix(self.shared.tokens, tokens), len(tokens) - 1))
@@ -660,7 +758,26 @@ def main():
             elif op == "info":
                 out = {"event": "info", "info": bridge.info}
             elif op == "generate":
+                adapter = req.get("adapter")
+                if adapter is not None and adapter not in bridge.adapters:
+                    raise BridgeError("bad_request", f"no LoRA adapter {adapter!r} is loaded")
+                ACTIVE[0] = adapter
                 out = bridge.generate(rid, req)
+            elif op == "load_adapter":
+                bridge.need_model()
+                name = req.get("name", "")
+                n = load_peft(bridge.model, name, req.get("path", ""), float(req.get("scale", 1.0)))
+                bridge.adapters.add(name)
+                # A replaced adapter's KV is stale.
+                bridge.shared = Cache(bridge.model)
+                bridge.shared_adapter = None
+                out = {"event": "adapter", "name": name, "projections": n}
+            elif op == "unload_adapter":
+                name = req.get("name", "")
+                if not unload_lora(bridge.model, name) and name not in bridge.adapters:
+                    raise BridgeError("bad_request", f"no LoRA adapter {name!r} is loaded")
+                bridge.adapters.discard(name)
+                out = {"event": "adapter", "name": name}
             elif op == "decode":
                 out = bridge.decode(rid, req)
             elif op == "classify":
@@ -690,6 +807,7 @@ def main():
             log(traceback.format_exc())
             send({"id": rid, "event": "error", "code": "backend_error", "message": f"{type(e).__name__}: {e}"})
         finally:
+            ACTIVE[0] = None
             with bridge.lock:
                 bridge.cancelled.discard(rid)
 

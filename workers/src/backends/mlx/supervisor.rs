@@ -16,6 +16,9 @@ use switchyard_backend::BackendError;
 
 /// The current bridge, restarted when it exits.
 pub struct Supervised {
+    /// The LoRA adapters loaded, as their `load_adapter` requests: sent again to a
+    /// restarted child before it serves.
+    pub(super) adapters: Mutex<Vec<(switchyard_messages::ServedAdapter, serde_json::Value)>>,
     current: RwLock<Option<Arc<Bridge>>>,
     /// Bumped at every new child: a session opened on an older one is gone.
     epoch: AtomicU64,
@@ -30,6 +33,7 @@ impl Supervised {
         let bridge = Arc::new(Bridge::start(&opts).await?);
         let info = bridge.info.clone();
         let me = Arc::new(Self {
+            adapters: Mutex::default(),
             current: RwLock::new(Some(bridge)),
             epoch: AtomicU64::new(1),
             restarts: AtomicU32::new(0),
@@ -96,6 +100,15 @@ async fn supervise(me: Weak<Supervised>, opts: BridgeOptions, worker_id: String)
             match Bridge::start(&opts).await {
                 Ok(b) => {
                     let Some(sup) = me.upgrade() else { return };
+                    let replay: Vec<serde_json::Value> = {
+                        let adapters = sup.adapters.lock().unwrap_or_else(|p| p.into_inner());
+                        adapters.iter().map(|(_, r)| r.clone()).collect()
+                    };
+                    for r in replay {
+                        if let Err(e) = b.call(r.clone()).await {
+                            tracing::error!(worker = %worker_id, "the restarted MLX bridge did not load {}: {e}", r["name"]);
+                        }
+                    }
                     tracing::info!(worker = %worker_id, pid = b.pid, "the MLX bridge is back");
                     *sup.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(b));
                     sup.epoch.fetch_add(1, Ordering::AcqRel);

@@ -56,7 +56,11 @@ impl MlxModel {
 
 impl TextModel for MlxModel {
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
-        let request = body("generate", Some(&prompt), json!({"config": config_json(&config)}));
+        let request = body(
+            "generate",
+            Some(&prompt),
+            json!({"config": config_json(&config), "adapter": config.adapter}),
+        );
         stream(&self.bridge, request, &config, cancel, self.last.clone())
     }
 
@@ -168,6 +172,57 @@ impl TextModel for MlxModel {
 
     fn parallel_slots(&self) -> u32 {
         1
+    }
+
+    fn adapters(&self) -> Vec<switchyard_messages::ServedAdapter> {
+        let adapters = self.bridge.adapters.lock().unwrap_or_else(|p| p.into_inner());
+        adapters.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// One PEFT adapter at a time per request: the bridge runs requests one by one
+    /// and switches the adapter between them.
+    fn load_adapter(
+        &self,
+        name: String,
+        path: String,
+        scale: f32,
+    ) -> BackendFuture<switchyard_messages::ServedAdapter> {
+        let bridge = self.bridge.clone();
+        Box::pin(async move {
+            switchyard_messages::check_adapter_name(&name).map_err(|e| BackendError::Invalid(e.message))?;
+            let request = json!({"op": "load_adapter", "name": name, "path": path, "scale": scale});
+            let (b, _) = bridge.bridge()?;
+            b.call(request.clone()).await?;
+            let served = switchyard_messages::ServedAdapter {
+                name: name.clone(),
+                path,
+                scale,
+                exclusive: false,
+            };
+            let mut adapters = bridge.adapters.lock().unwrap_or_else(|p| p.into_inner());
+            adapters.retain(|(a, _)| a.name != name);
+            adapters.push((served.clone(), request));
+            adapters.sort_by(|x, y| x.0.name.cmp(&y.0.name));
+            Ok(served)
+        })
+    }
+
+    fn unload_adapter(&self, name: String) -> BackendFuture<()> {
+        let bridge = self.bridge.clone();
+        Box::pin(async move {
+            let held = {
+                let adapters = bridge.adapters.lock().unwrap_or_else(|p| p.into_inner());
+                adapters.iter().any(|(a, _)| a.name == name)
+            };
+            if !held {
+                return Err(BackendError::Invalid(format!("no LoRA adapter {name:?} is loaded")));
+            }
+            let (b, _) = bridge.bridge()?;
+            b.call(json!({"op": "unload_adapter", "name": name})).await?;
+            let mut adapters = bridge.adapters.lock().unwrap_or_else(|p| p.into_inner());
+            adapters.retain(|(a, _)| a.name != name);
+            Ok(())
+        })
     }
 
     fn model_type(&self) -> &str {
