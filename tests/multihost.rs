@@ -305,8 +305,13 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
         "the edge's requests stay on the edge: {edge:?}"
     );
 
-    // Load from h1 while the faults happen.
-    let client_url = url(&[1, 2]);
+    // Load from h1 while the faults happen, through h1's own server (the faults never
+    // touch it). Given h2's too, the client sometimes sat on n2: killed, it reconnected
+    // to a server it had learned of, n3, which the next fault cuts off with it — an
+    // island where nothing serves, whose instant `no_worker` answers outnumbered the
+    // served requests (CI: 291 of 5,072 on an Intel host). No fleet can serve a client
+    // cut off with no worker; the coordinators' own failover is what this checks.
+    let client_url = url(&[1]);
     let outcomes = Arc::new(AtomicUsize::new(0));
     let sent = Arc::new(AtomicUsize::new(0));
     let (o, s) = (outcomes.clone(), sent.clone());
