@@ -230,8 +230,8 @@ impl WorkerConfig {
             );
         }
         for a in &self.adapters {
-            let bad_char = |c: char| c.is_control() || c.is_whitespace() || c == ':';
-            if a.name.is_empty() || a.name.len() > 128 || a.name.chars().any(bad_char) {
+            // The rule requests are checked by (the wire crate's), so a loaded name is askable.
+            if switchyard_messages::check_adapter_name(&a.name).is_err() {
                 return invalid(
                     "worker.adapters.name",
                     format!("{:?}", a.name),

@@ -196,21 +196,19 @@ impl SlotBook {
     /// Slot `slot` was overwritten with what no key maps (a session's tokens); a
     /// completion that ran on it before settles into nothing.
     pub fn clear(&self, slot: u32) {
-        let started = {
-            let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            book.clock += 1;
-            book.clock
-        };
-        self.settle(slot as usize, started, None);
-        if let Some(s) = self
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .slots
-            .get_mut(slot as usize)
-        {
-            s.last_used = started;
+        let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        book.clock += 1;
+        let (slot, clock) = (slot as usize, book.clock);
+        if slot >= book.slots.len() {
+            book.slots.resize(slot + 1, Slot::default());
         }
+        book.slots[slot] = Slot {
+            last_used: clock,
+            ..Slot::default()
+        };
+        let all = book.holdings();
+        drop(book);
+        self.shared.set(all);
     }
 
     /// The server restarted (or went away): its slots hold nothing any more.
