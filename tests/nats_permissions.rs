@@ -236,6 +236,25 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
         .await
         .unwrap();
     violation(&errors, "sy.v1.generate").await;
+    // KV is the workers' alone (protocol 1.11): a client can neither ask a worker
+    // for what it holds nor pose as one to serve (or inject) KV.
+    let pull = switchyard_messages::KvPullRequest {
+        v: 1,
+        transfer: switchyard_messages::kv_transfer::KV_TRANSFER_VERSION,
+        request_id: "r1".into(),
+        format: String::new(),
+        adapter: None,
+        adapter_key: None,
+        tokens: vec![1; 32],
+        first_block: 0,
+        blocks: 1,
+        part: 0,
+        parts: 1,
+    };
+    bob.publish(subjects.kv_pull("w1"), encode(&pull).into()).await.unwrap();
+    violation(&errors, "sy.v1.kv.w1.pull").await;
+    let mut kv_thief = bob.subscribe(subjects.kv_pull("w2")).await.unwrap();
+    violation(&errors, "sy.v1.kv.w2.pull").await;
     // Unloading a worker's LoRA adapters is the operator's, not a client's.
     let unload = switchyard_messages::AdapterRequest {
         v: 1,
@@ -281,6 +300,7 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
         tokio::select! {
             m = spy.next() => m.map(|m| m.subject.to_string()),
             m = thief.next() => m.map(|m| m.subject.to_string()),
+            m = kv_thief.next() => m.map(|m| m.subject.to_string()),
         }
     })
     .await;

@@ -383,6 +383,11 @@ pub trait TextModel: Send + Sync {
     fn unload_adapter(&self, name: String) -> BackendFuture<()> {
         Box::pin(async move { Err(BackendError::Invalid(format!("no LoRA adapter {name:?} is loaded"))) })
     }
+    /// Its KV as something that can travel between workers, when the backend can
+    /// export and import it ([`crate::KvTransfer`]).
+    fn kv_transfer(&self) -> Option<&dyn crate::KvTransfer> {
+        None
+    }
     /// The architecture, e.g. `"llama"`.
     fn model_type(&self) -> &str;
     /// Static facts.

@@ -11,10 +11,13 @@
 //! - `contract.rs`: [`TextModel`], [`ModelSession`], [`Prompt`], [`GenerateEvent`],
 //!   [`BackendError`] (and its mapping to the wire's error codes), the futures
 //!   classify/embed/batch calls return.
+//! - [`kv_transfer`]: [`KvTransfer`], the capability of a backend whose KV can move
+//!   between workers.
 //! - [`stream`]: the stream a generation returns ([`GenerateStream`]), whose
 //!   consumer may hold tokens without being woken for each.
 
 mod contract;
+pub mod kv_transfer;
 pub mod stream;
 
 pub use contract::{
@@ -22,3 +25,4 @@ pub use contract::{
     EventSender, GenerateEvent, GenerateItem, GenerateStream, InspectFuture, KvWatcher, ModelMemory, ModelSession,
     Prompt, ResidentUpdate, TextModel, ToolFormat,
 };
+pub use kv_transfer::{KvBlocks, KvTransfer};

@@ -128,7 +128,7 @@ impl CoordinatorHandle {
         let root =
             switchyard_fabric::RootWatch::start(join, client.clone(), format!("coordinator {}", opts.coordinator_id));
         let mut tasks = Vec::new();
-        let book = holdings::HoldingsBook::default();
+        let book = holdings::HoldingsBook::new(opts.worker_expiry);
 
         // Heartbeats, as many as are waiting per actor call (one round trip per batch,
         // not per heartbeat, and still backpressure: the next batch waits for this
@@ -159,6 +159,7 @@ impl CoordinatorHandle {
                 if beats.is_empty() {
                     continue;
                 }
+                fetch.book.formats(&beats);
                 if let Ok(joined) = ractor::call_t!(a, CoordinatorMsg::Heartbeats, 5_000, beats) {
                     for worker in joined {
                         fetch.fetch(worker);

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_messages::kv;
 use switchyard_messages::subjects::{
-    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_KV_PREDICTED, HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO,
+    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_KV_PEER, HEADER_KV_PREDICTED, HEADER_QUEUED_US, HEADER_REQUEST_ID,
+    HEADER_STREAM_TO,
 };
 use switchyard_messages::{
     decode, encode, validate_batch, validate_classify, validate_embed, validate_request, Admission, BatchRequest,
@@ -366,6 +367,10 @@ async fn try_workers(
         if !routed.key.is_empty() {
             if let Some((precise, blocks)) = ctx.holdings.predict(&worker_id, routed.adapter, routed.key) {
                 headers.insert(HEADER_KV_PREDICTED, format!("{precise},{blocks}").as_str());
+            }
+            // A peer holding more of the prefix: the worker may pull it from there.
+            if let Some((peer, tokens)) = ctx.holdings.best_peer(&worker_id, routed.adapter, routed.key) {
+                headers.insert(HEADER_KV_PEER, format!("{peer},{tokens}").as_str());
             }
         }
         switchyard_fabric::trace::inject(&span, &mut headers);

@@ -10,11 +10,10 @@
 //! Chunked prefill: a prompt that arrives while others generate is not prefilled in
 //! one go (which would stall every running stream for the whole prefill). It is fed
 //! a chunk per step, its chunk riding in the same forward pass as the running
-//! streams' tokens, until its last chunk yields its first token. The chunk is sized
-//! so it costs about one decode step ([`super::chunking::ChunkBudget`]), so a running stream's
-//! inter-token time at most about doubles while a long prompt comes in. Chunking
-//! changes no result: a row's arithmetic does not depend on the rows beside it, and
-//! attention over the cache gives the same bits whatever the split.
+//! streams' tokens, until its last chunk yields its first token. The chunk costs about
+//! one decode step ([`super::chunking::ChunkBudget`]), so a running stream's inter-token
+//! time at most about doubles while a long prompt comes in. Chunking changes no result:
+//! a row's arithmetic does not depend on the rows beside it, nor attention on the split.
 
 use super::chunking::ChunkBudget;
 use super::compute::{guarded, now_ms, rate, ComputeState, GenerateJob, Job};
@@ -280,6 +279,7 @@ impl Batcher {
     fn accept(&mut self, job: Job) {
         match job {
             Job::Session(op) => self.engine.session_op(op),
+            Job::Kv(op) => self.engine.kv_op(op),
             Job::Generate(g) if g.session_slot.is_some() => self.start(*g),
             other => self.waiting.push_back(other),
         }
@@ -292,6 +292,7 @@ impl Batcher {
             match job {
                 Job::Generate(g) => self.start(*g),
                 Job::Session(op) => self.engine.session_op(op),
+                Job::Kv(op) => self.engine.kv_op(op),
                 Job::Inspect {
                     prompt,
                     architecture,

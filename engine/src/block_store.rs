@@ -131,6 +131,11 @@ impl KvStore {
         hashes.iter().take_while(|h| self.blocks.contains_key(h)).count()
     }
 
+    /// The block, neither marked as used nor counted as restored (a peer reads it).
+    pub fn peek(&self, hash: u64) -> Option<&Stored> {
+        self.blocks.get(&hash).map(|b| &b.data)
+    }
+
     /// The block (a copy of its rows, or the shared page), marked as just used.
     pub fn get(&mut self, hash: u64) -> Option<Stored> {
         self.clock += 1;

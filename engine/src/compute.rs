@@ -50,6 +50,8 @@ pub enum Job {
     },
     /// A session's call on its pinned slot (answered at once, between steps).
     Session(SessionOp),
+    /// KV read out for a peer or taken in from one (answered at once, between steps).
+    Kv(KvOp),
 }
 
 /// What a session asks of the engine. Its decode is a [`GenerateJob`] with
@@ -74,6 +76,32 @@ pub enum SessionOp {
     },
     /// Unpin the slot; what it holds stays reusable by later requests.
     Close { slot: usize },
+}
+
+/// What a KV job asks of the compute thread (answered at once, between steps;
+/// `kv_transfer.rs` answers it).
+pub enum KvOp {
+    /// Leading tokens of `tokens` held in a slot or the store.
+    Held {
+        tokens: Vec<u32>,
+        adapter: Option<Arc<super::model::lora::LoraAdapter>>,
+        reply: tokio::sync::oneshot::Sender<usize>,
+    },
+    /// Blocks `first..first + count` of the prefix, as far as they are held.
+    Export {
+        tokens: Vec<u32>,
+        adapter: Option<Arc<super::model::lora::LoraAdapter>>,
+        first: usize,
+        count: usize,
+        reply: tokio::sync::oneshot::Sender<switchyard_backend::KvBlocks>,
+    },
+    /// Blocks a peer computed, into the store.
+    Import {
+        tokens: Vec<u32>,
+        adapter: Option<Arc<super::model::lora::LoraAdapter>>,
+        blocks: switchyard_backend::KvBlocks,
+        reply: tokio::sync::oneshot::Sender<Result<usize, BackendError>>,
+    },
 }
 
 /// One generation request for the compute thread.
@@ -178,6 +206,43 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Renders and tokenizes a prompt as a generation of it computes it (also off the
+/// compute thread: a KV pull needs the tokens before the job is sent).
+pub fn tokenize_prompt(
+    tokenizer: &GgufTokenizer,
+    template: &ChatTemplate,
+    prompt: &Prompt,
+) -> Result<Vec<u32>, BackendError> {
+    let text = match prompt {
+        Prompt::Text(t) => t.clone(),
+        Prompt::Chat { messages, tools } => template
+            .render(messages, tools, true)
+            .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
+        Prompt::Tokens(ids) => {
+            let vocab = tokenizer.vocab_size() as u32;
+            if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+                return Err(BackendError::Invalid(format!(
+                    "token id {bad} is outside the vocabulary of {vocab}"
+                )));
+            }
+            return Ok(ids.clone());
+        }
+        Prompt::Continue { prompt, generated } => {
+            let mut ids = tokenize_prompt(tokenizer, template, prompt)?;
+            ids.extend(tokenize_prompt(
+                tokenizer,
+                template,
+                &Prompt::Tokens(generated.clone()),
+            )?);
+            return Ok(ids);
+        }
+    };
+    if text.is_empty() {
+        return Err(BackendError::EmptyPrompt);
+    }
+    tokenizer.encode(&text).map_err(BackendError::Invalid)
+}
+
 impl ComputeState {
     /// Renders and tokenizes a prompt.
     pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError> {
@@ -197,25 +262,9 @@ impl ComputeState {
                 .template
                 .render(messages, tools, true)
                 .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
-            Prompt::Tokens(ids) => {
-                let vocab = self.tokenizer.vocab_size() as u32;
-                if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
-                    return Err(BackendError::Invalid(format!(
-                        "token id {bad} is outside the vocabulary of {vocab}"
-                    )));
-                }
-                return Ok((ids.clone(), None));
-            }
-            Prompt::Continue { prompt, generated } => {
-                let mut ids = self.tokenize(prompt)?;
-                ids.extend(self.tokenize(&Prompt::Tokens(generated.clone()))?);
-                return Ok((ids, None));
-            }
+            _ => return tokenize_prompt(&self.tokenizer, &self.template, prompt).map(|ids| (ids, None)),
         };
-        if text.is_empty() {
-            return Err(BackendError::EmptyPrompt);
-        }
-        let ids = self.tokenizer.encode(&text).map_err(BackendError::Invalid)?;
+        let ids = tokenize_prompt(&self.tokenizer, &self.template, &Prompt::Text(text.clone()))?;
         let map = if map {
             super::holdings::KeyMap::new(&self.tokenizer, prompt, &text, &ids)
         } else {
@@ -317,6 +366,7 @@ impl ComputeState {
             store_bytes: store.bytes as u64,
             store_budget_bytes: self.store.budget() as u64,
             hit_ratio: u.hit_ratio,
+            transfer: u.transfer,
         };
     }
 

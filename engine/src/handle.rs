@@ -24,6 +24,10 @@ pub struct EngineModel {
     pub(crate) usage: Arc<Mutex<switchyard_messages::KvUsage>>,
     pub(crate) holdings: Arc<crate::holdings::Shared>,
     pub(crate) adapters: Arc<crate::adapters::Adapters>,
+    /// The KV format, once the model file's digest is computed (a thread at load).
+    pub(crate) kv_format: Arc<std::sync::OnceLock<switchyard_messages::KvFormat>>,
+    /// Adapter keys by adapter load (their files' digests, computed once).
+    pub(crate) adapter_keys: Mutex<std::collections::HashMap<u64, String>>,
 }
 
 impl EngineModel {
@@ -158,6 +162,10 @@ impl TextModel for EngineModel {
 
     fn tool_format(&self) -> switchyard_backend::ToolFormat {
         self.template.tool_format()
+    }
+
+    fn kv_transfer(&self) -> Option<&dyn switchyard_backend::KvTransfer> {
+        Some(self)
     }
 
     fn model_type(&self) -> &str {

@@ -19,7 +19,8 @@
 //!   schema / regex / grammar masks per sequence), [`stops`], [`session`],
 //!   [`holdings`] (what the slots hold, in the routing key's terms, for KV events),
 //!   [`adapters`] (the LoRA adapters a model serves; applied per sequence by
-//!   [`model::lora`]).
+//!   [`model::lora`]), [`kv_transfer`] (KV read out for peers and taken in from
+//!   them, under a compatibility key).
 //!
 //! - [`EngineModel`] (`handle.rs`): the handle on a loaded model, which implements
 //!   the backend contract; `load.rs`: GGUF and Hugging Face loading.
@@ -40,6 +41,7 @@ pub mod encoder;
 mod handle;
 pub mod holdings;
 pub mod kernels;
+pub mod kv_transfer;
 mod load;
 pub mod model;
 mod passes;

@@ -280,6 +280,25 @@ impl EngineModel {
         }
         // Block hashes are only comparable within one model: seed them with its identity.
         engine.kv_seed = switchyard_messages::kv::fnv1a(format!("{}|{}", path.display(), facts.weights).as_bytes());
+        let kv_format = Arc::new(std::sync::OnceLock::new());
+        if let Some(params) = engine.model.lora_base() {
+            // Hashing the weights takes a while on large models: KV travels from
+            // when it is done, and loading does not wait for it.
+            let (set, params, kind, file) = (
+                kv_format.clone(),
+                params.clone(),
+                engine.model.kind(),
+                path.to_path_buf(),
+            );
+            let _ = std::thread::Builder::new().name("kv-digest".into()).spawn(move || {
+                match crate::kv_transfer::weights_sha256(&file) {
+                    Ok(sha) => {
+                        let _ = set.set(crate::kv_transfer::format(kind, &params, sha));
+                    }
+                    Err(e) => tracing::warn!(path = %file.display(), "no KV transfer: hashing the model failed: {e}"),
+                }
+            });
+        }
         let stats = engine.stats.clone();
         engine.publish_usage();
         let usage = engine.usage.clone();
@@ -299,6 +318,8 @@ impl EngineModel {
             usage,
             holdings,
             adapters,
+            kv_format,
+            adapter_keys: Mutex::default(),
         })
     }
 

@@ -138,13 +138,19 @@ impl ComputeState {
     }
 
     /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
-    /// already holds into it; returns how many leading tokens it holds now.
+    /// already holds into it; returns how many leading tokens it holds now. The
+    /// blocks past the slot's own need be stored only from there on (blocks a peer
+    /// sent continue what the slot holds).
     pub(crate) fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
         if !self.store.enabled() || !self.model.reuses_prefix() {
             return have;
         }
         let hashes = block_store::chain(self.seed_of(slot), tokens);
-        let n = self.store.leading(&hashes);
+        let own = (have / BLOCK_TOKENS).min(hashes.len());
+        let n = self
+            .store
+            .leading(&hashes)
+            .max(own + self.store.leading(&hashes[own..]));
         if n * BLOCK_TOKENS <= have {
             return have;
         }
@@ -201,7 +207,7 @@ fn same_adapter(a: Option<&Arc<LoraAdapter>>, b: Option<&Arc<LoraAdapter>>) -> b
 }
 
 /// The block chains' seed of KV computed with `adapter` on the model seeded `kv_seed`.
-fn seed(kv_seed: u64, adapter: Option<&Arc<LoraAdapter>>) -> u64 {
+pub(crate) fn seed(kv_seed: u64, adapter: Option<&Arc<LoraAdapter>>) -> u64 {
     match adapter {
         Some(a) => kv_seed ^ a.id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
         None => kv_seed,

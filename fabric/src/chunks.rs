@@ -25,6 +25,8 @@ pub struct ChunkSink {
     fleet_queue_us: u64,
     /// The coordinator's prediction of `cached_tokens` (precise, by whole blocks).
     predicted: Option<(u32, u32)>,
+    /// Prompt tokens whose KV was pulled from a peer for this request.
+    pulled: u32,
 }
 
 impl ChunkSink {
@@ -45,6 +47,7 @@ impl ChunkSink {
             first: 0,
             fleet_queue_us: 0,
             predicted: None,
+            pulled: 0,
         }
     }
 
@@ -52,6 +55,11 @@ impl ChunkSink {
     /// `Sy-Kv-Predicted`: precise, and by whole blocks).
     pub fn predicted(self, predicted: Option<(u32, u32)>) -> Self {
         Self { predicted, ..self }
+    }
+
+    /// The final metrics say `pulled` prompt tokens' KV came from a peer.
+    pub fn pulled(self, pulled: u32) -> Self {
+        Self { pulled, ..self }
     }
 
     /// Chunks numbered from `first` on (the coordinator's `Sy-First-Seq`), and the
@@ -123,6 +131,7 @@ impl ChunkSink {
             fleet_queue_us: self.fleet_queue_us,
             predicted_cached_tokens: self.predicted.map(|p| p.0),
             block_predicted_cached_tokens: self.predicted.map(|p| p.1),
+            pulled_tokens: self.pulled,
             ..metrics
         });
         c.tool_calls = tool_calls;

@@ -17,6 +17,8 @@
 //!   ending unasked, drains its NATS connection and says why.
 //! - [`cancel`]: [`CancelRegistry`] and [`Cancelled`], request id → cancel flag, fed by
 //!   `{p}.v1.cancel.{request_id}`.
+//! - [`transfer`]: chunked request/reply transfers between two processes (a window
+//!   of requests outstanding, every reply digest-checked), for KV between workers.
 //!
 
 pub mod cancel;
@@ -26,6 +28,7 @@ pub mod nats;
 pub mod process;
 pub mod root;
 pub mod trace;
+pub mod transfer;
 
 pub use cancel::{CancelRegistry, Cancelled};
 pub use chunks::ChunkSink;

@@ -20,6 +20,10 @@ pub struct ServedModel {
     /// are routed only to workers listing it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<ServedAdapter>,
+    /// (1.11) The KV it exchanges with peers ([`crate::kv_transfer`]); none: its
+    /// backend neither exports nor imports KV.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_format: Option<crate::KvFormat>,
 }
 
 /// A LoRA adapter a worker has loaded on one of its models (1.10).
@@ -126,6 +130,9 @@ pub struct KvUsage {
     /// Prompt tokens served from KV (slots or store) / prompt tokens, over the recent
     /// requests.
     pub hit_ratio: f64,
+    /// (1.11) KV moved to and from peers.
+    #[serde(default)]
+    pub transfer: crate::KvTransferStats,
 }
 
 /// Medians over a worker's most recent requests (up to 64).

@@ -19,6 +19,7 @@
 //!   typed; strings on the wire.
 //! - [`embed`]: embeddings requests and replies.
 //! - [`kv`]: prefix blocks for KV-aware routing.
+//! - [`kv_transfer`]: KV that travels between workers (formats, pulls, chunks).
 //! - [`session`]: persistent sessions (open, ensure_prefix, …).
 //! - [`structured`]: a generation's [`Constraint`] (JSON schema, regex, grammar)
 //!   and the [`Tool`]s a chat may call, with the [`ToolCall`]s parsed out of answers.
@@ -38,6 +39,7 @@ pub mod error;
 pub mod fleet;
 pub mod fleet_view;
 pub mod kv;
+pub mod kv_transfer;
 pub mod queueing;
 pub mod session;
 pub mod structured;
@@ -53,6 +55,7 @@ pub use error::{ErrorCode, WireError};
 pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
 pub use fleet_view::*;
 pub use kv::{KvEvent, KvHolding, KvSnapshot};
+pub use kv_transfer::{KvChunk, KvFormat, KvPullRequest, KvTransferStats};
 pub use queueing::{Priority, QueueView};
 pub use structured::{Constraint, Tool, ToolCall, ToolChoice};
 pub use subjects::Subjects;
@@ -84,5 +87,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// prediction of `cached_tokens` in the final metrics. 1.10: LoRA adapters — the head's
 /// `adapter`, `ServedModel.adapters`, `ModelEntry.adapters`, `KvHolding.adapter`,
 /// adapter-seeded prefix blocks ([`kv::adapter_blocks`]) and a worker's `adapters`
-/// endpoint ([`admin`]).
-pub const PROTOCOL_MINOR: u32 = 10;
+/// endpoint ([`admin`]). 1.11: KV between workers ([`kv_transfer`]) —
+/// `ServedModel.kv_format`, `KvUsage.transfer`, the forward's `Sy-Kv-Peer`, the
+/// `{p}.v1.kv.{wid}.pull` exchange and `pulled_tokens` in the final metrics.
+pub const PROTOCOL_MINOR: u32 = 11;

@@ -97,6 +97,11 @@ impl Subjects {
     pub fn kv_snapshot(&self, worker_id: &str) -> String {
         format!("{}.kv.{worker_id}.snapshot", self.root)
     }
+    /// (1.11) `{p}.v1.kv.{wid}.pull`: ask a worker for KV it holds
+    /// ([`crate::KvPullRequest`]; workers only).
+    pub fn kv_pull(&self, worker_id: &str) -> String {
+        format!("{}.kv.{worker_id}.pull", self.root)
+    }
     /// `{p}.v1.cancel.*`: what workers listen on.
     pub fn cancel_all(&self) -> String {
         format!("{}.cancel.*", self.root)
@@ -122,6 +127,12 @@ pub const HEADER_QUEUED_US: &str = "Sy-Queued-Us";
 /// request, as `precise,blocks` ([`crate::kv::predict_reuse`] and its whole-block
 /// form), reported back in the final metrics (protocol 1.9; absent: no prediction).
 pub const HEADER_KV_PREDICTED: &str = "Sy-Kv-Predicted";
+/// On a forward: a peer the coordinator predicts holds more of the request's prefix
+/// than the worker it goes to, as `worker_id,tokens` (protocol 1.11): the worker may
+/// pull that KV from it ([`crate::kv_transfer`]) instead of computing it.
+pub const HEADER_KV_PEER: &str = "Sy-Kv-Peer";
+/// On a reply of a chunked transfer: `sha256=<hex>` of the payload (protocol 1.11).
+pub const HEADER_DIGEST: &str = "Sy-Digest";
 /// W3C trace context.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 

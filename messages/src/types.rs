@@ -323,6 +323,10 @@ pub struct GenerateMetrics {
     /// block index alone can say), for comparison.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_predicted_cached_tokens: Option<u32>,
+    /// (1.11) Of `cached_tokens`, those whose KV was pulled from a peer for this
+    /// request ([`crate::kv_transfer`]) instead of computed.
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub pulled_tokens: u32,
 }
 
 fn is_zero(v: &u64) -> bool {

@@ -157,6 +157,7 @@ impl Inner {
                 path: "simulated".into(),
                 info: Default::default(),
                 adapters: Vec::new(),
+                kv_format: None,
             }],
             capacity: w.spec.capacity,
             queue_capacity: w.spec.queue_capacity,

@@ -12,6 +12,7 @@ fn worker(id: &str, backend: &str, model: &str) -> WorkerStatus {
             path: String::new(),
             info: Default::default(),
             adapters: Vec::new(),
+            kv_format: None,
         }],
         capacity: 1,
         queue_capacity: 2,

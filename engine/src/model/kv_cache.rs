@@ -63,6 +63,12 @@ impl KvPage {
         }
     }
 
+    /// Its keys and values, `[paged layer][kv_head][row][head_dim]`: where every
+    /// layer is paged, the rows `KvCache::read_rows` gives for the page's positions.
+    pub fn rows(&self) -> (&[u16], &[u16]) {
+        (&self.k, &self.v)
+    }
+
     /// Bytes of keys and values the page holds.
     pub fn bytes(&self) -> usize {
         (self.k.len() + self.v.len()) * 2

@@ -33,6 +33,10 @@ pub struct ServeContext {
     pub kv: std::sync::Mutex<Option<ractor::ActorRef<KvMsg>>>,
     /// Latencies and KV hits of recent generations.
     pub recent: std::sync::Mutex<crate::worker::recent::Recent>,
+    /// Subjects (prefix), for peers' KV pull subjects.
+    pub subjects: switchyard_messages::Subjects,
+    /// KV moved to and from peers, and the links measured.
+    pub transfer: super::kv_transfer::TransferState,
 }
 
 impl ServeContext {

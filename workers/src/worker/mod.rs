@@ -7,6 +7,7 @@ pub mod admission;
 pub mod coalesce;
 pub mod context;
 mod embed;
+pub mod kv_transfer;
 pub mod prefix_index;
 pub mod recent;
 pub mod service;
@@ -142,6 +143,7 @@ impl WorkerState {
                 path: self.opts.model_path.display().to_string(),
                 info: self.info.clone(),
                 adapters: self.ctx.model.adapters(),
+                kv_format: self.ctx.model.kv_transfer().and_then(|k| k.kv_format()),
             }],
             capacity: self.ctx.admission.capacity(),
             queue_capacity: self.ctx.admission.queue(),
@@ -159,6 +161,7 @@ impl WorkerState {
                 let recent = self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner());
                 switchyard_messages::KvUsage {
                     hit_ratio: recent.hit_ratio(),
+                    transfer: self.ctx.transfer.stats(),
                     ..self.ctx.model.kv_usage()
                 }
             },
@@ -221,6 +224,8 @@ impl Actor for WorkerActor {
             }),
             kv: std::sync::Mutex::new(None),
             recent: std::sync::Mutex::default(),
+            subjects: opts.subjects.clone(),
+            transfer: Default::default(),
         });
         // The engine says when what it holds changes (a prompt claims a slot, its
         // a stream ends): the KvCacheActor announces it at once.
@@ -317,6 +322,8 @@ impl Actor for WorkerActor {
                 }
             }
         }));
+        // Peers pull KV this worker holds.
+        tasks.push(kv_transfer::serve(ctx.clone(), opts.subjects.kv_pull(&opts.worker_id)).await?);
         let mut snapshots = client.subscribe(opts.subjects.kv_snapshot(&opts.worker_id)).await?;
         let kv_ctx = ctx.clone();
         tasks.push(tokio::spawn(async move {

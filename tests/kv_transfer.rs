@@ -1,0 +1,384 @@
+//! KV that travels between workers (protocol 1.11), end to end on a real nats-server
+//! with real CPU workers: a document prefilled on worker A is pulled by worker B when
+//! a request on it is pinned to B (the coordinator names A in `Sy-Kv-Peer`), and B's
+//! answer is token for token the one A computed cold — greedy and seeded, on
+//! SmolLM2, on Gemma 3 (sliding-window rings) and with a LoRA adapter. A peer that
+//! corrupts a chunk, sends KV of another format, sends a short chunk or dies
+//! mid-transfer leaves B computing the rest, with the same answer; a pull naming
+//! another format or adapter is refused by the source.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use switchyard::node;
+use switchyard::{Client, Completion, GenerateRequest};
+use switchyard_messages::kv_transfer::KV_TRANSFER_VERSION;
+use switchyard_messages::subjects::HEADER_DIGEST;
+use switchyard_messages::{
+    decode, encode, Heartbeat, KvChunk, KvEvent, KvPullRequest, KvSnapshot, KvTransferStats, Subjects, WorkerStatus,
+};
+
+const NAME: &str = "smol";
+
+/// About `sections` × 42 tokens of text on `topic`.
+fn document(topic: &str, sections: usize) -> String {
+    let mut doc = format!("Notes on {topic}.\n");
+    for i in 1..=sections {
+        doc.push_str(&format!(
+            "Section {i}: the {topic} was studied from many sides, with careful records of what was seen, \
+             measured and argued about by the people who cared for it over the years.\n"
+        ));
+    }
+    doc
+}
+
+struct Fleet {
+    _nats: switchyard_procs::nats_server::NatsServer,
+    url: String,
+    coordinator: switchyard_coordinator::CoordinatorHandle,
+    workers: Vec<(switchyard_workers::WorkerHandle, node::Loaded)>,
+    client: Client,
+}
+
+impl Fleet {
+    /// A coordinator and workers `ids` serving `model` as [`NAME`], each with the
+    /// adapters given.
+    async fn start(model: &Path, ids: &[&str], adapters: Vec<switchyard_config::AdapterConfig>) -> Fleet {
+        let nats = nats();
+        let url = nats.url();
+        let mut config = fleet_config(&url);
+        config.worker.model = model.display().to_string();
+        config.worker.model_name = NAME.into();
+        config.worker.threads = 1;
+        config.worker.adapters = adapters;
+        let coordinator = node::start_coordinator(&config).await.unwrap();
+        let mut workers = Vec::new();
+        for id in ids {
+            let mut c = config.clone();
+            c.worker.id = id.to_string();
+            c.validate().unwrap();
+            let loaded = node::load(&c).await.unwrap();
+            workers.push((node::start_worker(&c, &loaded).await.unwrap(), loaded));
+        }
+        let client = client(&url, Duration::from_secs(60)).await;
+        wait_for_workers(&client, ids, Duration::from_secs(10)).await;
+        // KV travels once each worker has hashed its model and says so.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = client.status().await.unwrap();
+            if s.workers.iter().all(|w| w.status.models[0].kv_format.is_some()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "workers never announced a KV format");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Fleet {
+            _nats: nats,
+            url,
+            coordinator,
+            workers,
+            client,
+        }
+    }
+
+    async fn status(&self, worker: &str) -> WorkerStatus {
+        let s = self.client.status().await.unwrap();
+        s.workers
+            .into_iter()
+            .find(|w| w.status.worker_id == worker)
+            .unwrap()
+            .status
+    }
+
+    async fn transfer(&self, worker: &str) -> KvTransferStats {
+        settle(&self.client).await;
+        self.status(worker).await.kv.transfer
+    }
+
+    async fn stop(self) {
+        for (w, mut loaded) in self.workers {
+            w.shutdown(Duration::from_secs(5)).await;
+            loaded.stop();
+        }
+        self.coordinator.shutdown().await;
+    }
+}
+
+/// `prompt` pinned to `worker`, greedy or sampled with `seed`.
+async fn ask(client: &Client, worker: &str, prompt: &str, seed: Option<u64>, adapter: Option<&str>) -> Completion {
+    let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
+    req.head.worker = Some(worker.into());
+    req.head.adapter = adapter.map(str::to_string);
+    req.config.max_tokens = 24;
+    if let Some(seed) = seed {
+        req.config.temperature = 0.8;
+        req.config.seed = Some(seed);
+    }
+    let done = client.generate(req).await.unwrap().collect().await.unwrap();
+    assert_eq!(done.worker_id, worker);
+    // The KV event of what it holds now, and its heartbeat, reach the coordinator.
+    settle(client).await;
+    done
+}
+
+fn texts(c: &Completion) -> Vec<u32> {
+    c.tokens.iter().map(|t| t.id).collect()
+}
+
+/// A document A computes cold, then B (pinned) pulls from A: the same tokens, most of
+/// the prompt pulled, not computed.
+async fn pulled_equals_cold(f: &Fleet, topic: &str, sections: usize, seed: Option<u64>, adapter: Option<&str>) {
+    let prompt = format!(
+        "{}Question: who cared for the {topic}?\nAnswer:",
+        document(topic, sections)
+    );
+    let cold = ask(&f.client, "w-a", &prompt, seed, adapter).await;
+    assert!(
+        cold.metrics.cached_tokens < 32,
+        "A computes it cold: {:?}",
+        cold.metrics
+    );
+    let before = f.transfer("w-b").await;
+    let pulled = ask(&f.client, "w-b", &prompt, seed, adapter).await;
+    let m = &pulled.metrics;
+    let prompt_tokens = m.prompt_tokens as usize;
+    assert_eq!(
+        m.pulled_tokens as usize,
+        (prompt_tokens - 1) / 32 * 32,
+        "B pulled every whole block of the prompt (short of its last token) from A: {m:?}"
+    );
+    assert!(m.cached_tokens >= m.pulled_tokens, "{m:?}");
+    assert_eq!(
+        texts(&pulled),
+        texts(&cold),
+        "{topic} (seed {seed:?}, adapter {adapter:?}): B's answer after the pull is A's cold answer"
+    );
+    let after = f.transfer("w-b").await;
+    assert_eq!(after.pulls, before.pulls + 1, "{after:?}");
+    assert_eq!(after.pulled_tokens - before.pulled_tokens, u64::from(m.pulled_tokens));
+    assert_eq!(after.pull_fallbacks, before.pull_fallbacks);
+    let served = f.transfer("w-a").await;
+    assert!(
+        served.served_bytes >= after.pulled_bytes - before.pulled_bytes,
+        "{served:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_pulls_a_peers_prefix_and_answers_as_if_it_had_computed_it() {
+    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], Vec::new()).await;
+    // About 1,500 tokens, greedy; then another document, seeded sampling.
+    pulled_equals_cold(&f, "river", 36, None, None).await;
+    pulled_equals_cold(&f, "harbour", 12, Some(7), None).await;
+
+    // A pull of another format, or naming an adapter the source lacks, is refused.
+    let nc = async_nats::connect(&f.url).await.unwrap();
+    let subjects = Subjects::default();
+    let format = f.status("w-a").await.models[0].kv_format.clone().unwrap();
+    let pull = |format: String, adapter: Option<&str>| KvPullRequest {
+        v: 1,
+        transfer: KV_TRANSFER_VERSION,
+        request_id: "t".into(),
+        format,
+        adapter: adapter.map(str::to_string),
+        adapter_key: adapter.map(|a| format!("{a}|1|00")),
+        tokens: vec![1; 64],
+        first_block: 0,
+        blocks: 1,
+        part: 0,
+        parts: 1,
+    };
+    let refused = |req: KvPullRequest| {
+        let nc = nc.clone();
+        let subject = subjects.kv_pull("w-a");
+        async move {
+            let reply = nc.request(subject, encode(&req).into()).await.unwrap();
+            let chunk: KvChunk = decode(&reply.payload).unwrap();
+            assert!(chunk.data.is_empty());
+            chunk.error.expect("refused").message
+        }
+    };
+    let other = switchyard_messages::KvFormat {
+        model_sha256: "0".repeat(64),
+        ..format.clone()
+    };
+    let why = refused(pull(other.key(), None)).await;
+    assert!(why.contains("KV format mismatch"), "{why}");
+    let why = refused(pull(format.key(), Some("nope"))).await;
+    assert!(why.contains("nope"), "{why}");
+    let why = refused(KvPullRequest {
+        transfer: 99,
+        ..pull(format.key(), None)
+    })
+    .await;
+    assert!(why.contains("version"), "{why}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sliding_window_and_adapter_kv_travel_exactly() {
+    if let Some(gemma) = gemma_model() {
+        let f = Fleet::start(&gemma, &["w-a", "w-b"], Vec::new()).await;
+        // Longer than Gemma 3's 512-token window: the rings lost the head, which
+        // comes from the source's block store.
+        pulled_equals_cold(&f, "lighthouse", 24, None, None).await;
+        pulled_equals_cold(&f, "orchard", 8, Some(11), None).await;
+        f.stop().await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let one = make_lora(dir.path(), 1);
+    let adapter = switchyard_config::AdapterConfig {
+        name: "one".into(),
+        path: one.display().to_string(),
+        scale: 1.0,
+    };
+    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], vec![adapter]).await;
+    pulled_equals_cold(&f, "meadow", 10, None, Some("one")).await;
+    // The base model's KV of the same prompt is not the adapter's: nothing pulled.
+    let prompt = format!("{}Question: who cared for the meadow?\nAnswer:", document("meadow", 10));
+    let base = ask(&f.client, "w-a", &prompt, None, None).await;
+    assert_eq!(base.metrics.cached_tokens, 0, "{:?}", base.metrics);
+    f.stop().await;
+}
+
+/// How the impersonating peer misbehaves, after `good` chunks answered faithfully.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// A byte of the chunk flipped, its digest left as sent.
+    Corrupt,
+    /// KV of another format.
+    Foreign,
+    /// Half the chunk's bytes, with a digest that matches them.
+    Short,
+    /// No more answers (a source that died).
+    Dies,
+}
+
+/// Poses as worker `fake` holding what `real` holds (its heartbeat and holdings), and
+/// answers pulls by asking `real`, until the fault.
+async fn impersonate(url: &str, real: &str, fake: &str, fault: Fault, good: usize) -> tokio::task::JoinHandle<()> {
+    let nc = async_nats::connect(url).await.unwrap();
+    let subjects = Subjects::default();
+    let snapshot = nc.request(subjects.kv_snapshot(real), Vec::new().into()).await.unwrap();
+    let snapshot: KvSnapshot = decode(&snapshot.payload).unwrap();
+    let mut pulls = nc.subscribe(subjects.kv_pull(fake)).await.unwrap();
+    let mut snapshots = nc.subscribe(subjects.kv_snapshot(fake)).await.unwrap();
+    let status = Client::connect(url).await.unwrap().status().await.unwrap();
+    let mut me = status
+        .workers
+        .into_iter()
+        .find(|w| w.status.worker_id == real)
+        .unwrap()
+        .status;
+    me.worker_id = fake.into();
+    me.in_flight = 0;
+    me.queued = 0;
+    let mut beat = Heartbeat {
+        status: me,
+        speed: Default::default(),
+    };
+    nc.publish(subjects.heartbeat(fake), encode(&beat).into())
+        .await
+        .unwrap();
+    let held = KvSnapshot {
+        worker_id: fake.into(),
+        ..snapshot
+    };
+    let event = KvEvent {
+        v: 1,
+        worker_id: fake.into(),
+        seq: 1,
+        precise: true,
+        holdings: held.holdings.clone(),
+        ..Default::default()
+    };
+    nc.publish(subjects.kv(fake), encode(&event).into()).await.unwrap();
+    nc.flush().await.unwrap();
+    let (real, nc2, fake) = (real.to_string(), nc.clone(), fake.to_string());
+    tokio::spawn(async move {
+        let mut n = 0;
+        let mut beats = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                _ = beats.tick() => {
+                    beat.status.seq += 1;
+                    let _ = nc2.publish(subjects.heartbeat(&fake), encode(&beat).into()).await;
+                }
+                Some(s) = snapshots.next() => {
+                    if let Some(r) = s.reply { let _ = nc2.publish(r, encode(&held).into()).await; }
+                }
+                Some(msg) = pulls.next() => {
+                    let reply = msg.reply.unwrap();
+                    if n >= good && matches!(fault, Fault::Dies) {
+                        // Dead: it never answers again.
+                        let _ = pulls.unsubscribe().await;
+                        continue;
+                    }
+                    let answer = nc2.request(subjects.kv_pull(&real), msg.payload.clone()).await.unwrap();
+                    let mut headers = answer.headers.clone().unwrap();
+                    let mut payload = answer.payload.to_vec();
+                    if n >= good {
+                        match fault {
+                            Fault::Corrupt => {
+                                let at = payload.len() / 2;
+                                payload[at] ^= 0x40;
+                            }
+                            Fault::Foreign | Fault::Short => {
+                                let mut chunk: KvChunk = decode(&payload).unwrap();
+                                if matches!(fault, Fault::Foreign) {
+                                    chunk.format = chunk.format.replace("switchyard-cpu", "candle-cuda");
+                                } else {
+                                    chunk.data.truncate(chunk.data.len() / 2);
+                                }
+                                payload = encode(&chunk);
+                                headers.insert(HEADER_DIGEST, switchyard_fabric::transfer::digest(&payload).as_str());
+                            }
+                            Fault::Dies => unreachable!(),
+                        }
+                    }
+                    n += 1;
+                    let _ = nc2.publish_with_headers(reply, headers, payload.into()).await;
+                }
+                else => return,
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_or_dying_source_leaves_the_rest_to_compute_and_the_answer_unchanged() {
+    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], Vec::new()).await;
+    for (i, (fault, good)) in [
+        (Fault::Corrupt, 2),
+        (Fault::Foreign, 1),
+        (Fault::Short, 0),
+        (Fault::Dies, 3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let topic = format!("{fault:?} quarry");
+        let prompt = format!("{}Question: who cared for it?\nAnswer:", document(&topic, 8));
+        let cold = ask(&f.client, "w-a", &prompt, None, None).await;
+        // "z-…" sorts after "w-a": between equal holders the coordinator names it.
+        let fake = format!("z-fake-{i}");
+        let peer = impersonate(&f.url, "w-a", &fake, fault, good).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = f.transfer("w-b").await;
+        let got = ask(&f.client, "w-b", &prompt, None, None).await;
+        assert_eq!(texts(&got), texts(&cold), "{fault:?}: the answer is unchanged");
+        assert_eq!(
+            got.metrics.pulled_tokens as usize,
+            good * 32,
+            "{fault:?}: only the {good} good chunks were imported: {:?}",
+            got.metrics
+        );
+        let after = f.transfer("w-b").await;
+        assert_eq!(after.pull_fallbacks, before.pull_fallbacks + 1, "{fault:?}: {after:?}");
+        peer.abort();
+    }
+    f.stop().await;
+}
