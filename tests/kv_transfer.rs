@@ -174,6 +174,23 @@ async fn a_worker_pulls_a_peers_prefix_and_answers_as_if_it_had_computed_it() {
     pulled_equals_cold(&f, "river", 36, None, None).await;
     pulled_equals_cold(&f, "harbour", 12, Some(7), None).await;
 
+    // B holds the head of a document (its first twelve sections, from a shorter
+    // question) and pulls only the rest.
+    let long = format!("{}Question: who cared for the canal?\nAnswer:", document("canal", 30));
+    let short = format!("{}Question: what was seen?\nAnswer:", document("canal", 12));
+    let cold = ask(&f.client, "w-a", &long, None, None).await;
+    let head = ask(&f.client, "w-b", &short, None, None).await;
+    let rest = ask(&f.client, "w-b", &long, None, None).await;
+    let m = &rest.metrics;
+    let held = (head.metrics.prompt_tokens as usize - 12) / 32;
+    assert!(held >= 10, "{:?}", head.metrics);
+    assert!(
+        m.pulled_tokens > 0 && (m.pulled_tokens as usize) <= (m.prompt_tokens as usize - 1) / 32 * 32 - held * 32,
+        "B pulled only what it lacked: {m:?}"
+    );
+    assert_eq!(m.cached_tokens as usize, (m.prompt_tokens as usize - 1) / 32 * 32, "{m:?}");
+    assert_eq!(texts(&rest), texts(&cold), "the head B held and the rest it pulled answer as A did");
+
     // A pull of another format, or naming an adapter the source lacks, is refused.
     let nc = async_nats::connect(&f.url).await.unwrap();
     let subjects = Subjects::default();

@@ -137,7 +137,8 @@ async fn run(mut config: Config, w: Workload, kv_routing: bool) -> anyhow::Resul
                         doc,
                         worker: done.worker_id.clone(),
                         hit: m.cached_tokens * 2 > m.prompt_tokens,
-                        cached: m.cached_tokens,
+                        // What the worker reused of its own (pulled KV is a peer's).
+                        cached: m.cached_tokens - m.pulled_tokens,
                         predicted: m.predicted_cached_tokens.zip(m.block_predicted_cached_tokens),
                         said: format!("{prompt}{}", done.text),
                     })

@@ -86,6 +86,10 @@ pub struct WorkerConfig {
     /// `cpu`: MiB of KV blocks kept after their slot moved on (restored by a memory
     /// copy when a prompt starts with them again); 0 = none.
     pub kv_cache_mb: u32,
+    /// Pull a request's prefix from a peer that holds it (`cpu` and other backends
+    /// whose KV travels) when that is predicted faster than computing it; peers can
+    /// pull from this worker either way.
+    pub kv_pull: bool,
     /// `cpu`: prompt tokens a new request prefills per decode step while other
     /// requests are generating (chunked prefill, so running streams keep flowing);
     /// 0 = chosen per step from measured speeds (a chunk costs about one decode
@@ -178,6 +182,7 @@ impl Default for WorkerConfig {
             queue_depth: 16,
             session_idle_secs: 600,
             kv_cache_mb: 256,
+            kv_pull: true,
             prefill_chunk: 0,
             speculative: "off".into(),
             draft_model: String::new(),

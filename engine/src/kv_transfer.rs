@@ -149,17 +149,13 @@ impl ComputeState {
 
     fn held_prefix(&self, tokens: &[u32], adapter: Option<&Arc<LoraAdapter>>) -> usize {
         let in_slot = self.best_slot(tokens, adapter).map_or(0, |(_, n)| n);
-        if !self.store.enabled() {
-            return in_slot.min(tokens.len());
-        }
-        // The store continues what a slot holds, or holds the prefix from its start.
         let hashes = block_store::chain(self.seed(adapter), tokens);
-        let own = (in_slot / BLOCK_TOKENS).min(hashes.len());
-        let stored = self
-            .store
-            .leading(&hashes)
-            .max(own + self.store.leading(&hashes[own..]));
-        in_slot.max(stored * BLOCK_TOKENS).min(tokens.len())
+        let stored = if self.store.enabled() {
+            self.store.leading(&hashes) * BLOCK_TOKENS
+        } else {
+            0
+        };
+        in_slot.max(stored).min(tokens.len())
     }
 
     /// The store's chain seed for KV computed with `adapter`.
@@ -229,6 +225,25 @@ impl ComputeState {
         let hashes = block_store::chain(self.seed(adapter), tokens);
         if blocks.first_block + blocks.count > hashes.len() {
             return Err(BackendError::Invalid("KV blocks past the prefix's tokens".into()));
+        }
+        // A generation restores the store's blocks from the prefix's start: the head a
+        // slot holds (what was not pulled) goes in first.
+        if let Some((slot, held)) = self.best_slot(tokens, adapter) {
+            for b in 0..blocks.first_block.min(held / BLOCK_TOKENS) {
+                if self.store.contains(hashes[b]) {
+                    continue;
+                }
+                let block = match self.model.page(slot, b) {
+                    Some(page) => Some(Stored::Page(page)),
+                    None => self
+                        .model
+                        .read_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS)
+                        .map(|(k, v)| Stored::Rows { k, v }),
+                };
+                if let Some(block) = block {
+                    self.store.put(hashes[b], block);
+                }
+            }
         }
         for (i, block) in blocks.data.chunks_exact(rows * 4).enumerate() {
             let (k, v) = block.split_at(rows * 2);

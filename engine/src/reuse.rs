@@ -138,19 +138,13 @@ impl ComputeState {
     }
 
     /// Copies stored blocks continuing `tokens` past the `have` positions `slot`
-    /// already holds into it; returns how many leading tokens it holds now. The
-    /// blocks past the slot's own need be stored only from there on (blocks a peer
-    /// sent continue what the slot holds).
+    /// already holds into it; returns how many leading tokens it holds now.
     pub(crate) fn restore(&mut self, slot: usize, tokens: &[u32], have: usize) -> usize {
         if !self.store.enabled() || !self.model.reuses_prefix() {
             return have;
         }
         let hashes = block_store::chain(self.seed_of(slot), tokens);
-        let own = (have / BLOCK_TOKENS).min(hashes.len());
-        let n = self
-            .store
-            .leading(&hashes)
-            .max(own + self.store.leading(&hashes[own..]));
+        let n = self.store.leading(&hashes);
         if n * BLOCK_TOKENS <= have {
             return have;
         }

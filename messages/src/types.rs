@@ -324,7 +324,8 @@ pub struct GenerateMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_predicted_cached_tokens: Option<u32>,
     /// (1.11) Of `cached_tokens`, those whose KV was pulled from a peer for this
-    /// request ([`crate::kv_transfer`]) instead of computed.
+    /// request ([`crate::kv_transfer`]) instead of computed. The prediction above is
+    /// of the worker's own KV: compare it with `cached_tokens - pulled_tokens`.
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub pulled_tokens: u32,
 }

@@ -84,6 +84,10 @@ pub struct WorkerFlags {
     /// when a prompt starts with them again (default 256; 0 = off).
     #[arg(long)]
     pub kv_cache_mb: Option<u32>,
+    /// Pull a prompt's prefix from a peer worker that holds it, when predicted faster
+    /// than computing it (default true; `--kv-pull false`: always compute).
+    #[arg(long)]
+    pub kv_pull: Option<bool>,
     /// cpu: speculative decoding, `off`, `lookup` (prompt lookup: each step also checks
     /// tokens that continued the stream's last n-gram where it occurred earlier in the
     /// prompt or output; fastest on rewriting, extraction and code editing) or `draft`
@@ -170,6 +174,9 @@ impl WorkerFlags {
         }
         if let Some(v) = self.kv_cache_mb {
             w.kv_cache_mb = v;
+        }
+        if let Some(v) = self.kv_pull {
+            w.kv_pull = v;
         }
         if let Some(v) = &self.speculative {
             w.speculative = v.clone();

@@ -52,6 +52,12 @@ pub struct Brief {
     /// Joined (or came back after its heartbeats stopped) and not yet answered a probe
     /// or a forward: routed to only after every answering worker.
     pub probation: bool,
+    /// (1.11) Its KV format, interned (0: it exchanges no KV): workers of one group
+    /// can pull each other's prefixes.
+    pub kv_group: u16,
+    /// Predicted ms to pull one routing block's KV from a peer (its KV bytes over an
+    /// assumed LAN, [`ttft::PULL_BYTES_PER_SEC`]).
+    pub pull_ms_per_block: f32,
 }
 
 /// A block's bit in a 64-bit signature.
@@ -162,9 +168,11 @@ impl Brief {
 
     /// The sort key: by predicted TTFT when `prior` is `Some` (the speed to assume for a
     /// worker without its own measurement, or `None` when every candidate has one),
-    /// else by block score. `warm`: leading blocks of the request it holds.
+    /// else by block score. `warm`: leading blocks of the request it holds;
+    /// `pullable`: leading blocks a peer of its KV group holds, which it may pull
+    /// instead of computing (predicted TTFT counts the transfer).
     #[inline]
-    pub fn key(&self, prior: Option<Option<Speed>>, warm: usize, prompt_bytes: usize) -> u128 {
+    pub fn key(&self, prior: Option<Option<Speed>>, warm: usize, pullable: usize, prompt_bytes: usize) -> u128 {
         let saturated = u64::from(self.load >= self.limit);
         let probation = u64::from(self.probation);
         let (rank, load, held) = (u64::from(self.rank), u64::from(self.load), u64::from(self.held));
@@ -190,7 +198,12 @@ impl Brief {
                 // beyond what any worker next door costs (so the jitter of local round
                 // trips never outweighs load).
                 let net_ms = (f64::from(self.rtt_ms) - NEAR_MS).max(0.0);
-                let ms = cost.predict_ms(prompt_bytes, warm, self.load, self.capacity) + net_ms;
+                let mut ms = cost.predict_ms(prompt_bytes, warm, self.load, self.capacity);
+                if pullable > warm && self.pull_ms_per_block > 0.0 {
+                    let moved = (pullable - warm) as f64 * f64::from(self.pull_ms_per_block);
+                    ms = ms.min(cost.predict_ms(prompt_bytes, pullable, self.load, self.capacity) + moved);
+                }
+                let ms = ms + net_ms;
                 let us = (ms * 1e3).clamp(0.0, 1e15) as u64;
                 pack(&[
                     (saturated, 1),
@@ -235,13 +248,13 @@ mod tests {
         let full = Brief { load: 4, ..idle };
         let metal = Brief { rank: 0, ..idle };
         // Blocks: backend first; then warm blocks less the wait; full workers last.
-        assert!(metal.key(None, 0, 0) < idle.key(None, 9, 0));
-        assert!(idle.key(None, 3, 0) < idle.key(None, 2, 0));
+        assert!(metal.key(None, 0, 0, 0) < idle.key(None, 9, 0, 0));
+        assert!(idle.key(None, 3, 0, 0) < idle.key(None, 2, 0, 0));
         assert!(
-            busy.key(None, 9, 0) < idle.key(None, 4, 0),
+            busy.key(None, 9, 0, 0) < idle.key(None, 4, 0, 0),
             "5 warm blocks beat a wait of 4"
         );
-        assert!(full.key(None, 100, 0) > metal.key(None, 0, 0));
+        assert!(full.key(None, 100, 0, 0) > metal.key(None, 0, 0, 0));
         // TTFT: seconds decide, before the backend.
         let fast = Speed {
             prefill_tps: 4000.0,
@@ -255,15 +268,18 @@ mod tests {
         f.set_speed(Some(fast));
         let mut s = metal;
         s.set_speed(Some(slow));
-        assert!(f.key(Some(None), 0, 8000) < s.key(Some(None), 0, 8000));
+        assert!(f.key(Some(None), 0, 0, 8000) < s.key(Some(None), 0, 0, 8000));
         assert!(
-            s.key(Some(None), 30, 8000) < f.key(Some(None), 0, 8000),
+            s.key(Some(None), 30, 0, 8000) < f.key(Some(None), 0, 0, 8000),
             "warm on slow beats cold on fast"
         );
         let unmeasured = idle;
         let back = s.speed().unwrap();
         assert!((back.prefill_tps - 500.0).abs() < 0.01 && (back.service_ms - 800.0).abs() < 0.01);
-        assert_eq!(unmeasured.key(Some(Some(fast)), 0, 8000), f.key(Some(None), 0, 8000));
+        assert_eq!(
+            unmeasured.key(Some(Some(fast)), 0, 0, 8000),
+            f.key(Some(None), 0, 0, 8000)
+        );
         let mut p = idle;
         p.set_pending(&[1, 2, 3, 4]);
         let q = leading_bits(&[1, 2, 3, 9, 4]);
@@ -280,5 +296,36 @@ mod tests {
         assert!(p.pending_may_exceed(2, &q) && !p.pending_may_exceed(4, &q) && !idle.pending_may_exceed(0, &q));
         assert!(id_prefix("a") < id_prefix("b") && id_prefix("sim-0009") < id_prefix("sim-0010"));
         assert_eq!(id_prefix("worker-a-1"), id_prefix("worker-a-2"), "then the ids decide");
+    }
+
+    #[test]
+    fn a_pullable_prefix_counts_at_its_transfer_cost() {
+        let cold = Brief {
+            live: true,
+            routable: true,
+            capacity: 2,
+            limit: 4,
+            ms_per_byte: 1.0,
+            kv_group: 1,
+            pull_ms_per_block: 20.0,
+            ..Brief::default()
+        };
+        // 8,000 bytes: 8 s to compute cold; 30 blocks (7,680 bytes) pulled in 600 ms,
+        // then 320 bytes computed.
+        let pulled = cold.key(Some(None), 0, 30, 8000);
+        assert!(pulled < cold.key(Some(None), 0, 0, 8000));
+        assert_eq!(
+            pulled,
+            cold.key(Some(None), 0, 0, 920),
+            "the same as 920 bytes computed"
+        );
+        // A link slower than computing is not counted.
+        let slow = Brief {
+            pull_ms_per_block: 1000.0,
+            ..cold
+        };
+        assert_eq!(slow.key(Some(None), 0, 30, 8000), slow.key(Some(None), 0, 0, 8000));
+        // The block score ignores it.
+        assert_eq!(cold.key(None, 0, 30, 8000), cold.key(None, 0, 0, 8000));
     }
 }

@@ -11,7 +11,9 @@
 //!   from this coordinator (a moving average over admission exchanges and probes; an
 //!   exchange that timed out counts its whole wait). Then backend preference, load. Workers
 //!   without a measurement are predicted at the median speed of the candidates that
-//!   have one; when none has, the decision falls back to `blocks`.
+//!   have one; when none has, the decision falls back to `blocks`. (1.11) A worker
+//!   that can pull a prefix a busy peer of its KV format holds is predicted with that
+//!   prefix, at its transfer's cost ([`ttft::pull_ms_per_block`]).
 //! - `blocks`: backend preference (seed 000 `Default()`: metal > rocm > llama_cpp >
 //!   cuda > cpu), then a score: the warm prefix (KV-aware routing: how many leading
 //!   prefix blocks of the request the worker announced holding) less [`WAIT_BLOCKS`]
@@ -112,6 +114,8 @@ pub struct Registry {
     live: usize,
     /// Model names, interned: the first 64 are bits of [`Brief::models`].
     model_ids: HashMap<String, u32>,
+    /// KV format keys, interned from 1 ([`Brief::kv_group`]).
+    kv_groups: HashMap<String, u16>,
     expiry: Duration,
     policy: RoutingPolicy,
     prefix: PrefixIndex,
@@ -139,6 +143,7 @@ impl Registry {
             free: Vec::new(),
             live: 0,
             model_ids: HashMap::new(),
+            kv_groups: HashMap::new(),
             expiry,
             policy,
             prefix: PrefixIndex::default(),
@@ -201,8 +206,14 @@ impl Registry {
                 more_models = true;
             }
         }
+        let format = status.models.first().and_then(|m| m.kv_format.as_ref());
+        let next = self.kv_groups.len() as u16 + 1;
+        let kv_group = format.map_or(0, |f| *self.kv_groups.entry(f.key()).or_insert(next));
+        let pull_ms_per_block = format.map_or(0.0, |f| ttft::pull_ms_per_block(f.token_bytes()) as f32);
         let b = &mut self.briefs[slot as usize];
         *b = Brief {
+            kv_group,
+            pull_ms_per_block,
             live: true,
             routable: status.available && !status.draining,
             models,
@@ -472,7 +483,32 @@ impl Registry {
             pa < pb || (pa == pb && id(a) < id(b))
         };
         let before = |a: &(u128, u32), b: &(u128, u32)| a.0 < b.0 || (a.0 == b.0 && by_id(a.1, b.1));
-        let key = |s: u32, warm: usize| (self.briefs[s as usize].key(prior, warm, q.prompt_bytes), s);
+        // What each KV group's best busy holder holds (and the second best, for the
+        // best itself): a worker of the group may pull it, and predicted TTFT counts
+        // that. Only busy holders (a request would wait there): an idle holder serves
+        // its own prefix best, and speeds measured a little apart must not send its
+        // requests to be pulled elsewhere.
+        let mut groups: HashMap<u16, (usize, u32, usize)> = HashMap::new();
+        if prior.is_some() {
+            for (s, b) in self.briefs.iter().enumerate() {
+                let (h, s) = (held(s as u32), s as u32);
+                if b.live && b.kv_group > 0 && h > 0 && b.load >= b.capacity {
+                    let g = groups.entry(b.kv_group).or_insert((0, u32::MAX, 0));
+                    if h > g.0 {
+                        *g = (h, s, g.0);
+                    } else if h > g.2 {
+                        g.2 = h;
+                    }
+                }
+            }
+        }
+        let pullable = |s: u32| {
+            let b = &self.briefs[s as usize];
+            groups
+                .get(&b.kv_group)
+                .map_or(0, |&(best, at, second)| if at == s { second } else { best })
+        };
+        let key = |s: u32, warm: usize| (self.briefs[s as usize].key(prior, warm, pullable(s), q.prompt_bytes), s);
         let best: Vec<(u128, u32)> = if limit >= candidates.len() {
             let mut all: Vec<(u128, u32)> = candidates.iter().map(|&s| key(s, warm(s))).collect();
             all.sort_unstable_by(|a, b| match (before(a, b), before(b, a)) {

@@ -529,3 +529,45 @@ fn the_network_counts_in_predicted_ttft_and_a_new_worker_waits_for_its_probe() {
         "a answered its probe: back in line (a tie, to the smaller id)"
     );
 }
+
+#[test]
+fn a_busy_warm_worker_loses_to_an_idle_one_that_can_pull_its_prefix() {
+    let now = Instant::now();
+    let format = switchyard_messages::KvFormat {
+        engine: "switchyard-cpu/1".into(),
+        model_sha256: "ab".into(),
+        dtype: "f16".into(),
+        layers: 30,
+        kv_heads: 3,
+        head_dim: 64,
+        block_tokens: 32,
+        params: String::new(),
+    };
+    let with = |id: &str, in_flight: u32, kv: Option<&switchyard_messages::KvFormat>| {
+        let mut h = measured(id, 500.0, 4_000.0);
+        h.status.in_flight = in_flight;
+        h.status.models[0].kv_format = kv.cloned();
+        h
+    };
+    // 24 blocks of a 6,144-byte document (~1,500 tokens: 3 s of prefill) held by "a",
+    // whose two slots are busy (a 2 s wait); "b" is idle.
+    let doc: Vec<u64> = (1..=24).collect();
+    let q = prompt(&doc, 6_200);
+    let mut r = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    r.heartbeat(with("a", 2, Some(&format)), now);
+    r.heartbeat(with("b", 0, Some(&format)), now);
+    r.kv_event(&kv("a", 1, &doc, &[]));
+    // b pulls 24 × ~1.5 MB (0.32 s at the assumed LAN) and computes 56 bytes: first.
+    assert_eq!(r.route(&q).unwrap(), vec!["b", "a"]);
+    // Computing KV another way (another model file), b cannot pull: a's warm prefix
+    // wins despite its wait.
+    let other = switchyard_messages::KvFormat {
+        model_sha256: "cd".into(),
+        ..format.clone()
+    };
+    let mut r = Registry::with_policy(Duration::from_secs(3), RoutingPolicy::Ttft);
+    r.heartbeat(with("a", 2, Some(&format)), now);
+    r.heartbeat(with("b", 0, Some(&other)), now);
+    r.kv_event(&kv("a", 1, &doc, &[]));
+    assert_eq!(r.route(&q).unwrap(), vec!["a", "b"]);
+}

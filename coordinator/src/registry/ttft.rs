@@ -24,6 +24,16 @@ use switchyard_messages::WorkerSpeed;
 /// alike, so it only weighs prefill against queueing.
 pub const BYTES_PER_TOKEN: f64 = 4.0;
 
+/// The rate a pull from a peer is predicted at: a gigabit LAN's payload (the worker
+/// measures its real links and decides for itself; the coordinator only ranks).
+pub const PULL_BYTES_PER_SEC: f64 = 110e6;
+
+/// Predicted ms to pull one routing block's KV (about `BLOCK_BYTES / BYTES_PER_TOKEN`
+/// tokens of `token_bytes` each).
+pub fn pull_ms_per_block(token_bytes: usize) -> f64 {
+    (switchyard_messages::kv::BLOCK_BYTES as f64 / BYTES_PER_TOKEN) * token_bytes as f64 / PULL_BYTES_PER_SEC * 1e3
+}
+
 /// The speeds a prediction uses.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Speed {

@@ -37,6 +37,8 @@ pub struct ServeContext {
     pub subjects: switchyard_messages::Subjects,
     /// KV moved to and from peers, and the links measured.
     pub transfer: super::kv_transfer::TransferState,
+    /// Whether it pulls prefixes from peers (`worker.kv_pull`).
+    pub kv_pull: bool,
 }
 
 impl ServeContext {

@@ -63,6 +63,8 @@ pub struct WorkerOptions {
     pub session_idle: Duration,
     /// What one request may ask for.
     pub limits: switchyard_messages::InputLimits,
+    /// Pull prefixes from peers ([`kv_transfer`]).
+    pub kv_pull: bool,
 }
 
 /// Messages the WorkerActor handles.
@@ -226,6 +228,7 @@ impl Actor for WorkerActor {
             recent: std::sync::Mutex::default(),
             subjects: opts.subjects.clone(),
             transfer: Default::default(),
+            kv_pull: opts.kv_pull,
         });
         // The engine says when what it holds changes (a prompt claims a slot, its
         // a stream ends): the KvCacheActor announces it at once.

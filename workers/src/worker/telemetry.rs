@@ -256,6 +256,55 @@ pub fn register_gauges(ctx: &std::sync::Arc<super::context::ServeContext>) {
             })
             .build();
     }
+    // KV moved between workers (protocol 1.11), counted since the worker started.
+    let counters: [(&'static str, &'static str, &'static str, Read); 6] = [
+        (
+            "switchyard.kv.transfer.pulls",
+            "{pull}",
+            "Prefix pulls from peers that imported KV",
+            |c| c.transfer.stats().pulls,
+        ),
+        (
+            "switchyard.kv.transfer.pull_fallbacks",
+            "{pull}",
+            "Pulls given up (refused, bad digest, timeout, slow link): the rest computed",
+            |c| c.transfer.stats().pull_fallbacks,
+        ),
+        (
+            "switchyard.kv.transfer.recomputed",
+            "{request}",
+            "Prefixes a peer held that were computed instead, as predicted faster",
+            |c| c.transfer.stats().recomputed,
+        ),
+        (
+            "switchyard.kv.transfer.pulled",
+            "By",
+            "KV bytes pulled from peers",
+            |c| c.transfer.stats().pulled_bytes,
+        ),
+        (
+            "switchyard.kv.transfer.pulled_tokens",
+            "{token}",
+            "Prompt tokens whose KV was pulled from peers",
+            |c| c.transfer.stats().pulled_tokens,
+        ),
+        ("switchyard.kv.transfer.served", "By", "KV bytes served to peers", |c| {
+            c.transfer.stats().served_bytes
+        }),
+    ];
+    for (name, unit, description, read) in counters {
+        let (weak, attrs): (Weak<super::context::ServeContext>, Vec<KeyValue>) =
+            (std::sync::Arc::downgrade(ctx), attrs.clone());
+        m.u64_observable_counter(name)
+            .with_unit(unit)
+            .with_description(description)
+            .with_callback(move |o: &dyn AsyncInstrument<u64>| {
+                if let Some(c) = weak.upgrade() {
+                    o.observe(read(&c), &attrs);
+                }
+            })
+            .build();
+    }
     let weak = std::sync::Arc::downgrade(ctx);
     m.f64_observable_gauge("switchyard.kv.hit_ratio")
         .with_unit("1")

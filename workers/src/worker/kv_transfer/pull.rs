@@ -35,6 +35,9 @@ pub async fn pull(
     prompt: &Prompt,
     adapter: Option<&str>,
 ) -> usize {
+    if !ctx.kv_pull {
+        return 0;
+    }
     let Some((peer, peer_tokens)) = peer_of(msg).filter(|(p, _)| *p != ctx.worker_id) else {
         return 0;
     };
