@@ -188,8 +188,16 @@ async fn a_worker_pulls_a_peers_prefix_and_answers_as_if_it_had_computed_it() {
         m.pulled_tokens > 0 && (m.pulled_tokens as usize) <= (m.prompt_tokens as usize - 1) / 32 * 32 - held * 32,
         "B pulled only what it lacked: {m:?}"
     );
-    assert_eq!(m.cached_tokens as usize, (m.prompt_tokens as usize - 1) / 32 * 32, "{m:?}");
-    assert_eq!(texts(&rest), texts(&cold), "the head B held and the rest it pulled answer as A did");
+    assert_eq!(
+        m.cached_tokens as usize,
+        (m.prompt_tokens as usize - 1) / 32 * 32,
+        "{m:?}"
+    );
+    assert_eq!(
+        texts(&rest),
+        texts(&cold),
+        "the head B held and the rest it pulled answer as A did"
+    );
 
     // A pull of another format, or naming an adapter the source lacks, is refused.
     let nc = async_nats::connect(&f.url).await.unwrap();
@@ -232,6 +240,22 @@ async fn a_worker_pulls_a_peers_prefix_and_answers_as_if_it_had_computed_it() {
     })
     .await;
     assert!(why.contains("version"), "{why}");
+
+    // `switchyard status` shows what moved.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["--nats", &f.url, "status"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && table.contains("KV between workers"), "{table}");
+    let b = f.status("w-b").await.kv.transfer;
+    let want = ["w-b".to_string(), b.pulls.to_string(), b.pulled_tokens.to_string()];
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().take(3).eq(want.iter().map(String::as_str))),
+        "w-b's pulls ({want:?}) in the table:\n{table}"
+    );
     f.stop().await;
 }
 

@@ -32,6 +32,12 @@ pub enum BenchCommand {
     /// rate, requests per worker and wall time. Starts its own nats-servers.
     #[command(name = "kv-routing")]
     KvRouting(BenchKvArgs),
+    /// A prefix's KV pulled from a peer worker against the same prefix computed: three
+    /// CPU workers in this process (a source, one that computes, one that pulls), new
+    /// documents of each --tokens length; time to first token, the pull's own time,
+    /// ratios, MB/s. Starts its own nats-server.
+    #[command(name = "kv-transfer")]
+    KvTransfer(crate::kv_transfer::BenchKvTransferArgs),
     /// KV of 32 streams behind one 1,500-token prompt: shared pages vs a copy per slot.
     Kv(crate::pages::BenchKvPagesArgs),
     /// Continuous batching: aggregate tok/s with 1, 4 and 8 concurrent streams on one
@@ -260,6 +266,7 @@ pub async fn run(cmd: BenchCommand, mut config: Config) -> anyhow::Result<ExitCo
             crate::lora::run(&args, &model)?;
             Ok(ExitCode::SUCCESS)
         }
+        BenchCommand::KvTransfer(args) => crate::kv_transfer::run(config, &args).await,
         BenchCommand::Kv(args) => {
             crate::pages::run(&args).await?;
             Ok(ExitCode::SUCCESS)

@@ -25,8 +25,9 @@ pub struct ChunkSink {
     fleet_queue_us: u64,
     /// The coordinator's prediction of `cached_tokens` (precise, by whole blocks).
     predicted: Option<(u32, u32)>,
-    /// Prompt tokens whose KV was pulled from a peer for this request.
-    pulled: u32,
+    /// Prompt tokens whose KV was pulled from a peer for this request, and the
+    /// microseconds the pull took.
+    pulled: (u32, u64),
 }
 
 impl ChunkSink {
@@ -47,7 +48,7 @@ impl ChunkSink {
             first: 0,
             fleet_queue_us: 0,
             predicted: None,
-            pulled: 0,
+            pulled: (0, 0),
         }
     }
 
@@ -57,9 +58,12 @@ impl ChunkSink {
         Self { predicted, ..self }
     }
 
-    /// The final metrics say `pulled` prompt tokens' KV came from a peer.
-    pub fn pulled(self, pulled: u32) -> Self {
-        Self { pulled, ..self }
+    /// The final metrics say `tokens` prompt tokens' KV came from a peer, in `us`.
+    pub fn pulled(self, tokens: u32, us: u64) -> Self {
+        Self {
+            pulled: (tokens, us),
+            ..self
+        }
     }
 
     /// Chunks numbered from `first` on (the coordinator's `Sy-First-Seq`), and the
@@ -131,7 +135,8 @@ impl ChunkSink {
             fleet_queue_us: self.fleet_queue_us,
             predicted_cached_tokens: self.predicted.map(|p| p.0),
             block_predicted_cached_tokens: self.predicted.map(|p| p.1),
-            pulled_tokens: self.pulled,
+            pulled_tokens: self.pulled.0,
+            pull_us: self.pulled.1,
             ..metrics
         });
         c.tool_calls = tool_calls;

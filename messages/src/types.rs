@@ -328,6 +328,10 @@ pub struct GenerateMetrics {
     /// of the worker's own KV: compare it with `cached_tokens - pulled_tokens`.
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub pulled_tokens: u32,
+    /// (1.11) Microseconds spent pulling them (before `prefill_us`; in the time to
+    /// first token).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pull_us: u64,
 }
 
 fn is_zero(v: &u64) -> bool {

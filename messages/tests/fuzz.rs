@@ -544,6 +544,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 predicted_cached_tokens: Some(1),
                 block_predicted_cached_tokens: Some(0),
                 pulled_tokens: 1,
+                pull_us: 1_500,
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),

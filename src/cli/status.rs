@@ -116,6 +116,34 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             if s.nats_server.is_empty() { "-" } else { s.nats_server.as_str() }
         );
     }
+    // KV moved between workers (protocol 1.11), for the workers that moved any.
+    let moved: Vec<_> = fleet
+        .workers
+        .iter()
+        .map(|w| (&w.status.worker_id, w.status.kv.transfer))
+        .filter(|(_, t)| t.pulls + t.pull_fallbacks + t.recomputed + t.served_chunks > 0)
+        .collect();
+    if !moved.is_empty() {
+        let _ = writeln!(out, "KV between workers (since each started):");
+        let _ = writeln!(
+            out,
+            "{:<28} {:>6} {:>12} {:>10} {:>10} {:>11} {:>10}",
+            "WORKER", "PULLS", "PULLED-TOK", "PULLED-MB", "FALLBACKS", "RECOMPUTED", "SERVED-MB"
+        );
+        for (id, t) in moved {
+            let _ = writeln!(
+                out,
+                "{:<28} {:>6} {:>12} {:>10.1} {:>10} {:>11} {:>10.1}",
+                id,
+                t.pulls,
+                t.pulled_tokens,
+                t.pulled_bytes as f64 / 1e6,
+                t.pull_fallbacks,
+                t.recomputed,
+                t.served_bytes as f64 / 1e6
+            );
+        }
+    }
     if !fleet.queues.is_empty() {
         let _ = writeln!(out, "waiting for a worker with room (fleet queue):");
         let _ = writeln!(

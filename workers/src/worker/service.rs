@@ -248,9 +248,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     let attrs = crate::worker::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
     let run = async {
         // A peer holding more of the prefix: its KV, where that beats computing it.
-        let adapter = config.adapter.clone();
-        let pulled = super::kv_transfer::pull(&ctx, msg, &req.head.request_id, &prompt, adapter.as_deref()).await;
-        let sink = sink.pulled(pulled as u32);
+        let adapter = config.adapter.as_deref();
+        let sink = super::kv_transfer::pull_for(&ctx, msg, &req.head.request_id, &prompt, adapter, sink).await;
         let events = ctx.model.generate(prompt, config, cancel.clone());
         pump(&ctx, &sink, events, &cancel, req.head.deadline_ms, &attrs, calls).await;
     };

@@ -10,7 +10,7 @@ pub mod policy;
 mod pull;
 mod serve;
 
-pub use pull::pull;
+pub use pull::{pull, pull_for};
 pub use serve::serve;
 
 use policy::Link;

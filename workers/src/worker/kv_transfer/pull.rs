@@ -24,6 +24,23 @@ fn peer_of(msg: &async_nats::Message) -> Option<(String, usize)> {
     Some((peer.to_string(), tokens.parse().ok()?))
 }
 
+/// [`pull`] for a generation streaming to `sink`: its final metrics say what was
+/// pulled and how long that took.
+pub async fn pull_for(
+    ctx: &ServeContext,
+    msg: &async_nats::Message,
+    request_id: &str,
+    prompt: &Prompt,
+    adapter: Option<&str>,
+    sink: switchyard_fabric::ChunkSink,
+) -> switchyard_fabric::ChunkSink {
+    let began = Instant::now();
+    match pull(ctx, msg, request_id, prompt, adapter).await {
+        0 => sink,
+        n => sink.pulled(n as u32, began.elapsed().as_micros() as u64),
+    }
+}
+
 /// Pulls the prefix of `prompt` (run with `adapter`) that the peer named in `msg`
 /// holds beyond what the model holds, when that is predicted faster than computing
 /// it; returns the prompt tokens whose KV was imported (0: none — nothing to pull,

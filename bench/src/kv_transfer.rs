@@ -1,0 +1,179 @@
+//! `switchyard bench kv-transfer`: a prefix pulled from a peer against the same
+//! prefix computed, through NATS + coordinator + CPU workers in this process. Three
+//! workers serve one model: `src` computes each run's new document (its first line is
+//! unique), then the same request goes to `cmp` (pulls turned off: it computes the
+//! whole prompt) and to `pull` (it pulls the document's KV from `src` and computes
+//! only the last block), alternating which goes first. Prints, per prefix length, the
+//! medians of time to first token and of the pull itself, their ratio, the KV moved
+//! and its rate. One compute at a time: the workers share the host's cores.
+
+use super::median;
+use super::prefix::document;
+use clap::Args;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use switchyard_client::{Client, ClientOptions, StreamEvent};
+use switchyard_config::Config;
+use switchyard_messages::{GenerateMetrics, GenerateRequest};
+use switchyard_node::{self as node, WorkerFlags};
+use switchyard_procs::nats_server::{find_nats_server, NatsServer};
+
+/// `switchyard bench kv-transfer`.
+#[derive(Args, Debug)]
+pub struct BenchKvTransferArgs {
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    /// Prefix lengths to measure, in tokens (about; a document of ~100-token parts).
+    #[arg(long, value_delimiter = ',', default_value = "1500,6000")]
+    pub tokens: Vec<usize>,
+    /// Measured runs per length (each a new document).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+}
+
+/// Sends `prompt` to `worker` and returns (time to first token, metrics).
+async fn ask(client: &Client, name: &str, worker: &str, prompt: String) -> anyhow::Result<(Duration, GenerateMetrics)> {
+    let mut req = GenerateRequest::generate(Client::new_request_id(), name, prompt);
+    req.head.worker = Some(worker.into());
+    req.config.max_tokens = 2;
+    let start = Instant::now();
+    let mut stream = client.generate(req).await?;
+    let mut first = None;
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            StreamEvent::Tokens(t) if !t.is_empty() => {
+                first.get_or_insert_with(|| start.elapsed());
+            }
+            StreamEvent::Tokens(_) => {}
+            StreamEvent::Done { metrics, .. } => return Ok((first.unwrap_or_else(|| start.elapsed()), metrics)),
+        }
+    }
+    anyhow::bail!("the stream ended without a final event")
+}
+
+/// Waits until every worker's heartbeat shows nothing running (its KV event landed).
+async fn settle(client: &Client) -> anyhow::Result<()> {
+    let before: Vec<u64> = client.status().await?.workers.iter().map(|w| w.status.seq).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = client.status().await?;
+        let fresh = s.workers.len() == before.len()
+            && s.workers
+                .iter()
+                .zip(&before)
+                .all(|(w, seq)| w.status.seq > *seq && w.status.in_flight + w.status.queued == 0);
+        if fresh {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the workers did not settle within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs the comparison.
+pub async fn run(mut config: Config, args: &BenchKvTransferArgs) -> anyhow::Result<ExitCode> {
+    args.worker.apply(&mut config);
+    let nats = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
+    config.nats.url = nats.url();
+    config.worker.heartbeat_ms = 200;
+    config.validate()?;
+    let coordinator = node::start_coordinator(&config).await?;
+    let mut workers = Vec::new();
+    for (id, pull) in [("src", true), ("cmp", false), ("pull", true)] {
+        let mut c = config.clone();
+        c.worker.id = id.into();
+        c.worker.kv_pull = pull;
+        let loaded = node::load(&c).await?;
+        workers.push((node::start_worker(&c, &loaded).await?, loaded));
+    }
+    let name = workers[0].1.name.clone();
+    let client = Client::connect_with(
+        &config.nats.url,
+        ClientOptions {
+            stall_timeout: Duration::from_secs(600),
+            ..ClientOptions::default()
+        },
+    )
+    .await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = client.status().await?;
+        if s.workers.len() == 3 && s.workers.iter().all(|w| w.status.models[0].kv_format.is_some()) {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the workers did not announce a KV format within 120 s (hashing the model)");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let format = client.status().await?.workers[0].status.models[0].kv_format.clone();
+    let token_bytes = format.map_or(0, |f| f.token_bytes());
+    println!(
+        "kv-transfer: {name}, {} KB of KV per token, loopback NATS, {} runs per length (medians)",
+        token_bytes / 1024,
+        args.runs
+    );
+    println!(
+        "{:>7} {:>9} {:>13} {:>13} {:>10} {:>11} {:>9} {:>9}",
+        "tokens", "KV MB", "recompute ms", "pull TTFT ms", "pull ms", "recompute/", "MB/s", "pulled"
+    );
+    println!(
+        "{:>7} {:>9} {:>13} {:>13} {:>10} {:>11}",
+        "", "", "(TTFT)", "", "", "pull TTFT"
+    );
+    let mut run = 0;
+    for &tokens in &args.tokens {
+        let (mut cold, mut pulled, mut pull_ms, mut got) = (Vec::new(), Vec::new(), Vec::new(), (0, 0));
+        for i in 0..args.runs + 1 {
+            run += 1;
+            eprintln!(
+                "{tokens} tokens: run {i}/{} {}",
+                args.runs,
+                if i == 0 { "(warm-up)" } else { "" }
+            );
+            let prompt = format!("{}\nQuestion: what came first?\nAnswer:", document(run, tokens / 100));
+            ask(&client, &name, "src", prompt.clone()).await?;
+            settle(&client).await?;
+            let order: [&str; 2] = if i % 2 == 0 { ["cmp", "pull"] } else { ["pull", "cmp"] };
+            for w in order {
+                let (ttft, m) = ask(&client, &name, w, prompt.clone()).await?;
+                settle(&client).await?;
+                if i == 0 {
+                    continue;
+                }
+                if w == "cmp" {
+                    cold.push(ttft.as_secs_f64() * 1e3);
+                } else {
+                    if m.pulled_tokens == 0 {
+                        eprintln!("note: nothing was pulled ({m:?})");
+                    }
+                    pulled.push(ttft.as_secs_f64() * 1e3);
+                    pull_ms.push(m.pull_us as f64 / 1e3);
+                    got = (m.pulled_tokens, m.prompt_tokens);
+                }
+            }
+        }
+        let (c, p, pm) = (median(&cold), median(&pulled), median(&pull_ms));
+        let mb = (got.0 as usize * token_bytes) as f64 / 1e6;
+        println!(
+            "{:>7} {:>9.1} {:>13.1} {:>13.1} {:>10.1} {:>10.1}× {:>9.0} {:>9}",
+            got.1,
+            mb,
+            c,
+            p,
+            pm,
+            c / p,
+            mb / (pm / 1e3),
+            got.0
+        );
+    }
+    for (w, mut loaded) in workers {
+        w.shutdown(Duration::from_secs(5)).await;
+        loaded.stop();
+    }
+    coordinator.shutdown().await;
+    drop(nats);
+    Ok(ExitCode::SUCCESS)
+}
