@@ -229,8 +229,9 @@ impl ComputeState {
         // A generation restores the store's blocks from the prefix's start: the head a
         // slot holds (what was not pulled) goes in first.
         if let Some((slot, held)) = self.best_slot(tokens, adapter) {
-            for b in 0..blocks.first_block.min(held / BLOCK_TOKENS) {
-                if self.store.contains(hashes[b]) {
+            let head = blocks.first_block.min(held / BLOCK_TOKENS);
+            for (b, &hash) in hashes.iter().enumerate().take(head) {
+                if self.store.contains(hash) {
                     continue;
                 }
                 let block = match self.model.page(slot, b) {
@@ -241,7 +242,7 @@ impl ComputeState {
                         .map(|(k, v)| Stored::Rows { k, v }),
                 };
                 if let Some(block) = block {
-                    self.store.put(hashes[b], block);
+                    self.store.put(hash, block);
                 }
             }
         }

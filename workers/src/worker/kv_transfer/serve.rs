@@ -98,7 +98,7 @@ async fn export(ctx: &ServeContext, payload: &[u8]) -> Result<KvChunk, WireError
         }
     }
     let bt = format.block_tokens as usize;
-    if req.tokens.is_empty() || req.tokens.len() % bt != 0 || req.tokens.len() > MAX_TOKENS {
+    if req.tokens.is_empty() || !req.tokens.len().is_multiple_of(bt) || req.tokens.len() > MAX_TOKENS {
         return Err(refuse(
             ErrorCode::BadRequest,
             format!(
