@@ -174,6 +174,7 @@ pub async fn run(mut config: Config, args: &BenchKvTransferArgs) -> anyhow::Resu
         loaded.stop();
     }
     coordinator.shutdown().await;
+    drop(client);
     drop(nats);
     Ok(ExitCode::SUCCESS)
 }

@@ -148,10 +148,14 @@ impl ComputeState {
         if n * BLOCK_TOKENS <= have {
             return have;
         }
+        // Taken before the slot's tail is saved: saving it may evict them (a store
+        // holding a long prefix a peer just sent, and the slot's old one).
+        let first = have / BLOCK_TOKENS;
+        let blocks: Vec<Option<Stored>> = hashes[first..n].iter().map(|&h| self.store.get(h)).collect();
         self.save_tail(slot, have);
         self.slots[slot].resident.truncate(have);
-        for (b, &hash) in hashes.iter().enumerate().take(n).skip(have / BLOCK_TOKENS) {
-            let restored = match self.store.get(hash) {
+        for (b, block) in (first..n).zip(blocks) {
+            let restored = match block {
                 Some(Stored::Page(page)) => self.model.adopt_page(slot, b, page),
                 Some(Stored::Rows { k, v }) => self.model.write_rows(slot, b * BLOCK_TOKENS, BLOCK_TOKENS, &k, &v),
                 None => false,
