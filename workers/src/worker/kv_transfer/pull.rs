@@ -17,6 +17,11 @@ use switchyard_messages::{KvChunk, KvPullRequest, PROTOCOL_VERSION};
 /// The longest a pull may take in all, whatever it predicted: past it, compute.
 const MAX_PULL: Duration = Duration::from_secs(30);
 
+/// The longest one chunk may take: a chunk is at most `max_payload` (1 MiB by
+/// default), milliseconds on a LAN; a source that does not answer within this is
+/// dead, cut off or too far away to be worth it.
+const CHUNK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The coordinator's `Sy-Kv-Peer` (`worker_id,tokens`), when it sent one.
 fn peer_of(msg: &async_nats::Message) -> Option<(String, usize)> {
     let v = msg.headers.as_ref()?.get(HEADER_KV_PEER)?.as_str();
@@ -35,7 +40,21 @@ pub async fn pull_for(
     sink: switchyard_fabric::ChunkSink,
 ) -> switchyard_fabric::ChunkSink {
     let began = Instant::now();
-    match pull(ctx, msg, request_id, prompt, adapter).await {
+    let work = pull(ctx, msg, request_id, prompt, adapter);
+    tokio::pin!(work);
+    // Keep-alives while it pulls, as while a prompt computes: the client's stall
+    // timer must not fire on a slow pull.
+    let mut keepalive = tokio::time::interval(ctx.keepalive);
+    keepalive.tick().await;
+    let pulled = loop {
+        tokio::select! {
+            n = &mut work => break n,
+            _ = keepalive.tick() => {
+                sink.tokens(Vec::new()).await;
+            }
+        }
+    };
+    match pulled {
         0 => sink,
         n => sink.pulled(n as u32, began.elapsed().as_micros() as u64),
     }
@@ -78,7 +97,10 @@ pub async fn pull(
         return 0;
     }
     let (per_chunk, parts) = chunking(format.block_bytes(), transfer::chunk_budget(&ctx.client));
-    let window = Window::default();
+    let window = Window {
+        in_flight: Window::default().in_flight,
+        timeout: CHUNK_TIMEOUT,
+    };
     let ask = |first: usize, blocks: usize, part: usize| KvPullRequest {
         v: PROTOCOL_VERSION,
         transfer: KV_TRANSFER_VERSION,
@@ -135,7 +157,14 @@ pub async fn pull(
     let requests: Vec<Bytes> = asks.iter().map(|a| switchyard_messages::encode(a).into()).collect();
     let subject = ctx.subjects.kv_pull(&peer);
     let chunks = transfer::fetch(ctx.client.clone(), subject, requests, window);
-    let outcome = tracing::Instrument::instrument(run.fetch(chunks, total, case), span.clone()).await;
+    // A pull that takes longer than computing would have is given up: half again the
+    // predicted compute time (at least a second), or `MAX_PULL` unmeasured.
+    let limit = if prefill_tps.is_finite() && prefill_tps > 0.0 {
+        Duration::from_secs_f64((1.5 * ((usable - held) * bt) as f64 / prefill_tps).clamp(1.0, MAX_PULL.as_secs_f64()))
+    } else {
+        MAX_PULL
+    };
+    let outcome = tracing::Instrument::instrument(run.fetch(chunks, total, case, limit), span.clone()).await;
     let imported = outcome.blocks;
     let bytes = imported * format.block_bytes();
     span.record("switchyard.kv.pulled_tokens", (imported * bt) as i64);
@@ -185,6 +214,7 @@ impl Pull<'_> {
         chunks: impl futures::Stream<Item = Result<Bytes, transfer::TransferError>>,
         total: usize,
         case: impl Fn(usize, usize) -> PullCase,
+        limit: Duration,
     ) -> Outcome {
         let kv = self.ctx.model.kv_transfer().expect("checked by pull");
         let started = Instant::now();
@@ -196,13 +226,13 @@ impl Pull<'_> {
         let mut block = Vec::new();
         let mut seen = 0;
         let mut chunks = std::pin::pin!(chunks);
-        let deadline = tokio::time::sleep(MAX_PULL);
+        let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         loop {
             let next = tokio::select! {
                 next = chunks.next() => next,
                 _ = &mut deadline => {
-                    out.stopped = Some(format!("over {} s", MAX_PULL.as_secs()));
+                    out.stopped = Some(format!("over {:.1} s, longer than computing it", limit.as_secs_f64()));
                     return out;
                 }
             };
