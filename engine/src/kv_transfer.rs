@@ -270,6 +270,23 @@ impl EngineModel {
     fn adapter_for(&self, name: Option<&str>) -> Result<Option<Arc<LoraAdapter>>, BackendError> {
         self.adapters.get(name)
     }
+
+    /// Sends the KV job `op` makes (with the adapter `adapter` names) and returns its
+    /// answer: an unknown adapter, or a stopped compute thread, as an error.
+    fn ask_kv<T: Send + 'static>(
+        &self,
+        adapter: Option<String>,
+        op: impl FnOnce(Option<Arc<LoraAdapter>>, oneshot::Sender<T>) -> KvOp,
+    ) -> impl std::future::Future<Output = Result<T, BackendError>> + Send + 'static {
+        let (reply, rx) = oneshot::channel();
+        let sent = self.adapter_for(adapter.as_deref()).map(|a| self.send_kv(op(a, reply)));
+        async move {
+            match sent? {
+                true => rx.await.map_err(|_| stopped()),
+                false => Err(stopped()),
+            }
+        }
+    }
 }
 
 fn stopped() -> BackendError {
@@ -303,15 +320,8 @@ impl KvTransfer for EngineModel {
     }
 
     fn held_prefix(&self, tokens: Vec<u32>, adapter: Option<String>) -> BackendFuture<usize> {
-        let adapter = self.adapter_for(adapter.as_deref());
-        let (reply, rx) = oneshot::channel();
-        let sent = adapter.map(|adapter| self.send_kv(KvOp::Held { tokens, adapter, reply }));
-        Box::pin(async move {
-            match sent? {
-                true => rx.await.map_err(|_| stopped()),
-                false => Err(stopped()),
-            }
-        })
+        let answer = self.ask_kv(adapter, |adapter, reply| KvOp::Held { tokens, adapter, reply });
+        Box::pin(answer)
     }
 
     fn export_kv(
@@ -321,41 +331,23 @@ impl KvTransfer for EngineModel {
         first: usize,
         count: usize,
     ) -> BackendFuture<KvBlocks> {
-        let adapter = self.adapter_for(adapter.as_deref());
-        let (reply, rx) = oneshot::channel();
-        let sent = adapter.map(|adapter| {
-            self.send_kv(KvOp::Export {
-                tokens,
-                adapter,
-                first,
-                count,
-                reply,
-            })
+        let answer = self.ask_kv(adapter, |adapter, reply| KvOp::Export {
+            tokens,
+            adapter,
+            first,
+            count,
+            reply,
         });
-        Box::pin(async move {
-            match sent? {
-                true => rx.await.map_err(|_| stopped()),
-                false => Err(stopped()),
-            }
-        })
+        Box::pin(answer)
     }
 
     fn import_kv(&self, tokens: Vec<u32>, adapter: Option<String>, blocks: KvBlocks) -> BackendFuture<usize> {
-        let adapter = self.adapter_for(adapter.as_deref());
-        let (reply, rx) = oneshot::channel();
-        let sent = adapter.map(|adapter| {
-            self.send_kv(KvOp::Import {
-                tokens,
-                adapter,
-                blocks,
-                reply,
-            })
+        let answer = self.ask_kv(adapter, |adapter, reply| KvOp::Import {
+            tokens,
+            adapter,
+            blocks,
+            reply,
         });
-        Box::pin(async move {
-            match sent? {
-                true => rx.await.map_err(|_| stopped())?,
-                false => Err(stopped()),
-            }
-        })
+        Box::pin(async move { answer.await? })
     }
 }

@@ -243,17 +243,21 @@ pub fn register_gauges(ctx: &std::sync::Arc<super::context::ServeContext>) {
             c.model.memory().weights_bytes
         }),
     ];
-    for (name, unit, description, read) in gauges {
+    // Each instrument reads the context while it lives.
+    let observe = |read: Read| {
         let (weak, attrs): (Weak<super::context::ServeContext>, Vec<KeyValue>) =
             (std::sync::Arc::downgrade(ctx), attrs.clone());
+        move |o: &dyn AsyncInstrument<u64>| {
+            if let Some(c) = weak.upgrade() {
+                o.observe(read(&c), &attrs);
+            }
+        }
+    };
+    for (name, unit, description, read) in gauges {
         m.u64_observable_gauge(name)
             .with_unit(unit)
             .with_description(description)
-            .with_callback(move |o: &dyn AsyncInstrument<u64>| {
-                if let Some(c) = weak.upgrade() {
-                    o.observe(read(&c), &attrs);
-                }
-            })
+            .with_callback(observe(read))
             .build();
     }
     // KV moved between workers (protocol 1.11), counted since the worker started.
@@ -293,16 +297,10 @@ pub fn register_gauges(ctx: &std::sync::Arc<super::context::ServeContext>) {
         }),
     ];
     for (name, unit, description, read) in counters {
-        let (weak, attrs): (Weak<super::context::ServeContext>, Vec<KeyValue>) =
-            (std::sync::Arc::downgrade(ctx), attrs.clone());
         m.u64_observable_counter(name)
             .with_unit(unit)
             .with_description(description)
-            .with_callback(move |o: &dyn AsyncInstrument<u64>| {
-                if let Some(c) = weak.upgrade() {
-                    o.observe(read(&c), &attrs);
-                }
-            })
+            .with_callback(observe(read))
             .build();
     }
     let weak = std::sync::Arc::downgrade(ctx);
