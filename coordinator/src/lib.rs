@@ -94,6 +94,28 @@ impl CoordinatorOptions {
     }
 }
 
+/// The longest a starting coordinator waits for a first heartbeat.
+const DISCOVERY_FIRST: Duration = Duration::from_secs(1);
+/// Once workers answer: the quiet that ends the window, and its cap (a large fleet's
+/// heartbeats never go quiet).
+const DISCOVERY_QUIET: Duration = Duration::from_millis(150);
+const DISCOVERY_CAP: Duration = Duration::from_secs(2);
+
+/// Waits while workers answer a discover: for the first heartbeat (up to
+/// [`DISCOVERY_FIRST`]: a fleet with no workers yet starts that much later), then
+/// until they go quiet. Returns the heartbeat batches heard.
+async fn discovery_window(hearing: &mut tokio::sync::watch::Receiver<u64>) -> u64 {
+    let cap = tokio::time::Instant::now() + DISCOVERY_CAP;
+    let mut wait = DISCOVERY_FIRST;
+    loop {
+        let until = cap.min(tokio::time::Instant::now() + wait);
+        match tokio::time::timeout_at(until, hearing.changed()).await {
+            Ok(Ok(())) => wait = DISCOVERY_QUIET,
+            _ => return *hearing.borrow(),
+        }
+    }
+}
+
 /// A running coordinator.
 pub struct CoordinatorHandle {
     client: async_nats::Client,
@@ -146,6 +168,7 @@ impl CoordinatorHandle {
             subjects: opts.subjects.clone(),
         };
         let (a, fetch) = (actor.clone(), snapshots.clone());
+        let (heard, mut hearing) = tokio::sync::watch::channel(0u64);
         tasks.push(tokio::spawn(async move {
             while let Some(batch) = heartbeats.next().await {
                 let beats: Vec<switchyard_messages::Heartbeat> = batch
@@ -165,6 +188,7 @@ impl CoordinatorHandle {
                         fetch.fetch(worker);
                     }
                 }
+                heard.send_modify(|n| *n += 1);
             }
         }));
 
@@ -211,6 +235,17 @@ impl CoordinatorHandle {
                 }
             }
         }));
+
+        // Ask every worker to heartbeat now instead of waiting a period, and hear the
+        // answers before joining the queue group: a coordinator that joined at once
+        // would answer its share of requests `no_worker` while the fleet it is about
+        // to know of is still announcing itself (the other coordinators serve them
+        // meanwhile; a lone one is not reachable for that second).
+        hearing.mark_unchanged();
+        let _ = client.publish(opts.subjects.discover(), bytes::Bytes::new()).await;
+        let _ = client.flush().await;
+        let heard = discovery_window(&mut hearing).await;
+        tracing::debug!(coordinator = %opts.coordinator_id, heartbeat_batches = heard, "discovery window over");
 
         let service = client
             .service_builder()
@@ -293,8 +328,6 @@ impl CoordinatorHandle {
                 .map_err(anyhow::Error::msg)?,
             );
         }
-        // Ask every worker to heartbeat now instead of waiting a period.
-        let _ = client.publish(opts.subjects.discover(), bytes::Bytes::new()).await;
         Ok(Self {
             client,
             actor,
