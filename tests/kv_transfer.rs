@@ -423,3 +423,122 @@ async fn a_bad_or_dying_source_leaves_the_rest_to_compute_and_the_answer_unchang
     }
     f.stop().await;
 }
+
+/// A stream on `worker`, read until it has at least `tokens` tokens.
+async fn started(client: &Client, worker: &str, prompt: &str, seed: Option<u64>, tokens: usize) -> Started {
+    let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
+    req.head.worker = Some(worker.into());
+    req.config.max_tokens = 160;
+    if let Some(seed) = seed {
+        req.config.temperature = 0.8;
+        req.config.seed = Some(seed);
+    }
+    let mut stream = client.generate(req).await.unwrap().without_resume();
+    let mut ids = Vec::new();
+    while ids.len() < tokens {
+        match stream.next().await.unwrap().unwrap() {
+            switchyard::StreamEvent::Tokens(t) => ids.extend(t.iter().map(|t| t.id)),
+            switchyard::StreamEvent::Done { .. } => panic!("the stream ended before the drain"),
+        }
+    }
+    assert_eq!(stream.worker_id(), worker);
+    Started { stream, ids }
+}
+
+struct Started {
+    stream: switchyard::client::ResponseStream,
+    ids: Vec<u32>,
+}
+
+impl Started {
+    /// Reads the rest: every token, the final metrics, the worker that ended it and
+    /// the longest wait between two chunks.
+    async fn finish(mut self) -> (Vec<u32>, switchyard_messages::GenerateMetrics, String, Duration) {
+        let mut gap = Duration::ZERO;
+        let mut last = Instant::now();
+        loop {
+            let ev = self.stream.next().await.expect("the stream goes on");
+            gap = gap.max(last.elapsed());
+            last = Instant::now();
+            match ev.unwrap_or_else(|e| panic!("the handed-over stream failed: {e}")) {
+                switchyard::StreamEvent::Tokens(t) => self.ids.extend(t.iter().map(|t| t.id)),
+                switchyard::StreamEvent::Done { metrics, .. } => {
+                    return (self.ids, metrics, self.stream.worker_id().to_string(), gap)
+                }
+            }
+        }
+    }
+}
+
+/// SIGTERM's drain on a worker running two streams (greedy and seeded): each is
+/// handed to the other worker, which pulls the KV of its prompt and tokens so far
+/// and streams on to the same client — the same tokens as an undisturbed run, no
+/// sequence gap, `handovers: 1`, and nothing computed again but the last partial
+/// block. A lone worker, with nobody to take its streams, finishes them itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
+    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], Vec::new()).await;
+    let prompt = |topic: &str| {
+        format!(
+            "{}Tell the whole story of the {topic}, year by year:\n",
+            document(topic, 6)
+        )
+    };
+    let mut want = Vec::new();
+    for (topic, seed) in [("lighthouse", None), ("orchard", Some(11))] {
+        let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt(topic));
+        req.head.worker = Some("w-a".into());
+        req.config.max_tokens = 160;
+        if let Some(seed) = seed {
+            req.config.temperature = 0.8;
+            req.config.seed = Some(seed);
+        }
+        let reference = f.client.generate(req).await.unwrap().collect().await.unwrap();
+        assert!(
+            reference.tokens.len() > 60,
+            "a stream long enough to move: {}",
+            reference.text
+        );
+        want.push((topic, seed, texts(&reference)));
+    }
+    let mut running = Vec::new();
+    for (topic, seed, _) in &want {
+        running.push(started(&f.client, "w-a", &prompt(topic), *seed, 8).await);
+    }
+    let a = f.workers[0].0.clone();
+    let drained = tokio::spawn(async move { a.shutdown(Duration::from_secs(60)).await });
+    for ((topic, seed, want), run) in want.iter().zip(running) {
+        let (ids, m, worker, gap) = run.finish().await;
+        eprintln!("{topic} (seed {seed:?}): longest gap between chunks {gap:?}, {m:?}");
+        assert_eq!(
+            &ids, want,
+            "{topic} (seed {seed:?}): the handed-over stream equals the undisturbed run"
+        );
+        assert_eq!(worker, "w-b", "{topic}: finished on the other worker");
+        assert_eq!(m.handovers, 1, "{m:?}");
+        assert!(m.pulled_tokens > 0, "{topic}: its KV was pulled, not computed: {m:?}");
+        // The prompt B computes is A's prompt and tokens so far: only the tokens past
+        // the last whole block (and the one whose logits are wanted) are computed.
+        assert!(
+            m.prompt_tokens - m.cached_tokens <= 32,
+            "{topic}: at most the last partial block computed again: {m:?}"
+        );
+    }
+    drained.await.unwrap();
+    let b = f.transfer("w-b").await;
+    assert_eq!(b.taken_over, 2, "{b:?}");
+    assert!(b.pulls >= 2, "{b:?}");
+    f.stop().await;
+
+    // Nobody to take it: the stream finishes where it runs, unchanged.
+    let f = Fleet::start(&demo_model(), &["w-a"], Vec::new()).await;
+    let (topic, seed, want) = &want[0];
+    let run = started(&f.client, "w-a", &prompt(topic), *seed, 8).await;
+    let a = f.workers[0].0.clone();
+    let drained = tokio::spawn(async move { a.shutdown(Duration::from_secs(60)).await });
+    let (ids, m, worker, _) = run.finish().await;
+    assert_eq!(&ids, want, "a stream nobody took finishes unchanged");
+    assert_eq!((worker.as_str(), m.handovers), ("w-a", 0), "{m:?}");
+    drained.await.unwrap();
+    f.stop().await;
+}

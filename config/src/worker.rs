@@ -90,6 +90,10 @@ pub struct WorkerConfig {
     /// whose KV travels) when that is predicted faster than computing it; peers can
     /// pull from this worker either way.
     pub kv_pull: bool,
+    /// When it drains (SIGTERM), hand each running stream to another worker, which
+    /// pulls its KV and streams on (`cpu` and other backends whose KV travels);
+    /// false: streams finish here within the drain's grace.
+    pub handover: bool,
     /// `cpu`: prompt tokens a new request prefills per decode step while other
     /// requests are generating (chunked prefill, so running streams keep flowing);
     /// 0 = chosen per step from measured speeds (a chunk costs about one decode
@@ -183,6 +187,7 @@ impl Default for WorkerConfig {
             session_idle_secs: 600,
             kv_cache_mb: 256,
             kv_pull: true,
+            handover: true,
             prefill_chunk: 0,
             speculative: "off".into(),
             draft_model: String::new(),

@@ -89,6 +89,14 @@ impl HoldingsBook {
             .map(|(n, w)| (w.clone(), n))
     }
 
+    /// Whether `a` and `b` announce the same KV format, both heard from within the
+    /// expiry: KV computed on one is valid on the other.
+    pub fn same_format(&self, a: &str, b: &str) -> bool {
+        let book = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let live = |w: &str| book.formats.get(w).filter(|(_, seen)| seen.elapsed() < book.expiry);
+        matches!((live(a), live(b)), (Some((fa, _)), Some((fb, _))) if fa == fb)
+    }
+
     /// Applies a worker's event (`seq` 1 starts it over).
     pub fn event(&self, e: &KvEvent) {
         self.with(|book| {

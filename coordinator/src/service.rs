@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_messages::kv;
 use switchyard_messages::subjects::{
-    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_KV_PEER, HEADER_KV_PREDICTED, HEADER_QUEUED_US, HEADER_REQUEST_ID,
-    HEADER_STREAM_TO,
+    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_HANDOVER, HEADER_KV_PEER, HEADER_KV_PREDICTED, HEADER_QUEUED_US,
+    HEADER_REQUEST_ID, HEADER_STREAM_TO,
 };
 use switchyard_messages::{
     decode, encode, validate_batch, validate_classify, validate_embed, validate_request, Admission, BatchRequest,
@@ -163,26 +163,35 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
 
 async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) {
     let span = tracing::Span::current();
-    let Some(inbox) = msg.reply.clone() else {
-        tracing::warn!(subject = %msg.subject, "request without a reply subject; dropped");
-        return;
-    };
     let header = |name: &str| {
         msg.headers
             .as_ref()
             .and_then(|h| h.get(name))
             .map(|v| v.as_str().to_string())
     };
+    // A stream relayed by a draining worker (1.12): it streams to `Sy-Stream-To`, and
+    // the worker, on the reply subject, waits for an admission answer.
+    let relay = header(HEADER_STREAM_TO).and(msg.reply.clone());
+    let Some(inbox) = header(HEADER_STREAM_TO).map(Into::into).or_else(|| msg.reply.clone()) else {
+        tracing::warn!(subject = %msg.subject, "request without a reply subject; dropped");
+        return;
+    };
     let header_id = header(HEADER_REQUEST_ID).unwrap_or_default();
-    // A request handed over by a stopping coordinator: its client has had keep-alives.
+    // A request handed over by a stopping coordinator or a draining worker: its client
+    // has had chunks already.
     let first_seq: u64 = header(HEADER_FIRST_SEQ).and_then(|v| v.parse().ok()).unwrap_or(0);
     let fail = |request_id: String, error: WireError, seq: u64| {
         let client = ctx.client.clone();
         let inbox = inbox.clone();
+        let relay = relay.clone();
         let span = span.clone();
         async move {
             span.record("error.type", error.code.as_str());
             tracing::debug!(request = %request_id, code = %error.code, "request failed: {}", error.message);
+            if let Some(relay) = relay {
+                // The relaying worker goes on with the stream itself.
+                return answer_relay(&client, relay, "", Some(error)).await;
+            }
             let body = if verb.streams() {
                 encode(&StreamChunk::failed(&request_id, seq, error))
             } else {
@@ -270,6 +279,16 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
                 });
                 return fail(req.request_id.clone(), e, wait.seq).await;
             }
+            Waited::Cancelled if relay.is_some() => {
+                record("cancelled");
+                let e = WireError::new(ErrorCode::Cancelled, "cancelled while waiting for a worker");
+                return fail(req.request_id.clone(), e, wait.seq).await;
+            }
+            Waited::Handoff if relay.is_some() => {
+                record("refused");
+                let e = WireError::new(ErrorCode::Unavailable, "the coordinator is stopping");
+                return fail(req.request_id.clone(), e, wait.seq).await;
+            }
             Waited::Cancelled => {
                 record("cancelled");
                 let body = if verb.streams() {
@@ -294,8 +313,11 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             adapter: query.adapter.as_deref(),
         };
         match try_workers(&ctx, &msg, &inbox, verb, workers, routed, wait.seq, queued).await {
-            Tried::Admitted => {
+            Tried::Admitted(worker_id) => {
                 record("dispatched");
+                if let Some(relay) = relay {
+                    answer_relay(&ctx.client, relay, &worker_id, None).await;
+                }
                 return;
             }
             Tried::Failed(e) => {
@@ -321,8 +343,8 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
 
 /// How forwarding to the granted workers went.
 enum Tried {
-    /// One admitted it: it streams to the client now.
-    Admitted,
+    /// This one admitted it: it streams to the client now.
+    Admitted(String),
     /// Refused for good (or no worker answered): answer the client with this.
     Failed(WireError),
     /// Those workers refused for want of room (the last error says so).
@@ -355,21 +377,42 @@ async fn try_workers(
     let span = tracing::Span::current();
     let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker admitted the request");
     let mut full = Vec::new();
+    let handover = handover_peer(msg);
+    let relay_by: u64 = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(HEADER_ADMIT_BY))
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(u64::MAX);
     for (attempt, worker_id) in workers.into_iter().take(ctx.max_attempts as usize).enumerate() {
         let mut headers = msg.headers.clone().unwrap_or_default();
         headers.insert(HEADER_STREAM_TO, inbox);
         headers.insert(HEADER_QUEUED_US, queued.as_micros().to_string().as_str());
-        let admit_by = switchyard_fabric::now_ms() + ctx.admission_timeout.as_millis() as u64;
+        // A relaying worker's own limit, when sooner: past it, it goes on itself.
+        let admit_by = (switchyard_fabric::now_ms() + ctx.admission_timeout.as_millis() as u64).min(relay_by);
         headers.insert(HEADER_ADMIT_BY, admit_by.to_string().as_str());
         if first_seq > 0 {
             headers.insert(HEADER_FIRST_SEQ, first_seq.to_string().as_str());
+        }
+        // Only this coordinator names a peer: a client's `Sy-Kv-Peer` goes no further.
+        // A handed-over stream's names the worker that ran it (it holds the prompt and
+        // the tokens so far), kept for a worker that can use its KV.
+        if headers.get(HEADER_KV_PEER).is_some() {
+            headers.insert(HEADER_KV_PEER, "");
+        }
+        let handed_from = handover
+            .as_ref()
+            .filter(|(from, _)| ctx.holdings.same_format(from, &worker_id));
+        if let Some((from, tokens)) = handed_from {
+            headers.insert(HEADER_KV_PEER, format!("{from},{tokens}").as_str());
         }
         if !routed.key.is_empty() {
             if let Some((precise, blocks)) = ctx.holdings.predict(&worker_id, routed.adapter, routed.key) {
                 headers.insert(HEADER_KV_PREDICTED, format!("{precise},{blocks}").as_str());
             }
             // A peer holding more of the prefix: the worker may pull it from there.
-            if let Some((peer, tokens)) = ctx.holdings.best_peer(&worker_id, routed.adapter, routed.key) {
+            let peer = ctx.holdings.best_peer(&worker_id, routed.adapter, routed.key);
+            if let (Some((peer, tokens)), None) = (peer, handed_from) {
                 headers.insert(HEADER_KV_PEER, format!("{peer},{tokens}").as_str());
             }
         }
@@ -414,9 +457,9 @@ async fn try_workers(
                     if attempt > 0 {
                         let _ = ctx
                             .actor
-                            .cast(CoordinatorMsg::Routed(worker_id, routed.blocks.to_vec()));
+                            .cast(CoordinatorMsg::Routed(worker_id.clone(), routed.blocks.to_vec()));
                     }
-                    return Tried::Admitted;
+                    return Tried::Admitted(worker_id);
                 }
                 Ok(a) => {
                     let error = a
@@ -452,6 +495,32 @@ async fn try_workers(
     } else {
         Tried::Full(full, last_error)
     }
+}
+
+/// A relayed stream's hand-over (`Sy-Handover`) with its `Sy-Kv-Peer`: the worker
+/// that ran it and the tokens whose KV it holds.
+fn handover_peer(msg: &async_nats::Message) -> Option<(String, String)> {
+    let headers = msg.headers.as_ref()?;
+    headers.get(HEADER_HANDOVER)?;
+    let (peer, tokens) = headers.get(HEADER_KV_PEER)?.as_str().split_once(',')?;
+    tokens.parse::<u32>().ok()?;
+    Some((peer.to_string(), tokens.to_string()))
+}
+
+/// Answers a relaying worker: a worker admitted its stream, or why none did.
+async fn answer_relay(
+    client: &async_nats::Client,
+    relay: async_nats::Subject,
+    worker_id: &str,
+    error: Option<WireError>,
+) {
+    let answer = Admission {
+        v: PROTOCOL_VERSION,
+        worker_id: worker_id.to_string(),
+        accepted: error.is_none(),
+        error,
+    };
+    let _ = client.publish(relay, encode(&answer).into()).await;
 }
 
 /// `{p}.v1.session.open`: picks a worker like a request (model, backend and worker

@@ -23,6 +23,8 @@ pub struct ChunkSink {
     first: u64,
     /// Microseconds the request waited at a coordinator, for the final metrics.
     fleet_queue_us: u64,
+    /// Times the stream was handed over before it came here (`Sy-Handover`).
+    handovers: u32,
     /// The coordinator's prediction of `cached_tokens` (precise, by whole blocks).
     predicted: Option<(u32, u32)>,
     /// Prompt tokens whose KV was pulled from a peer for this request, and the
@@ -47,6 +49,7 @@ impl ChunkSink {
             seq: Arc::new(AtomicU64::new(0)),
             first: 0,
             fleet_queue_us: 0,
+            handovers: 0,
             predicted: None,
             pulled: (0, 0),
         }
@@ -75,6 +78,16 @@ impl ChunkSink {
             fleet_queue_us,
             ..self
         }
+    }
+
+    /// The final metrics say the stream was handed over `n` times on its way here.
+    pub fn handovers(self, n: u32) -> Self {
+        Self { handovers: n, ..self }
+    }
+
+    /// The `seq` the next chunk will carry.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
     }
 
     /// Chunks sent so far.
@@ -137,6 +150,7 @@ impl ChunkSink {
             block_predicted_cached_tokens: self.predicted.map(|p| p.1),
             pulled_tokens: self.pulled.0,
             pull_us: self.pulled.1,
+            handovers: self.handovers,
             ..metrics
         });
         c.tool_calls = tool_calls;

@@ -207,6 +207,12 @@ pub struct KvTransferStats {
     /// Chunks and bytes this worker served to peers.
     pub served_chunks: u64,
     pub served_bytes: u64,
+    /// (1.12) Streams this worker handed to another while draining, streams it
+    /// continued for a draining peer, and hand-overs that found no taker (the
+    /// stream then finished here).
+    pub handed_over: u64,
+    pub taken_over: u64,
+    pub handover_fallbacks: u64,
 }
 
 #[cfg(test)]

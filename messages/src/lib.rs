@@ -89,5 +89,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// adapter-seeded prefix blocks ([`kv::adapter_blocks`]) and a worker's `adapters`
 /// endpoint ([`admin`]). 1.11: KV between workers ([`kv_transfer`]) —
 /// `ServedModel.kv_format`, `KvUsage.transfer`, the forward's `Sy-Kv-Peer`, the
-/// `{p}.v1.kv.{wid}.pull` exchange and `pulled_tokens` in the final metrics.
-pub const PROTOCOL_MINOR: u32 = 11;
+/// `{p}.v1.kv.{wid}.pull` exchange and `pulled_tokens` in the final metrics. 1.12:
+/// live hand-over of a draining worker's streams — a stream relayed to a coordinator
+/// (`Sy-Stream-To` + `Sy-Handover`, answered with an [`Admission`]), `handovers` in the
+/// final metrics, hand-over counters in [`KvTransferStats`].
+pub const PROTOCOL_MINOR: u32 = 12;

@@ -131,6 +131,13 @@ pub const HEADER_KV_PREDICTED: &str = "Sy-Kv-Predicted";
 /// than the worker it goes to, as `worker_id,tokens` (protocol 1.11): the worker may
 /// pull that KV from it ([`crate::kv_transfer`]) instead of computing it.
 pub const HEADER_KV_PEER: &str = "Sy-Kv-Peer";
+/// On a stream relayed by a draining worker to a coordinator, and on the forward that
+/// follows (protocol 1.12): `worker_id,handovers` — the worker that ran the stream so
+/// far (it holds the KV of its prompt and tokens: the forward's `Sy-Kv-Peer` names
+/// it) and how many hand-overs the stream has had, counting this one. A request to a
+/// coordinator that carries `Sy-Stream-To` is relayed: the coordinator streams to that
+/// subject and answers the relaying worker with an [`crate::Admission`].
+pub const HEADER_HANDOVER: &str = "Sy-Handover";
 /// On a reply of a chunked transfer: `sha256=<hex>` of the payload (protocol 1.11).
 pub const HEADER_DIGEST: &str = "Sy-Digest";
 /// W3C trace context.

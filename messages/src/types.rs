@@ -332,6 +332,12 @@ pub struct GenerateMetrics {
     /// first token).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pull_us: u64,
+    /// (1.12) Times a draining worker handed this stream to another worker, which
+    /// continued it from the KV it pulled (`Sy-Handover`); the stream's tokens are
+    /// those of an undisturbed run. `cached_tokens` and `pulled_tokens` are the
+    /// last worker's, over the prompt and the tokens generated before.
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub handovers: u32,
 }
 
 fn is_zero(v: &u64) -> bool {

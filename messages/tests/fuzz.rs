@@ -545,6 +545,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 block_predicted_cached_tokens: Some(0),
                 pulled_tokens: 1,
                 pull_us: 1_500,
+                handovers: 1,
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),
@@ -643,6 +644,9 @@ fn seed_status() -> WorkerStatus {
                 recomputed: 2,
                 served_chunks: 30,
                 served_bytes: 22_118_400,
+                handed_over: 2,
+                taken_over: 1,
+                handover_fallbacks: 1,
             },
         },
         recent: RecentLatency {

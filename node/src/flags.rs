@@ -88,6 +88,11 @@ pub struct WorkerFlags {
     /// than computing it (default true; `--kv-pull false`: always compute).
     #[arg(long)]
     pub kv_pull: Option<bool>,
+    /// On SIGTERM, hand each running stream to another worker, which pulls its KV and
+    /// streams on to the same client (default true; `--handover false`: streams
+    /// finish here within the drain's grace).
+    #[arg(long)]
+    pub handover: Option<bool>,
     /// cpu: speculative decoding, `off`, `lookup` (prompt lookup: each step also checks
     /// tokens that continued the stream's last n-gram where it occurred earlier in the
     /// prompt or output; fastest on rewriting, extraction and code editing) or `draft`
@@ -177,6 +182,9 @@ impl WorkerFlags {
         }
         if let Some(v) = self.kv_pull {
             w.kv_pull = v;
+        }
+        if let Some(v) = self.handover {
+            w.handover = v;
         }
         if let Some(v) = &self.speculative {
             w.speculative = v.clone();

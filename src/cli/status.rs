@@ -121,26 +121,36 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
         .workers
         .iter()
         .map(|w| (&w.status.worker_id, w.status.kv.transfer))
-        .filter(|(_, t)| t.pulls + t.pull_fallbacks + t.recomputed + t.served_chunks > 0)
+        .filter(|(_, t)| t.pulls + t.pull_fallbacks + t.recomputed + t.served_chunks + t.handed_over + t.taken_over > 0)
         .collect();
     if !moved.is_empty() {
         let _ = writeln!(out, "KV between workers (since each started):");
         let _ = writeln!(
             out,
-            "{:<28} {:>6} {:>12} {:>10} {:>10} {:>11} {:>10}",
-            "WORKER", "PULLS", "PULLED-TOK", "PULLED-MB", "FALLBACKS", "RECOMPUTED", "SERVED-MB"
+            "{:<28} {:>6} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9}",
+            "WORKER",
+            "PULLS",
+            "PULLED-TOK",
+            "PULLED-MB",
+            "FALLBACKS",
+            "RECOMPUTED",
+            "SERVED-MB",
+            "HANDED-ON",
+            "TAKEN-ON"
         );
         for (id, t) in moved {
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} {:>12} {:>10.1} {:>10} {:>11} {:>10.1}",
+                "{:<28} {:>6} {:>12} {:>10.1} {:>10} {:>11} {:>10.1} {:>9} {:>9}",
                 id,
                 t.pulls,
                 t.pulled_tokens,
                 t.pulled_bytes as f64 / 1e6,
                 t.pull_fallbacks,
                 t.recomputed,
-                t.served_bytes as f64 / 1e6
+                t.served_bytes as f64 / 1e6,
+                t.handed_over,
+                t.taken_over
             );
         }
     }

@@ -39,6 +39,8 @@ pub struct ServeContext {
     pub transfer: super::kv_transfer::TransferState,
     /// Whether it pulls prefixes from peers (`worker.kv_pull`).
     pub kv_pull: bool,
+    /// Its streams handed to other workers when it drains (`worker.handover`).
+    pub handover: super::handover::Handover,
 }
 
 impl ServeContext {

@@ -1,6 +1,6 @@
 //! The `embed` endpoint's work (1.7): an [`EmbedRequest`]'s inputs through the
 //! backend, answered as one [`EmbedReply`] (admission and delivery are
-//! `handle_unary` in `service.rs`'s, as for classify and batch).
+//! `handle_unary` in `unary.rs`'s, as for classify and batch).
 
 use super::context::ServeContext;
 use switchyard_backend::Prompt;

@@ -7,6 +7,7 @@ pub mod admission;
 pub mod coalesce;
 pub mod context;
 mod embed;
+pub mod handover;
 pub mod kv_transfer;
 pub mod prefix_index;
 pub mod recent;
@@ -14,6 +15,7 @@ pub mod service;
 pub mod session;
 pub mod telemetry;
 pub mod tools;
+mod unary;
 
 use admission::Admission;
 use async_nats::service::ServiceExt;
@@ -65,6 +67,8 @@ pub struct WorkerOptions {
     pub limits: switchyard_messages::InputLimits,
     /// Pull prefixes from peers ([`kv_transfer`]).
     pub kv_pull: bool,
+    /// Hand running streams to other workers when draining ([`handover`]).
+    pub handover: bool,
 }
 
 /// Messages the WorkerActor handles.
@@ -229,6 +233,7 @@ impl Actor for WorkerActor {
             subjects: opts.subjects.clone(),
             transfer: Default::default(),
             kv_pull: opts.kv_pull,
+            handover: handover::Handover::new(opts.handover),
         });
         // The engine says when what it holds changes (a prompt claims a slot, its
         // a stream ends): the KvCacheActor announces it at once.
@@ -261,7 +266,7 @@ impl Actor for WorkerActor {
         #[derive(Clone, Copy)]
         enum Handler {
             Stream { chat: bool },
-            Unary(service::Unary),
+            Unary(unary::Unary),
             SessionOpen,
             Adapters,
         }
@@ -270,9 +275,9 @@ impl Actor for WorkerActor {
         for (verb, handler) in [
             ("generate", Handler::Stream { chat: false }),
             ("chat", Handler::Stream { chat: true }),
-            ("classify", Handler::Unary(service::Unary::Classify)),
-            ("embed", Handler::Unary(service::Unary::Embed)),
-            ("batch", Handler::Unary(service::Unary::Batch)),
+            ("classify", Handler::Unary(unary::Unary::Classify)),
+            ("embed", Handler::Unary(unary::Unary::Embed)),
+            ("batch", Handler::Unary(unary::Unary::Batch)),
             ("session_open", Handler::SessionOpen),
             ("adapters", Handler::Adapters),
         ] {
@@ -285,7 +290,7 @@ impl Actor for WorkerActor {
                 async move {
                     match handler {
                         Handler::Stream { chat } => service::handle(ctx, request, chat).await,
-                        Handler::Unary(verb) => service::handle_unary(ctx, request, verb).await,
+                        Handler::Unary(verb) => unary::handle_unary(ctx, request, verb).await,
                         Handler::SessionOpen => {
                             let answer = sessions.handle_open(&request.message.payload).await;
                             let _ = request.respond(Ok(answer.into())).await;
@@ -410,6 +415,8 @@ impl Actor for WorkerActor {
                 let _ = switchyard_fabric::nats::publish(&state.client, subject, &beat).await;
                 // Bounded: with the NATS server gone a flush would wait for it.
                 let _ = tokio::time::timeout(Duration::from_secs(1), state.client.flush()).await;
+                // Coordinators know it drains: its streams move on to other workers.
+                state.ctx.handover.begin();
                 let _ = reply.send(());
             }
             WorkerMsg::Fault(Fault::PanicKvCache) => {

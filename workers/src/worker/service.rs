@@ -15,23 +15,23 @@ use switchyard_backend::{GenerateEvent, Prompt};
 use switchyard_fabric::ChunkSink;
 use switchyard_messages::subjects::{HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_QUEUED_US, HEADER_STREAM_TO};
 use switchyard_messages::{
-    check_deadline, decode, encode, validate_batch, validate_classify, validate_embed, validate_request,
-    Admission as AdmissionMsg, BatchReply, BatchRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Constraint,
-    EmbedRequest, ErrorCode, ErrorReply, FinishReason, GenerateRequest, RequestHead, WireError, PROTOCOL_VERSION,
+    check_deadline, decode, encode, validate_request, Admission as AdmissionMsg, Constraint, ErrorCode, FinishReason,
+    GenerateRequest, RequestHead, WireError, PROTOCOL_VERSION,
 };
 
 pub use super::context::ServeContext;
+use super::handover::Pumped;
 
 /// Where a request's answer goes, and whether a coordinator waits for an
 /// [`AdmissionMsg`] on the NATS reply subject.
-struct Target {
-    to: String,
-    via_coordinator: bool,
+pub(super) struct Target {
+    pub to: String,
+    pub via_coordinator: bool,
 }
 
 /// `Sy-Stream-To` when a coordinator forwarded the request, else the reply subject;
 /// `None` (logged) when there is nowhere to answer.
-fn target(msg: &async_nats::Message) -> Option<Target> {
+pub(super) fn target(msg: &async_nats::Message) -> Option<Target> {
     let header = msg
         .headers
         .as_ref()
@@ -48,7 +48,7 @@ fn target(msg: &async_nats::Message) -> Option<Target> {
 }
 
 /// Tells the forwarding coordinator whether the request was admitted.
-async fn answer_admission(ctx: &ServeContext, request: &Request, refusal: Option<WireError>) {
+pub(super) async fn answer_admission(ctx: &ServeContext, request: &Request, refusal: Option<WireError>) {
     let answer = AdmissionMsg {
         v: PROTOCOL_VERSION,
         worker_id: ctx.worker_id.clone(),
@@ -189,7 +189,8 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         Some(ctx.worker_id.clone()),
     )
     .after_queue(header(HEADER_FIRST_SEQ), header(HEADER_QUEUED_US))
-    .predicted(kv_predicted(msg));
+    .predicted(kv_predicted(msg))
+    .handovers(super::handover::taken(&ctx, msg));
     sink.tokens(Vec::new()).await;
     let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
     let mut config = req.config.clone();
@@ -240,6 +241,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         switchyard.backend = %ctx.backend,
         switchyard.request.id = %req.head.request_id,
         switchyard.kv.cached_tokens = tracing::field::Empty,
+        switchyard.handed_over = tracing::field::Empty,
         switchyard.queue_us = tracing::field::Empty,
         switchyard.speculative.draft_tokens = tracing::field::Empty,
         switchyard.speculative.accepted_tokens = tracing::field::Empty,
@@ -250,8 +252,37 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         // A peer holding more of the prefix: its KV, where that beats computing it.
         let adapter = config.adapter.as_deref();
         let sink = super::kv_transfer::pull_for(&ctx, msg, &req.head.request_id, &prompt, adapter, sink).await;
+        let signal = super::handover::signal(&ctx, calls.is_none());
+        let events = ctx.model.generate(prompt.clone(), config.clone(), cancel.clone());
+        let Pumped::HandOver(emitted) = pump(
+            &ctx,
+            &sink,
+            events,
+            &cancel,
+            req.head.deadline_ms,
+            &attrs,
+            calls,
+            signal,
+        )
+        .await
+        else {
+            return;
+        };
+        // Draining: another worker streams on from here, or (none took it) this one.
+        let Some(next) = super::handover::continued(&req, &emitted) else {
+            // Every token it may have is out: that is the end.
+            sink.done(Vec::new(), FinishReason::Length, Default::default()).await;
+            return;
+        };
+        let prompt = super::handover::continued_prompt(&prompt, &next);
+        if super::handover::relay(&ctx, msg, &next, chat, &prompt, &sink).await {
+            return;
+        }
+        let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
+        config.max_tokens = next.config.max_tokens;
+        config.rng_position = next.config.rng_position;
         let events = ctx.model.generate(prompt, config, cancel.clone());
-        pump(&ctx, &sink, events, &cancel, req.head.deadline_ms, &attrs, calls).await;
+        pump(&ctx, &sink, events, &cancel, req.head.deadline_ms, &attrs, None, None).await;
     };
     tracing::Instrument::instrument(run, span).await;
     ctx.cancels.remove(&req.head.request_id);
@@ -277,7 +308,10 @@ fn kv_predicted(msg: &async_nats::Message) -> Option<(u32, u32)> {
 /// generation's span: opens `prefill` (until the first token) and `decode` child
 /// spans, fills the span's usage fields, and records the GenAI metrics with `attrs`.
 /// With `calls` (a request that offered tools), the calls' text is held back and
-/// parsed into the last chunk's `tool_calls`.
+/// parsed into the last chunk's `tool_calls`. With `handover`, once the worker
+/// drains (and the first token is out) it stops to be handed over
+/// ([`super::handover`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn pump(
     ctx: &ServeContext,
     sink: &ChunkSink,
@@ -286,7 +320,8 @@ pub async fn pump(
     deadline_ms: Option<u64>,
     attrs: &[opentelemetry::KeyValue],
     mut calls: Option<super::tools::calls::CallFilter>,
-) {
+    mut handover: Option<tokio::sync::watch::Receiver<bool>>,
+) -> Pumped {
     let started = Instant::now();
     let span = tracing::Span::current();
     // `decode` is a live span from the first token on; `queue` and `prefill` are
@@ -303,6 +338,9 @@ pub async fn pump(
     keepalive.tick().await;
     let mut sent_since_tick = false;
     let mut out = Coalescer::new(ctx.coalesce);
+    // Token ids sent or held for the client (with no `calls`: all it will get).
+    let mut emitted = Vec::new();
+    let mut handing = false;
     loop {
         let due = out.due();
         // While tokens are held, more of them need not wake this task: the timer
@@ -311,6 +349,10 @@ pub async fn pump(
         let ev = tokio::select! {
             ev = events.next() => Some(ev),
             () = tokio::time::sleep_until(due.unwrap_or(started).into()), if due.is_some() => None,
+            () = super::handover::begun(&mut handover), if !handing => {
+                handing = true;
+                None
+            }
             _ = keepalive.tick() => {
                 if deadline_ms.is_some_and(|d| switchyard_fabric::now_ms() >= d) {
                     // Tokens computed before the deadline reach the client, those
@@ -337,7 +379,7 @@ pub async fn pump(
                     fail(ErrorCode::DeadlineExceeded);
                     cancel.cancel();
                     sink.error(WireError::new(ErrorCode::DeadlineExceeded, "the request's deadline passed")).await;
-                    return;
+                    return Pumped::Ended;
                 }
                 if !send_held(sink, &mut out, cancel).await && !sent_since_tick {
                     sink.tokens(Vec::new()).await;
@@ -365,7 +407,10 @@ pub async fn pump(
                                 out.push(t, Instant::now());
                             }
                         }
-                        None => out.push(t, Instant::now()),
+                        None => {
+                            emitted.push(t.id);
+                            out.push(t, Instant::now());
+                        }
                     }
                     if out.has_room() {
                         next = events.next().now_or_never();
@@ -410,14 +455,14 @@ pub async fn pump(
                     crate::worker::telemetry::record_success(attrs, &metrics);
                     // The held tokens ride on the final chunk.
                     sink.finish(out.take(), finish_reason, metrics, tool_calls).await;
-                    return;
+                    return Pumped::Ended;
                 }
                 Some(Err(e)) => {
                     // Tokens before an error reach the client (it resumes after them).
                     send_held(sink, &mut out, cancel).await;
                     fail(e.code());
                     sink.error(e.to_wire()).await;
-                    return;
+                    return Pumped::Ended;
                 }
                 None => {
                     send_held(sink, &mut out, cancel).await;
@@ -427,12 +472,17 @@ pub async fn pump(
                         "the backend ended the stream without a result",
                     ))
                     .await;
-                    return;
+                    return Pumped::Ended;
                 }
             }
         }
         if out.ready(Instant::now()) {
             sent_since_tick |= send_held(sink, &mut out, cancel).await;
+        }
+        if handing && first_token_at.is_some() {
+            drop(phase.take());
+            span.record("switchyard.handed_over", true);
+            return super::handover::stop(sink, &mut events, cancel, out.take(), emitted).await;
         }
     }
 }
@@ -448,150 +498,4 @@ async fn send_held(sink: &ChunkSink, out: &mut Coalescer, cancel: &switchyard_ba
         cancel.cancel();
     }
     true
-}
-
-/// The one-reply verbs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unary {
-    /// Prefill-only: [`ClassifyRequest`] → [`ClassifyReply`].
-    Classify,
-    /// Batch generation: [`BatchRequest`] → [`BatchReply`].
-    Batch,
-    /// (1.7) Embeddings: [`EmbedRequest`] → [`EmbedReply`].
-    Embed,
-}
-
-enum UnaryRequest {
-    Classify(ClassifyRequest),
-    Batch(BatchRequest),
-    Embed(EmbedRequest),
-}
-
-/// Handles one request on the `classify` or `batch` endpoint: admitted like a
-/// generation (same admission, same answer to a coordinator), answered with one
-/// reply to the stream target, or an [`ErrorReply`] when refused on a direct call.
-pub async fn handle_unary(ctx: Arc<ServeContext>, request: Request, verb: Unary) {
-    let msg = &request.message;
-    let Some(Target {
-        to: reply_to,
-        via_coordinator,
-    }) = target(msg)
-    else {
-        return;
-    };
-    let bad = |e: switchyard_messages::DecodeError| WireError::new(ErrorCode::BadRequest, e.to_string());
-    // One decode: the whole request, its head taken from it.
-    let decoded = match verb {
-        Unary::Classify => decode::<ClassifyRequest>(&msg.payload).map(|r| (r.head.clone(), UnaryRequest::Classify(r))),
-        Unary::Batch => decode::<BatchRequest>(&msg.payload).map(|r| (r.head.clone(), UnaryRequest::Batch(r))),
-        Unary::Embed => decode::<EmbedRequest>(&msg.payload).map(|r| (r.head.clone(), UnaryRequest::Embed(r))),
-    };
-    let parsed = decoded.map_err(bad).and_then(|(head, req)| {
-        match &req {
-            UnaryRequest::Classify(r) => validate_classify(r, &ctx.limits)?,
-            UnaryRequest::Batch(r) => validate_batch(r, &ctx.limits)?,
-            UnaryRequest::Embed(r) => validate_embed(r, &ctx.limits)?,
-        }
-        if head.deadline_ms.is_some_and(|d| switchyard_fabric::now_ms() >= d) {
-            return Err(WireError::new(
-                ErrorCode::DeadlineExceeded,
-                "the request's deadline passed",
-            ));
-        }
-        if !head.model.is_empty() && head.model != ctx.model_name {
-            return Err(WireError::new(
-                ErrorCode::UnknownModel,
-                format!(
-                    "worker {} serves {:?}, not {:?}",
-                    ctx.worker_id, ctx.model_name, head.model
-                ),
-            ));
-        }
-        ctx.check_open()?;
-        ctx.check_adapter(head.adapter.as_deref())?;
-        Ok((head, req))
-    });
-    let parsed = match parsed {
-        Ok((head, req)) => ctx.admission.admit().map(|permit| (head, req, permit)),
-        Err(e) => Err(e),
-    };
-    let (head, req, permit) = match parsed {
-        Ok(ok) => ok,
-        Err(error) => {
-            if via_coordinator {
-                answer_admission(&ctx, &request, Some(error)).await;
-            } else {
-                let _ = ctx
-                    .client
-                    .publish(
-                        reply_to,
-                        encode(&ErrorReply {
-                            v: PROTOCOL_VERSION,
-                            error,
-                        })
-                        .into(),
-                    )
-                    .await;
-            }
-            return;
-        }
-    };
-    if via_coordinator {
-        answer_admission(&ctx, &request, None).await;
-    }
-    let body = match req {
-        UnaryRequest::Classify(r) => {
-            let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
-            let results = ctx
-                .model
-                .classify(prompts, r.return_logits)
-                .await
-                .into_iter()
-                .map(|res| match res {
-                    Ok(result) => ClassifyItem {
-                        result: Some(result),
-                        error: None,
-                    },
-                    Err(e) => ClassifyItem {
-                        result: None,
-                        error: Some(e.to_wire()),
-                    },
-                })
-                .collect();
-            encode(&ClassifyReply {
-                v: PROTOCOL_VERSION,
-                request_id: head.request_id.clone(),
-                worker_id: ctx.worker_id.clone(),
-                results,
-            })
-        }
-        UnaryRequest::Embed(r) => super::embed::reply(&ctx, &head.request_id, r).await,
-        UnaryRequest::Batch(r) => {
-            let cancel = ctx.cancels.insert(&head.request_id, &reply_to);
-            let prompts = r.prompts.into_iter().map(Prompt::Text).collect();
-            let config = switchyard_messages::GenerateConfig {
-                adapter: head.adapter.clone(),
-                ..r.config
-            };
-            let results = ctx.model.batch_generate(prompts, config, cancel).await;
-            ctx.cancels.remove(&head.request_id);
-            encode(&BatchReply {
-                v: PROTOCOL_VERSION,
-                request_id: head.request_id.clone(),
-                worker_id: ctx.worker_id.clone(),
-                results,
-            })
-        }
-    };
-    let what = match verb {
-        Unary::Classify => "classify",
-        Unary::Batch => "batch",
-        Unary::Embed => "embed",
-    };
-    let body = switchyard_fabric::nats::fit_reply(&ctx.client, body, what);
-    if let Err(e) = ctx.client.publish(reply_to, body.into()).await {
-        tracing::warn!(worker = %ctx.worker_id, "{what} reply not sent: {e}");
-    }
-    drop(permit);
-    (ctx.on_complete)();
 }

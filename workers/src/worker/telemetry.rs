@@ -261,7 +261,7 @@ pub fn register_gauges(ctx: &std::sync::Arc<super::context::ServeContext>) {
             .build();
     }
     // KV moved between workers (protocol 1.11), counted since the worker started.
-    let counters: [(&'static str, &'static str, &'static str, Read); 6] = [
+    let counters: [(&'static str, &'static str, &'static str, Read); 9] = [
         (
             "switchyard.kv.transfer.pulls",
             "{pull}",
@@ -295,6 +295,25 @@ pub fn register_gauges(ctx: &std::sync::Arc<super::context::ServeContext>) {
         ("switchyard.kv.transfer.served", "By", "KV bytes served to peers", |c| {
             c.transfer.stats().served_bytes
         }),
+        // (1.12) Live hand-over of streams when a worker drains.
+        (
+            "switchyard.handover.handed_over",
+            "{stream}",
+            "Streams handed to another worker while draining",
+            |c| c.transfer.stats().handed_over,
+        ),
+        (
+            "switchyard.handover.taken_over",
+            "{stream}",
+            "Streams continued for a draining worker",
+            |c| c.transfer.stats().taken_over,
+        ),
+        (
+            "switchyard.handover.fallbacks",
+            "{stream}",
+            "Hand-overs no worker took: the stream finished on the draining worker",
+            |c| c.transfer.stats().handover_fallbacks,
+        ),
     ];
     for (name, unit, description, read) in counters {
         m.u64_observable_counter(name)

@@ -30,6 +30,9 @@ pub struct TransferState {
     recomputed: AtomicU64,
     served_chunks: AtomicU64,
     served_bytes: AtomicU64,
+    pub(crate) handed_over: AtomicU64,
+    pub(crate) taken_over: AtomicU64,
+    pub(crate) handover_fallbacks: AtomicU64,
     links: Mutex<HashMap<String, Link>>,
 }
 
@@ -45,6 +48,9 @@ impl TransferState {
             recomputed: get(&self.recomputed),
             served_chunks: get(&self.served_chunks),
             served_bytes: get(&self.served_bytes),
+            handed_over: get(&self.handed_over),
+            taken_over: get(&self.taken_over),
+            handover_fallbacks: get(&self.handover_fallbacks),
         }
     }
 
@@ -68,7 +74,7 @@ impl TransferState {
         links.insert(peer.to_string(), now);
     }
 
-    fn add(c: &AtomicU64, n: u64) {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
 }

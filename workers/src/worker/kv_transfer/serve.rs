@@ -125,6 +125,7 @@ async fn export(ctx: &ServeContext, payload: &[u8]) -> Result<KvChunk, WireError
         .export_kv(req.tokens, req.adapter, req.first_block as usize, count)
         .await
         .map_err(|e| e.to_wire())?;
+    ctx.handover.served(&req.request_id);
     let mut data = blocks.data;
     if parts > 1 && blocks.count == 1 {
         let len = block_bytes.div_ceil(parts);
