@@ -424,24 +424,34 @@ async fn a_bad_or_dying_source_leaves_the_rest_to_compute_and_the_answer_unchang
     f.stop().await;
 }
 
-/// A stream on `worker`, read until it has at least `tokens` tokens.
-async fn started(client: &Client, worker: &str, prompt: &str, seed: Option<u64>, tokens: usize) -> Started {
+/// A request on `topic` (a document of `sections` sections), pinned to w-a, greedy
+/// or sampled with `seed`, long enough to be interrupted.
+fn story(topic: &str, sections: usize, seed: Option<u64>, adapter: Option<&str>) -> GenerateRequest {
+    let prompt = format!(
+        "{}Tell the whole story of the {topic}, year by year:\n",
+        document(topic, sections)
+    );
     let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
-    req.head.worker = Some(worker.into());
+    req.head.worker = Some("w-a".into());
+    req.head.adapter = adapter.map(str::to_string);
     req.config.max_tokens = 160;
     if let Some(seed) = seed {
         req.config.temperature = 0.8;
         req.config.seed = Some(seed);
     }
+    req
+}
+
+/// A stream of `req`, read until it has at least 8 tokens.
+async fn started(client: &Client, req: GenerateRequest) -> Started {
     let mut stream = client.generate(req).await.unwrap().without_resume();
     let mut ids = Vec::new();
-    while ids.len() < tokens {
+    while ids.len() < 8 {
         match stream.next().await.unwrap().unwrap() {
             switchyard::StreamEvent::Tokens(t) => ids.extend(t.iter().map(|t| t.id)),
             switchyard::StreamEvent::Done { .. } => panic!("the stream ended before the drain"),
         }
     }
-    assert_eq!(stream.worker_id(), worker);
     Started { stream, ids }
 }
 
@@ -470,75 +480,99 @@ impl Started {
     }
 }
 
-/// SIGTERM's drain on a worker running two streams (greedy and seeded): each is
-/// handed to the other worker, which pulls the KV of its prompt and tokens so far
-/// and streams on to the same client — the same tokens as an undisturbed run, no
-/// sequence gap, `handovers: 1`, and nothing computed again but the last partial
-/// block. A lone worker, with nobody to take its streams, finishes them itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
-    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], Vec::new()).await;
-    let prompt = |topic: &str| {
-        format!(
-            "{}Tell the whole story of the {topic}, year by year:\n",
-            document(topic, 6)
-        )
-    };
+/// Streams of `cases` (topic, sections, seed) run on w-a, which is drained (what
+/// SIGTERM does) once each has 8 tokens; each must end on w-b (`taker`) or, with no
+/// taker, on w-a, token for token the run w-a gave undisturbed. Returns each final
+/// metrics.
+async fn drained_mid_stream(
+    f: &Fleet,
+    cases: &[(&str, usize, Option<u64>)],
+    adapter: Option<&str>,
+    taker: Option<&str>,
+) -> Vec<switchyard_messages::GenerateMetrics> {
     let mut want = Vec::new();
-    for (topic, seed) in [("lighthouse", None), ("orchard", Some(11))] {
-        let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt(topic));
-        req.head.worker = Some("w-a".into());
-        req.config.max_tokens = 160;
-        if let Some(seed) = seed {
-            req.config.temperature = 0.8;
-            req.config.seed = Some(seed);
-        }
-        let reference = f.client.generate(req).await.unwrap().collect().await.unwrap();
+    for &(topic, sections, seed) in cases {
+        let reference = f
+            .client
+            .generate(story(topic, sections, seed, adapter))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
         assert!(
             reference.tokens.len() > 60,
             "a stream long enough to move: {}",
             reference.text
         );
-        want.push((topic, seed, texts(&reference)));
+        want.push(texts(&reference));
     }
     let mut running = Vec::new();
-    for (topic, seed, _) in &want {
-        running.push(started(&f.client, "w-a", &prompt(topic), *seed, 8).await);
+    for &(topic, sections, seed) in cases {
+        running.push(started(&f.client, story(topic, sections, seed, adapter)).await);
     }
     let a = f.workers[0].0.clone();
     let drained = tokio::spawn(async move { a.shutdown(Duration::from_secs(60)).await });
-    for ((topic, seed, want), run) in want.iter().zip(running) {
+    let mut all = Vec::new();
+    for ((case, want), run) in cases.iter().zip(want).zip(running) {
         let (ids, m, worker, gap) = run.finish().await;
-        eprintln!("{topic} (seed {seed:?}): longest gap between chunks {gap:?}, {m:?}");
-        assert_eq!(
-            &ids, want,
-            "{topic} (seed {seed:?}): the handed-over stream equals the undisturbed run"
-        );
-        assert_eq!(worker, "w-b", "{topic}: finished on the other worker");
-        assert_eq!(m.handovers, 1, "{m:?}");
-        assert!(m.pulled_tokens > 0, "{topic}: its KV was pulled, not computed: {m:?}");
-        // The prompt B computes is A's prompt and tokens so far: only the tokens past
-        // the last whole block (and the one whose logits are wanted) are computed.
-        assert!(
-            m.prompt_tokens - m.cached_tokens <= 32,
-            "{topic}: at most the last partial block computed again: {m:?}"
-        );
+        eprintln!("{case:?} {adapter:?}: longest gap between chunks {gap:?}, {m:?}");
+        assert_eq!(ids, want, "{case:?}: the stream equals the undisturbed run");
+        assert_eq!(worker, taker.unwrap_or("w-a"), "{case:?}: where it finished");
+        all.push(m);
     }
     drained.await.unwrap();
+    all
+}
+
+/// SIGTERM's drain on a worker running two streams (greedy and seeded): each is
+/// handed to the other worker, which pulls the KV of its prompt and tokens so far
+/// and streams on to the same client — the same tokens as an undisturbed run, no
+/// sequence gap, `handovers: 1`, and nothing computed again but the last partial
+/// block. The same on Gemma 3 (past its sliding window) and with a LoRA adapter. A
+/// lone worker, with nobody to take its streams, finishes them itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
+    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], Vec::new()).await;
+    let cases = [("lighthouse", 6, None), ("orchard", 6, Some(11))];
+    for m in drained_mid_stream(&f, &cases, None, Some("w-b")).await {
+        assert_eq!(m.handovers, 1, "{m:?}");
+        assert!(m.pulled_tokens > 0, "its KV was pulled, not computed: {m:?}");
+        // The prompt the taker computes is w-a's prompt and tokens so far: only the
+        // tokens past the last whole block (and the one whose logits are wanted) are
+        // computed again.
+        assert!(
+            m.prompt_tokens - m.cached_tokens <= 32,
+            "at most the last partial block computed again: {m:?}"
+        );
+    }
     let b = f.transfer("w-b").await;
     assert_eq!(b.taken_over, 2, "{b:?}");
     assert!(b.pulls >= 2, "{b:?}");
     f.stop().await;
 
+    if let Some(gemma) = gemma_model() {
+        let f = Fleet::start(&gemma, &["w-a", "w-b"], Vec::new()).await;
+        // Past Gemma 3's 512-token window: the head comes from w-a's block store.
+        let m = drained_mid_stream(&f, &[("canal", 14, None)], None, Some("w-b")).await;
+        assert!(m[0].handovers == 1 && m[0].pulled_tokens >= 512, "{:?}", m[0]);
+        f.stop().await;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = switchyard_config::AdapterConfig {
+        name: "one".into(),
+        path: make_lora(dir.path(), 1).display().to_string(),
+        scale: 1.0,
+    };
+    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], vec![adapter]).await;
+    let m = drained_mid_stream(&f, &[("meadow", 6, Some(5))], Some("one"), Some("w-b")).await;
+    assert!(m[0].handovers == 1 && m[0].pulled_tokens > 0, "{:?}", m[0]);
+    f.stop().await;
+
     // Nobody to take it: the stream finishes where it runs, unchanged.
     let f = Fleet::start(&demo_model(), &["w-a"], Vec::new()).await;
-    let (topic, seed, want) = &want[0];
-    let run = started(&f.client, "w-a", &prompt(topic), *seed, 8).await;
-    let a = f.workers[0].0.clone();
-    let drained = tokio::spawn(async move { a.shutdown(Duration::from_secs(60)).await });
-    let (ids, m, worker, _) = run.finish().await;
-    assert_eq!(&ids, want, "a stream nobody took finishes unchanged");
-    assert_eq!((worker.as_str(), m.handovers), ("w-a", 0), "{m:?}");
-    drained.await.unwrap();
+    let m = drained_mid_stream(&f, &cases[..1], None, None).await;
+    assert_eq!(m[0].handovers, 0, "{:?}", m[0]);
     f.stop().await;
 }
