@@ -18,7 +18,8 @@ use switchyard::{Client, Completion, GenerateRequest};
 use switchyard_messages::kv_transfer::KV_TRANSFER_VERSION;
 use switchyard_messages::subjects::HEADER_DIGEST;
 use switchyard_messages::{
-    decode, encode, Heartbeat, KvChunk, KvEvent, KvPullRequest, KvSnapshot, KvTransferStats, Subjects, WorkerStatus,
+    decode, encode, Heartbeat, KvChunk, KvEvent, KvPullRequest, KvSnapshot, KvTransferStats, Subjects, WorkerRole,
+    WorkerStatus,
 };
 
 const NAME: &str = "smol";
@@ -47,6 +48,17 @@ impl Fleet {
     /// A coordinator and workers `ids` serving `model` as [`NAME`], each with the
     /// adapters given.
     async fn start(model: &Path, ids: &[&str], adapters: Vec<switchyard_config::AdapterConfig>) -> Fleet {
+        let workers: Vec<_> = ids.iter().map(|id| (*id, WorkerRole::Both)).collect();
+        Self::start_as(model, &workers, adapters).await
+    }
+
+    /// The same with each worker's role in disaggregated prefill/decode.
+    async fn start_as(
+        model: &Path,
+        workers: &[(&str, WorkerRole)],
+        adapters: Vec<switchyard_config::AdapterConfig>,
+    ) -> Fleet {
+        let ids: Vec<&str> = workers.iter().map(|(id, _)| *id).collect();
         let nats = nats();
         let url = nats.url();
         let mut config = fleet_config(&url);
@@ -55,16 +67,18 @@ impl Fleet {
         config.worker.threads = 1;
         config.worker.adapters = adapters;
         let coordinator = node::start_coordinator(&config).await.unwrap();
-        let mut workers = Vec::new();
-        for id in ids {
+        let mut started = Vec::new();
+        for (id, role) in workers {
             let mut c = config.clone();
             c.worker.id = id.to_string();
+            c.worker.role = *role;
             c.validate().unwrap();
             let loaded = node::load(&c).await.unwrap();
-            workers.push((node::start_worker(&c, &loaded).await.unwrap(), loaded));
+            started.push((node::start_worker(&c, &loaded).await.unwrap(), loaded));
         }
+        let workers = started;
         let client = client(&url, Duration::from_secs(60)).await;
-        wait_for_workers(&client, ids, Duration::from_secs(10)).await;
+        wait_for_workers(&client, &ids, Duration::from_secs(10)).await;
         // KV travels once each worker has hashed its model and says so.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -574,5 +588,67 @@ async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
     let f = Fleet::start(&demo_model(), &["w-a"], Vec::new()).await;
     let m = drained_mid_stream(&f, &cases[..1], None, None).await;
     assert_eq!(m[0].handovers, 0, "{:?}", m[0]);
+    f.stop().await;
+}
+
+/// Disaggregated prefill/decode on CPU workers: with a `prefill` and a `decode`
+/// worker, a long prompt (unpinned) goes to the decode worker — the prefill worker
+/// takes no routed requests — whose coordinator names the prefill worker; it
+/// computes the prompt, the decode worker pulls every whole block of it and streams
+/// the answer, token for token the one a single worker gives, greedy and seeded. A
+/// short prompt stays whole; a request pinned to the prefill worker is served there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decode_worker_streams_what_a_prefill_worker_computed() {
+    let question = |topic: &str| format!("{}Question: who cared for the {topic}?\nAnswer:", document(topic, 36));
+    let cases = [("harbour", None), ("lighthouse", Some(9))];
+    let f = Fleet::start(&demo_model(), &["w-a"], Vec::new()).await;
+    let mut want = Vec::new();
+    for (topic, seed) in cases {
+        want.push(texts(&ask(&f.client, "w-a", &question(topic), seed, None).await));
+    }
+    f.stop().await;
+
+    let roles = [("w-p", WorkerRole::Prefill), ("w-d", WorkerRole::Decode)];
+    let f = Fleet::start_as(&demo_model(), &roles, Vec::new()).await;
+    for ((topic, seed), want) in cases.iter().zip(&want) {
+        let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, question(topic));
+        req.config.max_tokens = 24;
+        if let Some(seed) = seed {
+            req.config.temperature = 0.8;
+            req.config.seed = Some(*seed);
+        }
+        let done = f.client.generate(req).await.unwrap().collect().await.unwrap();
+        let m = &done.metrics;
+        eprintln!("{topic}: {m:?}");
+        assert_eq!(done.worker_id, "w-d", "the decode worker streams it");
+        assert_eq!(&texts(&done), want, "{topic}: as a single worker answers");
+        assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
+        assert_eq!(
+            m.pulled_tokens as usize,
+            (m.prompt_tokens as usize - 1) / 32 * 32,
+            "every whole block pulled, none computed here: {m:?}"
+        );
+        settle(&f.client).await;
+    }
+    // Short prompts stay whole.
+    let short = f
+        .client
+        .generate(greedy("The capital of France is", 4))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(short.worker_id, "w-d");
+    assert_eq!((short.metrics.remote_prefill_us, short.metrics.pulled_tokens), (0, 0));
+    // The prefill worker serves what is pinned to it, whole.
+    let pinned = ask(&f.client, "w-p", "Once upon a time", None, None).await;
+    assert_eq!(pinned.metrics.remote_prefill_us, 0);
+    let (p, d) = (f.transfer("w-p").await, f.transfer("w-d").await);
+    assert_eq!(
+        (p.prefills_served, d.remote_prefills, d.remote_prefill_fallbacks),
+        (2, 2, 0),
+        "{p:?} {d:?}"
+    );
     f.stop().await;
 }

@@ -315,6 +315,11 @@ pub struct CoordinatorConfig {
     /// that frees starts the next at once; the rest wait here, in priority and
     /// tenant order.
     pub dispatch_ahead: u32,
+    /// Disaggregated prefill: prompts of at least this many tokens (estimated, 4
+    /// bytes a token) going to a `decode` worker — or to a `both` worker where a
+    /// `prefill` worker is predicted faster, link included — are prefilled on a
+    /// `prefill` worker and their KV pulled (docs/kv-transfer.md).
+    pub disagg_min_tokens: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -325,6 +330,7 @@ impl Default for CoordinatorConfig {
             max_attempts: 3,
             kv_routing: true,
             routing: RoutingPolicy::Ttft,
+            disagg_min_tokens: 512,
             queue_timeout_ms: 60_000,
             max_queued: 4_096,
             max_queued_bytes: 64 << 20,

@@ -94,6 +94,11 @@ pub struct WorkerConfig {
     /// pulls its KV and streams on (`cpu` and other backends whose KV travels);
     /// false: streams finish here within the drain's grace.
     pub handover: bool,
+    /// Its part in disaggregated prefill/decode: `both` (default: serves requests
+    /// whole), `prefill` (computes long prompts' KV for decode workers; routed
+    /// requests only when pinned) or `decode` (a long prompt's KV is computed by a
+    /// prefill worker of the same KV format and pulled here). docs/kv-transfer.md.
+    pub role: switchyard_messages::WorkerRole,
     /// `cpu`: prompt tokens a new request prefills per decode step while other
     /// requests are generating (chunked prefill, so running streams keep flowing);
     /// 0 = chosen per step from measured speeds (a chunk costs about one decode
@@ -188,6 +193,7 @@ impl Default for WorkerConfig {
             kv_cache_mb: 256,
             kv_pull: true,
             handover: true,
+            role: Default::default(),
             prefill_chunk: 0,
             speculative: "off".into(),
             draft_model: String::new(),

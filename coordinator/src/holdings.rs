@@ -30,6 +30,8 @@ struct Book {
     held: HashMap<String, HashMap<u64, KvHolding>>,
     /// Each worker's KV format key and when its last heartbeat came.
     formats: HashMap<String, (String, Instant)>,
+    /// (1.12) Each worker of a KV format as disaggregated prefill sees it.
+    seats: HashMap<String, crate::disagg::Seat>,
     /// A worker silent this long is no peer (it left, or died with its KV).
     expiry: Duration,
 }
@@ -58,11 +60,39 @@ impl HoldingsBook {
                 .first()
                 .and_then(|m| m.kv_format.as_ref())
                 .map(|f| f.key());
+            let s = &b.status;
+            let seat = crate::disagg::Seat {
+                role: s.role,
+                open: s.available && !s.draining,
+                load: s.in_flight + s.queued,
+                capacity: s.capacity,
+                prefill_tps: if b.speed.measured() { b.speed.prefill_tps } else { 0.0 },
+                token_bytes: s
+                    .models
+                    .first()
+                    .and_then(|m| m.kv_format.as_ref())
+                    .map_or(0, |f| f.token_bytes()),
+            };
+            book.seats.insert(s.worker_id.clone(), seat);
             match key {
-                Some(k) => book.formats.insert(b.status.worker_id.clone(), (k, Instant::now())),
-                None => book.formats.remove(&b.status.worker_id),
+                Some(k) => book.formats.insert(s.worker_id.clone(), (k, Instant::now())),
+                None => book.formats.remove(&s.worker_id),
             };
         }
+    }
+
+    /// (1.12) The `prefill` worker of `target`'s KV format to compute a prompt of
+    /// about `tokens` tokens that `target` does not hold, when disaggregation applies
+    /// ([`crate::disagg::choose`]).
+    pub fn prefiller(&self, target: &str, tokens: usize, min_tokens: usize) -> Option<String> {
+        let book = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (format, _) = book.formats.get(target)?;
+        let seat = book.seats.get(target)?;
+        let peers = book.seats.iter().filter_map(|(w, s)| {
+            let (f, seen) = book.formats.get(w)?;
+            (w != target && f == format && seen.elapsed() < book.expiry).then_some((w.as_str(), *s))
+        });
+        crate::disagg::choose(seat, tokens, min_tokens, peers).map(str::to_string)
     }
 
     /// The worker other than `worker_id`, of the same KV format, predicted to hold
@@ -135,6 +165,7 @@ impl HoldingsBook {
         let mut book = self.0.lock().unwrap_or_else(|p| p.into_inner());
         book.held.remove(worker_id);
         book.formats.remove(worker_id);
+        book.seats.remove(worker_id);
     }
 
     /// The tokens `worker_id` should reuse for a request with prediction key `key`
@@ -259,6 +290,7 @@ mod tests {
             kv: Default::default(),
             recent: Default::default(),
             nats_server: String::new(),
+            role: Default::default(),
         }
     }
 

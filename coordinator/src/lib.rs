@@ -20,6 +20,7 @@
 //! their heartbeats.
 
 pub mod actor;
+pub mod disagg;
 pub mod holdings;
 pub mod queue;
 pub mod registry;
@@ -70,6 +71,8 @@ pub struct CoordinatorOptions {
     /// Keep-alive period to a streaming client while its request waits (below the
     /// clients' stall timeout).
     pub keepalive: Duration,
+    /// Disaggregated prefill applies to prompts of at least this many tokens.
+    pub disagg_min_tokens: u32,
 }
 
 impl CoordinatorOptions {
@@ -90,6 +93,7 @@ impl CoordinatorOptions {
             max_queued_bytes: c.max_queued_bytes,
             dispatch_ahead: c.dispatch_ahead,
             keepalive: Duration::from_millis(config.worker.keepalive_ms),
+            disagg_min_tokens: c.disagg_min_tokens,
         }
     }
 }
@@ -261,6 +265,7 @@ impl CoordinatorHandle {
             admission_timeout: opts.admission_timeout,
             max_attempts: opts.max_attempts,
             kv_routing: opts.kv_routing,
+            disagg_min_tokens: opts.disagg_min_tokens as usize,
             holdings: book.clone(),
             limits: std::sync::Arc::new(opts.limits.clone()),
             waiter: waiting::Waiter {

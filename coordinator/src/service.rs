@@ -3,6 +3,7 @@
 
 use crate::actor::{CoordinatorMsg, Waited};
 use crate::queue::Ticket;
+use crate::registry::ttft::BYTES_PER_TOKEN;
 use crate::registry::RouteQuery;
 use crate::waiting::{self, Wait, Waiter};
 use async_nats::RequestErrorKind;
@@ -12,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_messages::kv;
 use switchyard_messages::subjects::{
-    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_HANDOVER, HEADER_KV_PEER, HEADER_KV_PREDICTED, HEADER_QUEUED_US,
-    HEADER_REQUEST_ID, HEADER_STREAM_TO,
+    HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_HANDOVER, HEADER_KV_PEER, HEADER_KV_PREDICTED, HEADER_KV_PREFILL,
+    HEADER_QUEUED_US, HEADER_REQUEST_ID, HEADER_STREAM_TO,
 };
 use switchyard_messages::{
     decode, encode, validate_batch, validate_classify, validate_embed, validate_request, Admission, BatchRequest,
@@ -32,6 +33,8 @@ pub struct ForwardContext {
     pub max_attempts: u32,
     /// KV-aware routing on.
     pub kv_routing: bool,
+    /// Disaggregated prefill for prompts of at least this many tokens.
+    pub disagg_min_tokens: usize,
     /// Workers' KV holdings, to predict each forward's `cached_tokens`.
     pub holdings: crate::holdings::HoldingsBook,
     /// What one request may ask for.
@@ -397,8 +400,10 @@ async fn try_workers(
         // Only this coordinator names a peer: a client's `Sy-Kv-Peer` goes no further.
         // A handed-over stream's names the worker that ran it (it holds the prompt and
         // the tokens so far), kept for a worker that can use its KV.
-        if headers.get(HEADER_KV_PEER).is_some() {
-            headers.insert(HEADER_KV_PEER, "");
+        for coordinators_only in [HEADER_KV_PEER, HEADER_KV_PREFILL] {
+            if headers.get(coordinators_only).is_some() {
+                headers.insert(coordinators_only, "");
+            }
         }
         let handed_from = handover
             .as_ref()
@@ -412,8 +417,21 @@ async fn try_workers(
             }
             // A peer holding more of the prefix: the worker may pull it from there.
             let peer = ctx.holdings.best_peer(&worker_id, routed.adapter, routed.key);
+            let pullable = peer.as_ref().map_or(0, |(_, tokens)| *tokens as usize);
             if let (Some((peer, tokens)), None) = (peer, handed_from) {
                 headers.insert(HEADER_KV_PEER, format!("{peer},{tokens}").as_str());
+            }
+            // A long prompt nobody holds: a prefill worker may compute it (1.12).
+            let held = ctx
+                .holdings
+                .predict(&worker_id, routed.adapter, routed.key)
+                .map_or(0, |p| p.0 as usize);
+            let fresh = (routed.key.len() as f64 / BYTES_PER_TOKEN) as usize;
+            let fresh = fresh.saturating_sub(held.max(pullable));
+            if handed_from.is_none() && verb.streams() {
+                if let Some(p) = ctx.holdings.prefiller(&worker_id, fresh, ctx.disagg_min_tokens) {
+                    headers.insert(HEADER_KV_PREFILL, p.as_str());
+                }
             }
         }
         switchyard_fabric::trace::inject(&span, &mut headers);

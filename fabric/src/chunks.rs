@@ -25,6 +25,8 @@ pub struct ChunkSink {
     fleet_queue_us: u64,
     /// Times the stream was handed over before it came here (`Sy-Handover`).
     handovers: u32,
+    /// Microseconds a prefill worker took for this request's prompt.
+    remote_prefill_us: u64,
     /// The coordinator's prediction of `cached_tokens` (precise, by whole blocks).
     predicted: Option<(u32, u32)>,
     /// Prompt tokens whose KV was pulled from a peer for this request, and the
@@ -50,6 +52,7 @@ impl ChunkSink {
             first: 0,
             fleet_queue_us: 0,
             handovers: 0,
+            remote_prefill_us: 0,
             predicted: None,
             pulled: (0, 0),
         }
@@ -83,6 +86,15 @@ impl ChunkSink {
     /// The final metrics say the stream was handed over `n` times on its way here.
     pub fn handovers(self, n: u32) -> Self {
         Self { handovers: n, ..self }
+    }
+
+    /// The final metrics say a prefill worker computed the prompt in `us` (as seen
+    /// from here).
+    pub fn remote_prefill(self, us: u64) -> Self {
+        Self {
+            remote_prefill_us: us,
+            ..self
+        }
     }
 
     /// The `seq` the next chunk will carry.
@@ -151,6 +163,7 @@ impl ChunkSink {
             pulled_tokens: self.pulled.0,
             pull_us: self.pulled.1,
             handovers: self.handovers,
+            remote_prefill_us: self.remote_prefill_us,
             ..metrics
         });
         c.tool_calls = tool_calls;

@@ -107,6 +107,51 @@ pub struct WorkerStatus {
     /// 1.4; empty from older workers).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub nats_server: String,
+    /// (1.12) What it is for in disaggregated serving ([`WorkerRole`]); absent: both.
+    #[serde(default, skip_serializing_if = "WorkerRole::is_both")]
+    pub role: WorkerRole,
+}
+
+/// (1.12) A worker's part in disaggregated prefill/decode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerRole {
+    /// Serves requests whole; prefills for others only where the operator said so.
+    #[default]
+    Both,
+    /// Computes long prompts' KV for decode workers (`{p}.v1.worker.{wid}.prefill`);
+    /// routed requests only when pinned to it.
+    Prefill,
+    /// Streams requests; a long prompt's KV is computed by a prefill worker and
+    /// pulled here whenever one of the same KV format has room.
+    Decode,
+}
+
+impl WorkerRole {
+    fn is_both(&self) -> bool {
+        *self == WorkerRole::Both
+    }
+
+    /// `both`, `prefill` or `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerRole::Both => "both",
+            WorkerRole::Prefill => "prefill",
+            WorkerRole::Decode => "decode",
+        }
+    }
+}
+
+impl std::str::FromStr for WorkerRole {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "both" => Ok(WorkerRole::Both),
+            "prefill" => Ok(WorkerRole::Prefill),
+            "decode" => Ok(WorkerRole::Decode),
+            other => Err(format!("{other:?} is not a worker role: both, prefill or decode")),
+        }
+    }
 }
 
 /// A worker's KV state, as of its heartbeat.
@@ -283,6 +328,7 @@ mod tests {
             kv: KvUsage::default(),
             recent: RecentLatency::default(),
             nats_server: String::new(),
+            role: Default::default(),
         };
         let beat = Heartbeat {
             status: status.clone(),

@@ -213,6 +213,47 @@ pub struct KvTransferStats {
     pub handed_over: u64,
     pub taken_over: u64,
     pub handover_fallbacks: u64,
+    /// (1.12) Disaggregated prefill: prompts this worker prefilled for decode
+    /// workers, prompts it had a prefill worker compute, and those it computed
+    /// itself after all (the prefill worker refused, failed or was too slow).
+    pub prefills_served: u64,
+    pub remote_prefills: u64,
+    pub remote_prefill_fallbacks: u64,
+}
+
+/// (1.12) Asks a prefill worker (`{p}.v1.worker.{wid}.prefill`) to compute the KV of
+/// a prompt, given as the asking worker's own tokens, and keep it for a pull.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrefillRequest {
+    pub v: u32,
+    /// The request it serves (logs, traces; the pull names it too).
+    pub request_id: String,
+    /// The model it must serve.
+    pub model: String,
+    /// The asker's [`KvFormat::key`]: refused unless it is the prefill worker's own.
+    pub format: String,
+    #[serde(default)]
+    pub adapter: Option<String>,
+    /// The prompt's tokens.
+    pub tokens: Vec<u32>,
+    /// The Unix millisecond past which nobody waits for it (absent: none).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// (1.12) The answer to a [`PrefillRequest`]: the leading tokens whose KV the
+/// prefill worker now holds, or why it computed none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrefillReply {
+    pub v: u32,
+    pub worker_id: String,
+    #[serde(default)]
+    pub tokens: u32,
+    /// Microseconds it took there.
+    #[serde(default)]
+    pub prefill_us: u64,
+    #[serde(default)]
+    pub error: Option<WireError>,
 }
 
 #[cfg(test)]

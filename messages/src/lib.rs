@@ -55,7 +55,7 @@ pub use error::{ErrorCode, WireError};
 pub use fleet::{BackendKind, Device, UnknownBackend, UnknownDevice};
 pub use fleet_view::*;
 pub use kv::{KvEvent, KvHolding, KvSnapshot};
-pub use kv_transfer::{KvChunk, KvFormat, KvPullRequest, KvTransferStats};
+pub use kv_transfer::{KvChunk, KvFormat, KvPullRequest, KvTransferStats, PrefillReply, PrefillRequest};
 pub use queueing::{Priority, QueueView};
 pub use structured::{Constraint, Tool, ToolCall, ToolChoice};
 pub use subjects::Subjects;
@@ -92,5 +92,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `{p}.v1.kv.{wid}.pull` exchange and `pulled_tokens` in the final metrics. 1.12:
 /// live hand-over of a draining worker's streams — a stream relayed to a coordinator
 /// (`Sy-Stream-To` + `Sy-Handover`, answered with an [`Admission`]), `handovers` in the
-/// final metrics, hand-over counters in [`KvTransferStats`].
+/// final metrics, hand-over counters in [`KvTransferStats`]; disaggregated prefill —
+/// `WorkerStatus.role`, the forward's `Sy-Kv-Prefill`, a worker's `prefill` endpoint
+/// ([`PrefillRequest`] → [`PrefillReply`]), `remote_prefill_us` in the final metrics.
 pub const PROTOCOL_MINOR: u32 = 12;

@@ -138,6 +138,10 @@ pub const HEADER_KV_PEER: &str = "Sy-Kv-Peer";
 /// coordinator that carries `Sy-Stream-To` is relayed: the coordinator streams to that
 /// subject and answers the relaying worker with an [`crate::Admission`].
 pub const HEADER_HANDOVER: &str = "Sy-Handover";
+/// On a forward (protocol 1.12): `worker_id` of a prefill worker, of the same KV
+/// format, that the coordinator chose to compute this request's prompt; the worker
+/// asks it ([`crate::kv_transfer::PrefillRequest`]) and pulls the KV from it.
+pub const HEADER_KV_PREFILL: &str = "Sy-Kv-Prefill";
 /// On a reply of a chunked transfer: `sha256=<hex>` of the payload (protocol 1.11).
 pub const HEADER_DIGEST: &str = "Sy-Digest";
 /// W3C trace context.

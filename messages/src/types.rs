@@ -338,6 +338,10 @@ pub struct GenerateMetrics {
     /// last worker's, over the prompt and the tokens generated before.
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub handovers: u32,
+    /// (1.12) Microseconds this request waited for a prefill worker to compute its
+    /// prompt's KV (disaggregated prefill), before pulling it (`pull_us`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub remote_prefill_us: u64,
 }
 
 fn is_zero(v: &u64) -> bool {

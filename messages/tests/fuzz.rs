@@ -546,6 +546,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 pulled_tokens: 1,
                 pull_us: 1_500,
                 handovers: 1,
+                remote_prefill_us: 250_000,
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),
@@ -647,6 +648,9 @@ fn seed_status() -> WorkerStatus {
                 handed_over: 2,
                 taken_over: 1,
                 handover_fallbacks: 1,
+                prefills_served: 4,
+                remote_prefills: 3,
+                remote_prefill_fallbacks: 1,
             },
         },
         recent: RecentLatency {
@@ -657,6 +661,7 @@ fn seed_status() -> WorkerStatus {
             accepted_tokens: 700,
         },
         nats_server: "n1 (10.0.0.5:4222)".into(),
+        role: switchyard_messages::WorkerRole::Decode,
     }
 }
 

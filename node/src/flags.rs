@@ -93,6 +93,11 @@ pub struct WorkerFlags {
     /// finish here within the drain's grace).
     #[arg(long)]
     pub handover: Option<bool>,
+    /// Disaggregated prefill/decode: `both` (default), `prefill` (computes long
+    /// prompts' KV for decode workers; routed requests only when pinned) or `decode`
+    /// (long prompts are prefilled on a prefill worker and their KV pulled here).
+    #[arg(long)]
+    pub role: Option<switchyard_messages::WorkerRole>,
     /// cpu: speculative decoding, `off`, `lookup` (prompt lookup: each step also checks
     /// tokens that continued the stream's last n-gram where it occurred earlier in the
     /// prompt or output; fastest on rewriting, extraction and code editing) or `draft`
@@ -185,6 +190,9 @@ impl WorkerFlags {
         }
         if let Some(v) = self.handover {
             w.handover = v;
+        }
+        if let Some(v) = self.role {
+            w.role = v;
         }
         if let Some(v) = &self.speculative {
             w.speculative = v.clone();

@@ -162,6 +162,7 @@ pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<Wo
         session_idle: Duration::from_secs(config.worker.session_idle_secs),
         kv_pull: config.worker.kv_pull,
         handover: config.worker.handover,
+        role: config.worker.role,
         limits: config.limits.clone(),
     };
     WorkerHandle::start(nats, loaded.model.clone(), opts).await

@@ -178,6 +178,7 @@ impl Inner {
             },
             recent,
             nats_server: String::new(),
+            role: Default::default(),
         };
         let speed = if s.recent.is_empty() {
             w.spec.nominal.unwrap_or_default()

@@ -20,6 +20,9 @@ pub struct Brief {
     pub more_models: bool,
     /// (1.8) It serves an embedding-only model: a generation must check which.
     pub encoders: bool,
+    /// (1.12) A `prefill` worker: it computes prompts for decode workers and takes
+    /// only requests pinned to it.
+    pub prefill_only: bool,
     /// Backend preference ([`switchyard_messages::BackendKind::rank`]).
     pub rank: u8,
     /// Slots.

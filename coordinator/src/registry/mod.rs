@@ -219,6 +219,7 @@ impl Registry {
             models,
             more_models,
             encoders: status.models.iter().any(|m| m.info.embedding_only),
+            prefill_only: status.role == switchyard_messages::WorkerRole::Prefill,
             rank: BackendKind::rank(&status.backend).min(127) as u8,
             capacity: status.capacity,
             limit: status.capacity + status.queue_capacity,
@@ -349,6 +350,8 @@ impl Registry {
             name => Some(*self.model_ids.get(name).ok_or_else(|| self.unknown_model(name))?),
         };
         let (mut serving, mut matching, mut measured, mut routable) = (false, 0, 0, 0);
+        // Workers skipped for being `prefill` workers (1.12).
+        let mut prefill_only = 0;
         // Some worker serving the model holds the adapter asked for.
         let mut adapted = false;
         // Workers skipped only because their model embeds and nothing else.
@@ -395,6 +398,10 @@ impl Registry {
                 encoders += usize::from(!q.embed);
                 continue;
             }
+            if b.prefill_only && q.worker.is_none() {
+                prefill_only += 1;
+                continue;
+            }
             matching += 1;
             routable += usize::from(b.routable);
             if b.routable
@@ -417,6 +424,16 @@ impl Registry {
                 ErrorCode::BadRequest,
                 format!(
                     "{:?} is an embedding model: it serves embed requests only, not generation or classification",
+                    q.model
+                ),
+            ));
+        }
+        if matching == 0 && prefill_only > 0 {
+            return Err(WireError::new(
+                ErrorCode::NoWorker,
+                format!(
+                    "only prefill workers serve {:?} (worker.role = \"prefill\"): they compute prompts for decode \
+                     workers; start a worker with role decode or both, or pin the request to one",
                     q.model
                 ),
             ));

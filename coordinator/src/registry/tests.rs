@@ -29,6 +29,7 @@ fn worker(id: &str, backend: &str, model: &str) -> WorkerStatus {
         kv: Default::default(),
         recent: Default::default(),
         nats_server: String::new(),
+        role: Default::default(),
     }
 }
 

@@ -69,6 +69,8 @@ pub struct WorkerOptions {
     pub kv_pull: bool,
     /// Hand running streams to other workers when draining ([`handover`]).
     pub handover: bool,
+    /// Its part in disaggregated prefill/decode.
+    pub role: switchyard_messages::WorkerRole,
 }
 
 /// Messages the WorkerActor handles.
@@ -173,6 +175,7 @@ impl WorkerState {
             },
             recent: self.ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).latency(),
             nats_server: switchyard_fabric::nats::connected_server(&self.client),
+            role: self.opts.role,
         }
     }
 
@@ -269,6 +272,7 @@ impl Actor for WorkerActor {
             Unary(unary::Unary),
             SessionOpen,
             Adapters,
+            Prefill,
         }
         let sessions = SessionHost::new(ctx.clone(), opts.subjects.clone(), opts.session_idle, myself.get_cell());
         crate::worker::telemetry::register_gauges(&ctx);
@@ -280,6 +284,7 @@ impl Actor for WorkerActor {
             ("batch", Handler::Unary(unary::Unary::Batch)),
             ("session_open", Handler::SessionOpen),
             ("adapters", Handler::Adapters),
+            ("prefill", Handler::Prefill),
         ] {
             let ctx = ctx.clone();
             let me = myself.clone();
@@ -291,6 +296,7 @@ impl Actor for WorkerActor {
                     match handler {
                         Handler::Stream { chat } => service::handle(ctx, request, chat).await,
                         Handler::Unary(verb) => unary::handle_unary(ctx, request, verb).await,
+                        Handler::Prefill => kv_transfer::serve_prefill(ctx, request).await,
                         Handler::SessionOpen => {
                             let answer = sessions.handle_open(&request.message.payload).await;
                             let _ = request.respond(Ok(answer.into())).await;

@@ -251,7 +251,9 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     let run = async {
         // A peer holding more of the prefix: its KV, where that beats computing it.
         let adapter = config.adapter.as_deref();
-        let sink = super::kv_transfer::pull_for(&ctx, msg, &req.head.request_id, &prompt, adapter, sink).await;
+        let deadline = req.head.deadline_ms;
+        let sink =
+            super::kv_transfer::pull_for(&ctx, msg, &req.head.request_id, &prompt, adapter, deadline, sink).await;
         let signal = super::handover::signal(&ctx, calls.is_none());
         let events = ctx.model.generate(prompt.clone(), config.clone(), cancel.clone());
         let Pumped::HandOver(emitted) = pump(

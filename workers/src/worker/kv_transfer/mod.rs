@@ -7,9 +7,11 @@
 //! `switchyard_fabric::transfer`'s. Any failure leaves the prompt to be computed.
 
 pub mod policy;
+mod prefill;
 mod pull;
 mod serve;
 
+pub use prefill::serve as serve_prefill;
 pub use pull::{pull, pull_for};
 pub use serve::serve;
 
@@ -33,6 +35,9 @@ pub struct TransferState {
     pub(crate) handed_over: AtomicU64,
     pub(crate) taken_over: AtomicU64,
     pub(crate) handover_fallbacks: AtomicU64,
+    prefills_served: AtomicU64,
+    remote_prefills: AtomicU64,
+    remote_prefill_fallbacks: AtomicU64,
     links: Mutex<HashMap<String, Link>>,
 }
 
@@ -51,6 +56,9 @@ impl TransferState {
             handed_over: get(&self.handed_over),
             taken_over: get(&self.taken_over),
             handover_fallbacks: get(&self.handover_fallbacks),
+            prefills_served: get(&self.prefills_served),
+            remote_prefills: get(&self.remote_prefills),
+            remote_prefill_fallbacks: get(&self.remote_prefill_fallbacks),
         }
     }
 

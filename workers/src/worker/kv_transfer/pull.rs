@@ -29,18 +29,30 @@ fn peer_of(msg: &async_nats::Message) -> Option<(String, usize)> {
     Some((peer.to_string(), tokens.parse().ok()?))
 }
 
-/// [`pull`] for a generation streaming to `sink`: its final metrics say what was
-/// pulled and how long that took.
+/// [`pull`] for a generation streaming to `sink`, after a prefill on the prefill
+/// worker the forward names ([`super::prefill::remote`]), if any: its final metrics
+/// say what was pulled and how long that (and the prefill elsewhere) took.
 pub async fn pull_for(
     ctx: &ServeContext,
     msg: &async_nats::Message,
     request_id: &str,
     prompt: &Prompt,
     adapter: Option<&str>,
+    deadline_ms: Option<u64>,
     sink: switchyard_fabric::ChunkSink,
 ) -> switchyard_fabric::ChunkSink {
-    let began = Instant::now();
-    let work = pull(ctx, msg, request_id, prompt, adapter);
+    let work = async {
+        // A prefill worker computes the prompt, then it is pulled like any prefix:
+        // always, as the coordinator found that faster.
+        let prefilled = super::prefill::remote(ctx, msg, request_id, prompt, adapter, deadline_ms).await;
+        let began = Instant::now();
+        let (peer, forced, remote_us) = match prefilled {
+            Some(p) => (Some((p.peer, p.tokens)), true, p.us),
+            None => (peer_of(msg), false, 0),
+        };
+        let n = pull(ctx, peer, forced, request_id, prompt, adapter).await;
+        (n, remote_us, began.elapsed().as_micros() as u64)
+    };
     tokio::pin!(work);
     // Keep-alives while it pulls, as while a prompt computes: the client's stall
     // timer must not fire on a slow pull.
@@ -54,19 +66,23 @@ pub async fn pull_for(
             }
         }
     };
+    let (pulled, remote_us, pull_us) = pulled;
+    let sink = sink.remote_prefill(remote_us);
     match pulled {
         0 => sink,
-        n => sink.pulled(n as u32, began.elapsed().as_micros() as u64),
+        n => sink.pulled(n as u32, pull_us),
     }
 }
 
-/// Pulls the prefix of `prompt` (run with `adapter`) that the peer named in `msg`
-/// holds beyond what the model holds, when that is predicted faster than computing
-/// it; returns the prompt tokens whose KV was imported (0: none — nothing to pull,
-/// computing predicted faster, or the pull failed and the rest is computed).
+/// Pulls the prefix of `prompt` (run with `adapter`) that `peer` (`worker_id`,
+/// tokens it holds) holds beyond what the model holds, when that is predicted faster
+/// than computing it (or `forced`); returns the prompt tokens whose KV was imported
+/// (0: none — nothing to pull, computing predicted faster, or the pull failed and
+/// the rest is computed).
 pub async fn pull(
     ctx: &ServeContext,
-    msg: &async_nats::Message,
+    peer: Option<(String, usize)>,
+    forced: bool,
     request_id: &str,
     prompt: &Prompt,
     adapter: Option<&str>,
@@ -74,7 +90,7 @@ pub async fn pull(
     if !ctx.kv_pull {
         return 0;
     }
-    let Some((peer, peer_tokens)) = peer_of(msg).filter(|(p, _)| *p != ctx.worker_id) else {
+    let Some((peer, peer_tokens)) = peer.filter(|(p, _)| *p != ctx.worker_id) else {
         return 0;
     };
     let Some(kv) = ctx.model.kv_transfer() else { return 0 };
@@ -128,7 +144,7 @@ pub async fn pull(
         window: window.in_flight,
         prefill_tps,
     };
-    if !should_pull(&case(usable - held, asks.len()), ctx.transfer.link(&peer)) {
+    if !forced && !should_pull(&case(usable - held, asks.len()), ctx.transfer.link(&peer)) {
         TransferState::add(&ctx.transfer.recomputed, 1);
         return 0;
     }
