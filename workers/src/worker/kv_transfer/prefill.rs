@@ -106,7 +106,11 @@ async fn compute(ctx: &ServeContext, msg: &async_nats::Message) -> Result<u32, W
         let mut events = ctx.model.generate(Prompt::Tokens(req.tokens), config, cancel);
         while let Some(ev) = events.next().await {
             match ev {
-                Ok(GenerateEvent::Done { .. }) => return Ok(n),
+                Ok(GenerateEvent::Done { metrics, .. }) => {
+                    // Its prefill speed, as heartbeats announce it, counts these too.
+                    ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
+                    return Ok(n);
+                }
                 Ok(GenerateEvent::Token(_)) => {}
                 Err(e) => return Err(e.to_wire()),
             }
