@@ -38,6 +38,18 @@ pub enum BenchCommand {
     /// ratios, MB/s. Starts its own nats-server.
     #[command(name = "kv-transfer")]
     KvTransfer(crate::kv_transfer::BenchKvTransferArgs),
+    /// Disaggregated prefill/decode against one worker: a prefill, a decode and a whole
+    /// CPU worker in this process, new documents of each --tokens length; time to first
+    /// token of each, the prefill and pull times, and the longest stall a stream
+    /// already running on the target sees while the long prompt is admitted there.
+    /// Starts its own nats-server.
+    Disagg(crate::kv_moves::BenchKvMovesArgs),
+    /// Live hand-over on drain: --streams streams on a long document run on a worker
+    /// that is drained (as on SIGTERM) once each has 16 tokens; another worker takes
+    /// them. The longest gap the client saw, tokens computed again, tokens pulled, and
+    /// the time to first token of recomputing the document instead. Starts its own
+    /// nats-server.
+    Handover(crate::kv_moves::BenchKvMovesArgs),
     /// KV of 32 streams behind one 1,500-token prompt: shared pages vs a copy per slot.
     Kv(crate::pages::BenchKvPagesArgs),
     /// Continuous batching: aggregate tok/s with 1, 4 and 8 concurrent streams on one
@@ -267,6 +279,8 @@ pub async fn run(cmd: BenchCommand, mut config: Config) -> anyhow::Result<ExitCo
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::KvTransfer(args) => crate::kv_transfer::run(config, &args).await,
+        BenchCommand::Disagg(args) => crate::kv_moves::disagg(config, &args).await,
+        BenchCommand::Handover(args) => crate::kv_moves::handover(config, &args).await,
         BenchCommand::Kv(args) => {
             crate::pages::run(&args).await?;
             Ok(ExitCode::SUCCESS)

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use switchyard_client::{Client, ClientOptions, StreamEvent};
 use switchyard_config::Config;
-use switchyard_messages::{GenerateMetrics, GenerateRequest};
+use switchyard_messages::{GenerateMetrics, GenerateRequest, WorkerRole};
 use switchyard_node::{self as node, WorkerFlags};
 use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
@@ -32,7 +32,12 @@ pub struct BenchKvTransferArgs {
 }
 
 /// Sends `prompt` to `worker` and returns (time to first token, metrics).
-async fn ask(client: &Client, name: &str, worker: &str, prompt: String) -> anyhow::Result<(Duration, GenerateMetrics)> {
+pub(crate) async fn ask(
+    client: &Client,
+    name: &str,
+    worker: &str,
+    prompt: String,
+) -> anyhow::Result<(Duration, GenerateMetrics)> {
     let mut req = GenerateRequest::generate(Client::new_request_id(), name, prompt);
     req.head.worker = Some(worker.into());
     req.config.max_tokens = 2;
@@ -52,7 +57,7 @@ async fn ask(client: &Client, name: &str, worker: &str, prompt: String) -> anyho
 }
 
 /// Waits until every worker's heartbeat shows nothing running (its KV event landed).
-async fn settle(client: &Client) -> anyhow::Result<()> {
+pub(crate) async fn settle(client: &Client) -> anyhow::Result<()> {
     let before: Vec<u64> = client.status().await?.workers.iter().map(|w| w.status.seq).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -72,44 +77,102 @@ async fn settle(client: &Client) -> anyhow::Result<()> {
     }
 }
 
+/// A nats-server, a coordinator and CPU workers in this process, for the KV benches.
+pub(crate) struct BenchFleet {
+    nats: NatsServer,
+    coordinator: switchyard_coordinator::CoordinatorHandle,
+    pub workers: Vec<(switchyard_workers::WorkerHandle, node::Loaded)>,
+    pub client: Client,
+    /// The model's name.
+    pub name: String,
+    config: Config,
+}
+
+impl BenchFleet {
+    /// Starts workers `(id, role, pulls)` and waits until each announces its KV format.
+    pub async fn start(mut config: Config, workers: &[(&str, WorkerRole, bool)]) -> anyhow::Result<Self> {
+        let nats = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
+        config.nats.url = nats.url();
+        config.worker.heartbeat_ms = 200;
+        config.validate()?;
+        let coordinator = node::start_coordinator(&config).await?;
+        let client = Client::connect_with(
+            &config.nats.url,
+            ClientOptions {
+                stall_timeout: Duration::from_secs(600),
+                ..ClientOptions::default()
+            },
+        )
+        .await?;
+        let mut fleet = Self {
+            nats,
+            coordinator,
+            workers: Vec::new(),
+            client,
+            name: String::new(),
+            config,
+        };
+        for &(id, role, pull) in workers {
+            fleet.add(id, role, pull).await?;
+        }
+        Ok(fleet)
+    }
+
+    /// Starts one more worker and waits until the fleet knows its KV format.
+    pub async fn add(&mut self, id: &str, role: WorkerRole, pull: bool) -> anyhow::Result<()> {
+        let mut c = self.config.clone();
+        c.worker.id = id.into();
+        c.worker.role = role;
+        c.worker.kv_pull = pull;
+        let loaded = node::load(&c).await?;
+        self.name = loaded.name.clone();
+        self.workers.push((node::start_worker(&c, &loaded).await?, loaded));
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = self.client.status().await?;
+            let known = |w: &switchyard_messages::WorkerView| {
+                w.status.worker_id == id && w.status.models[0].kv_format.is_some()
+            };
+            if s.workers.iter().any(known) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("worker {id} did not announce a KV format within 120 s (hashing the model)");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// KV bytes per token of the model.
+    pub async fn token_bytes(&self) -> anyhow::Result<usize> {
+        let format = self.client.status().await?.workers[0].status.models[0]
+            .kv_format
+            .clone();
+        Ok(format.map_or(0, |f| f.token_bytes()))
+    }
+
+    pub async fn stop(self) {
+        for (w, mut loaded) in self.workers {
+            w.shutdown(Duration::from_secs(5)).await;
+            loaded.stop();
+        }
+        self.coordinator.shutdown().await;
+        drop(self.client);
+        drop(self.nats);
+    }
+}
+
 /// Runs the comparison.
 pub async fn run(mut config: Config, args: &BenchKvTransferArgs) -> anyhow::Result<ExitCode> {
     args.worker.apply(&mut config);
-    let nats = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
-    config.nats.url = nats.url();
-    config.worker.heartbeat_ms = 200;
-    config.validate()?;
-    let coordinator = node::start_coordinator(&config).await?;
-    let mut workers = Vec::new();
-    for (id, pull) in [("src", true), ("cmp", false), ("pull", true)] {
-        let mut c = config.clone();
-        c.worker.id = id.into();
-        c.worker.kv_pull = pull;
-        let loaded = node::load(&c).await?;
-        workers.push((node::start_worker(&c, &loaded).await?, loaded));
-    }
-    let name = workers[0].1.name.clone();
-    let client = Client::connect_with(
-        &config.nats.url,
-        ClientOptions {
-            stall_timeout: Duration::from_secs(600),
-            ..ClientOptions::default()
-        },
+    let both = WorkerRole::Both;
+    let fleet = BenchFleet::start(
+        config,
+        &[("src", both, true), ("cmp", both, false), ("pull", both, true)],
     )
     .await?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let s = client.status().await?;
-        if s.workers.len() == 3 && s.workers.iter().all(|w| w.status.models[0].kv_format.is_some()) {
-            break;
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("the workers did not announce a KV format within 120 s (hashing the model)");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let format = client.status().await?.workers[0].status.models[0].kv_format.clone();
-    let token_bytes = format.map_or(0, |f| f.token_bytes());
+    let (client, name) = (&fleet.client, fleet.name.clone());
+    let token_bytes = fleet.token_bytes().await?;
     println!(
         "kv-transfer: {name}, {} KB of KV per token, loopback NATS, {} runs per length (medians)",
         token_bytes / 1024,
@@ -134,12 +197,12 @@ pub async fn run(mut config: Config, args: &BenchKvTransferArgs) -> anyhow::Resu
                 if i == 0 { "(warm-up)" } else { "" }
             );
             let prompt = format!("{}\nQuestion: what came first?\nAnswer:", document(run, tokens / 100));
-            ask(&client, &name, "src", prompt.clone()).await?;
-            settle(&client).await?;
+            ask(client, &name, "src", prompt.clone()).await?;
+            settle(client).await?;
             let order: [&str; 2] = if i % 2 == 0 { ["cmp", "pull"] } else { ["pull", "cmp"] };
             for w in order {
-                let (ttft, m) = ask(&client, &name, w, prompt.clone()).await?;
-                settle(&client).await?;
+                let (ttft, m) = ask(client, &name, w, prompt.clone()).await?;
+                settle(client).await?;
                 if i == 0 {
                     continue;
                 }
@@ -169,12 +232,6 @@ pub async fn run(mut config: Config, args: &BenchKvTransferArgs) -> anyhow::Resu
             got.0
         );
     }
-    for (w, mut loaded) in workers {
-        w.shutdown(Duration::from_secs(5)).await;
-        loaded.stop();
-    }
-    coordinator.shutdown().await;
-    drop(client);
-    drop(nats);
+    fleet.stop().await;
     Ok(ExitCode::SUCCESS)
 }

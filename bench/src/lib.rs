@@ -16,6 +16,7 @@ mod command;
 pub mod embed;
 pub mod gateway;
 pub mod kv;
+pub mod kv_moves;
 pub mod kv_transfer;
 pub mod limit;
 pub mod llama;
