@@ -255,6 +255,20 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
     violation(&errors, "sy.v1.kv.w1.pull").await;
     let mut kv_thief = bob.subscribe(subjects.kv_pull("w2")).await.unwrap();
     violation(&errors, "sy.v1.kv.w2.pull").await;
+    // Nor have a prefill worker compute for it (1.12): prefills are asked by workers.
+    let prefill = switchyard_messages::PrefillRequest {
+        v: 1,
+        request_id: "r1".into(),
+        model: String::new(),
+        format: String::new(),
+        adapter: None,
+        tokens: vec![1; 64],
+        deadline_ms: None,
+    };
+    bob.publish(subjects.worker("w1", "prefill"), encode(&prefill).into())
+        .await
+        .unwrap();
+    violation(&errors, "sy.v1.worker.w1.prefill").await;
     // Unloading a worker's LoRA adapters is the operator's, not a client's.
     let unload = switchyard_messages::AdapterRequest {
         v: 1,

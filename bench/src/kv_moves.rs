@@ -12,7 +12,7 @@
 //! `handover`: streams on a long document run on worker `a`, which is drained (what
 //! SIGTERM does) once each has 16 tokens; `b` takes them. Per stream: the longest gap
 //! the client saw, the tokens `b` computed again, and, for comparison, the time to
-//! first token of the same document computed from nothing on a third worker (what a
+//! first token of a document as long computed from nothing on a third worker (what a
 //! resume by recompute costs before its first token).
 
 use super::kv_transfer::{ask, settle, BenchFleet};
@@ -196,7 +196,10 @@ pub async fn disagg(mut config: Config, args: &BenchKvMovesArgs) -> anyhow::Resu
 pub async fn handover(mut config: Config, args: &BenchKvMovesArgs) -> anyhow::Result<ExitCode> {
     args.worker.apply(&mut config);
     let both = WorkerRole::Both;
-    let mut fleet = BenchFleet::start(config, &[("b", both, true), ("cmp", both, false)]).await?;
+    // `cmp` measures recomputing: pulls off, and a `prefill` worker so that no
+    // routed request (a stream handed over) lands there.
+    let workers = [("b", both, true), ("cmp", WorkerRole::Prefill, false)];
+    let mut fleet = BenchFleet::start(config, &workers).await?;
     let name = fleet.name.clone();
     println!(
         "handover: {name}, loopback NATS, {} streams drained per run, {} runs per length (medians over streams)",
@@ -232,8 +235,12 @@ pub async fn handover(mut config: Config, args: &BenchKvMovesArgs) -> anyhow::Re
                 done.push(finish(s, from).await?);
             }
             drain.await?;
-            // What recomputing instead costs before its first token: the same
-            // document from nothing on a worker that does not pull.
+            if let Some((_, mut loaded)) = fleet.workers.pop() {
+                loaded.stop();
+            }
+            // What recomputing instead costs before its first token: a document as
+            // long, from nothing, on a worker that does not pull.
+            run += 1;
             let (ttft, m) = ask(&fleet.client, &name, "cmp", prompt(run, tokens)).await?;
             settle(&fleet.client).await?;
             if i == 0 {

@@ -24,7 +24,9 @@ pub mod disagg;
 pub mod holdings;
 pub mod queue;
 pub mod registry;
+mod relay;
 pub mod service;
+pub mod session_open;
 pub mod stats;
 pub mod waiting;
 
@@ -247,7 +249,7 @@ impl CoordinatorHandle {
         // meanwhile; a lone one is not reachable for that second).
         hearing.mark_unchanged();
         let _ = client.publish(opts.subjects.discover(), bytes::Bytes::new()).await;
-        let _ = client.flush().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.flush()).await;
         let heard = discovery_window(&mut hearing).await;
         tracing::debug!(coordinator = %opts.coordinator_id, heartbeat_batches = heard, "discovery window over");
 
@@ -298,10 +300,26 @@ impl CoordinatorHandle {
                 .map_err(anyhow::Error::msg)?,
             );
         }
+        // Streams relayed by draining workers (1.12): a subject only workers may
+        // publish on, so a client can never name the inbox a stream goes to.
+        for (subject, verb) in [
+            (opts.subjects.relay("generate"), Verb::Generate),
+            (opts.subjects.relay("chat"), Verb::Chat),
+        ] {
+            let ctx = ctx.clone();
+            let name = format!("relay_{}", verb.name());
+            tasks.push(
+                serve_endpoint(&service, &name, subject, move |request| {
+                    service::relayed(ctx.clone(), request.message, verb)
+                })
+                .await
+                .map_err(anyhow::Error::msg)?,
+            );
+        }
         let session_ctx = ctx.clone();
         tasks.push(
             serve_endpoint(&service, "session_open", opts.subjects.session_open(), move |request| {
-                service::open_session(session_ctx.clone(), request)
+                session_open::open_session(session_ctx.clone(), request)
             })
             .await
             .map_err(anyhow::Error::msg)?,

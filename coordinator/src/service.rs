@@ -5,6 +5,7 @@ use crate::actor::{CoordinatorMsg, Waited};
 use crate::queue::Ticket;
 use crate::registry::ttft::BYTES_PER_TOKEN;
 use crate::registry::RouteQuery;
+use crate::relay;
 use crate::waiting::{self, Wait, Waiter};
 use async_nats::RequestErrorKind;
 use ractor::ActorRef;
@@ -149,6 +150,17 @@ fn admit(verb: Verb, payload: &[u8], limits: &InputLimits) -> Result<Admitted, (
 /// inside a `route` span that continues the client's trace and is the parent of the
 /// worker's span (its context replaces the client's in the forwarded headers).
 pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) {
+    route(ctx, msg, verb, false).await
+}
+
+/// (1.12) A stream relayed by a draining worker on `{p}.v1.relay.{verb}`: routed
+/// like a request, streamed to its `Sy-Stream-To`, answered to the worker with an
+/// [`Admission`].
+pub async fn relayed(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) {
+    route(ctx, msg, verb, true).await
+}
+
+async fn route(ctx: ForwardContext, msg: async_nats::Message, verb: Verb, relayed: bool) {
     let span = tracing::info_span!(
         "route",
         otel.name = %format!("route {}", verb.name()),
@@ -161,10 +173,10 @@ pub async fn forward(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) 
         error.type = tracing::field::Empty,
     );
     switchyard_fabric::trace::continue_from(&span, msg.headers.as_ref());
-    tracing::Instrument::instrument(forward_routed(ctx, msg, verb), span).await;
+    tracing::Instrument::instrument(forward_routed(ctx, msg, verb, relayed), span).await;
 }
 
-async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Verb) {
+async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Verb, relayed: bool) {
     let span = tracing::Span::current();
     let header = |name: &str| {
         msg.headers
@@ -174,9 +186,13 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
     };
     // A stream relayed by a draining worker (1.12): it streams to `Sy-Stream-To`, and
     // the worker, on the reply subject, waits for an admission answer.
-    let relay = header(HEADER_STREAM_TO).and(msg.reply.clone());
-    let Some(inbox) = header(HEADER_STREAM_TO).map(Into::into).or_else(|| msg.reply.clone()) else {
-        tracing::warn!(subject = %msg.subject, "request without a reply subject; dropped");
+    let relay = if relayed { msg.reply.clone() } else { None };
+    let inbox = match relayed {
+        true => header(HEADER_STREAM_TO).map(Into::into),
+        false => msg.reply.clone(),
+    };
+    let Some(inbox) = inbox else {
+        tracing::warn!(subject = %msg.subject, "request without a reply subject (or a relay without Sy-Stream-To); dropped");
         return;
     };
     let header_id = header(HEADER_REQUEST_ID).unwrap_or_default();
@@ -193,7 +209,7 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             tracing::debug!(request = %request_id, code = %error.code, "request failed: {}", error.message);
             if let Some(relay) = relay {
                 // The relaying worker goes on with the stream itself.
-                return answer_relay(&client, relay, "", Some(error)).await;
+                return relay::answer(&client, relay, "", Some(error)).await;
             }
             let body = if verb.streams() {
                 encode(&StreamChunk::failed(&request_id, seq, error))
@@ -314,12 +330,13 @@ async fn forward_routed(ctx: ForwardContext, msg: async_nats::Message, verb: Ver
             blocks: &query.blocks,
             key: if ctx.kv_routing { &key } else { &[] },
             adapter: query.adapter.as_deref(),
+            relayed,
         };
         match try_workers(&ctx, &msg, &inbox, verb, workers, routed, wait.seq, queued).await {
             Tried::Admitted(worker_id) => {
                 record("dispatched");
                 if let Some(relay) = relay {
-                    answer_relay(&ctx.client, relay, &worker_id, None).await;
+                    relay::answer(&ctx.client, relay, &worker_id, None).await;
                 }
                 return;
             }
@@ -361,6 +378,9 @@ struct Routed<'a> {
     blocks: &'a [u64],
     key: &'a [u8],
     adapter: Option<&'a str>,
+    /// Relayed by a draining worker: its `Sy-Handover`, `Sy-Kv-Peer` and
+    /// `Sy-Admit-By` count (from anyone else they are dropped).
+    relayed: bool,
 }
 
 /// Forwards the request to `workers` in order until one admits it, with the client's
@@ -380,14 +400,18 @@ async fn try_workers(
     let span = tracing::Span::current();
     let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker admitted the request");
     let mut full = Vec::new();
-    let handover = handover_peer(msg);
-    let relay_by: u64 = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(HEADER_ADMIT_BY))
-        .and_then(|v| v.as_str().parse().ok())
-        .unwrap_or(u64::MAX);
+    let handover = if routed.relayed {
+        relay::handover_peer(msg)
+    } else {
+        None
+    };
+    let relay_by = if routed.relayed { relay::admit_by(msg) } else { u64::MAX };
     for (attempt, worker_id) in workers.into_iter().take(ctx.max_attempts as usize).enumerate() {
+        if switchyard_fabric::now_ms() >= relay_by {
+            // The relaying worker goes on itself now: a later forward would be a
+            // second stream to the client.
+            return Tried::Failed(WireError::new(ErrorCode::Unavailable, "no worker took it in time"));
+        }
         let mut headers = msg.headers.clone().unwrap_or_default();
         headers.insert(HEADER_STREAM_TO, inbox);
         headers.insert(HEADER_QUEUED_US, queued.as_micros().to_string().as_str());
@@ -400,7 +424,11 @@ async fn try_workers(
         // Only this coordinator names a peer: a client's `Sy-Kv-Peer` goes no further.
         // A handed-over stream's names the worker that ran it (it holds the prompt and
         // the tokens so far), kept for a worker that can use its KV.
-        for coordinators_only in [HEADER_KV_PEER, HEADER_KV_PREFILL] {
+        let mut coordinators_only = vec![HEADER_KV_PEER, HEADER_KV_PREFILL];
+        if !routed.relayed {
+            coordinators_only.push(HEADER_HANDOVER);
+        }
+        for coordinators_only in coordinators_only {
             if headers.get(coordinators_only).is_some() {
                 headers.insert(coordinators_only, "");
             }
@@ -513,101 +541,4 @@ async fn try_workers(
     } else {
         Tried::Full(full, last_error)
     }
-}
-
-/// A relayed stream's hand-over (`Sy-Handover`) with its `Sy-Kv-Peer`: the worker
-/// that ran it and the tokens whose KV it holds.
-fn handover_peer(msg: &async_nats::Message) -> Option<(String, String)> {
-    let headers = msg.headers.as_ref()?;
-    headers.get(HEADER_HANDOVER)?;
-    let (peer, tokens) = headers.get(HEADER_KV_PEER)?.as_str().split_once(',')?;
-    tokens.parse::<u32>().ok()?;
-    Some((peer.to_string(), tokens.to_string()))
-}
-
-/// Answers a relaying worker: a worker admitted its stream, or why none did.
-async fn answer_relay(
-    client: &async_nats::Client,
-    relay: async_nats::Subject,
-    worker_id: &str,
-    error: Option<WireError>,
-) {
-    let answer = Admission {
-        v: PROTOCOL_VERSION,
-        worker_id: worker_id.to_string(),
-        accepted: error.is_none(),
-        error,
-    };
-    let _ = client.publish(relay, encode(&answer).into()).await;
-}
-
-/// `{p}.v1.session.open`: picks a worker like a request (model, backend and worker
-/// pins, load) and forwards the open to it; a worker that is full or unavailable is
-/// skipped for the next. The worker's answer — [`switchyard_messages::session::SessionOpened`]
-/// or an [`ErrorReply`] — goes back to the client as is.
-pub async fn open_session(ctx: ForwardContext, request: async_nats::service::Request) {
-    use switchyard_messages::session::OpenSessionRequest;
-    let error_body = |error: WireError| {
-        encode(&ErrorReply {
-            v: PROTOCOL_VERSION,
-            error,
-        })
-    };
-    let req = match decode::<OpenSessionRequest>(&request.message.payload) {
-        Ok(r) => r,
-        Err(e) => {
-            let body = error_body(WireError::new(ErrorCode::BadRequest, e.to_string()));
-            let _ = request.respond(Ok(body.into())).await;
-            return;
-        }
-    };
-    let query = RouteQuery {
-        model: req.model.clone(),
-        backend: Some(req.backend.clone()).filter(|b| !b.is_empty()),
-        worker: Some(req.worker_id.clone()).filter(|w| !w.is_empty()),
-        ..RouteQuery::default()
-    };
-    let candidates = match ractor::call_t!(ctx.actor, CoordinatorMsg::Route, 5_000, query) {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            let _ = request.respond(Ok(error_body(e).into())).await;
-            return;
-        }
-        Err(e) => {
-            let body = error_body(WireError::new(ErrorCode::Internal, format!("coordinator actor: {e}")));
-            let _ = request.respond(Ok(body.into())).await;
-            return;
-        }
-    };
-    let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker opened the session");
-    for worker_id in candidates.into_iter().take(ctx.max_attempts as usize) {
-        let forward = async_nats::Request::new()
-            .payload(request.message.payload.clone())
-            .timeout(Some(ctx.admission_timeout.max(Duration::from_secs(10))));
-        match ctx
-            .client
-            .send_request(ctx.subjects.worker(&worker_id, "session_open"), forward)
-            .await
-        {
-            Ok(answer) => match decode::<ErrorReply>(&answer.payload) {
-                Ok(refused) if refused.error.retryable => {
-                    tracing::debug!(worker = %worker_id, code = %refused.error.code, "session refused; trying the next worker");
-                    last_error = refused.error;
-                }
-                _ => {
-                    let _ = request.respond(Ok(answer.payload)).await;
-                    return;
-                }
-            },
-            Err(e) if e.kind() == RequestErrorKind::NoResponders => {
-                ctx.holdings.remove(&worker_id);
-                let _ = ctx.actor.cast(CoordinatorMsg::Remove(worker_id.clone()));
-                last_error = WireError::new(ErrorCode::NoWorker, format!("worker {worker_id} is gone"));
-            }
-            Err(e) => {
-                last_error = WireError::new(ErrorCode::WorkerLost, format!("worker {worker_id} did not answer: {e}"));
-            }
-        }
-    }
-    let _ = request.respond(Ok(error_body(last_error).into())).await;
 }

@@ -53,6 +53,12 @@ impl Subjects {
     pub fn models(&self) -> String {
         format!("{}.models", self.root)
     }
+    /// (1.12) `{p}.v1.relay.{verb}` (`generate`, `chat`): a draining worker relays a
+    /// running stream to the coordinators for another worker to continue; the worker
+    /// role alone may publish here.
+    pub fn relay(&self, verb: &str) -> String {
+        format!("{}.relay.{verb}", self.root)
+    }
     /// `{p}.v1.worker.{wid}.{verb}`: one worker's endpoint.
     pub fn worker(&self, worker_id: &str, verb: &str) -> String {
         format!("{}.worker.{worker_id}.{verb}", self.root)

@@ -250,10 +250,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     let attrs = crate::worker::telemetry::attributes(op, model, &ctx.worker_id, &ctx.backend);
     let run = async {
         // A peer holding more of the prefix: its KV, where that beats computing it.
-        let adapter = config.adapter.as_deref();
-        let deadline = req.head.deadline_ms;
-        let sink =
-            super::kv_transfer::pull_for(&ctx, msg, &req.head.request_id, &prompt, adapter, deadline, sink).await;
+        let sink = super::kv_transfer::pull_for(&ctx, msg, &req.head, &prompt, &cancel, sink).await;
         let signal = super::handover::signal(&ctx, calls.is_none());
         let events = ctx.model.generate(prompt.clone(), config.clone(), cancel.clone());
         let Pumped::HandOver(emitted) = pump(
@@ -271,16 +268,21 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             return;
         };
         // Draining: another worker streams on from here, or (none took it) this one.
+        // The client's cancel lands on a fresh flag meanwhile (the engine's is spent).
+        let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
         let Some(next) = super::handover::continued(&req, &emitted) else {
             // Every token it may have is out: that is the end.
             sink.done(Vec::new(), FinishReason::Length, Default::default()).await;
             return;
         };
         let prompt = super::handover::continued_prompt(&prompt, &next);
-        if super::handover::relay(&ctx, msg, &next, chat, &prompt, &sink).await {
+        if super::handover::relay(&ctx, msg, &next, chat, &prompt, &sink, &cancel).await {
             return;
         }
-        let cancel = ctx.cancels.insert(&req.head.request_id, sink.subject());
+        if cancel.is_cancelled() {
+            sink.done(Vec::new(), FinishReason::Cancelled, Default::default()).await;
+            return;
+        }
         config.max_tokens = next.config.max_tokens;
         config.rng_position = next.config.rng_position;
         let events = ctx.model.generate(prompt, config, cancel.clone());

@@ -73,12 +73,14 @@ impl Handover {
         }
     }
 
-    fn expect(&self, request_id: &str) {
+    /// A peer is about to pull KV for `request_id` (a stream handed over, a prompt
+    /// prefilled for a decode worker): [`Self::await_pulls`] waits for it.
+    pub(crate) fn expect(&self, request_id: &str) {
         let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
         pulls.insert(request_id.to_string(), None);
     }
 
-    fn forget(&self, request_id: &str) -> Option<Option<Instant>> {
+    pub(crate) fn forget(&self, request_id: &str) -> Option<Option<Instant>> {
         self.pulls.lock().unwrap_or_else(|p| p.into_inner()).remove(request_id)
     }
 
@@ -89,7 +91,7 @@ impl Handover {
 
     /// Waits until the taker of `request_id` has pulled its KV (its pulls went
     /// quiet), or it did not pull at all.
-    async fn await_pulls(&self, request_id: &str) {
+    pub(crate) async fn await_pulls(&self, request_id: &str) {
         let since = Instant::now();
         loop {
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -9,7 +9,7 @@ use switchyard_fabric::ChunkSink;
 use switchyard_messages::subjects::{
     HEADER_ADMIT_BY, HEADER_FIRST_SEQ, HEADER_HANDOVER, HEADER_KV_PEER, HEADER_REQUEST_ID, HEADER_STREAM_TO,
 };
-use switchyard_messages::{decode, encode, Admission, ErrorCode, GenerateRequest, WireError};
+use switchyard_messages::{decode, encode, Admission, CancelRequest, ErrorCode, GenerateRequest, WireError};
 use tokio::sync::watch;
 
 /// The longest the relaying worker waits for a coordinator to place the stream
@@ -47,7 +47,9 @@ fn handovers_before(msg: &async_nats::Message) -> u32 {
 /// Relays the continuation `next` (whose prompt and tokens are `prompt`) to a
 /// coordinator for another worker to stream on `sink`'s subject from its next `seq`.
 /// True when a worker took it: this worker's KV of it has been pulled (or the taker
-/// chose to compute) when this returns. False: nobody took it; go on here.
+/// chose to compute) when this returns, and a client's cancel that came meanwhile
+/// (on `cancel`) has been passed on. False: nobody took it; go on here (or end, if
+/// `cancel` is set).
 pub async fn relay(
     ctx: &ServeContext,
     msg: &async_nats::Message,
@@ -55,6 +57,7 @@ pub async fn relay(
     chat: bool,
     prompt: &Prompt,
     sink: &ChunkSink,
+    cancel: &switchyard_backend::CancelFlag,
 ) -> bool {
     let id = next.head.request_id.as_str();
     let tokens = match ctx.model.kv_transfer().map(|kv| kv.prompt_tokens(prompt)) {
@@ -75,11 +78,7 @@ pub async fn relay(
     let admit_by = switchyard_fabric::now_ms() + PLACE_WITHIN.as_millis() as u64;
     headers.insert(HEADER_ADMIT_BY, admit_by.to_string().as_str());
     switchyard_fabric::trace::inject(&tracing::Span::current(), &mut headers);
-    let subject = if chat {
-        ctx.subjects.chat()
-    } else {
-        ctx.subjects.generate()
-    };
+    let subject = ctx.subjects.relay(if chat { "chat" } else { "generate" });
     ctx.handover.expect(id);
     let request = async_nats::Request::new()
         .payload(encode(&req).into())
@@ -97,6 +96,9 @@ pub async fn relay(
     let taker = match answer {
         Ok(a) if a.accepted => a.worker_id,
         Ok(a) => {
+            if a.error.as_ref().is_some_and(|e| e.code == ErrorCode::Cancelled) {
+                cancel.cancel();
+            }
             let why = a
                 .error
                 .map_or_else(|| "refused".to_string(), |e| format!("{}: {}", e.code, e.message));
@@ -104,6 +106,11 @@ pub async fn relay(
         }
         Err(e) => return refused(ctx, id, &format!("{}: {}", e.code, e.message)),
     };
+    if cancel.is_cancelled() {
+        // The client cancelled while the stream moved: the taker has it now.
+        let body = encode(&CancelRequest::new(sink.subject()));
+        let _ = ctx.client.publish(ctx.subjects.cancel(id), body.into()).await;
+    }
     TransferState::add(&ctx.transfer.handed_over, 1);
     tracing::info!(
         worker = %ctx.worker_id,

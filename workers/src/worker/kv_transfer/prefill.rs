@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use switchyard_backend::{GenerateEvent, Prompt};
 use switchyard_messages::subjects::HEADER_KV_PREFILL;
 use switchyard_messages::{
-    decode, encode, ErrorCode, GenerateConfig, PrefillReply, PrefillRequest, WireError, PROTOCOL_VERSION,
+    decode, encode, ErrorCode, FinishReason, GenerateConfig, PrefillReply, PrefillRequest, WireError, PROTOCOL_VERSION,
 };
 
 /// The longest a decode worker waits for a prefill worker (a request's own deadline
@@ -26,13 +26,16 @@ use switchyard_messages::{
 const PREFILL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The prefill worker's side: computes the asked prompt and answers.
+/// The prefill worker's side: computes the asked prompt and answers; then keeps the
+/// request's slot (its admission) until the asker's pull has gone quiet, so no other
+/// request takes the KV before it is read.
 pub async fn serve(ctx: std::sync::Arc<ServeContext>, request: Request) {
     let began = Instant::now();
-    let (tokens, error) = match compute(&ctx, &request.message).await {
-        Ok(n) => (n, None),
+    let (tokens, error, lease) = match compute(&ctx, &request.message).await {
+        Ok((n, id, permit)) => (n, None, Some((id, permit))),
         Err(e) => {
             tracing::debug!(worker = %ctx.worker_id, code = %e.code, "prefill refused: {}", e.message);
-            (0, Some(e))
+            (0, Some(e), None)
         }
     };
     let reply = PrefillReply {
@@ -42,10 +45,22 @@ pub async fn serve(ctx: std::sync::Arc<ServeContext>, request: Request) {
         prefill_us: began.elapsed().as_micros() as u64,
         error,
     };
+    if let Some((id, _)) = &lease {
+        ctx.handover.expect(id);
+    }
     let _ = request.respond(Ok(encode(&reply).into())).await;
+    if let Some((id, permit)) = lease {
+        ctx.handover.await_pulls(&id).await;
+        drop(permit);
+        (ctx.on_complete)();
+    }
 }
 
-async fn compute(ctx: &ServeContext, msg: &async_nats::Message) -> Result<u32, WireError> {
+/// Computes a prefill: the prompt's tokens, the request id and the admission it holds.
+async fn compute(
+    ctx: &ServeContext,
+    msg: &async_nats::Message,
+) -> Result<(u32, String, crate::worker::admission::AdmissionPermit), WireError> {
     let req: PrefillRequest = decode(&msg.payload)
         .map_err(|e| WireError::new(ErrorCode::BadRequest, format!("not a prefill request: {e}")))?;
     if !req.model.is_empty() && req.model != ctx.model_name {
@@ -101,11 +116,16 @@ async fn compute(ctx: &ServeContext, msg: &async_nats::Message) -> Result<u32, W
         adapter: req.adapter.clone(),
         ..GenerateConfig::default()
     };
-    let cancel = ctx.cancels.insert(&format!("{}-prefill", req.request_id), "");
+    // Not a client's request: nobody may cancel it (the asker stops waiting instead).
+    let cancel = switchyard_backend::CancelFlag::new();
     let run = async {
         let mut events = ctx.model.generate(Prompt::Tokens(req.tokens), config, cancel);
         while let Some(ev) = events.next().await {
             match ev {
+                Ok(GenerateEvent::Done {
+                    finish_reason: FinishReason::Cancelled,
+                    ..
+                }) => break,
                 Ok(GenerateEvent::Done { metrics, .. }) => {
                     // Its prefill speed, as heartbeats announce it, counts these too.
                     ctx.recent.lock().unwrap_or_else(|p| p.into_inner()).record(&metrics);
@@ -120,14 +140,9 @@ async fn compute(ctx: &ServeContext, msg: &async_nats::Message) -> Result<u32, W
             "the backend ended the prefill without a result",
         ))
     };
-    let done = tracing::Instrument::instrument(run, span).await;
-    ctx.cancels.remove(&format!("{}-prefill", req.request_id));
-    drop(permit);
-    (ctx.on_complete)();
-    if done.is_ok() {
-        TransferState::add(&ctx.transfer.prefills_served, 1);
-    }
-    done
+    let done = tracing::Instrument::instrument(run, span).await?;
+    TransferState::add(&ctx.transfer.prefills_served, 1);
+    Ok((done, req.request_id, permit))
 }
 
 /// What a prefill elsewhere gave: the worker holding the prompt's KV now, the tokens
@@ -151,7 +166,8 @@ pub async fn remote(
     deadline_ms: Option<u64>,
 ) -> Option<Prefilled> {
     let peer = msg.headers.as_ref()?.get(HEADER_KV_PREFILL)?.as_str().to_string();
-    if peer.is_empty() || peer == ctx.worker_id {
+    // A worker that does not pull would wait for KV it then never reads.
+    if peer.is_empty() || peer == ctx.worker_id || !ctx.kv_pull {
         return None;
     }
     let kv = ctx.model.kv_transfer()?;

@@ -35,12 +35,12 @@ fn peer_of(msg: &async_nats::Message) -> Option<(String, usize)> {
 pub async fn pull_for(
     ctx: &ServeContext,
     msg: &async_nats::Message,
-    request_id: &str,
+    head: &switchyard_messages::RequestHead,
     prompt: &Prompt,
-    adapter: Option<&str>,
-    deadline_ms: Option<u64>,
+    cancel: &switchyard_backend::CancelFlag,
     sink: switchyard_fabric::ChunkSink,
 ) -> switchyard_fabric::ChunkSink {
+    let (request_id, adapter, deadline_ms) = (head.request_id.as_str(), head.adapter.as_deref(), head.deadline_ms);
     let work = async {
         // A prefill worker computes the prompt, then it is pulled like any prefix:
         // always, as the coordinator found that faster.
@@ -62,6 +62,11 @@ pub async fn pull_for(
         tokio::select! {
             n = &mut work => break n,
             _ = keepalive.tick() => {
+                // A client that cancelled waits for nothing more (the generation
+                // then ends at once, cancelled).
+                if cancel.is_cancelled() {
+                    break (0, 0, 0);
+                }
                 sink.tokens(Vec::new()).await;
             }
         }
