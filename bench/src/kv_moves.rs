@@ -9,8 +9,8 @@
 //! between its chunks while the long prompt is admitted there — whole (the prompt's
 //! prefill shares the worker's steps) or disaggregated (only the pulled KV's import).
 //!
-//! `handover`: streams on a long document run on worker `a`, which is drained (what
-//! SIGTERM does) once each has 16 tokens; `b` takes them. Per stream: the longest gap
+//! `handover`: streams on long documents (up to 512 tokens each) run on worker `a`,
+//! which is drained (what SIGTERM does) once each has 16 tokens; `b` takes them. Per stream: the longest gap
 //! the client saw, the tokens `b` computed again, and, for comparison, the time to
 //! first token of a document as long computed from nothing on a third worker (what a
 //! resume by recompute costs before its first token).
@@ -222,18 +222,17 @@ pub async fn handover(mut config: Config, args: &BenchKvMovesArgs) -> anyhow::Re
                 args.runs,
                 if i == 0 { " (warm-up)" } else { "" }
             );
-            let mut streams = Vec::new();
-            for _ in 0..args.streams {
-                run += 1;
-                streams.push(started(&fleet.client, &name, &a, prompt(run, tokens), 96, 16).await?);
-            }
+            // All at once, long enough to be running still when the last has its
+            // tokens: each then moves mid-stream.
+            let starts =
+                (0..args.streams).map(|k| started(&fleet.client, &name, &a, prompt(run + 1 + k, tokens), 512, 16));
+            let streams = futures::future::try_join_all(starts).await?;
+            run += args.streams;
             let drained = fleet.workers.last().expect("just added").0.clone();
             let from = Instant::now();
             let drain = tokio::spawn(async move { drained.shutdown(Duration::from_secs(60)).await });
-            let mut done = Vec::new();
-            for s in streams {
-                done.push(finish(s, from).await?);
-            }
+            // Read side by side, so each gap is when its chunks really came.
+            let done = futures::future::try_join_all(streams.into_iter().map(|s| finish(s, from))).await?;
             drain.await?;
             if let Some((_, mut loaded)) = fleet.workers.pop() {
                 loaded.stop();
