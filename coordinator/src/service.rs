@@ -440,7 +440,8 @@ async fn try_workers(
             headers.insert(HEADER_KV_PEER, format!("{from},{tokens}").as_str());
         }
         if !routed.key.is_empty() {
-            if let Some((precise, blocks)) = ctx.holdings.predict(&worker_id, routed.adapter, routed.key) {
+            let predicted = ctx.holdings.predict(&worker_id, routed.adapter, routed.key);
+            if let Some((precise, blocks)) = predicted {
                 headers.insert(HEADER_KV_PREDICTED, format!("{precise},{blocks}").as_str());
             }
             // A peer holding more of the prefix: the worker may pull it from there.
@@ -450,13 +451,11 @@ async fn try_workers(
                 headers.insert(HEADER_KV_PEER, format!("{peer},{tokens}").as_str());
             }
             // A long prompt nobody holds: a prefill worker may compute it (1.12).
-            let held = ctx
-                .holdings
-                .predict(&worker_id, routed.adapter, routed.key)
-                .map_or(0, |p| p.0 as usize);
+            let held = predicted.map_or(0, |p| p.0 as usize);
             let fresh = (routed.key.len() as f64 / BYTES_PER_TOKEN) as usize;
             let fresh = fresh.saturating_sub(held.max(pullable));
-            if handed_from.is_none() && verb.streams() {
+            // Most prompts are short: only a long one looks for a prefill worker.
+            if handed_from.is_none() && verb.streams() && fresh >= ctx.disagg_min_tokens {
                 if let Some(p) = ctx.holdings.prefiller(&worker_id, fresh, ctx.disagg_min_tokens) {
                     headers.insert(HEADER_KV_PREFILL, p.as_str());
                 }
