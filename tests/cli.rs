@@ -274,3 +274,104 @@ fn a_misconfigured_otlp_exporter_is_an_error_at_start() {
     assert_eq!(code, 1);
     assert!(err.contains("invalid endpoint"), "{err}");
 }
+
+/// Waits up to `limit` for `p` to exit: its status, or `None` (it hung).
+fn exit_of(p: &mut Proc, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = p.child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn signal(p: &Proc, sig: i32) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(p.child.id() as i32, sig);
+    }
+}
+
+/// A service manager stops services with SIGTERM, often just when the network or the
+/// NATS server is down: each process still stops, cleanly and within its bound.
+#[test]
+fn every_process_stops_on_sigterm_when_its_nats_server_is_gone() {
+    let nats = nats();
+    let url = nats.url();
+    let mut coordinator = coordinator_proc(&url, "coordinator");
+    let mut worker = worker_proc(&url, "w-stop");
+    let mut gateway = switchyard("gateway", &["--nats", &url, "gateway", "--listen", "127.0.0.1:0"]);
+    gateway.wait_for("gateway listening", Duration::from_secs(20));
+    drop(nats);
+    std::thread::sleep(Duration::from_secs(1));
+    for p in [&mut coordinator, &mut worker, &mut gateway] {
+        signal(p, libc::SIGTERM);
+    }
+    // Hang detectors, not timings: each bound is far above what a stop takes.
+    for p in [&mut coordinator, &mut worker, &mut gateway] {
+        let status = exit_of(p, Duration::from_secs(60));
+        let name = p.name.clone();
+        assert!(
+            status.is_some(),
+            "{name} still running 60 s after SIGTERM with its NATS server gone"
+        );
+        assert!(status.unwrap().success(), "{name}: {status:?}");
+    }
+}
+
+/// Two `up` nodes stopped as `timeout` or a terminal stops them: SIGTERM to each whole
+/// process group, so their own nats-servers get it too and go first.
+#[test]
+fn two_up_nodes_stop_when_their_process_groups_are_signalled() {
+    use std::os::unix::process::CommandExt;
+    demo_model();
+    let mut nodes: Vec<Proc> = (0..2)
+        .map(|i| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+            cmd.args(["up", "--prompt", "What is the capital of France?"])
+                .env("RUST_LOG", "switchyard=info,warn")
+                .process_group(0);
+            spawn_logged(&format!("up-{i}"), cmd)
+        })
+        .collect();
+    for p in &nodes {
+        p.wait_for("answer ", Duration::from_secs(120));
+    }
+    for p in &nodes {
+        // SAFETY: killpg(2) on the group our own child leads.
+        unsafe {
+            libc::killpg(p.child.id() as i32, libc::SIGTERM);
+        }
+    }
+    for p in &mut nodes {
+        let status = exit_of(p, Duration::from_secs(90));
+        let name = p.name.clone();
+        assert!(status.is_some(), "{name} still running 90 s after SIGTERM to its group");
+        assert!(status.unwrap().success(), "{name}: {status:?}");
+    }
+}
+
+/// A second signal during a drain stops the process at once: a worker waiting for a
+/// long stream to finish exits with status 130 on the second SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_ends_a_drain_at_once() {
+    let nats = nats();
+    let url = nats.url();
+    let _coordinator = coordinator_proc(&url, "coordinator");
+    let mut worker = worker_proc(&url, "w-long");
+    let client = client(&url, Duration::from_secs(60)).await;
+    wait_for_workers(&client, &["w-long"], Duration::from_secs(20)).await;
+    // A stream that runs for a long while: thousands of tokens, end of text barred.
+    let mut req = greedy("Once upon a time", 4000);
+    req.config.logit_bias = (0..3).map(|id| (id, -100.0)).collect();
+    let mut stream = client.generate(req).await.unwrap();
+    assert!(matches!(stream.next().await, Some(Ok(_))), "the stream started");
+    signal(&worker, libc::SIGTERM);
+    worker.wait_for("draining worker", Duration::from_secs(20));
+    signal(&worker, libc::SIGTERM);
+    let status = tokio::task::block_in_place(|| exit_of(&mut worker, Duration::from_secs(30)));
+    assert!(status.is_some(), "the worker kept draining after a second SIGTERM");
+    assert_eq!(status.unwrap().code(), Some(130), "{status:?}");
+}

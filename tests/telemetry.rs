@@ -2,7 +2,8 @@
 //! three processes export — this test as the client, a coordinator process and a
 //! worker process — and the test checks one trace across them with the right
 //! parent/child links, the GenAI span attributes, and the GenAI metrics' names, units,
-//! buckets and attributes.
+//! buckets and attributes; then a disaggregated request's trace, which holds a
+//! prefill worker's and a decode worker's spans.
 
 mod common;
 
@@ -208,8 +209,72 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         .await
         .unwrap();
     assert_eq!(answer.status(), 200);
+    // A disaggregated request (docs/kv-transfer.md): the decode worker has a prefill
+    // worker compute the prompt, pulls its KV and streams; one trace holds both.
+    let role_worker = |id: &str, role: &str| {
+        let w = switchyard(
+            id,
+            &[
+                "--nats",
+                &url,
+                "worker",
+                "--worker-id",
+                id,
+                "--heartbeat-ms",
+                "200",
+                "--role",
+                role,
+                "--model",
+                model.to_str().unwrap(),
+            ],
+        );
+        w.wait_for("up on", Duration::from_secs(60));
+        w
+    };
+    let mut prefiller = role_worker("w-prefill", "prefill");
+    let mut decoder = role_worker("w-decode", "decode");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = client.status().await.unwrap();
+        let formats = s
+            .workers
+            .iter()
+            .filter(|w| w.status.worker_id.starts_with("w-") && w.status.models[0].kv_format.is_some())
+            .count();
+        if formats == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the workers announced no KV format within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let long: String = (0..70)
+        .map(|i| format!("Entry {i}: the harbour master counted {i} boats and wrote it down.\n"))
+        .collect();
+    let mut req = greedy(&format!("{long}Question: how many entries?\nAnswer:"), 4);
+    req.head.worker = Some("w-decode".into());
+    let disagg = client.generate(req).await.unwrap().collect().await.unwrap();
+    assert!(
+        disagg.metrics.remote_prefill_us > 0,
+        "not disaggregated: {:?}",
+        disagg.metrics
+    );
+    assert!(disagg.metrics.pulled_tokens > 0, "nothing pulled: {:?}", disagg.metrics);
+    let p = provider.clone();
+    tokio::task::spawn_blocking(move || p.force_flush())
+        .await
+        .unwrap()
+        .unwrap();
     // SIGTERM: the processes drain and flush their exporters on the way out.
-    for proc in [&mut gateway, &mut worker, &mut coordinator] {
+    for proc in [
+        &mut gateway,
+        &mut worker,
+        &mut prefiller,
+        &mut decoder,
+        &mut coordinator,
+    ] {
         let status = tokio::task::block_in_place(|| proc.terminate(Duration::from_secs(20)));
         assert!(status.is_some_and(|s| s.success()), "clean exit");
     }
@@ -225,13 +290,22 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
                 .find(|(s, sp)| s == service && !caller(sp) && pred(sp))
                 .map(|(_, sp)| sp.clone())
         };
-        let found = (
-            find("telemetry-test-client", &|s| s.name.starts_with("text_completion")),
-            find("switchyard-coordinator", &|s| s.name == "route generate"),
-            find("switchyard-worker", &|s| s.name.starts_with("text_completion ")),
-        );
-        if let (Some(a), Some(b), Some(c)) = found {
-            break (a, b, c);
+        // The first request (8 tokens; the disaggregated one asks 4), and its trace.
+        let first = find("telemetry-test-client", &|s| {
+            s.name.starts_with("text_completion") && int(&s.attributes, "gen_ai.request.max_tokens") == Ok(8)
+        });
+        if let Some(a) = first {
+            let found = (
+                find("switchyard-coordinator", &|s| {
+                    s.name == "route generate" && s.trace_id == a.trace_id
+                }),
+                find("switchyard-worker", &|s| {
+                    s.name.starts_with("text_completion ") && s.trace_id == a.trace_id
+                }),
+            );
+            if let (Some(b), Some(c)) = found {
+                break (a, b, c);
+            }
         }
         assert!(
             Instant::now() < deadline,
@@ -240,6 +314,7 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    disaggregated_trace(&collected).await;
     // The gateway's request: its span and the worker's carry the caller's trace id.
     let all = spans(&collected);
     let in_caller_trace = |service: &str| {
@@ -265,7 +340,7 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
     for phase in ["queue", "prefill", "decode"] {
         let s = all
             .iter()
-            .find(|(svc, s)| svc == "switchyard-worker" && s.name == phase)
+            .find(|(svc, s)| svc == "switchyard-worker" && s.name == phase && s.trace_id == generation.trace_id)
             .unwrap_or_else(|| panic!("no {phase} span"));
         assert_eq!(s.1.parent_span_id, generation.span_id, "{phase} under the generation");
     }
@@ -438,6 +513,68 @@ async fn one_trace_spans_client_coordinator_and_worker_with_genai_spans_and_metr
         .await
         .unwrap()
         .unwrap();
+}
+
+/// The disaggregated request's trace: the decode worker's generation holds its
+/// remote prefill (a client span) and its pull; the prefill worker's span is the
+/// child of that client span, in the same trace.
+async fn disaggregated_trace(collected: &Collected) {
+    let worker_of = |sp: &Span| text(&sp.attributes, "switchyard.worker.id");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (generation, asked, served, pull) = loop {
+        let all = spans(collected);
+        let generation = all
+            .iter()
+            .find(|(_, sp)| sp.name.starts_with("text_completion ") && worker_of(sp).as_deref() == Some("w-decode"))
+            .map(|(_, sp)| sp.clone());
+        let in_trace = |name: &str| {
+            let g = generation.as_ref()?;
+            all.iter()
+                .find(|(svc, sp)| svc == "switchyard-worker" && sp.name == name && sp.trace_id == g.trace_id)
+                .map(|(_, sp)| sp.clone())
+        };
+        let found = (
+            in_trace("kv prefill (remote)"),
+            in_trace("kv prefill"),
+            in_trace("kv pull"),
+        );
+        if let (Some(g), (Some(a), Some(s), Some(p))) = (generation.clone(), found) {
+            break (g, a, s, p);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "disaggregated spans seen: {:?}",
+            all.iter()
+                .map(|(s, sp)| (s, &sp.name, worker_of(sp)))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        worker_of(&served).as_deref(),
+        Some("w-prefill"),
+        "the prefill worker's span"
+    );
+    assert_eq!(served.parent_span_id, asked.span_id, "the prefill is the ask's child");
+    let all = spans(collected);
+    // Both the ask and the pull sit under the decode worker's generation.
+    for (what, sp) in [("the remote prefill", &asked), ("the pull", &pull)] {
+        let mut parent = sp.parent_span_id.clone();
+        let mut hops = 0;
+        while parent != generation.span_id {
+            let up = all
+                .iter()
+                .find(|(_, s)| s.span_id == parent)
+                .unwrap_or_else(|| panic!("{what}: its parent span was not exported"));
+            parent = up.1.parent_span_id.clone();
+            hops += 1;
+            assert!(hops < 8, "{what} is not under the decode worker's generation");
+        }
+    }
+    assert_eq!(
+        text(&pull.attributes, "switchyard.kv.peer").as_deref(),
+        Some("w-prefill")
+    );
 }
 
 /// Names of all metrics received so far.

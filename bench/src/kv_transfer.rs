@@ -7,8 +7,10 @@
 //! medians of time to first token and of the pull itself, their ratio, the KV moved
 //! and its rate. One compute at a time: the workers share the host's cores.
 
+use super::link::{Link, LinkSpec};
 use super::median;
 use super::prefix::document;
+use anyhow::Context;
 use clap::Args;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -29,6 +31,11 @@ pub struct BenchKvTransferArgs {
     /// Measured runs per length (each a new document).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Puts `src` on a second "host": a network namespace whose link to this one has
+    /// this round trip and rate, e.g. `1ms,1gbit` (needs root, `ip` and `tc`; see
+    /// docs/benchmarks.md). Without it every worker is on loopback NATS.
+    #[arg(long, value_name = "RTT,RATE")]
+    pub link: Option<LinkSpec>,
 }
 
 /// Sends `prompt` to `worker` and returns (time to first token, metrics).
@@ -77,21 +84,39 @@ pub(crate) async fn settle(client: &Client) -> anyhow::Result<()> {
     }
 }
 
-/// A nats-server, a coordinator and CPU workers in this process, for the KV benches.
+/// A nats-server, a coordinator and CPU workers in this process, for the KV benches;
+/// with a [`Link`], workers may also live behind it ([`BenchFleet::add_far`]).
 pub(crate) struct BenchFleet {
     nats: NatsServer,
     coordinator: switchyard_coordinator::CoordinatorHandle,
     pub workers: Vec<(switchyard_workers::WorkerHandle, node::Loaded)>,
+    /// Workers behind the link: each runs on its own runtime in the namespace until
+    /// its sender is dropped.
+    far: Vec<(
+        tokio::sync::oneshot::Sender<()>,
+        std::thread::JoinHandle<anyhow::Result<()>>,
+    )>,
     pub client: Client,
     /// The model's name.
     pub name: String,
     config: Config,
+    link: Option<Link>,
 }
 
 impl BenchFleet {
     /// Starts workers `(id, role, pulls)` and waits until each announces its KV format.
-    pub async fn start(mut config: Config, workers: &[(&str, WorkerRole, bool)]) -> anyhow::Result<Self> {
+    pub async fn start(config: Config, workers: &[(&str, WorkerRole, bool)]) -> anyhow::Result<Self> {
+        Self::start_linked(config, workers, None).await
+    }
+
+    /// As [`Self::start`], and makes the link to a second "host" when `link` is given.
+    pub async fn start_linked(
+        mut config: Config,
+        workers: &[(&str, WorkerRole, bool)],
+        link: Option<LinkSpec>,
+    ) -> anyhow::Result<Self> {
         let nats = NatsServer::start(&find_nats_server(&config.nats.server_bin)?)?;
+        let link = link.map(|spec| Link::up(spec, nats.port())).transpose()?;
         config.nats.url = nats.url();
         config.worker.heartbeat_ms = 200;
         config.validate()?;
@@ -108,9 +133,11 @@ impl BenchFleet {
             nats,
             coordinator,
             workers: Vec::new(),
+            far: Vec::new(),
             client,
             name: String::new(),
             config,
+            link,
         };
         for &(id, role, pull) in workers {
             fleet.add(id, role, pull).await?;
@@ -127,6 +154,47 @@ impl BenchFleet {
         let loaded = node::load(&c).await?;
         self.name = loaded.name.clone();
         self.workers.push((node::start_worker(&c, &loaded).await?, loaded));
+        self.known(id).await
+    }
+
+    /// Starts one more worker behind the link (its NATS connection crosses it) and
+    /// waits until the fleet knows its KV format.
+    pub async fn add_far(&mut self, id: &str, role: WorkerRole, pull: bool) -> anyhow::Result<()> {
+        let link = self.link.as_ref().context("add_far without a link")?;
+        let mut c = self.config.clone();
+        c.worker.id = id.into();
+        c.worker.role = role;
+        c.worker.kv_pull = pull;
+        c.nats.url = link.url();
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = link.spawn(async move {
+            let mut loaded = match node::load(&c).await {
+                Ok(l) => l,
+                Err(e) => return drop(started_tx.send(Err(e))),
+            };
+            let name = loaded.name.clone();
+            match node::start_worker(&c, &loaded).await {
+                Ok(worker) => {
+                    let _ = started_tx.send(Ok(name));
+                    let _ = stopped.await;
+                    worker.shutdown(Duration::from_secs(5)).await;
+                }
+                Err(e) => drop(started_tx.send(Err(e))),
+            }
+            loaded.stop();
+        });
+        match started.await {
+            Ok(Ok(name)) => self.name = name,
+            Ok(Err(e)) => return Err(e.context(format!("worker {id} behind the link"))),
+            Err(_) => anyhow::bail!("worker {id} behind the link: {:?}", thread.join()),
+        }
+        self.far.push((stop, thread));
+        self.known(id).await
+    }
+
+    /// Waits until the fleet knows worker `id`'s KV format.
+    async fn known(&self, id: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let s = self.client.status().await?;
@@ -156,9 +224,14 @@ impl BenchFleet {
             w.shutdown(Duration::from_secs(5)).await;
             loaded.stop();
         }
+        for (stop, thread) in self.far {
+            drop(stop);
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
         self.coordinator.shutdown().await;
         drop(self.client);
         drop(self.nats);
+        drop(self.link);
     }
 }
 
@@ -166,15 +239,19 @@ impl BenchFleet {
 pub async fn run(mut config: Config, args: &BenchKvTransferArgs) -> anyhow::Result<ExitCode> {
     args.worker.apply(&mut config);
     let both = WorkerRole::Both;
-    let fleet = BenchFleet::start(
-        config,
-        &[("src", both, true), ("cmp", both, false), ("pull", both, true)],
-    )
-    .await?;
+    let mut fleet = BenchFleet::start_linked(config, &[("cmp", both, false), ("pull", both, true)], args.link).await?;
+    match args.link {
+        Some(_) => fleet.add_far("src", both, true).await?,
+        None => fleet.add("src", both, true).await?,
+    }
     let (client, name) = (&fleet.client, fleet.name.clone());
     let token_bytes = fleet.token_bytes().await?;
+    let path = match args.link {
+        Some(spec) => format!("src behind a link of {spec} (tbf + a delaying relay)"),
+        None => "loopback NATS".into(),
+    };
     println!(
-        "kv-transfer: {name}, {} KB of KV per token, loopback NATS, {} runs per length (medians)",
+        "kv-transfer: {name}, {} KB of KV per token, {path}, {} runs per length (medians)",
         token_bytes / 1024,
         args.runs
     );

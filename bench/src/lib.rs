@@ -19,6 +19,7 @@ pub mod kv;
 pub mod kv_moves;
 pub mod kv_transfer;
 pub mod limit;
+pub mod link;
 pub mod llama;
 pub mod llama_cpp;
 pub mod lora;

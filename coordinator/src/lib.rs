@@ -392,12 +392,22 @@ impl CoordinatorHandle {
     /// "no responders") rather than into the void.
     /// Requests waiting here are handed to another coordinator (published again to
     /// the queue group once this one has left it), so none is lost.
+    ///
+    /// Bounded: every wait on the NATS server is cut off after a few seconds, and
+    /// with the server gone (a service manager often stops services exactly then)
+    /// none is waited on at all — there is no one to hand requests to or to tell.
     pub async fn shutdown(mut self) {
+        let connected = self.client.connection_state() == async_nats::connection::State::Connected;
+        let bound = Duration::from_secs(if connected { 5 } else { 0 });
         if let Some(s) = self.service.take() {
-            let _ = s.stop().await;
+            let _ = tokio::time::timeout(bound, s.stop()).await;
         }
-        let _ = self.client.flush().await;
-        if let Ok(n) = ractor::call_t!(self.actor, CoordinatorMsg::Handoff, 5_000) {
+        let flushed = tokio::time::timeout(bound, self.client.flush()).await;
+        let handoff = match flushed {
+            Ok(Ok(())) => ractor::call_t!(self.actor, CoordinatorMsg::Handoff, 5_000).ok(),
+            _ => None,
+        };
+        if let Some(n) = handoff {
             let deadline = std::time::Instant::now() + Duration::from_secs(2);
             while self.handed_off.load(std::sync::atomic::Ordering::Acquire) < n && std::time::Instant::now() < deadline
             {
@@ -411,7 +421,7 @@ impl CoordinatorHandle {
             t.abort();
         }
         // Drain unsubscribes everything and flushes before closing.
-        let _ = self.client.drain().await;
+        let _ = tokio::time::timeout(bound, self.client.drain()).await;
         self.root.stopping();
         self.actor.stop(None);
     }

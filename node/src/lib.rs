@@ -184,15 +184,38 @@ pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHan
 /// Catches Ctrl-C and SIGTERM from now on (call it before announcing readiness, so a
 /// signal that arrives at once still shuts down cleanly); the future resolves on the
 /// first of them. Must be called inside the tokio runtime.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+///
+/// The stop is bounded whatever the process is doing when the signal comes (loading
+/// a model, answering a prompt, waiting on a NATS server that is gone): from the first
+/// signal, a second one exits at once (status 130), and a process still running
+/// `bound` later exits with status 1. Both say so on stderr.
+pub fn shutdown_signal(bound: Duration) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).ok();
     let mut int = signal(SignalKind::interrupt()).ok();
-    async move {
+    let (first, signalled) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
         tokio::select! {
             _ = recv(term.as_mut()) => {}
             _ = recv(int.as_mut()) => {}
         }
+        let _ = first.send(());
+        // A thread, not a task: it fires even if the runtime is wedged.
+        std::thread::spawn(move || {
+            std::thread::sleep(bound);
+            eprintln!("still stopping after {} s: exiting now", bound.as_secs());
+            std::process::exit(1);
+        });
+        tokio::select! {
+            _ = recv(term.as_mut()) => {}
+            _ = recv(int.as_mut()) => {}
+        }
+        eprintln!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    async move {
+        // Never resolves without a signal (the sender lives until one comes).
+        let _ = signalled.await;
     }
 }
 

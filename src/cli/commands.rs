@@ -9,6 +9,11 @@ use std::time::{Duration, Instant};
 use switchyard::{node, Client, ClientError, Config, GenerateRequest, Message, StreamEvent};
 use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
+/// How long a worker's running streams get to finish (or be handed over) on a stop.
+const WORKER_DRAIN: Duration = Duration::from_secs(30);
+/// What a stop may take beyond the drain before the process exits regardless.
+const STOP_MARGIN: Duration = Duration::from_secs(10);
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut config = load_config(&cli)?;
@@ -28,7 +33,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
-            let stop = node::shutdown_signal();
+            let stop = node::shutdown_signal(STOP_MARGIN);
             let g =
                 switchyard::gateway::start(client(&config, None).await?, &config.nats.prefix, &config.gateway).await?;
             println!("gateway listening on {} (OpenAI API at {}/v1)", g.url(), g.url());
@@ -41,7 +46,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.coordinator.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
-            let stop = node::shutdown_signal();
+            let stop = node::shutdown_signal(STOP_MARGIN);
             let coordinator = node::start_coordinator(&config).await?;
             eprintln!("coordinator up on {} (prefix {})", config.nats.url, config.nats.prefix);
             tokio::select! {
@@ -55,9 +60,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.worker.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
-            let stop = node::shutdown_signal();
-            node::resolve_model(&mut config).await?;
-            let mut loaded = node::load(&config).await?;
+            let mut stop = std::pin::pin!(node::shutdown_signal(WORKER_DRAIN + STOP_MARGIN));
+            // A stop while the model is fetched or loaded ends it there.
+            let loading = async {
+                node::resolve_model(&mut config).await?;
+                node::load(&config).await
+            };
+            let mut loaded = tokio::select! {
+                loaded = loading => loaded?,
+                _ = &mut stop => {
+                    eprintln!("stopped while loading the model");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            };
             let worker = match node::start_worker(&config, &loaded).await {
                 Ok(w) => w,
                 Err(e) => {
@@ -81,7 +96,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
             eprintln!("draining worker {} …", worker.id());
-            worker.shutdown(Duration::from_secs(30)).await;
+            worker.shutdown(WORKER_DRAIN).await;
             loaded.stop();
             Ok(ExitCode::SUCCESS)
         }
@@ -117,7 +132,8 @@ fn require_nats(config: &Config) -> anyhow::Result<()> {
 }
 
 async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
-    let stop = node::shutdown_signal();
+    // The node's worker drains for 10 s; the gateway and the coordinator take a few.
+    let mut stop = std::pin::pin!(node::shutdown_signal(Duration::from_secs(20) + STOP_MARGIN));
     let started = Instant::now();
     if args.secure && !config.nats.url.is_empty() {
         bail!("--secure starts a local nats-server with its own credentials; it cannot be used with --nats / nats.url");
@@ -198,6 +214,7 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     std::io::stdout().flush().ok();
 
+    let mut stopped = false;
     if let Some(prompt) = &args.prompt {
         let client = client(&client_config, None).await?;
         let mut req = GenerateRequest::chat(
@@ -210,29 +227,39 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         let mut text = String::new();
         let mut first_token = None;
         let metrics = loop {
-            match stream.next().await {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                // Stopped while answering: no answer to print, the node shuts down.
+                _ = &mut stop => break None,
+            };
+            match event {
                 Some(Ok(StreamEvent::Tokens(t))) => {
                     first_token.get_or_insert_with(|| started.elapsed());
                     text.extend(t.iter().map(|t| t.text.as_str()));
                 }
-                Some(Ok(StreamEvent::Done { metrics, .. })) => break metrics,
+                Some(Ok(StreamEvent::Done { metrics, .. })) => break Some(metrics),
                 Some(Err(e)) => return Err(e.into()),
                 None => bail!("the answer stream ended without a final chunk"),
             }
         };
-        println!("> {prompt}\n{}", text.trim());
-        println!(
-            "first token {:.2} s and answer {:.2} s after start ({} tokens, {:.1} tok/s decode)",
-            first_token.unwrap_or_default().as_secs_f64(),
-            started.elapsed().as_secs_f64(),
-            metrics.generated_tokens,
-            metrics.decode_tokens_per_sec
-        );
-        std::io::stdout().flush().ok();
+        match metrics {
+            Some(metrics) => {
+                println!("> {prompt}\n{}", text.trim());
+                println!(
+                    "first token {:.2} s and answer {:.2} s after start ({} tokens, {:.1} tok/s decode)",
+                    first_token.unwrap_or_default().as_secs_f64(),
+                    started.elapsed().as_secs_f64(),
+                    metrics.generated_tokens,
+                    metrics.decode_tokens_per_sec
+                );
+                std::io::stdout().flush().ok();
+            }
+            None => stopped = true,
+        }
     }
-    if !args.exit_after_prompt {
+    if !args.exit_after_prompt && !stopped {
         let why = tokio::select! {
-            _ = stop => None,
+            _ = &mut stop => None,
             why = worker.failed() => Some(why),
             why = coordinator.failed() => Some(why),
         };

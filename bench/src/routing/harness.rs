@@ -49,7 +49,7 @@ pub async fn serve_coordinator(mut config: Config, routing: Option<&str>) -> any
         config.coordinator.routing = r.parse().map_err(anyhow::Error::msg)?;
     }
     config.validate()?;
-    let stop = node::shutdown_signal();
+    let stop = node::shutdown_signal(Duration::from_secs(10));
     let coordinator = node::start_coordinator(&config).await?;
     let stats = coordinator.stats();
     let nats = switchyard_fabric::nats::connect(
