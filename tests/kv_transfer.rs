@@ -652,3 +652,95 @@ async fn a_decode_worker_streams_what_a_prefill_worker_computed() {
     );
     f.stop().await;
 }
+
+/// A session (seed 002) moves with its KV when its worker drains (protocol 1.13):
+/// w-b adopts it, pulls the resident prefix, suffix and generated tokens from w-a,
+/// and answers on the same session id and fence; the caller keeps calling through
+/// the move and no call fails; the next decode (greedy, then seeded) is token for
+/// token what the undisturbed session gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_worker_moves_its_sessions_with_their_kv() {
+    use switchyard_messages::session::{ContextManifest, OpenSessionRequest};
+    use switchyard_messages::GenerateConfig;
+    let f = Fleet::start(&demo_model(), &["w-a", "w-b"], Vec::new()).await;
+    let manifest = ContextManifest {
+        profile: "reader".into(),
+        model: "smol".into(),
+        ..ContextManifest::default()
+    };
+    let open = |worker: &str| OpenSessionRequest {
+        fence: "owner-1".into(),
+        worker_id: worker.into(),
+        ..OpenSessionRequest::default()
+    };
+    let prefix = document("harbour", 20);
+    let suffix = "\nQuestion: who kept the harbour lights?\nAnswer:";
+    let greedy_cfg = GenerateConfig {
+        max_tokens: 12,
+        ..GenerateConfig::default()
+    };
+    let seeded_cfg = GenerateConfig {
+        max_tokens: 12,
+        temperature: 0.8,
+        seed: Some(7),
+        ..GenerateConfig::default()
+    };
+    let ids = |c: &Completion| c.tokens.iter().map(|t| t.id).collect::<Vec<_>>();
+    // The undisturbed session, on w-a (w-b must not hold this prefix: it pulls it).
+    let reference = f.client.open_session(open("w-a")).await.unwrap();
+    reference.ensure_prefix(&prefix, &manifest).await.unwrap();
+    reference.prefill_suffix(suffix, &manifest).await.unwrap();
+    let mut want = Vec::new();
+    for cfg in [&greedy_cfg, &greedy_cfg, &seeded_cfg] {
+        let c = reference.decode(cfg.clone()).await.unwrap().collect().await.unwrap();
+        want.push(ids(&c));
+    }
+    reference.close().await.unwrap();
+
+    let s = f.client.open_session(open("w-a")).await.unwrap();
+    s.ensure_prefix(&prefix, &manifest).await.unwrap();
+    s.prefill_suffix(suffix, &manifest).await.unwrap();
+    let first = s.decode(greedy_cfg.clone()).await.unwrap().collect().await.unwrap();
+    assert_eq!((ids(&first), first.worker_id.as_str()), (want[0].clone(), "w-a"));
+    let before = s.explain().await.unwrap();
+    // SIGTERM's drain while the caller keeps calling: every call is answered.
+    let a = f.workers[0].0.clone();
+    let drain = tokio::spawn(async move { a.shutdown(Duration::from_secs(60)).await });
+    let mut calls = 0;
+    while !drain.is_finished() {
+        let r = s.explain().await.expect("a call during the move");
+        assert_eq!(r.resident_tokens, before.resident_tokens, "{r:?}");
+        calls += 1;
+    }
+    drain.await.unwrap();
+    let after = s.explain().await.unwrap();
+    eprintln!("{calls} calls during the move; before {before:?}; after {after:?}");
+    assert_eq!(
+        (
+            after.resident_tokens,
+            after.prefix_tokens,
+            &after.stable_token_hash,
+            &after.manifest_digest
+        ),
+        (
+            before.resident_tokens,
+            before.prefix_tokens,
+            &before.stable_token_hash,
+            &before.manifest_digest
+        ),
+        "the session's state moved"
+    );
+    for (cfg, want) in [(&greedy_cfg, &want[1]), (&seeded_cfg, &want[2])] {
+        let c = s.decode(cfg.clone()).await.unwrap().collect().await.unwrap();
+        assert_eq!(c.worker_id, "w-b", "the adopter decodes");
+        assert_eq!(&ids(&c), want, "as the undisturbed session");
+    }
+    let b = f.transfer("w-b").await;
+    assert_eq!(b.sessions_adopted, 1, "{b:?}");
+    assert!(
+        b.pulled_tokens as u32 >= before.resident_tokens / 32 * 32 - 32,
+        "its KV was pulled: {b:?}"
+    );
+    s.close().await.unwrap();
+    f.stop().await;
+}

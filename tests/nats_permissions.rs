@@ -269,6 +269,16 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
         .await
         .unwrap();
     violation(&errors, "sy.v1.worker.w1.prefill").await;
+    // Nor move a session onto a worker, or pass calls on as a draining worker does
+    // (1.13).
+    for subject in [
+        subjects.relay("session"),
+        subjects.worker("w1", "session_adopt"),
+        subjects.session_relay("w1", "s1", "decode"),
+    ] {
+        bob.publish(subject.clone(), Vec::new().into()).await.unwrap();
+        violation(&errors, &subject).await;
+    }
     // Unloading a worker's LoRA adapters is the operator's, not a client's.
     let unload = switchyard_messages::AdapterRequest {
         v: 1,

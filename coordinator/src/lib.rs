@@ -324,6 +324,18 @@ impl CoordinatorHandle {
             .await
             .map_err(anyhow::Error::msg)?,
         );
+        // Sessions moved by draining workers (1.13): workers alone may publish here.
+        let session_ctx = ctx.clone();
+        tasks.push(
+            serve_endpoint(
+                &service,
+                "relay_session",
+                opts.subjects.relay("session"),
+                move |request| session_open::adopt_session(session_ctx.clone(), request),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?,
+        );
         for (name, subject) in [("status", opts.subjects.status()), ("models", opts.subjects.models())] {
             let a = actor.clone();
             tasks.push(

@@ -34,6 +34,42 @@ pub async fn open_session(ctx: ForwardContext, request: async_nats::service::Req
         worker: Some(req.worker_id.clone()).filter(|w| !w.is_empty()),
         ..RouteQuery::default()
     };
+    place(ctx, request, query, "session_open").await
+}
+
+/// (1.13) `{p}.v1.relay.session`: a draining worker moves a session; placed like an
+/// open (the model's workers by load; the draining one refuses, being closed) and
+/// forwarded to the worker's `session_adopt`. The answer goes back to the mover.
+pub async fn adopt_session(ctx: ForwardContext, request: async_nats::service::Request) {
+    use switchyard_messages::session::AdoptSessionRequest;
+    let req = match decode::<AdoptSessionRequest>(&request.message.payload) {
+        Ok(r) => r,
+        Err(e) => {
+            let body = encode(&ErrorReply {
+                v: PROTOCOL_VERSION,
+                error: WireError::new(ErrorCode::BadRequest, e.to_string()),
+            });
+            let _ = request.respond(Ok(body.into())).await;
+            return;
+        }
+    };
+    let query = RouteQuery {
+        model: req.model.clone(),
+        ..RouteQuery::default()
+    };
+    place(ctx, request, query, "session_adopt").await
+}
+
+/// Forwards `request` to the first worker routing finds for `query` that does not
+/// refuse it retryably, on that worker's `verb`; answers with its reply or the last
+/// refusal.
+async fn place(ctx: ForwardContext, request: async_nats::service::Request, query: RouteQuery, verb: &str) {
+    let error_body = |error: WireError| {
+        encode(&ErrorReply {
+            v: PROTOCOL_VERSION,
+            error,
+        })
+    };
     let candidates = match ractor::call_t!(ctx.actor, CoordinatorMsg::Route, 5_000, query) {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
@@ -48,12 +84,17 @@ pub async fn open_session(ctx: ForwardContext, request: async_nats::service::Req
     };
     let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker opened the session");
     for worker_id in candidates.into_iter().take(ctx.max_attempts as usize) {
+        // An adoption pulls the session's KV and computes its tail first.
+        let wait = match verb {
+            "session_adopt" => Duration::from_secs(60),
+            _ => ctx.admission_timeout.max(Duration::from_secs(10)),
+        };
         let forward = async_nats::Request::new()
             .payload(request.message.payload.clone())
-            .timeout(Some(ctx.admission_timeout.max(Duration::from_secs(10))));
+            .timeout(Some(wait));
         match ctx
             .client
-            .send_request(ctx.subjects.worker(&worker_id, "session_open"), forward)
+            .send_request(ctx.subjects.worker(&worker_id, verb), forward)
             .await
         {
             Ok(answer) => match decode::<ErrorReply>(&answer.payload) {

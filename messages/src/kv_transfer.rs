@@ -219,6 +219,10 @@ pub struct KvTransferStats {
     pub prefills_served: u64,
     pub remote_prefills: u64,
     pub remote_prefill_fallbacks: u64,
+    /// (1.13) Sessions this worker moved to another while draining, and sessions it
+    /// adopted from a draining peer.
+    pub sessions_moved: u64,
+    pub sessions_adopted: u64,
 }
 
 /// (1.12) Asks a prefill worker (`{p}.v1.worker.{wid}.prefill`) to compute the KV of

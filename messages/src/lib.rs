@@ -95,4 +95,4 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// final metrics, hand-over counters in [`KvTransferStats`]; disaggregated prefill —
 /// `WorkerStatus.role`, the forward's `Sy-Kv-Prefill`, a worker's `prefill` endpoint
 /// ([`PrefillRequest`] → [`PrefillReply`]), `remote_prefill_us` in the final metrics.
-pub const PROTOCOL_MINOR: u32 = 12;
+pub const PROTOCOL_MINOR: u32 = 13;

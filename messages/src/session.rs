@@ -247,3 +247,42 @@ pub fn token_hash(tokens: &[u32]) -> String {
     let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     hex(fnv1a(&bytes))
 }
+
+/// (1.13) A draining worker moves a session to another worker: what the session is,
+/// sent to the coordinators on `{p}.v1.relay.session` (workers only), which forward it
+/// to a worker's `{p}.v1.worker.{wid}.session_adopt`. The adopting worker pulls the KV
+/// of `resident` from `peer` (section 11a), makes it resident, answers calls on the
+/// session's subjects from then on, and replies [`SessionOpened`] (or an
+/// `ErrorReply`; a retryable one moves the coordinator on to the next worker).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AdoptSessionRequest {
+    pub v: u32,
+    /// The session's id: its subjects stay the same.
+    pub session_id: String,
+    /// Its owner's fence.
+    pub owner: String,
+    /// The model it runs (logical name), and the source's KV format key: only a
+    /// worker of the same format adopts it.
+    pub model: String,
+    pub format: String,
+    pub num_ctx: u32,
+    /// The session prepends BOS to its prefix (its open's `disable_bos` false).
+    pub bos: bool,
+    /// The resident prefix, if any: its tokens and what it was computed under.
+    pub prefix: Option<MovedPrefix>,
+    /// Every resident token (prefix, suffix and generated), in order.
+    pub resident: Vec<u32>,
+    /// The worker that holds the KV now (the one draining).
+    pub peer: String,
+}
+
+/// The resident prefix of a moving session ([`AdoptSessionRequest`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MovedPrefix {
+    pub tokens: Vec<u32>,
+    pub manifest: ContextManifest,
+    pub digest: String,
+    pub byte_hash: String,
+}

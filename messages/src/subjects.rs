@@ -54,8 +54,9 @@ impl Subjects {
         format!("{}.models", self.root)
     }
     /// (1.12) `{p}.v1.relay.{verb}` (`generate`, `chat`): a draining worker relays a
-    /// running stream to the coordinators for another worker to continue; the worker
-    /// role alone may publish here.
+    /// running stream to the coordinators for another worker to continue; (1.13)
+    /// `session`: it moves a session ([`crate::session::AdoptSessionRequest`]). The
+    /// worker role alone may publish here.
     pub fn relay(&self, verb: &str) -> String {
         format!("{}.relay.{verb}", self.root)
     }
@@ -98,6 +99,12 @@ impl Subjects {
     /// `{p}.v1.session.{sid}.*`: everything for one session.
     pub fn session_all(&self, session_id: &str) -> String {
         format!("{}.session.{session_id}.*", self.root)
+    }
+    /// (1.13) `{p}.v1.worker.{wid}.session_relay.{sid}.{verb}`: a call on session
+    /// `sid` that the worker it moved from received, passed on to the worker that
+    /// adopted it (workers only; the original reply subject kept).
+    pub fn session_relay(&self, worker_id: &str, session_id: &str, verb: &str) -> String {
+        self.worker(worker_id, &format!("session_relay.{session_id}.{verb}"))
     }
     /// `{p}.v1.kv.{wid}.snapshot`: ask a worker for its [`crate::KvSnapshot`].
     pub fn kv_snapshot(&self, worker_id: &str) -> String {

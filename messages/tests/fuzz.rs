@@ -651,6 +651,8 @@ fn seed_status() -> WorkerStatus {
                 prefills_served: 4,
                 remote_prefills: 3,
                 remote_prefill_fallbacks: 1,
+                sessions_moved: 2,
+                sessions_adopted: 1,
             },
         },
         recent: RecentLatency {

@@ -121,13 +121,23 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
         .workers
         .iter()
         .map(|w| (&w.status.worker_id, w.status.kv.transfer))
-        .filter(|(_, t)| t.pulls + t.pull_fallbacks + t.recomputed + t.served_chunks + t.handed_over + t.taken_over > 0)
+        .filter(|(_, t)| {
+            t.pulls
+                + t.pull_fallbacks
+                + t.recomputed
+                + t.served_chunks
+                + t.handed_over
+                + t.taken_over
+                + t.sessions_moved
+                + t.sessions_adopted
+                > 0
+        })
         .collect();
     if !moved.is_empty() {
         let _ = writeln!(out, "KV between workers (since each started):");
         let _ = writeln!(
             out,
-            "{:<28} {:>6} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9}",
+            "{:<28} {:>6} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9} {:>8}",
             "WORKER",
             "PULLS",
             "PULLED-TOK",
@@ -136,12 +146,13 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             "RECOMPUTED",
             "SERVED-MB",
             "HANDED-ON",
-            "TAKEN-ON"
+            "TAKEN-ON",
+            "SESSIONS"
         );
         for (id, t) in moved {
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} {:>12} {:>10.1} {:>10} {:>11} {:>10.1} {:>9} {:>9}",
+                "{:<28} {:>6} {:>12} {:>10.1} {:>10} {:>11} {:>10.1} {:>9} {:>9} {:>8}",
                 id,
                 t.pulls,
                 t.pulled_tokens,
@@ -150,7 +161,8 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
                 t.recomputed,
                 t.served_bytes as f64 / 1e6,
                 t.handed_over,
-                t.taken_over
+                t.taken_over,
+                format!("{}/{}", t.sessions_moved, t.sessions_adopted)
             );
         }
     }

@@ -81,6 +81,8 @@ pub enum WorkerMsg {
     Status(RpcReplyPort<WorkerStatus>),
     /// Stop taking requests and announce it.
     Drain(RpcReplyPort<()>),
+    /// The worker's sessions (the drain moves them to other workers).
+    Sessions(RpcReplyPort<Arc<SessionHost>>),
     /// Fault injection for the supervision tests.
     #[doc(hidden)]
     Fault(Fault),
@@ -271,6 +273,7 @@ impl Actor for WorkerActor {
             Stream { chat: bool },
             Unary(unary::Unary),
             SessionOpen,
+            SessionAdopt,
             Adapters,
             Prefill,
         }
@@ -283,6 +286,7 @@ impl Actor for WorkerActor {
             ("embed", Handler::Unary(unary::Unary::Embed)),
             ("batch", Handler::Unary(unary::Unary::Batch)),
             ("session_open", Handler::SessionOpen),
+            ("session_adopt", Handler::SessionAdopt),
             ("adapters", Handler::Adapters),
             ("prefill", Handler::Prefill),
         ] {
@@ -299,6 +303,10 @@ impl Actor for WorkerActor {
                         Handler::Prefill => kv_transfer::serve_prefill(ctx, request).await,
                         Handler::SessionOpen => {
                             let answer = sessions.handle_open(&request.message.payload).await;
+                            let _ = request.respond(Ok(answer.into())).await;
+                        }
+                        Handler::SessionAdopt => {
+                            let answer = sessions.handle_adopt(&request.message.payload).await;
                             let _ = request.respond(Ok(answer.into())).await;
                         }
                         Handler::Adapters => {
@@ -413,6 +421,9 @@ impl Actor for WorkerActor {
             }
             WorkerMsg::Status(reply) => {
                 let _ = reply.send(state.status());
+            }
+            WorkerMsg::Sessions(reply) => {
+                let _ = reply.send(state.sessions.clone());
             }
             WorkerMsg::Drain(reply) => {
                 state.ctx.draining.store(true, Ordering::Release);
@@ -532,6 +543,15 @@ impl WorkerHandle {
     pub async fn shutdown(self, grace: Duration) {
         let _ = ractor::call_t!(self.actor, WorkerMsg::Drain, 5_000);
         let deadline = tokio::time::Instant::now() + grace;
+        // Sessions move to other workers with their KV (1.13), within the grace.
+        if let Ok(sessions) = ractor::call_t!(self.actor, WorkerMsg::Sessions, 5_000) {
+            if sessions.open_sessions() > 0 {
+                match tokio::time::timeout_at(deadline, sessions.move_all()).await {
+                    Ok(n) => tracing::info!(worker = %self.worker_id, moved = n, "sessions moved on drain"),
+                    Err(_) => tracing::warn!(worker = %self.worker_id, "sessions still moving when the grace ran out"),
+                }
+            }
+        }
         while tokio::time::Instant::now() < deadline {
             match self.status().await {
                 Ok(s) if s.in_flight + s.queued > 0 => tokio::time::sleep(Duration::from_millis(50)).await,

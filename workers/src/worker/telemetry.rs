@@ -261,7 +261,7 @@ pub fn register_gauges(ctx: &std::sync::Arc<super::context::ServeContext>) {
             .build();
     }
     // KV moved between workers (protocol 1.11), counted since the worker started.
-    let counters: [(&'static str, &'static str, &'static str, Read); 9] = [
+    let counters: [(&'static str, &'static str, &'static str, Read); 11] = [
         (
             "switchyard.kv.transfer.pulls",
             "{pull}",
@@ -313,6 +313,19 @@ pub fn register_gauges(ctx: &std::sync::Arc<super::context::ServeContext>) {
             "{stream}",
             "Hand-overs no worker took: the stream finished on the draining worker",
             |c| c.transfer.stats().handover_fallbacks,
+        ),
+        // (1.13) Sessions moved with their KV when a worker drains.
+        (
+            "switchyard.session.moved",
+            "{session}",
+            "Sessions moved to another worker while draining",
+            |c| c.transfer.stats().sessions_moved,
+        ),
+        (
+            "switchyard.session.adopted",
+            "{session}",
+            "Sessions adopted from a draining worker",
+            |c| c.transfer.stats().sessions_adopted,
         ),
     ];
     for (name, unit, description, read) in counters {

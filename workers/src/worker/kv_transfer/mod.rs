@@ -38,6 +38,8 @@ pub struct TransferState {
     prefills_served: AtomicU64,
     remote_prefills: AtomicU64,
     remote_prefill_fallbacks: AtomicU64,
+    pub(crate) sessions_moved: AtomicU64,
+    pub(crate) sessions_adopted: AtomicU64,
     links: Mutex<HashMap<String, Link>>,
 }
 
@@ -59,6 +61,8 @@ impl TransferState {
             prefills_served: get(&self.prefills_served),
             remote_prefills: get(&self.remote_prefills),
             remote_prefill_fallbacks: get(&self.remote_prefill_fallbacks),
+            sessions_moved: get(&self.sessions_moved),
+            sessions_adopted: get(&self.sessions_adopted),
         }
     }
 

@@ -9,6 +9,7 @@
 //! failed: the WorkerActor closes the session and forgets it. The worker, and every
 //! other session, keeps serving.
 
+use super::moving;
 use super::state::{describe, err, wire, HostState, Session, Stale};
 use crate::worker::context::ServeContext;
 use crate::worker::service::pump;
@@ -16,7 +17,7 @@ use futures::{FutureExt, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use switchyard_backend::BackendError;
 use switchyard_fabric::ChunkSink;
@@ -34,6 +35,9 @@ pub(super) enum SessionMsg {
     Superseded,
     /// No call for the idle period: close, or (already closed) be forgotten.
     Idle,
+    /// (1.13) The worker drains: move to another worker if one adopts the session
+    /// (true), else stay (false).
+    Move(ractor::RpcReplyPort<bool>),
 }
 
 /// The worker's sessions (the actor removes its own when it is forgotten).
@@ -45,6 +49,8 @@ pub(super) struct SessionArgs {
     pub(super) ctx: Arc<ServeContext>,
     pub(super) session: Session,
     pub(super) sub: async_nats::Subscriber,
+    /// (1.13) An adopted session's calls passed on by the worker it moved from.
+    pub(super) relayed: Option<async_nats::Subscriber>,
     pub(super) idle: Duration,
     pub(super) table: Table,
 }
@@ -54,6 +60,9 @@ pub(super) struct SessionState {
     session: Session,
     table: Table,
     forwarder: Option<Forwarder>,
+    /// The adopter, once the session moved: the forwarder passes on what it still
+    /// receives.
+    moved: Arc<OnceLock<String>>,
 }
 
 /// The forwarder task and the switch that stops it.
@@ -70,22 +79,53 @@ impl Forwarder {
     }
 }
 
-/// Turns the session's subscription, its supersession and the idle clock into
+/// The session's subscriptions.
+struct Subs {
+    calls: async_nats::Subscriber,
+    relayed: Option<async_nats::Subscriber>,
+}
+
+impl Subs {
+    /// The next call from either (cancel-safe); `None` once one has ended.
+    async fn next(&mut self) -> Option<async_nats::Message> {
+        match &mut self.relayed {
+            Some(r) => tokio::select! {
+                m = self.calls.next() => m,
+                m = r.next() => m,
+            },
+            None => self.calls.next().await,
+        }
+    }
+
+    /// A call already delivered, without waiting.
+    fn ready(&mut self) -> Option<async_nats::Message> {
+        if let Some(Some(m)) = self.calls.next().now_or_never() {
+            return Some(m);
+        }
+        self.relayed.as_mut().and_then(|r| r.next().now_or_never().flatten())
+    }
+}
+
+/// Turns the session's subscriptions, its supersession and the idle clock into
 /// messages for `actor`, until the actor is gone.
+#[allow(clippy::too_many_arguments)]
 async fn forward(
-    client: async_nats::Client,
+    ctx: Arc<ServeContext>,
+    id: String,
     actor: ActorRef<SessionMsg>,
-    mut sub: async_nats::Subscriber,
+    mut subs: Subs,
     stale: Arc<Stale>,
     idle: Duration,
     mut stop: tokio::sync::oneshot::Receiver<()>,
+    moved: Arc<OnceLock<String>>,
 ) {
+    let client = ctx.client.clone();
     let mut last_call = Instant::now();
     loop {
         let wait = idle.saturating_sub(last_call.elapsed());
         let sent = tokio::select! {
             _ = &mut stop => break,
-            msg = sub.next() => match msg {
+            msg = subs.next() => match msg {
                 Some(m) => {
                     last_call = Instant::now();
                     match actor.cast(SessionMsg::Call(m)) {
@@ -115,11 +155,18 @@ async fn forward(
         }
     }
     // Unsubscribed and flushed before the actor answers its last caller, so any
-    // later call finds no responder; calls already delivered get `session_closed`.
-    let _ = sub.unsubscribe().await;
-    let _ = client.flush().await;
-    while let Some(Some(m)) = sub.next().now_or_never() {
-        closed_reply(&client, m);
+    // later call finds no responder (or, once it moved, the adopter); calls already
+    // delivered get `session_closed`, or go on to the adopter.
+    let _ = subs.calls.unsubscribe().await;
+    if let Some(r) = subs.relayed.as_mut() {
+        let _ = r.unsubscribe().await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.flush()).await;
+    while let Some(m) = subs.ready() {
+        match moved.get() {
+            Some(adopter) => moving::relay_call(&ctx, adopter, &id, m).await,
+            None => closed_reply(&client, m),
+        }
     }
 }
 
@@ -148,19 +195,27 @@ impl Actor for SessionActor {
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
         let (stop, stopped) = tokio::sync::oneshot::channel();
+        let moved = Arc::new(OnceLock::new());
+        let subs = Subs {
+            calls: args.sub,
+            relayed: args.relayed,
+        };
         let task = tokio::spawn(forward(
-            args.ctx.client.clone(),
+            args.ctx.clone(),
+            args.session.id.clone(),
             myself,
-            args.sub,
+            subs,
             args.session.stale.clone(),
             args.idle,
             stopped,
+            moved.clone(),
         ));
         Ok(SessionState {
             ctx: args.ctx,
             session: args.session,
             table: args.table,
             forwarder: Some(Forwarder { task, stop }),
+            moved,
         })
     }
 
@@ -178,8 +233,37 @@ impl Actor for SessionActor {
                     s.close();
                 }
             }
+            SessionMsg::Move(reply) => {
+                let moved = match s.closed || s.stale.load(Ordering::Acquire) || s.moved_to.is_some() {
+                    true => false,
+                    false => match moving::ask_adoption(&st.ctx, s).await {
+                        Ok(adopter) => {
+                            tracing::info!(session = %s.id, adopter = %adopter, "session moved to another worker");
+                            s.moved_to = Some(adopter.clone());
+                            let _ = st.moved.set(adopter);
+                            // Listen no more: later calls reach the adopter alone, and
+                            // what came meanwhile is passed on to it.
+                            if let Some(f) = st.forwarder.take() {
+                                f.stop().await;
+                            }
+                            // The adopter has pulled the KV: the slot is free.
+                            s.close();
+                            crate::worker::kv_transfer::TransferState::add(&st.ctx.transfer.sessions_moved, 1);
+                            true
+                        }
+                        Err(e) => {
+                            tracing::warn!(session = %s.id, code = %e.code, "session not moved ({}); it ends with this worker", e.message);
+                            false
+                        }
+                    },
+                };
+                let _ = reply.send(moved);
+            }
             SessionMsg::Idle => {
-                if s.closed || s.stale.load(Ordering::Acquire) {
+                if let Some(adopter) = &s.moved_to {
+                    tracing::debug!(session = %s.id, adopter = %adopter, "moved session forgotten here");
+                    myself.stop(None);
+                } else if s.closed || s.stale.load(Ordering::Acquire) {
                     myself.stop(None); // forgotten: nothing answers any more
                 } else {
                     tracing::info!(session = %s.id, "session idle; closed");
@@ -187,6 +271,10 @@ impl Actor for SessionActor {
                 }
             }
             SessionMsg::Call(msg) => {
+                if let Some(adopter) = &s.moved_to {
+                    moving::relay_call(&st.ctx, adopter, &s.id, msg).await;
+                    return Ok(());
+                }
                 if s.stale.load(Ordering::Acquire) && !s.closed {
                     s.close();
                 }

@@ -14,17 +14,30 @@
 //! which clients report as `session_closed` too.
 
 mod actor;
+mod adopt;
+mod moving;
 mod state;
 
 use crate::worker::context::ServeContext;
 use actor::{SessionActor, SessionArgs};
 use ractor::{Actor, ActorCell, ActorId};
-use state::{describe, err, wire, HostState, Session, Stale};
+use state::{describe, err, wire, HostState, Session};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use switchyard_messages::session::{OpenSessionRequest, SessionModelInfo, SessionOpened};
 use switchyard_messages::{decode, encode, ErrorCode, ErrorReply, WireError, PROTOCOL_VERSION};
+
+/// An open's (or adoption's) answer: [`SessionOpened`], or an [`ErrorReply`].
+fn answer(result: Result<SessionOpened, WireError>) -> Vec<u8> {
+    match result {
+        Ok(opened) => encode(&opened),
+        Err(error) => encode(&ErrorReply {
+            v: PROTOCOL_VERSION,
+            error,
+        }),
+    }
+}
 
 /// Model types every switchyard worker serves (GGUF, llama family).
 pub const MODEL_TYPES: &[&str] = &["", "llama", "gguf"];
@@ -72,13 +85,7 @@ impl SessionHost {
             Ok(req) => self.open(req).await,
             Err(e) => Err(err(ErrorCode::BadRequest, e.to_string())),
         };
-        match result {
-            Ok(opened) => encode(&opened),
-            Err(error) => encode(&ErrorReply {
-                v: PROTOCOL_VERSION,
-                error,
-            }),
-        }
+        answer(result)
     }
 
     /// Opens a session: checks, fence, a backend session, its actor.
@@ -129,19 +136,60 @@ impl SessionHost {
             n => n.min(info.effective_context),
         };
         let id = format!("s{}", nuid::next().to_string().to_lowercase());
-        let sub = match ctx.client.subscribe(self.subjects.session_all(&id)).await {
-            Ok(sub) => sub,
+        let fresh = Session {
+            id: id.clone(),
+            owner: req.fence.clone(),
+            backend,
+            num_ctx,
+            bos: !req.config.disable_bos,
+            stale: Arc::default(),
+            closed: false,
+            prefix: None,
+            moved_to: None,
+        };
+        self.install(fresh, false).await?;
+        tracing::info!(worker = %ctx.worker_id, session = %id, owner = %req.fence, num_ctx, "session opened");
+        Ok(SessionOpened {
+            v: PROTOCOL_VERSION,
+            session_id: id,
+            worker_id: ctx.worker_id.clone(),
+            num_ctx,
+            info,
+        })
+    }
+
+    /// Makes `session` live: its subscriptions (and, when `adopted`, the one for
+    /// calls passed on by the worker it moved from), its entry, its actor. Refused
+    /// as `stale_fence` when another owner opened on this worker meanwhile; the
+    /// session's slot is then given back.
+    async fn install(&self, session: Session, adopted: bool) -> Result<(), WireError> {
+        let (ctx, id) = (&self.ctx, session.id.clone());
+        let subs = async {
+            let calls = ctx
+                .client
+                .queue_subscribe(self.subjects.session_all(&id), moving::QUEUE.into())
+                .await?;
+            let relayed = match adopted {
+                true => Some(
+                    ctx.client
+                        .subscribe(self.subjects.session_relay(&ctx.worker_id, &id, "*"))
+                        .await?,
+                ),
+                false => None,
+            };
+            Ok::<_, async_nats::SubscribeError>((calls, relayed))
+        };
+        let (sub, relayed) = match subs.await {
+            Ok(s) => s,
             Err(e) => {
-                backend.close();
+                session.backend.close();
                 return Err(err(ErrorCode::Internal, format!("subscribing for the session: {e}")));
             }
         };
-        let stale = Arc::new(Stale::default());
         {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            // Another owner may have opened while this one waited for its slot.
-            if st.owner.as_deref() != Some(req.fence.as_str()) {
-                backend.close();
+            if st.owner.as_deref() != Some(session.owner.as_str()) {
+                session.backend.close();
                 return Err(err(
                     ErrorCode::StaleFence,
                     "a newer owner opened a session on this worker meanwhile",
@@ -150,28 +198,18 @@ impl SessionHost {
             st.sessions.insert(
                 id.clone(),
                 state::Entry {
-                    owner: req.fence.clone(),
-                    stale: stale.clone(),
-                    backend: backend.clone(),
+                    owner: session.owner.clone(),
+                    stale: session.stale.clone(),
+                    backend: session.backend.clone(),
                     actor: None,
                 },
             );
         }
-        let session = Session {
-            id: id.clone(),
-            owner: req.fence.clone(),
-            backend,
-            num_ctx,
-            bos: !req.config.disable_bos,
-            stale,
-            closed: false,
-            prefix: None,
-        };
-        tracing::info!(worker = %ctx.worker_id, session = %id, owner = %req.fence, num_ctx, "session opened");
         let args = SessionArgs {
             ctx: ctx.clone(),
             session,
             sub,
+            relayed,
             idle: self.idle,
             table: self.state.clone(),
         };
@@ -184,21 +222,15 @@ impl SessionHost {
                     .sessions
                     .get_mut(&id)
                 {
-                    e.actor = Some(actor.get_id());
+                    e.actor = Some(actor.get_cell());
                 }
+                Ok(())
             }
             Err(e) => {
                 self.forget(&id);
-                return Err(err(ErrorCode::Internal, format!("starting the session's actor: {e}")));
+                Err(err(ErrorCode::Internal, format!("starting the session's actor: {e}")))
             }
         }
-        Ok(SessionOpened {
-            v: PROTOCOL_VERSION,
-            session_id: id,
-            worker_id: ctx.worker_id.clone(),
-            num_ctx,
-            info,
-        })
     }
 
     /// `fence` opens a session: if it is not the current owner, every session of
@@ -239,7 +271,7 @@ impl SessionHost {
             let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.sessions
                 .iter()
-                .find(|(_, e)| e.actor == Some(actor))
+                .find(|(_, e)| e.actor.as_ref().map(|a| a.get_id()) == Some(actor))
                 .map(|(id, _)| id.clone())
         }?;
         self.forget(&id);

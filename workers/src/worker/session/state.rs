@@ -26,7 +26,7 @@ pub(super) struct Entry {
     /// Its slot, closed by the host when the session's actor fails.
     pub(super) backend: Arc<dyn ModelSession>,
     /// Its actor, once started.
-    pub(super) actor: Option<ractor::ActorId>,
+    pub(super) actor: Option<ractor::ActorCell>,
 }
 
 /// What a session shares with the host and its NATS forwarder.
@@ -60,6 +60,9 @@ pub(super) struct Session {
     pub(super) closed: bool,
     /// The resident prefix and the manifest it was computed under.
     pub(super) prefix: Option<Prefix>,
+    /// (1.13) The worker it moved to while this one drained: calls that still reach
+    /// it here are passed on there.
+    pub(super) moved_to: Option<String>,
 }
 
 pub(super) struct Prefix {
