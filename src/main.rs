@@ -54,5 +54,8 @@ fn main() -> std::process::ExitCode {
         // Blocking (it waits for the last export), on a blocking thread of the live runtime.
         let _ = runtime.block_on(async { tokio::task::spawn_blocking(move || t.shutdown()).await });
     }
+    // A blocking task still running (a model load a stop cut short) does not hold the
+    // exit up.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
 }

@@ -1,9 +1,12 @@
 //! Chaos, bounded: 240 short requests, 6 at a time, against 2 coordinators and 3
 //! workers (processes) on a real nats-server, while workers are kill -9'd and
 //! replaced, one coordinator is kill -9'd, and nats-server is killed and restarted on
-//! its port. Every request gets exactly one terminal outcome within a bound — tokens,
-//! or one of the documented retryable codes — none hangs; the fleet serves again
-//! within seconds of the last fault; no process is left behind.
+//! its port, and a worker is drained (SIGTERM) while a long stream runs on it, which
+//! is then handed over with its KV (or, with no room anywhere, finishes there) and is
+//! token for token the undisturbed stream. Every request gets exactly one terminal
+//! outcome within a bound — tokens, or one of the documented retryable codes — none
+//! hangs; the fleet serves again within seconds of the last fault; no process is left
+//! behind.
 
 mod common;
 
@@ -33,16 +36,26 @@ async fn every_request_gets_one_outcome_through_kills_and_a_nats_restart() {
     ]));
     let client = client(&url, Duration::from_secs(3)).await;
     wait_for_workers(&client, &["k1", "k2", "k3"], Duration::from_secs(30)).await;
+    // The stream drained mid-way later, undisturbed: the reference.
+    let long = || {
+        let mut r = greedy("The old lighthouse keeper wrote in his log every evening.", 48);
+        r.config.logit_bias = (0..3).map(|id| (id, -100.0)).collect();
+        r
+    };
+    let reference = client.generate(long()).await.unwrap().collect().await.unwrap();
+    let ids = |c: &switchyard::Completion| c.tokens.iter().map(|t| t.id).collect::<Vec<_>>();
+    let reference = ids(&reference);
 
     // The faults, spread over the run.
     let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let chaos = {
-        let (workers, coordinators, nats, done, url) = (
+        let (workers, coordinators, nats, done, url, client) = (
             workers.clone(),
             coordinators.clone(),
             nats.clone(),
             done.clone(),
             url.clone(),
+            client.clone(),
         );
         tokio::spawn(async move {
             let at = |n: usize| {
@@ -78,6 +91,58 @@ async fn every_request_gets_one_outcome_through_kills_and_a_nats_restart() {
             tokio::time::sleep(Duration::from_secs(1)).await;
             *nats.lock().unwrap() = Some(NatsServer::start_on(&bin, port).unwrap());
             faults.push("nats-server kill -9 at 120, back after 1 s".into());
+            // A drain under load: a long stream pinned to one worker, SIGTERM once it
+            // has begun; it moves to a worker with room (its KV pulled) or finishes
+            // where it runs — the same tokens either way.
+            at(180).await;
+            let (victim, pid) = {
+                let w = workers.lock().unwrap();
+                (w[0].name.clone(), w[0].child.id())
+            };
+            let mut pinned = long();
+            pinned.head.worker = Some(victim.clone());
+            let mut stream = client.generate(pinned).await.unwrap();
+            let mut got = Vec::new();
+            let mut handovers = None;
+            let mut signalled = false;
+            while let Some(ev) = stream.next().await {
+                match ev.unwrap() {
+                    switchyard::StreamEvent::Tokens(t) => {
+                        got.extend(t.iter().map(|t| t.id));
+                        if !got.is_empty() && !signalled {
+                            // SAFETY: plain kill(2) on our own child's pid.
+                            unsafe {
+                                libc::kill(pid as i32, libc::SIGTERM);
+                            }
+                            signalled = true;
+                        }
+                    }
+                    switchyard::StreamEvent::Done { metrics, .. } => handovers = Some(metrics.handovers),
+                }
+            }
+            assert_eq!(got, reference, "the drained stream equals the undisturbed one");
+            tokio::task::spawn_blocking(move || {
+                let mut w = workers.lock().unwrap();
+                let mut drained = w.remove(0);
+                // It exits by itself once drained (a second SIGTERM would cut the
+                // drain short).
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let status = loop {
+                    match drained.child.try_wait() {
+                        Ok(Some(status)) => break Some(status),
+                        _ if Instant::now() > deadline => break None,
+                        _ => std::thread::sleep(Duration::from_millis(50)),
+                    }
+                };
+                assert!(
+                    status.is_some_and(|s| s.success()),
+                    "{victim} drained and exited: {status:?}"
+                );
+                w.push(worker_proc(&url, "k7"));
+            })
+            .await
+            .unwrap();
+            faults.push(format!("worker SIGTERM at 180 mid-stream: handovers {handovers:?}"));
             faults
         })
     };

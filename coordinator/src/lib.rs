@@ -410,18 +410,21 @@ impl CoordinatorHandle {
     /// none is waited on at all — there is no one to hand requests to or to tell.
     pub async fn shutdown(mut self) {
         let connected = self.client.connection_state() == async_nats::connection::State::Connected;
-        let bound = Duration::from_secs(if connected { 5 } else { 0 });
+        // One deadline for every wait on the server (a process gives the whole stop
+        // 10 s): nothing at all with the server gone.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(if connected { 7 } else { 0 });
+        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
         if let Some(s) = self.service.take() {
-            let _ = tokio::time::timeout(bound, s.stop()).await;
+            let _ = tokio::time::timeout(left(), s.stop()).await;
         }
-        let flushed = tokio::time::timeout(bound, self.client.flush()).await;
+        let flushed = tokio::time::timeout(left(), self.client.flush()).await;
         let handoff = match flushed {
-            Ok(Ok(())) => ractor::call_t!(self.actor, CoordinatorMsg::Handoff, 5_000).ok(),
+            Ok(Ok(())) => ractor::call_t!(self.actor, CoordinatorMsg::Handoff, left().as_millis() as u64).ok(),
             _ => None,
         };
         if let Some(n) = handoff {
-            let deadline = std::time::Instant::now() + Duration::from_secs(2);
-            while self.handed_off.load(std::sync::atomic::Ordering::Acquire) < n && std::time::Instant::now() < deadline
+            let until = tokio::time::Instant::now() + Duration::from_secs(2).min(left());
+            while self.handed_off.load(std::sync::atomic::Ordering::Acquire) < n && tokio::time::Instant::now() < until
             {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -433,7 +436,11 @@ impl CoordinatorHandle {
             t.abort();
         }
         // Drain unsubscribes everything and flushes before closing.
-        let _ = tokio::time::timeout(bound, self.client.drain()).await;
+        let drain_for = match connected {
+            true => left().max(Duration::from_secs(1)),
+            false => Duration::ZERO,
+        };
+        let _ = tokio::time::timeout(drain_for, self.client.drain()).await;
         self.root.stopping();
         self.actor.stop(None);
     }

@@ -34,7 +34,8 @@ pub async fn open_session(ctx: ForwardContext, request: async_nats::service::Req
         worker: Some(req.worker_id.clone()).filter(|w| !w.is_empty()),
         ..RouteQuery::default()
     };
-    place(ctx, request, query, "session_open").await
+    let wait = ctx.admission_timeout.max(Duration::from_secs(10));
+    place(ctx, request, query, "session_open", wait).await
 }
 
 /// (1.13) `{p}.v1.relay.session`: a draining worker moves a session; placed like an
@@ -57,13 +58,27 @@ pub async fn adopt_session(ctx: ForwardContext, request: async_nats::service::Re
         model: req.model.clone(),
         ..RouteQuery::default()
     };
-    place(ctx, request, query, "session_adopt").await
+    // Until the draining worker's deadline (the adopter pulls the KV and computes the
+    // tail first); a worker that does not answer by then is not tried after (it may
+    // still adopt: two workers would serve one session).
+    let left = req.deadline_ms.saturating_sub(switchyard_fabric::now_ms());
+    let wait = match req.deadline_ms {
+        0 => Duration::from_secs(60),
+        _ => Duration::from_millis(left + 1_000).min(Duration::from_secs(60)),
+    };
+    place(ctx, request, query, "session_adopt", wait).await
 }
 
 /// Forwards `request` to the first worker routing finds for `query` that does not
 /// refuse it retryably, on that worker's `verb`; answers with its reply or the last
 /// refusal.
-async fn place(ctx: ForwardContext, request: async_nats::service::Request, query: RouteQuery, verb: &str) {
+async fn place(
+    ctx: ForwardContext,
+    request: async_nats::service::Request,
+    query: RouteQuery,
+    verb: &str,
+    wait: Duration,
+) {
     let error_body = |error: WireError| {
         encode(&ErrorReply {
             v: PROTOCOL_VERSION,
@@ -84,11 +99,6 @@ async fn place(ctx: ForwardContext, request: async_nats::service::Request, query
     };
     let mut last_error = WireError::new(ErrorCode::NoWorker, "no worker opened the session");
     for worker_id in candidates.into_iter().take(ctx.max_attempts as usize) {
-        // An adoption pulls the session's KV and computes its tail first.
-        let wait = match verb {
-            "session_adopt" => Duration::from_secs(60),
-            _ => ctx.admission_timeout.max(Duration::from_secs(10)),
-        };
         let forward = async_nats::Request::new()
             .payload(request.message.payload.clone())
             .timeout(Some(wait));
@@ -114,6 +124,9 @@ async fn place(ctx: ForwardContext, request: async_nats::service::Request, query
             }
             Err(e) => {
                 last_error = WireError::new(ErrorCode::WorkerLost, format!("worker {worker_id} did not answer: {e}"));
+                if verb == "session_adopt" {
+                    break;
+                }
             }
         }
     }

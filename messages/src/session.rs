@@ -275,6 +275,10 @@ pub struct AdoptSessionRequest {
     pub resident: Vec<u32>,
     /// The worker that holds the KV now (the one draining).
     pub peer: String,
+    /// Milliseconds since the Unix epoch by which the adopter must serve the session;
+    /// past it, it gives the slot back and refuses (`deadline_exceeded`), as the
+    /// draining worker no longer waits. 0: none.
+    pub deadline_ms: u64,
 }
 
 /// The resident prefix of a moving session ([`AdoptSessionRequest`]).

@@ -204,19 +204,27 @@ pub fn shutdown_signal(bound: Duration) -> impl std::future::Future<Output = ()>
         std::thread::spawn(move || {
             std::thread::sleep(bound);
             eprintln!("still stopping after {} s: exiting now", bound.as_secs());
-            std::process::exit(1);
+            exit_now(1);
         });
         tokio::select! {
             _ = recv(term.as_mut()) => {}
             _ = recv(int.as_mut()) => {}
         }
         eprintln!("second signal: exiting now");
-        std::process::exit(130);
+        exit_now(130);
     });
     async move {
         // Never resolves without a signal (the sender lives until one comes).
         let _ = signalled.await;
     }
+}
+
+/// Exits without running exit handlers or destructors: compute threads may still
+/// be running (children die with this process: they are started with a parent-death
+/// signal).
+fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit(2) ends the process at once; nothing after it runs.
+    unsafe { libc::_exit(code) }
 }
 
 /// The next delivery of `s`; never, without a handler.

@@ -11,8 +11,10 @@ use switchyard_procs::nats_server::{find_nats_server, NatsServer};
 
 /// How long a worker's running streams get to finish (or be handed over) on a stop.
 const WORKER_DRAIN: Duration = Duration::from_secs(30);
-/// What a stop may take beyond the drain before the process exits regardless.
-const STOP_MARGIN: Duration = Duration::from_secs(10);
+/// What a stop may take beyond the drain before the process exits regardless (a
+/// worker's: telling the coordinators, waiting for its actors, flushing; a
+/// coordinator's whole stop takes at most 8 s).
+const STOP_MARGIN: Duration = Duration::from_secs(20);
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -33,7 +35,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
-            let stop = node::shutdown_signal(STOP_MARGIN);
+            let stop = node::shutdown_signal(Duration::from_secs(10));
             let g =
                 switchyard::gateway::start(client(&config, None).await?, &config.nats.prefix, &config.gateway).await?;
             println!("gateway listening on {} (OpenAI API at {}/v1)", g.url(), g.url());
@@ -46,7 +48,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args.coordinator.apply(&mut config);
             config.validate()?;
             require_nats(&config)?;
-            let stop = node::shutdown_signal(STOP_MARGIN);
+            let stop = node::shutdown_signal(Duration::from_secs(10));
             let coordinator = node::start_coordinator(&config).await?;
             eprintln!("coordinator up on {} (prefix {})", config.nats.url, config.nats.prefix);
             tokio::select! {
@@ -132,8 +134,8 @@ fn require_nats(config: &Config) -> anyhow::Result<()> {
 }
 
 async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
-    // The node's worker drains for 10 s; the gateway and the coordinator take a few.
-    let mut stop = std::pin::pin!(node::shutdown_signal(Duration::from_secs(20) + STOP_MARGIN));
+    // The gateway (5 s at most), the worker (10 s drain), the coordinator (8 s).
+    let mut stop = std::pin::pin!(node::shutdown_signal(Duration::from_secs(25) + STOP_MARGIN));
     let started = Instant::now();
     if args.secure && !config.nats.url.is_empty() {
         bail!("--secure starts a local nats-server with its own credentials; it cannot be used with --nats / nats.url");

@@ -546,10 +546,8 @@ impl WorkerHandle {
         // Sessions move to other workers with their KV (1.13), within the grace.
         if let Ok(sessions) = ractor::call_t!(self.actor, WorkerMsg::Sessions, 5_000) {
             if sessions.open_sessions() > 0 {
-                match tokio::time::timeout_at(deadline, sessions.move_all()).await {
-                    Ok(n) => tracing::info!(worker = %self.worker_id, moved = n, "sessions moved on drain"),
-                    Err(_) => tracing::warn!(worker = %self.worker_id, "sessions still moving when the grace ran out"),
-                }
+                let moved = sessions.move_all(deadline).await;
+                tracing::info!(worker = %self.worker_id, moved, "sessions moved on drain");
             }
         }
         while tokio::time::Instant::now() < deadline {

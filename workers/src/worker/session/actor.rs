@@ -36,8 +36,8 @@ pub(super) enum SessionMsg {
     /// No call for the idle period: close, or (already closed) be forgotten.
     Idle,
     /// (1.13) The worker drains: move to another worker if one adopts the session
-    /// (true), else stay (false).
-    Move(ractor::RpcReplyPort<bool>),
+    /// by the deadline (true), else stay (false).
+    Move(tokio::time::Instant, ractor::RpcReplyPort<bool>),
 }
 
 /// The worker's sessions (the actor removes its own when it is forgotten).
@@ -96,14 +96,6 @@ impl Subs {
             None => self.calls.next().await,
         }
     }
-
-    /// A call already delivered, without waiting.
-    fn ready(&mut self) -> Option<async_nats::Message> {
-        if let Some(Some(m)) = self.calls.next().now_or_never() {
-            return Some(m);
-        }
-        self.relayed.as_mut().and_then(|r| r.next().now_or_never().flatten())
-    }
 }
 
 /// Turns the session's subscriptions, its supersession and the idle clock into
@@ -154,18 +146,21 @@ async fn forward(
             break; // the actor is gone
         }
     }
-    // Unsubscribed and flushed before the actor answers its last caller, so any
-    // later call finds no responder (or, once it moved, the adopter); calls already
-    // delivered get `session_closed`, or go on to the adopter.
-    let _ = subs.calls.unsubscribe().await;
+    // Drained (the server confirms the unsubscribe; what it sent before still
+    // arrives) before the actor answers its last caller, so any later call finds no
+    // responder (or, once it moved, the adopter); calls delivered meanwhile get
+    // `session_closed`, or go on to the adopter. Bounded: the server may be gone.
+    let _ = subs.calls.drain().await;
     if let Some(r) = subs.relayed.as_mut() {
-        let _ = r.unsubscribe().await;
+        let _ = r.drain().await;
     }
-    let _ = tokio::time::timeout(Duration::from_secs(5), client.flush()).await;
-    while let Some(m) = subs.ready() {
-        match moved.get() {
-            Some(adopter) => moving::relay_call(&ctx, adopter, &id, m).await,
-            None => closed_reply(&client, m),
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    for sub in std::iter::once(&mut subs.calls).chain(subs.relayed.as_mut()) {
+        while let Ok(Some(m)) = tokio::time::timeout_at(until, sub.next()).await {
+            match moved.get() {
+                Some(adopter) => moving::relay_call(&ctx, adopter, &id, m).await,
+                None => closed_reply(&client, m),
+            }
         }
     }
 }
@@ -233,10 +228,10 @@ impl Actor for SessionActor {
                     s.close();
                 }
             }
-            SessionMsg::Move(reply) => {
+            SessionMsg::Move(deadline, reply) => {
                 let moved = match s.closed || s.stale.load(Ordering::Acquire) || s.moved_to.is_some() {
                     true => false,
-                    false => match moving::ask_adoption(&st.ctx, s).await {
+                    false => match moving::ask_adoption(&st.ctx, s, deadline).await {
                         Ok(adopter) => {
                             tracing::info!(session = %s.id, adopter = %adopter, "session moved to another worker");
                             s.moved_to = Some(adopter.clone());
@@ -246,8 +241,10 @@ impl Actor for SessionActor {
                             if let Some(f) = st.forwarder.take() {
                                 f.stop().await;
                             }
-                            // The adopter has pulled the KV: the slot is free.
+                            // The adopter has pulled the KV: the slot is free. Calls
+                            // queued here go on to the adopter, then this actor stops.
                             s.close();
+                            let _ = myself.cast(SessionMsg::Idle);
                             crate::worker::kv_transfer::TransferState::add(&st.ctx.transfer.sessions_moved, 1);
                             true
                         }

@@ -40,6 +40,10 @@ impl SessionHost {
                 "a moved session needs its owner and a valid id",
             ));
         }
+        let late = || req.deadline_ms > 0 && switchyard_fabric::now_ms() > req.deadline_ms;
+        if late() {
+            return Err(err(ErrorCode::DeadlineExceeded, "the draining worker no longer waits"));
+        }
         if req.model != ctx.model_name {
             return Err(err(
                 ErrorCode::UnknownModel,
@@ -81,6 +85,11 @@ impl SessionHost {
                 return Err(wire(e));
             }
         };
+        // Too late: the draining worker has given up and keeps the session itself.
+        if late() {
+            backend.close();
+            return Err(err(ErrorCode::DeadlineExceeded, "the draining worker no longer waits"));
+        }
         let session = Session {
             id: req.session_id.clone(),
             owner: req.owner.clone(),
@@ -98,7 +107,11 @@ impl SessionHost {
             moved_to: None,
         };
         let num_ctx = session.num_ctx;
-        self.install(session, true).await?;
+        // A race with an open of another owner: another worker may still adopt it.
+        self.install(session, true).await.map_err(|e| match e.code {
+            ErrorCode::StaleFence => err(ErrorCode::Unavailable, e.message),
+            _ => e,
+        })?;
         TransferState::add(&ctx.transfer.sessions_adopted, 1);
         tracing::info!(
             worker = %ctx.worker_id,
@@ -136,9 +149,10 @@ impl SessionHost {
         Ok(())
     }
 
-    /// The worker drains: offers each live session to another worker, one at a time
-    /// (each between two of its calls); returns how many moved.
-    pub async fn move_all(&self) -> usize {
+    /// The worker drains: offers each live session to another worker (each between
+    /// two of its calls, all at once), each waiting until `deadline` at most; returns
+    /// how many moved.
+    pub async fn move_all(&self, deadline: tokio::time::Instant) -> usize {
         let actors: Vec<_> = {
             let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.sessions
@@ -147,14 +161,21 @@ impl SessionHost {
                 .filter_map(|e| e.actor.clone())
                 .collect()
         };
-        let mut moved = 0;
-        for cell in actors {
+        let moves = actors.into_iter().map(|cell| async move {
             let actor: ractor::ActorRef<super::actor::SessionMsg> = cell.into();
-            // A decode running on it finishes first; the drain's grace bounds that.
-            if let Ok(true) = ractor::call!(actor, super::actor::SessionMsg::Move) {
-                moved += 1;
-            }
-        }
-        moved
+            // A decode running on it finishes first, within the deadline.
+            let ms = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .as_millis() as u64;
+            matches!(
+                ractor::call_t!(actor, super::actor::SessionMsg::Move, ms, deadline),
+                Ok(true)
+            )
+        });
+        futures::future::join_all(moves)
+            .await
+            .into_iter()
+            .filter(|m| *m)
+            .count()
     }
 }

@@ -75,7 +75,7 @@ impl SessionHost {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.sessions
             .values()
-            .filter(|e| !e.stale.load(Ordering::Acquire))
+            .filter(|e| !e.stale.load(Ordering::Acquire) && !e.stale.closed.load(Ordering::Acquire))
             .count()
     }
 

@@ -30,9 +30,23 @@ pub(super) const QUEUE: &str = "sy-session";
 /// tail before it answers.
 const MOVE_WAIT: Duration = Duration::from_secs(60);
 
-/// Offers session `s` to the coordinators; the adopting worker's id once it serves
-/// the session.
-pub(super) async fn ask_adoption(ctx: &ServeContext, s: &Session) -> Result<String, WireError> {
+/// Time kept between the adopter's deadline and this worker's: for its answer to
+/// travel back.
+const ANSWER_SLACK: Duration = Duration::from_secs(2);
+
+/// Offers session `s` to the coordinators, waiting until `deadline` at most (the
+/// drain's grace); the adopting worker's id once it serves the session.
+pub(super) async fn ask_adoption(
+    ctx: &ServeContext,
+    s: &Session,
+    deadline: tokio::time::Instant,
+) -> Result<String, WireError> {
+    let wait = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .min(MOVE_WAIT);
+    if wait <= ANSWER_SLACK {
+        return Err(err(ErrorCode::DeadlineExceeded, "no time left in the drain to move it"));
+    }
     let format = ctx
         .model
         .kv_transfer()
@@ -55,10 +69,11 @@ pub(super) async fn ask_adoption(ctx: &ServeContext, s: &Session) -> Result<Stri
         }),
         resident,
         peer: ctx.worker_id.clone(),
+        deadline_ms: switchyard_fabric::now_ms() + (wait - ANSWER_SLACK).as_millis() as u64,
     };
     let ask = async_nats::Request::new()
         .payload(encode(&req).into())
-        .timeout(Some(MOVE_WAIT));
+        .timeout(Some(wait));
     let answer = ctx
         .client
         .send_request(ctx.subjects.relay("session"), ask)
