@@ -20,7 +20,10 @@
 # Extra arguments go to `cargo test`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-eval "$(bash scripts/setup.sh | sed 's/^/export /')" || { echo "scripts/setup.sh failed" >&2; exit 1; }
+# Its status is setup's own (an eval's would be that of the text it runs): a failed
+# setup stops here, naming itself, not later as unrelated test failures.
+setup_env=$(bash scripts/setup.sh) || { echo "[test] scripts/setup.sh failed (its last step is above); the tests were not run" >&2; exit 1; }
+eval "$(printf '%s\n' "$setup_env" | sed 's/^/export /')"
 
 if [ -z "${SWITCHYARD_SKIP_LLAMA:-}" ] && [ -z "${SWITCHYARD_LLAMA_SERVER:-}" ]; then
   variants=(native)

@@ -6,7 +6,9 @@
 //! workers on h2, h3 and h4 that fetch the model pushed once to the store (three
 //! replicas). Clients on h1 send a steady load while the NATS server on h2 is
 //! killed and h3 is cut off and restored: every request gets exactly one outcome
-//! and nothing hangs; the store still serves the model afterwards.
+//! and nothing hangs. Then h3's worker is drained (SIGTERM) under a running stream,
+//! which another host's worker continues with the KV pulled over the cluster, token
+//! for token; the store still serves the model afterwards.
 //!
 //! Needs root and `ip netns`. Where namespaces cannot be made the test says why and
 //! passes — unless `SWITCHYARD_REQUIRE_NETNS=1` (set by .ci/run as root on Linux),
@@ -281,7 +283,7 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
     // behind the h3 cut too, and when the leaf also happened to be linked through n3
     // every worker was unreachable for those 5 s (a quarter of the run failed).
     let _w2 = worker(2, url(&[2, 1]), "w2");
-    let _w3 = worker(3, url(&[3, 1]), "w3");
+    let w3 = worker(3, url(&[3, 1]), "w3");
     let _w4 = worker(4, url(&[4]), "w4");
     for w in ["w2", "w3", "w4"] {
         let got = std::fs::read(Path::new(&cache(w)).join("smol").join(model.file_name().unwrap())).unwrap();
@@ -380,6 +382,61 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
         ok >= sent * 3 / 4,
         "most requests are served through the faults: {ok} of {sent}"
     );
+
+    // A drain across hosts: a long stream pinned to w3 (h3) when w3 gets SIGTERM is
+    // handed to another host's worker, which pulls its KV over the cluster and streams
+    // on — the same tokens as the stream undisturbed.
+    let w3_pid = w3.child.id() as i32;
+    let (reference, moved, metrics) = run_in_ns(net.host(1), {
+        let url = url(&[1]);
+        async move {
+            let opts = ClientOptions {
+                stall_timeout: Duration::from_secs(20),
+                ..ClientOptions::default()
+            };
+            let client = Client::connect_with(&url, opts).await.unwrap();
+            let long = |worker: &str| {
+                // Long enough that prompt and tokens so far fill whole KV blocks.
+                let prompt = "The old lighthouse keeper wrote in his log every evening. He noted the \
+                    wind, the ships that passed, the colour of the sea at dusk and the names of the \
+                    fishermen who came back late. Years later his grandson found the logs in a chest.";
+                let mut r = greedy(prompt, 64);
+                r.head.model = "smol".into();
+                r.head.worker = Some(worker.into());
+                r.config.logit_bias = (0..3).map(|id| (id, -100.0)).collect();
+                r
+            };
+            let reference = client.generate(long("w2")).await.unwrap().collect().await.unwrap();
+            let reference: Vec<u32> = reference.tokens.iter().map(|t| t.id).collect();
+            let mut stream = client.generate(long("w3")).await.unwrap();
+            let (mut got, mut metrics, mut signalled) = (Vec::new(), None, false);
+            while let Some(ev) = stream.next().await {
+                match ev.unwrap() {
+                    switchyard::StreamEvent::Tokens(t) => {
+                        got.extend(t.iter().map(|t| t.id));
+                        if got.len() >= 16 && !signalled {
+                            // SAFETY: plain kill(2) on our own child (`ip netns exec`
+                            // execs the worker in its place).
+                            unsafe {
+                                libc::kill(w3_pid, libc::SIGTERM);
+                            }
+                            signalled = true;
+                        }
+                    }
+                    switchyard::StreamEvent::Done { metrics: m, .. } => metrics = Some(m),
+                }
+            }
+            (reference, got, metrics.expect("a final chunk"))
+        }
+    });
+    eprintln!("multihost: w3 drained mid-stream: {metrics:?}");
+    assert_eq!(moved, reference, "the handed-over stream equals the undisturbed one");
+    assert_eq!(metrics.handovers, 1, "handed to another host's worker: {metrics:?}");
+    assert!(
+        metrics.pulled_tokens > 0,
+        "its KV pulled across the cluster: {metrics:?}"
+    );
+    drop(w3);
 
     // One server gone, the model is still on the bus: a fresh pull from the edge.
     let out = Command::new("ip")
