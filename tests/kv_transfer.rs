@@ -595,41 +595,13 @@ async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
 /// worker, a long prompt (unpinned) goes to the decode worker — the prefill worker
 /// takes no routed requests — whose coordinator names the prefill worker; it
 /// computes the prompt, the decode worker pulls every whole block of it and streams
-/// the answer, token for token the one a single worker gives, greedy and seeded. A
-/// short prompt stays whole; a request pinned to the prefill worker is served there.
+/// the answer, token for token the one a single worker gives, greedy and seeded — on
+/// SmolLM2, on Gemma 3 past its sliding window and with a LoRA adapter. A short
+/// prompt stays whole; a request pinned to the prefill worker is served there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_decode_worker_streams_what_a_prefill_worker_computed() {
-    let question = |topic: &str| format!("{}Question: who cared for the {topic}?\nAnswer:", document(topic, 36));
     let cases = [("harbour", None), ("lighthouse", Some(9))];
-    let f = Fleet::start(&demo_model(), &["w-a"], Vec::new()).await;
-    let mut want = Vec::new();
-    for (topic, seed) in cases {
-        want.push(texts(&ask(&f.client, "w-a", &question(topic), seed, None).await));
-    }
-    f.stop().await;
-
-    let roles = [("w-p", WorkerRole::Prefill), ("w-d", WorkerRole::Decode)];
-    let f = Fleet::start_as(&demo_model(), &roles, Vec::new()).await;
-    for ((topic, seed), want) in cases.iter().zip(&want) {
-        let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, question(topic));
-        req.config.max_tokens = 24;
-        if let Some(seed) = seed {
-            req.config.temperature = 0.8;
-            req.config.seed = Some(*seed);
-        }
-        let done = f.client.generate(req).await.unwrap().collect().await.unwrap();
-        let m = &done.metrics;
-        eprintln!("{topic}: {m:?}");
-        assert_eq!(done.worker_id, "w-d", "the decode worker streams it");
-        assert_eq!(&texts(&done), want, "{topic}: as a single worker answers");
-        assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
-        assert_eq!(
-            m.pulled_tokens as usize,
-            (m.prompt_tokens as usize - 1) / 32 * 32,
-            "every whole block pulled, none computed here: {m:?}"
-        );
-        settle(&f.client).await;
-    }
+    let f = disaggregated_equals_whole(&demo_model(), &cases, 36, Vec::new(), None).await;
     // Short prompts stay whole.
     let short = f
         .client
@@ -651,6 +623,71 @@ async fn a_decode_worker_streams_what_a_prefill_worker_computed() {
         "{p:?} {d:?}"
     );
     f.stop().await;
+
+    // Gemma 3, past its 512-token sliding window, and a LoRA adapter: the same.
+    if let Some(gemma) = gemma_model() {
+        let f =
+            disaggregated_equals_whole(&gemma, &[("canal", None), ("orchard", Some(3))], 20, Vec::new(), None).await;
+        f.stop().await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = switchyard_config::AdapterConfig {
+        name: "one".into(),
+        path: make_lora(dir.path(), 1).display().to_string(),
+        scale: 1.0,
+    };
+    let f = disaggregated_equals_whole(&demo_model(), &[("meadow", Some(5))], 24, vec![adapter], Some("one")).await;
+    f.stop().await;
+}
+
+/// Each case's question on a document of `sections` parts, answered by a single
+/// worker and then (unpinned) by a `decode` worker that has a `prefill` worker compute
+/// the prompt: token for token the same, every whole block pulled. Returns the
+/// disaggregated fleet (`w-p`, `w-d`).
+async fn disaggregated_equals_whole(
+    model: &Path,
+    cases: &[(&str, Option<u64>)],
+    sections: usize,
+    adapters: Vec<switchyard_config::AdapterConfig>,
+    adapter: Option<&str>,
+) -> Fleet {
+    let question = |topic: &str| {
+        format!(
+            "{}Question: who cared for the {topic}?\nAnswer:",
+            document(topic, sections)
+        )
+    };
+    let f = Fleet::start(model, &["w-a"], adapters.clone()).await;
+    let mut want = Vec::new();
+    for &(topic, seed) in cases {
+        want.push(texts(&ask(&f.client, "w-a", &question(topic), seed, adapter).await));
+    }
+    f.stop().await;
+
+    let roles = [("w-p", WorkerRole::Prefill), ("w-d", WorkerRole::Decode)];
+    let f = Fleet::start_as(model, &roles, adapters).await;
+    for (&(topic, seed), want) in cases.iter().zip(&want) {
+        let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, question(topic));
+        req.config.max_tokens = 24;
+        req.head.adapter = adapter.map(str::to_string);
+        if let Some(seed) = seed {
+            req.config.temperature = 0.8;
+            req.config.seed = Some(seed);
+        }
+        let done = f.client.generate(req).await.unwrap().collect().await.unwrap();
+        let m = &done.metrics;
+        eprintln!("{topic} ({adapter:?}): {m:?}");
+        assert_eq!(done.worker_id, "w-d", "the decode worker streams it");
+        assert_eq!(&texts(&done), want, "{topic} ({adapter:?}): as a single worker answers");
+        assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
+        assert_eq!(
+            m.pulled_tokens as usize,
+            (m.prompt_tokens as usize - 1) / 32 * 32,
+            "every whole block pulled, none computed here: {m:?}"
+        );
+        settle(&f.client).await;
+    }
+    f
 }
 
 /// A session (seed 002) moves with its KV when its worker drains (protocol 1.13):
