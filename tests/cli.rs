@@ -27,7 +27,7 @@ fn up_starts_a_node_and_answers_a_prompt() {
         &[
             "up",
             "--prompt",
-            "What is the capital of France?",
+            "What is water made of?",
             "--exit-after-prompt",
         ],
     );

@@ -205,12 +205,12 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
         Some(s) => {
             let file = s.write_client_config(&url, &config.nats.prefix)?;
             println!(
-                "try:   switchyard --config {} chat \"What is the capital of France?\"",
+                "try:   switchyard --config {} chat \"What is water made of?\"",
                 file.display()
             );
         }
         None => println!(
-            "try:   switchyard --nats {} chat \"What is the capital of France?\"",
+            "try:   switchyard --nats {} chat \"What is water made of?\"",
             config.nats.url
         ),
     }
