@@ -24,12 +24,7 @@ fn up_starts_a_node_and_answers_a_prompt() {
     demo_model();
     let p = switchyard(
         "up",
-        &[
-            "up",
-            "--prompt",
-            "What is water made of?",
-            "--exit-after-prompt",
-        ],
+        &["up", "--prompt", "What is water made of?", "--exit-after-prompt"],
     );
     p.wait_for("ready: nats=", Duration::from_secs(60));
     p.wait_for("answer ", Duration::from_secs(120));

@@ -91,8 +91,9 @@ pub struct WorkerConfig {
     /// pull from this worker either way.
     pub kv_pull: bool,
     /// When it drains (SIGTERM), hand each running stream to another worker, which
-    /// pulls its KV and streams on (`cpu` and other backends whose KV travels);
-    /// false: streams finish here within the drain's grace.
+    /// pulls its KV and streams on, and move each session with its KV (`cpu` and other
+    /// backends whose KV travels); false: streams finish here within the drain's
+    /// grace, sessions end with the worker.
     pub handover: bool,
     /// Its part in disaggregated prefill/decode: `both` (default: serves requests
     /// whole), `prefill` (computes long prompts' KV for decode workers; routed

@@ -89,8 +89,9 @@ pub struct WorkerFlags {
     #[arg(long)]
     pub kv_pull: Option<bool>,
     /// On SIGTERM, hand each running stream to another worker, which pulls its KV and
-    /// streams on to the same client (default true; `--handover false`: streams
-    /// finish here within the drain's grace).
+    /// streams on to the same client, and move each session with its KV (default
+    /// true; `--handover false`: streams finish here within the drain's grace and
+    /// sessions end with the worker).
     #[arg(long)]
     pub handover: Option<bool>,
     /// Disaggregated prefill/decode: `both` (default), `prefill` (computes long

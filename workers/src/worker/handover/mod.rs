@@ -58,6 +58,11 @@ impl Handover {
         }
     }
 
+    /// Whether streams and sessions move on drain (`worker.handover`).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// The worker drains: running streams hand themselves over now.
     pub fn begin(&self) {
         if self.enabled {

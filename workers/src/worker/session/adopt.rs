@@ -153,6 +153,9 @@ impl SessionHost {
     /// two of its calls, all at once), each waiting until `deadline` at most; returns
     /// how many moved.
     pub async fn move_all(&self, deadline: tokio::time::Instant) -> usize {
+        if !self.ctx.handover.enabled() {
+            return 0;
+        }
         let actors: Vec<_> = {
             let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.sessions
