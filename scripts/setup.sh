@@ -8,7 +8,18 @@
 #     mlx-lm (with mlx[cpu] on Linux) for the MLX bridge
 # Everything lands in $SWITCHYARD_CACHE (default ~/.cache/switchyard), outside the clone,
 # and is reused on the next run. Prints the paths it settled on.
+#
+#   scripts/setup.sh          everything: what `up` needs and what the tests need
+#   scripts/setup.sh --run    only what `up` needs: nats-server and the demo model (the
+#                             quick start's first command; scripts/test.sh installs the rest)
 set -euo pipefail
+
+MODE=full
+case "${1:-}" in
+  --run) MODE=run ;;
+  "") ;;
+  *) printf 'usage: scripts/setup.sh [--run]\n' >&2; exit 2 ;;
+esac
 
 CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 NATS_VERSION="2.15.1"
@@ -51,7 +62,9 @@ fi
 # --- Prometheus (tests/prometheus.rs scrapes a fleet with it) -------------------------------
 # Debian's package; its postinst may enable a prometheus service on :9090 (the test runs its
 # own instance on a free port). Not fatal when it cannot be installed: that test then skips.
-if [ -x /usr/bin/prometheus ] || command -v prometheus >/dev/null 2>&1; then
+if [ "$MODE" = run ]; then
+  :
+elif [ -x /usr/bin/prometheus ] || command -v prometheus >/dev/null 2>&1; then
   say "prometheus: using $(command -v prometheus || echo /usr/bin/prometheus)"
 elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   say "prometheus: installing Debian's package"
@@ -77,6 +90,15 @@ else
   mv "$MODEL.part" "$MODEL"
   rm -rf "$tmp"
   say "demo model: installed $MODEL"
+fi
+
+if [ "$MODE" = run ]; then
+  say "done: what \`up\` needs (scripts/setup.sh without --run adds what the tests need)"
+  cat <<OUT
+SWITCHYARD_NATS_SERVER=$CACHE/bin/nats-server
+SWITCHYARD_DEMO_MODEL=$MODEL
+OUT
+  exit 0
 fi
 
 # --- Gemma 3 270M Q4_K_M ---------------------------------------------------------------------
