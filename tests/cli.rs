@@ -316,8 +316,9 @@ fn every_process_stops_on_sigterm_when_its_nats_server_is_gone() {
     }
 }
 
-/// Two `up` nodes stopped as `timeout` or a terminal stops them: SIGTERM to each whole
-/// process group, so their own nats-servers get it too and go first.
+/// Two `up` nodes, one that answered a prompt and one started without, stopped as
+/// `timeout` or a terminal stops them: SIGTERM to each whole process group, so their
+/// own nats-servers get it too and go first.
 #[test]
 fn two_up_nodes_stop_when_their_process_groups_are_signalled() {
     use std::os::unix::process::CommandExt;
@@ -325,15 +326,16 @@ fn two_up_nodes_stop_when_their_process_groups_are_signalled() {
     let mut nodes: Vec<Proc> = (0..2)
         .map(|i| {
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
-            cmd.args(["up", "--prompt", "What is the capital of France?"])
-                .env("RUST_LOG", "switchyard=info,warn")
-                .process_group(0);
+            cmd.arg("up");
+            if i == 0 {
+                cmd.args(["--prompt", "What is water made of?"]);
+            }
+            cmd.env("RUST_LOG", "switchyard=info,warn").process_group(0);
             spawn_logged(&format!("up-{i}"), cmd)
         })
         .collect();
-    for p in &nodes {
-        p.wait_for("answer ", Duration::from_secs(120));
-    }
+    nodes[0].wait_for("answer ", Duration::from_secs(120));
+    nodes[1].wait_for("ready: nats=", Duration::from_secs(120));
     for p in &nodes {
         // SAFETY: killpg(2) on the group our own child leads.
         unsafe {
@@ -369,4 +371,45 @@ async fn a_second_sigterm_ends_a_drain_at_once() {
     let status = tokio::task::block_in_place(|| exit_of(&mut worker, Duration::from_secs(30)));
     assert!(status.is_some(), "the worker kept draining after a second SIGTERM");
     assert_eq!(status.unwrap().code(), Some(130), "{status:?}");
+}
+
+/// A gateway stopped while it streams an answer: it stops taking requests, gives the
+/// open stream a few seconds and exits cleanly within its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_with_an_open_stream_stops_on_sigterm() {
+    let nats = nats();
+    let url = nats.url();
+    let _coordinator = coordinator_proc(&url, "coordinator");
+    let _worker = worker_proc(&url, "w-gw");
+    let client = client(&url, Duration::from_secs(20)).await;
+    wait_for_workers(&client, &["w-gw"], Duration::from_secs(20)).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut gateway = switchyard("gateway", &["--nats", &url, "gateway", "--listen", &listen]);
+    gateway.wait_for("gateway listening", Duration::from_secs(20));
+    // A long streamed answer: thousands of tokens, end of text barred.
+    let mut answer = reqwest::Client::new()
+        .post(format!("http://{listen}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 4000,
+            "stream": true,
+            "logit_bias": {"0": -100, "1": -100, "2": -100},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(answer.chunk().await.unwrap().is_some(), "the stream began");
+    signal(&gateway, libc::SIGTERM);
+    let status = tokio::task::block_in_place(|| exit_of(&mut gateway, Duration::from_secs(60)));
+    assert!(
+        status.is_some(),
+        "the gateway still runs 60 s after SIGTERM with a stream open"
+    );
+    assert!(status.unwrap().success(), "{status:?}");
 }
