@@ -16,6 +16,7 @@
 //! resume by recompute costs before its first token).
 
 use super::kv_transfer::{ask, settle, BenchFleet};
+use super::link::LinkSpec;
 use super::median;
 use super::prefix::document;
 use clap::Args;
@@ -40,6 +41,19 @@ pub struct BenchKvMovesArgs {
     /// handover: streams running on the drained worker.
     #[arg(long, default_value_t = 2)]
     pub streams: usize,
+    /// Puts the prefill worker (disagg) or the taker (handover) on a second "host": a
+    /// network namespace whose link to this one has this round trip and rate, e.g.
+    /// `1ms,1gbit` (needs root, `ip` and `tc`; see docs/benchmarks.md).
+    #[arg(long, value_name = "RTT,RATE")]
+    pub link: Option<LinkSpec>,
+}
+
+/// How the workers reach each other, for the report's first line.
+fn path(link: Option<LinkSpec>, far: &str) -> String {
+    match link {
+        Some(spec) => format!("{far} behind a link of {spec}"),
+        None => "loopback NATS".into(),
+    }
 }
 
 fn prompt(run: usize, tokens: usize) -> String {
@@ -124,15 +138,16 @@ async fn stall_during(fleet: &BenchFleet, worker: &str, prompt: String) -> anyho
 /// `bench disagg`.
 pub async fn disagg(mut config: Config, args: &BenchKvMovesArgs) -> anyhow::Result<ExitCode> {
     args.worker.apply(&mut config);
-    let workers = [
-        ("pre", WorkerRole::Prefill, true),
-        ("dec", WorkerRole::Decode, true),
-        ("whole", WorkerRole::Both, false),
-    ];
-    let fleet = BenchFleet::start(config, &workers).await?;
+    let workers = [("dec", WorkerRole::Decode, true), ("whole", WorkerRole::Both, false)];
+    let mut fleet = BenchFleet::start_linked(config, &workers, args.link).await?;
+    match args.link {
+        Some(_) => fleet.add_far("pre", WorkerRole::Prefill, true).await?,
+        None => fleet.add("pre", WorkerRole::Prefill, true).await?,
+    }
     let (client, name) = (&fleet.client, fleet.name.clone());
     println!(
-        "disagg: {name}, loopback NATS, a prefill and a decode worker vs one worker, {} runs per length (medians)",
+        "disagg: {name}, {}, a prefill and a decode worker vs one worker, {} runs per length (medians)",
+        path(args.link, "the prefill worker"),
         args.runs
     );
     println!(
@@ -198,12 +213,18 @@ pub async fn handover(mut config: Config, args: &BenchKvMovesArgs) -> anyhow::Re
     let both = WorkerRole::Both;
     // `cmp` measures recomputing: pulls off, and a `prefill` worker so that no
     // routed request (a stream handed over) lands there.
-    let workers = [("b", both, true), ("cmp", WorkerRole::Prefill, false)];
-    let mut fleet = BenchFleet::start(config, &workers).await?;
+    let workers = [("cmp", WorkerRole::Prefill, false)];
+    let mut fleet = BenchFleet::start_linked(config, &workers, args.link).await?;
+    match args.link {
+        Some(_) => fleet.add_far("b", both, true).await?,
+        None => fleet.add("b", both, true).await?,
+    }
     let name = fleet.name.clone();
     println!(
-        "handover: {name}, loopback NATS, {} streams drained per run, {} runs per length (medians over streams)",
-        args.streams, args.runs
+        "handover: {name}, {}, {} streams drained per run, {} runs per length (medians over streams)",
+        path(args.link, "the taker"),
+        args.streams,
+        args.runs
     );
     println!(
         "{:>7} {:>10} {:>12} {:>12} {:>10} {:>16}",

@@ -104,12 +104,8 @@ pub(crate) struct BenchFleet {
 }
 
 impl BenchFleet {
-    /// Starts workers `(id, role, pulls)` and waits until each announces its KV format.
-    pub async fn start(config: Config, workers: &[(&str, WorkerRole, bool)]) -> anyhow::Result<Self> {
-        Self::start_linked(config, workers, None).await
-    }
-
-    /// As [`Self::start`], and makes the link to a second "host" when `link` is given.
+    /// Starts workers `(id, role, pulls)` and waits until each announces its KV
+    /// format; makes the link to a second "host" when `link` is given.
     pub async fn start_linked(
         mut config: Config,
         workers: &[(&str, WorkerRole, bool)],
