@@ -417,10 +417,11 @@ impl CoordinatorHandle {
         if let Some(s) = self.service.take() {
             let _ = tokio::time::timeout(left(), s.stop()).await;
         }
-        let flushed = tokio::time::timeout(left(), self.client.flush()).await;
-        let handoff = match flushed {
-            Ok(Ok(())) => ractor::call_t!(self.actor, CoordinatorMsg::Handoff, left().as_millis() as u64).ok(),
-            _ => None,
+        let _ = tokio::time::timeout(left(), self.client.flush()).await;
+        // With the server gone there is no one to hand waiting requests to.
+        let handoff = match connected {
+            true => ractor::call_t!(self.actor, CoordinatorMsg::Handoff, left().as_millis() as u64).ok(),
+            false => None,
         };
         if let Some(n) = handoff {
             let until = tokio::time::Instant::now() + Duration::from_secs(2).min(left());
