@@ -406,7 +406,8 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
                 r.config.logit_bias = (0..3).map(|id| (id, -100.0)).collect();
                 r
             };
-            let reference = client.generate(long("w2")).await.unwrap().collect().await.unwrap();
+            // On w3 itself: a taker that had computed it would have nothing to pull.
+            let reference = client.generate(long("w3")).await.unwrap().collect().await.unwrap();
             let reference: Vec<u32> = reference.tokens.iter().map(|t| t.id).collect();
             let mut stream = client.generate(long("w3")).await.unwrap();
             let (mut got, mut metrics, mut signalled) = (Vec::new(), None, false);
