@@ -70,6 +70,11 @@ if [ "$status" -ne 0 ]; then
        inblock && /^    [^ ]/ && !/^---- / { sub(/^ +/, ""); buf = buf "  " bin ": " $0 "\n" }' "$log"
   # Test binaries that did not build or run at all.
   grep -E '^error: (could not compile|[0-9]+ targets? failed)' -A 20 "$log" | grep -E '^error|^    `' | sed 's/^/  /'
+  # Why: each panic with its message (the processes' own log lines, "[name] ...", left
+  # out), so the end of the log says what failed even where the rest is cut.
+  echo "panics:"
+  awk '/panicked at/ { n = 8; print "  " substr($0, 1, 300); next }
+       n > 0 && !/^\[/ && !/^note: run with/ { print "    " substr($0, 1, 300); n-- }' "$log" | head -80
   exit "$status"
 fi
 echo "all tests passed"

@@ -107,7 +107,12 @@ async fn requests_follow_their_warm_prefix_and_survive_a_coordinator_restart() {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each worker's snapshot applied (a fixed sleep was not always enough on a loaded
+    // CI host).
+    while coordinator.stats().snapshot().snapshots.count < 3 {
+        assert!(Instant::now() < deadline, "the workers' KV snapshots did not arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for (doc, want) in docs.iter().zip(&home).rev() {
         let done = ask(&client, doc, "What was measured?").await;
         assert_eq!(&done.worker_id, want, "routed by the snapshot after a restart");
