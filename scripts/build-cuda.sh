@@ -20,15 +20,11 @@
 #              (pinned, about 105 MB downloaded, 270 MB unpacked), installed with
 #              `pip install --target`; toolkit/nvidia/cu13 is a CUDA root: bin/nvcc (which
 #              accepts gcc 12), nvvm/bin/cicc, include/, lib/libcudart.so.13.
-#   stubs-cudarc-<version>/lib/
-#              link stubs: libcuda.so (SONAME libcuda.so.1), libcublas.so (.13),
-#              libcublasLt.so (.13), libcurand.so (.10), libnvrtc.so (.13). cudarc links
-#              these dynamically; the real ones are the driver (in no wheel) and about
-#              850 MB of math libraries we never run here. Each stub defines, as empty
-#              functions, every symbol cudarc's bindings declare for that library (read
-#              from cudarc's src/*/sys/mod.rs), which is what NVIDIA's own lib64/stubs are:
-#              the binary records the SONAME, and on the GPU box the loader binds it to the
-#              real library. libcudart is the real one from the runtime wheel.
+#   candle-<version>-dynamic-loading/
+#              candle-core and candle-kernels copied from cargo's registry with one
+#              change each, so the binary links no NVIDIA library and starts on any
+#              Linux box (below); the driver and cuBLAS/cuRAND are loaded when the CUDA
+#              engine first runs (docs/cuda.md says which binary to ship where).
 #
 # Pinned to CUDA 13.0 on purpose: 12.x wheels carry no nvcc, cudarc 0.19 knows CUDA up to
 # 13.4, and PTX from the oldest 13.x runs on the widest range of drivers.
@@ -47,14 +43,6 @@ WHEELS=(
   "nvidia-nvvm==$NVCC_VERSION"
   "nvidia-cuda-runtime==13.0.96"
   "nvidia-cuda-cccl==13.0.85"
-)
-# library (as cudarc links it) : its SONAME : cudarc's bindings for it
-STUBS=(
-  "cuda:libcuda.so.1:driver"
-  "cublas:libcublas.so.13:cublas"
-  "cublasLt:libcublasLt.so.13:cublaslt"
-  "curand:libcurand.so.10:curand"
-  "nvrtc:libnvrtc.so.13:nvrtc"
 )
 BASE="$CACHE/cuda/$NVCC_VERSION"
 say() { printf '[build-cuda] %s\n' "$*" >&2; }
@@ -95,51 +83,58 @@ else
 fi
 "$CUDA_ROOT/bin/nvcc" --version | grep -q "release 13.0" || { say "$CUDA_ROOT/bin/nvcc does not run"; exit 1; }
 
-# --- link stubs for the libraries cudarc links -------------------------------------------
-# cudarc's sources, where this workspace's lockfile resolves them.
-read -r CUDARC_VERSION CUDARC_DIR < <(cargo metadata --format-version 1 --locked --features cuda | python3 -c '
+# --- candle, made to load CUDA at run time ------------------------------------------------
+# candle-core turns on cudarc's `dynamic-linking` (the binary then needs libcuda.so.1 and
+# the CUDA libraries to start at all) and candle-kernels links libcudart dynamically. For
+# one binary that starts on every box, both are built from copies of their crates.io
+# sources with one change each: cudarc's `dynamic-loading` (it dlopens the driver and the
+# libraries when first used) and the static libcudart (which dlopens the driver itself,
+# at first use). Cargo builds them in their place through [patch.crates-io] (--config),
+# which rewrites Cargo.lock; the committed one is put back when the script ends.
+read -r CANDLE_VERSION CANDLE_CORE_DIR CANDLE_KERNELS_DIR < <(cargo metadata --format-version 1 --locked --features cuda | python3 -c '
 import json, os, sys
-for p in json.load(sys.stdin)["packages"]:
-    if p["name"] == "cudarc":
-        print(p["version"], os.path.dirname(p["manifest_path"]))
-        break
-') || { say "cudarc is not in the workspace's dependencies (cargo metadata)"; exit 1; }
-STUB_ROOT="$BASE/stubs-cudarc-$CUDARC_VERSION"
-if [ -f "$STUB_ROOT/.complete" ]; then
-  say "link stubs: cached at $STUB_ROOT/lib"
+found = {p["name"]: p for p in json.load(sys.stdin)["packages"] if p["name"] in ("candle-core", "candle-kernels")}
+core, kernels = found["candle-core"], found["candle-kernels"]
+print(core["version"], os.path.dirname(core["manifest_path"]), os.path.dirname(kernels["manifest_path"]))
+') || { say "candle-core or candle-kernels is not in the workspace's dependencies (cargo metadata)"; exit 1; }
+PATCHED="$BASE/candle-$CANDLE_VERSION-dynamic-loading"
+if [ -f "$PATCHED/.complete" ]; then
+  say "candle $CANDLE_VERSION for run-time loading: cached at $PATCHED"
 else
-  say "link stubs: generating from cudarc $CUDARC_VERSION's bindings"
-  rm -rf "$STUB_ROOT.part" && mkdir -p "$STUB_ROOT.part/lib"
-  for entry in "${STUBS[@]}"; do
-    IFS=: read -r lib soname bindings <<<"$entry"
-    src="$STUB_ROOT.part/lib/$lib.c"
-    # Every `fn name(` declared inside an `extern "C" {` block of the bindings.
-    {
-      echo "/* Link stub for $soname: cudarc $CUDARC_VERSION's $bindings bindings. Never run. */"
-      awk '/extern "C" \{/ { inside = 1; next }
-           inside && /^[[:space:]]*\}/ { inside = 0 }
-           inside && match($0, /fn [A-Za-z_][A-Za-z0-9_]*\(/) { print substr($0, RSTART + 3, RLENGTH - 4) }' \
-        "$CUDARC_DIR/src/$bindings/sys/mod.rs" | LC_ALL=C sort -u | sed 's/.*/void &(void) {}/'
-    } >"$src"
-    n=$(grep -c '^void' "$src")
-    [ "$n" -gt 0 ] || { say "no symbols found for $lib in $CUDARC_DIR/src/$bindings/sys/mod.rs"; exit 1; }
-    gcc -shared -fPIC -nostdlib -Wl,-soname,"$soname" -o "$STUB_ROOT.part/lib/lib$lib.so" "$src"
-    say "  lib$lib.so ($soname): $n symbols"
-  done
-  touch "$STUB_ROOT.part/.complete"
-  rm -rf "$STUB_ROOT" && mv "$STUB_ROOT.part" "$STUB_ROOT"
+  say "candle $CANDLE_VERSION for run-time loading: copying candle-core and candle-kernels into $PATCHED"
+  rm -rf "$PATCHED.part" && mkdir -p "$PATCHED.part"
+  cp -r "$CANDLE_CORE_DIR" "$PATCHED.part/candle-core"
+  cp -r "$CANDLE_KERNELS_DIR" "$PATCHED.part/candle-kernels"
+  manifest="$PATCHED.part/candle-core/Cargo.toml"
+  grep -q '"dynamic-linking",' "$manifest" || { say "candle-core's Cargo.toml no longer names cudarc's dynamic-linking"; exit 1; }
+  sed -i 's/"dynamic-linking",/"dynamic-loading",/' "$manifest"
+  build_rs="$PATCHED.part/candle-kernels/build.rs"
+  grep -q 'rustc-link-lib=dylib=cudart' "$build_rs" || { say "candle-kernels' build.rs no longer links cudart"; exit 1; }
+  sed -i 's|println!("cargo:rustc-link-lib=dylib=cudart");|if let Ok(root) = env::var("CUDA_HOME") { println!("cargo:rustc-link-search=native={root}/lib"); } println!("cargo:rustc-link-lib=static=cudart_static"); println!("cargo:rustc-link-lib=dylib=dl"); println!("cargo:rustc-link-lib=dylib=rt"); println!("cargo:rustc-link-lib=dylib=pthread");|' "$build_rs"
+  touch "$PATCHED.part/.complete"
+  rm -rf "$PATCHED" && mv "$PATCHED.part" "$PATCHED"
 fi
+patch_args=(--config "patch.crates-io.candle-core.path=\"$PATCHED/candle-core\""
+  --config "patch.crates-io.candle-kernels.path=\"$PATCHED/candle-kernels\"")
+lock_backup=$(mktemp)
+cp Cargo.lock "$lock_backup"
+trap 'cp "$lock_backup" Cargo.lock; rm -f "$lock_backup"' EXIT
 
 # --- cargo ---------------------------------------------------------------------------------
-# cudarc asks `nvcc --version` for the CUDA version and adds <root>/lib (and lib64,
-# lib/stubs, ...) to the link search for each root named by CUDA_HOME, CUDA_PATH,
-# CUDA_ROOT, CUDA_TOOLKIT_ROOT_DIR, CUDNN_LIB (and only those when any is set): the
-# toolkit (libcudart) and the stubs. candle-kernels runs the first nvcc on PATH for
-# CUDA_COMPUTE_CAP.
-unset CUDA_PATH CUDNN_LIB NVCC
-export CUDA_HOME="$CUDA_ROOT" CUDA_ROOT="$CUDA_ROOT" CUDA_TOOLKIT_ROOT_DIR="$STUB_ROOT"
+# cudarc asks `nvcc --version` for the CUDA version (the bindings it compiles in);
+# candle-kernels runs the first nvcc on PATH for CUDA_COMPUTE_CAP and, patched, finds
+# libcudart_static.a under CUDA_HOME/lib.
+unset CUDA_PATH CUDNN_LIB NVCC CUDA_TOOLKIT_ROOT_DIR
+export CUDA_HOME="$CUDA_ROOT" CUDA_ROOT="$CUDA_ROOT"
 export CUDA_COMPUTE_CAP="$cap" PATH="$CUDA_ROOT/bin:$PATH"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/cuda}"
+
+# A binary that names an NVIDIA library as NEEDED does not start without it.
+no_nvidia_needed() {
+  local needed
+  needed=$(readelf -d "$1" | grep NEEDED | grep -oE 'lib(cuda|cudart|cublas|cublasLt|curand|nvrtc)\.so[.0-9]*' | tr '\n' ' ' || true)
+  [ -z "$needed" ] || { say "$1 links $needed: it would not start without them"; exit 1; }
+}
 
 if [ "$check" = 1 ]; then
   # Unoptimised and without debug info, for both commands: the build generates code in a
@@ -149,18 +144,32 @@ if [ "$check" = 1 ]; then
   lean=(--config 'profile.dev.package."*".opt-level=0'
     --config 'profile.dev.package.switchyard-workers.opt-level=0' --config 'profile.dev.debug=false')
   say "cargo clippy --features cuda --all-targets -D warnings (compute capability $cap, into $CARGO_TARGET_DIR)"
-  cargo clippy --workspace --all-targets --features cuda --locked "${lean[@]}" "${cargo_args[@]}" -- -D warnings >&2
-  say "cargo build --features cuda --bin switchyard (unoptimised: the link against the stubs)"
-  cargo build --features cuda --locked "${lean[@]}" --bin switchyard >&2
-  say "clippy clean and linked with --features cuda"
+  cargo clippy --workspace --all-targets --features cuda "${patch_args[@]}" "${lean[@]}" "${cargo_args[@]}" -- -D warnings >&2
+  say "cargo build --features cuda --bin switchyard (unoptimised: the link)"
+  cargo build --features cuda "${patch_args[@]}" "${lean[@]}" --bin switchyard >&2
+  bin="$CARGO_TARGET_DIR/debug/switchyard"
+  no_nvidia_needed "$bin"
+  "$bin" --help >/dev/null || { say "$bin --help failed"; exit 1; }
+  # Where there is no GPU (CI), a cuda worker refuses at start: exit 1, the reason, no panic.
+  if [ ! -e /dev/nvidiactl ]; then
+    if out=$(timeout 60 "$bin" worker --backend cuda --cuda-engine native --model /nonexistent.gguf \
+        --nats nats://127.0.0.1:1 2>&1); then
+      say "a cuda worker started without a GPU"; exit 1
+    fi
+    if ! grep -q 'cuda: no /dev/nvidiactl' <<<"$out" || grep -qi 'panicked' <<<"$out"; then
+      say "a cuda worker without a GPU did not refuse clearly: $out"; exit 1
+    fi
+  fi
+  say "clippy clean and linked with --features cuda; the binary starts without NVIDIA libraries, and a cuda worker refuses without a GPU"
   exit 0
 fi
 
 say "cargo build --release --features cuda ${cargo_args[*]} (compute capability $cap, into $CARGO_TARGET_DIR)"
-cargo build --release --features cuda --locked "${cargo_args[@]}" >&2
+cargo build --release --features cuda "${patch_args[@]}" "${cargo_args[@]}" >&2
 bin="$CARGO_TARGET_DIR/release/switchyard"
 [ -x "$bin" ] || { say "no $bin after the build"; exit 1; }
-needed=$(readelf -d "$bin" 2>/dev/null | grep -oE 'lib(cuda|cudart|cublas|cublasLt|curand|nvrtc)\.so\.[0-9]+' | tr '\n' ' ' || true)
-say "built $bin; on the GPU box it needs ${needed:-libcuda.so.1 and CUDA 13 libraries }(libcuda from" \
-  "an R580+ driver, the rest from a CUDA 13.x toolkit: docs/cuda.md)"
+no_nvidia_needed "$bin"
+say "built $bin: it starts anywhere; the CUDA engine needs, when it first runs, libcuda.so.1 (an" \
+  "R580+ driver) and libcublas.so.13, libcublasLt.so.13, libcurand.so.10 (a CUDA 13.x toolkit or pip's" \
+  "nvidia-cublas/-curand) on the loader's path: docs/cuda.md"
 echo "$bin"

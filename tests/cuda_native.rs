@@ -20,7 +20,8 @@
 
 mod common;
 
-use candle_core::quantized::gguf_file;
+use switchyard_bench::agree::{self, argmax, gap, TIE};
+
 use common::*;
 use std::path::Path;
 use std::time::Duration;
@@ -31,26 +32,8 @@ use switchyard_messages::{ErrorCode, GenerateConfig};
 use switchyard_workers::backends::llama_server::GpuVendor;
 use switchyard_workers::engine::candle::{device, CandleForward, Placement};
 use switchyard_workers::engine::model::forward::{CpuForward, Forward, SeqStep};
-use switchyard_workers::engine::model::llama::LlamaModel;
 use switchyard_workers::engine::model::lora::LoraAdapter;
 use switchyard_workers::engine::text::tokenizer::GgufTokenizer;
-
-/// Tokens generated per prompt.
-const STEPS: usize = 32;
-/// greedy_reference.rs's tolerances.
-const MEAN_TOL: f32 = 0.06;
-const MAX_TOL: f32 = 1.0;
-const TIE: f32 = 0.75;
-
-const PROMPTS: &[&str] = &[
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea,",
-    "Question: What is 12 times 7?\nAnswer:",
-    "The three primary colors are",
-    "import numpy as np\n\ndef softmax(x):",
-    "In 1969, Neil Armstrong",
-];
 
 /// GPU 0 in a `cuda` build on a machine with one (unless `SWITCHYARD_TEST_CUDA=0`),
 /// else candle's CPU device.
@@ -64,11 +47,7 @@ fn placement() -> Placement {
 }
 
 fn load_both(path: &Path, ctx: usize, slots: usize) -> (CpuForward, CandleForward, GgufTokenizer) {
-    let mut file = std::fs::File::open(path).unwrap();
-    let content = gguf_file::Content::read(&mut file).unwrap();
-    let own = CpuForward::new(LlamaModel::load(&content, &mut file, ctx).unwrap(), 1);
-    let candle = CandleForward::load(&content, &mut file, ctx, slots, placement(), -1).unwrap();
-    (own, candle, GgufTokenizer::from_gguf(&content).unwrap())
+    agree::load_both(path, ctx, slots, placement()).unwrap()
 }
 
 fn step(seq: usize, tokens: &[u32], pos: usize) -> SeqStep<'_> {
@@ -79,105 +58,17 @@ fn one(f: &mut dyn Forward, seq: usize, tokens: &[u32], pos: usize) -> Vec<f32> 
     f.forward_batch(&[step(seq, tokens, pos)]).unwrap().pop().unwrap()
 }
 
-fn log_sum_exp(x: &[f32]) -> f32 {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    max + x.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap() as u32
-}
-
-/// Top-1 minus top-2 logit.
-fn gap(x: &[f32]) -> f32 {
-    let best = argmax(x) as usize;
-    let second = (0..x.len())
-        .filter(|&i| i != best)
-        .map(|i| x[i])
-        .fold(f32::NEG_INFINITY, f32::max);
-    x[best] - second
-}
-
 fn agreement(path: &Path, chat: &str) {
     agreement_with(path, chat, None)
 }
 
-/// [`agreement`], both passes running slot 0 with the GGUF LoRA `adapter` when given.
+/// `switchyard bench agree`'s comparison ([`agree::agreement`]), both passes running
+/// slot 0 with the GGUF LoRA `adapter` when given, at the reference tests'
+/// tolerances.
 fn agreement_with(path: &Path, chat: &str, adapter: Option<&Path>) {
-    let (mut own, mut candle, tok) = load_both(path, 512, 1);
-    let mut name = path.file_name().unwrap().to_string_lossy().into_owned();
-    if let Some(file) = adapter {
-        let lora = LoraAdapter::load("one", file, &own.model.params, 1.0).unwrap();
-        let lora = std::sync::Arc::new(lora);
-        assert!(own.set_adapter(0, Some(lora.clone())) && candle.set_adapter(0, Some(lora)));
-        name.push_str(" with a LoRA adapter");
-    }
-    let (mut exact, mut diffs, mut worst) = (0, Vec::new(), 0.0f32);
-    let prompts: Vec<&str> = PROMPTS.iter().copied().chain([chat]).collect();
-    for prompt in &prompts {
-        let tokens = tok.encode(prompt).unwrap();
-        let mut ours = one(&mut own, 0, &tokens, 0);
-        let mut theirs = one(&mut candle, 0, &tokens, 0);
-        let mut first_difference = None;
-        for i in 0..STEPS {
-            let next = argmax(&ours);
-            let delta =
-                ((ours[next as usize] - log_sum_exp(&ours)) - (theirs[next as usize] - log_sum_exp(&theirs))).abs();
-            diffs.push(delta);
-            worst = worst.max(delta);
-            let pick = argmax(&theirs);
-            if pick != next {
-                first_difference.get_or_insert(i);
-                let margin = theirs[pick as usize] - theirs[next as usize];
-                assert!(
-                    gap(&ours) < TIE && margin < TIE,
-                    "{name}, {prompt:?}, step {i}: the CPU engine picks {next} (gap {:.3}), candle picks {pick} \
-                     (by {margin:.3}): not a near tie",
-                    gap(&ours)
-                );
-            }
-            let pos = tokens.len() + i;
-            ours = one(&mut own, 0, &[next], pos);
-            theirs = one(&mut candle, 0, &[next], pos);
-        }
-        match first_difference {
-            None => exact += 1,
-            Some(i) => eprintln!("{name}: {prompt:?} first differs at step {i} (a near tie)"),
-        }
-    }
-    // Hidden states (embeddings): every position's, after the output norm, mean-pooled.
-    let mut lowest = 1.0f64;
-    for prompt in &prompts {
-        let tokens = tok.encode(prompt).unwrap();
-        let all = SeqStep {
-            outputs: tokens.len(),
-            ..step(0, &tokens, 0)
-        };
-        let pooled = |f: &mut dyn Forward| -> Vec<f32> {
-            let rows = f.hidden_batch(std::slice::from_ref(&all)).unwrap();
-            assert_eq!(rows.len(), tokens.len());
-            (0..rows[0].len())
-                .map(|c| rows.iter().map(|r| r[c]).sum::<f32>() / rows.len() as f32)
-                .collect()
-        };
-        let c = cosine(&pooled(&mut own), &pooled(&mut candle));
-        lowest = lowest.min(c);
-        // Both passes approximate (each quantizes activations its own way); the
-        // logits above agree to MEAN_TOL. 0.995, not 0.999: Gemma 3's hidden states
-        // carry a few dimensions of outsized magnitude, which dominate the mean
-        // (0.9987 on one prompt).
-        assert!(c > 0.995, "{name}, {prompt:?}: pooled hidden states, cosine {c}");
-    }
-    eprintln!("{name}: pooled hidden states, candle vs the CPU engine: lowest cosine {lowest:.5}");
-    let mean = diffs.iter().sum::<f32>() / diffs.len() as f32;
-    eprintln!(
-        "{name}, candle on {:?} vs the CPU engine: {exact}/{} prompts identical for {STEPS} greedy tokens; \
-         |Δ log p| mean {mean:.4}, max {worst:.4}",
-        placement(),
-        prompts.len()
-    );
-    assert!(mean <= MEAN_TOL, "{name}: mean |Δ log p| {mean} > {MEAN_TOL}");
-    assert!(worst <= MAX_TOL, "{name}: max |Δ log p| {worst} > {MAX_TOL}");
+    let a = agree::agreement(path, placement(), chat, adapter, 32).unwrap();
+    eprintln!("{a:?}");
+    assert!(a.passes(), "{}: {:?}", a.model, a.failures());
 }
 
 /// LoRA on the candle pass: with an adapter, the same agreement with the CPU

@@ -16,6 +16,11 @@ pub enum BenchCommand {
     /// prompt (~100 tokens), same threads, alternating runs: prefill and decode tok/s,
     /// ratios, peak RSS.
     Llama(crate::llama::BenchLlamaArgs),
+    /// Whether the native CUDA engine computes what the CPU engine computes: each
+    /// reference prompt's greedy tokens teacher-forced through both on the same GGUF,
+    /// |Δ log p| and hidden-state cosine against the reference tests' tolerances;
+    /// exits 1 when one is missed. Without --cuda the candle pass runs on the CPU.
+    Agree(crate::agree::BenchAgreeArgs),
     /// The fabric's cost on the llama.cpp path: the same greedy request straight to a
     /// llama-server and through NATS + coordinator + a llama_cpp worker in front of
     /// that same server, alternating: time to first token and tok/s, ratios. Starts
@@ -206,6 +211,11 @@ pub async fn run(cmd: BenchCommand, mut config: Config) -> anyhow::Result<ExitCo
             let shape = (args.threads, args.runs, args.max_tokens, args.paragraphs);
             crate::llama::llama(&model, &bin, shape, args.cuda).await?;
             Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Agree(args) => {
+            let model = args.model.clone().unwrap_or_else(node::demo_model_path);
+            let passes = tokio::task::spawn_blocking(move || crate::agree::run(&args, &model)).await??;
+            Ok(if passes { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         BenchCommand::LlamaCpp(args) => {
             let model = args.model.clone().unwrap_or_else(node::demo_model_path);

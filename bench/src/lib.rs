@@ -9,6 +9,7 @@
 //! NATS + coordinator + worker (real TCP loopback, real nats-server), alternating, so
 //! the difference is the fabric's own cost.
 
+pub mod agree;
 pub mod batch;
 pub mod burst;
 pub mod chaos;

@@ -37,7 +37,66 @@ pub const fn cuda_built() -> bool {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(index: usize) -> Result<Device, String> {
-    Device::new_cuda(index).map_err(|e| format!("CUDA device {index}: {e}"))
+    cuda_libraries()?;
+    // cudarc loads the libraries at run time and panics where one is missing; they
+    // were all found above, but a panic here must still be an error, not an exit.
+    std::panic::catch_unwind(|| Device::new_cuda(index))
+        .map_err(|p| format!("CUDA device {index}: {}", switchyard_fabric::panic_message(p)))?
+        .map_err(|e| format!("CUDA device {index}: {e}"))
+}
+
+/// The NVIDIA libraries the CUDA engine loads when it first runs (the `cuda` build
+/// links none of them, so the same binary starts on machines without them): each
+/// with the names tried, in the loader's search order (`LD_LIBRARY_PATH`, the
+/// `ldconfig` cache), and where it comes from.
+pub const CUDA_LIBRARIES: &[(&str, &[&str], &str)] = &[
+    (
+        "the NVIDIA driver",
+        &["libcuda.so.1", "libcuda.so"],
+        "an NVIDIA driver, R580 or newer",
+    ),
+    (
+        "cuBLAS",
+        &["libcublas.so.13", "libcublas.so"],
+        "a CUDA 13 toolkit's lib64, or pip's nvidia-cublas (nvidia/cu13/lib)",
+    ),
+    (
+        "cuBLASLt",
+        &["libcublasLt.so.13", "libcublasLt.so"],
+        "a CUDA 13 toolkit's lib64, or pip's nvidia-cublas (nvidia/cu13/lib)",
+    ),
+    (
+        "cuRAND",
+        &["libcurand.so.10", "libcurand.so"],
+        "a CUDA 13 toolkit's lib64, or pip's nvidia-curand (nvidia/cu13/lib)",
+    ),
+];
+
+/// Whether every library in [`CUDA_LIBRARIES`] loads here; else which do not, what
+/// provides them and how to point the loader at them.
+pub fn cuda_libraries() -> Result<(), String> {
+    let missing: Vec<String> = CUDA_LIBRARIES
+        .iter()
+        .filter(|(_, names, _)| !names.iter().any(|n| loads(n)))
+        .map(|(what, names, from)| format!("{what} ({}; from {from})", names[0]))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "cannot load {}: put their directory in LD_LIBRARY_PATH (docs/cuda.md)",
+        missing.join(", ")
+    ))
+}
+
+/// Whether the dynamic loader finds and loads `name` (it stays loaded: the engine
+/// loads it again by the same name).
+fn loads(name: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: dlopen with a valid C string; the handle is never closed or used.
+    !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) }.is_null()
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -97,6 +156,17 @@ mod tests {
         assert_eq!(on(5), vec![0, 1, 2, 3]);
         assert_eq!(on(99), vec![0, 1, 2, 3]);
         assert!(output_on_gpu(-1) && output_on_gpu(1) && !output_on_gpu(0));
+    }
+
+    #[test]
+    fn a_library_that_is_not_there_is_named_with_its_source() {
+        assert!(loads("libc.so.6"));
+        assert!(!loads("libswitchyard-no-such-library.so.1"));
+        match cuda_libraries() {
+            // A machine with the NVIDIA libraries.
+            Ok(()) => assert!(CUDA_LIBRARIES.iter().all(|(_, n, _)| n.iter().any(|n| loads(n)))),
+            Err(e) => assert!(e.contains("LD_LIBRARY_PATH") && e.contains(".so"), "{e}"),
+        }
     }
 
     #[test]

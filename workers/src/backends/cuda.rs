@@ -70,6 +70,12 @@ pub fn native_refusal(w: &WorkerConfig) -> Option<BackendError> {
                 .into(),
         );
     }
+    // The build loads the NVIDIA libraries at run time: a GPU without them (no
+    // driver, no CUDA 13 libraries on the loader's path) is named here, not at the
+    // first matmul.
+    if let Err(why) = device::cuda_libraries() {
+        return refuse(why);
+    }
     None
 }
 
