@@ -49,6 +49,12 @@ pub struct BenchAgreeArgs {
     /// device.
     #[arg(long)]
     pub cuda: Option<usize>,
+    /// What the candle pass is compared with: `cpu-engine` (switchyard's own CPU
+    /// pass, which the reference tests check against llama.cpp) or `candle-cpu` (the
+    /// same candle code on the CPU: the GPU's kernels alone, for random-weight models,
+    /// whose depth amplifies the two engines' different activation rounding).
+    #[arg(long, default_value = "cpu-engine", value_parser = ["cpu-engine", "candle-cpu"])]
+    pub reference: String,
     /// A GGUF LoRA adapter both passes run with (scale 1).
     #[arg(long)]
     pub lora: Option<PathBuf>,
@@ -67,6 +73,8 @@ pub struct Agreement {
     pub model: String,
     /// Where the candle pass ran (`candle-cuda:0`, `candle-cpu`).
     pub device: String,
+    /// What it was compared with (`cpu-engine`, `candle-cpu`).
+    pub reference: String,
     /// Prompts compared, and those whose greedy tokens were identical throughout.
     pub prompts: usize,
     pub identical: usize,
@@ -160,10 +168,34 @@ pub fn agreement(
     adapter: Option<&Path>,
     steps: usize,
 ) -> anyhow::Result<Agreement> {
-    let (mut own, mut candle, tok) = load_both(path, 512, 1, placement)?;
+    agreement_with(path, placement, false, chat, adapter, steps)
+}
+
+/// [`agreement`], against the candle pass on the CPU instead of the CPU engine when
+/// `candle_reference`.
+pub fn agreement_with(
+    path: &Path,
+    placement: Placement,
+    candle_reference: bool,
+    chat: &str,
+    adapter: Option<&Path>,
+    steps: usize,
+) -> anyhow::Result<Agreement> {
+    let mut file = std::fs::File::open(path)?;
+    let content = gguf_file::Content::read(&mut file)?;
+    let tok = GgufTokenizer::from_gguf(&content)?;
+    let mut candle = CandleForward::load(&content, &mut file, 512, 1, placement, -1).map_err(anyhow::Error::msg)?;
+    let params = candle.params().clone();
+    let mut own: Box<dyn Forward> = match candle_reference {
+        false => Box::new(CpuForward::new(LlamaModel::load(&content, &mut file, 512)?, 1)),
+        true => {
+            Box::new(CandleForward::load(&content, &mut file, 512, 1, Placement::Cpu, -1).map_err(anyhow::Error::msg)?)
+        }
+    };
+    let own = own.as_mut();
     let mut name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
     if let Some(file) = adapter {
-        let lora = Arc::new(LoraAdapter::load("one", file, &own.model.params, 1.0).map_err(anyhow::Error::msg)?);
+        let lora = Arc::new(LoraAdapter::load("one", file, &params, 1.0).map_err(anyhow::Error::msg)?);
         anyhow::ensure!(
             own.set_adapter(0, Some(lora.clone())) && candle.set_adapter(0, Some(lora)),
             "the adapter does not fit the model"
@@ -174,7 +206,7 @@ pub fn agreement(
     let (mut identical, mut diffs, mut worst, mut ties) = (0, Vec::new(), 0.0f32, Vec::new());
     for prompt in &prompts {
         let tokens = tok.encode(prompt).map_err(anyhow::Error::msg)?;
-        let mut ours = one(&mut own, &tokens, 0)?;
+        let mut ours = one(own, &tokens, 0)?;
         let mut theirs = one(&mut candle, &tokens, 0)?;
         let mut differs = false;
         for i in 0..steps {
@@ -196,7 +228,7 @@ pub fn agreement(
                 }
             }
             let pos = tokens.len() + i;
-            ours = one(&mut own, &[next], pos)?;
+            ours = one(own, &[next], pos)?;
             theirs = one(&mut candle, &[next], pos)?;
         }
         identical += usize::from(!differs);
@@ -221,12 +253,13 @@ pub fn agreement(
                 .map(|c| rows.iter().map(|r| r[c]).sum::<f32>() / rows.len() as f32)
                 .collect())
         };
-        let (a, b) = (pooled(&mut own)?, pooled(&mut candle)?);
+        let (a, b) = (pooled(own)?, pooled(&mut candle)?);
         lowest = lowest.min(cosine(&a, &b));
     }
     Ok(Agreement {
         model: name,
         device: placement.label(),
+        reference: if candle_reference { "candle-cpu" } else { "cpu-engine" }.into(),
         prompts: prompts.len(),
         identical,
         steps,
@@ -253,19 +286,29 @@ pub fn chat_prompt(path: &Path) -> String {
 pub fn run(args: &BenchAgreeArgs, model: &Path) -> anyhow::Result<bool> {
     let placement = args.cuda.map_or(Placement::Cpu, Placement::Cuda);
     eprintln!(
-        "comparing {} on {} with switchyard's CPU engine ({} prompts, {} greedy tokens each) …",
+        "comparing {} on {} with {} ({} prompts, {} greedy tokens each) …",
         model.display(),
         placement.label(),
+        args.reference,
         PROMPTS.len() + 1,
         args.steps
     );
     let started = std::time::Instant::now();
-    let a = agreement(model, placement, &chat_prompt(model), args.lora.as_deref(), args.steps)?;
+    let candle_reference = args.reference == "candle-cpu";
+    let a = agreement_with(
+        model,
+        placement,
+        candle_reference,
+        &chat_prompt(model),
+        args.lora.as_deref(),
+        args.steps,
+    )?;
     println!(
-        "{} on {}: {}/{} prompts identical for {} greedy tokens; |Δ log p| mean {:.4} (≤ {MEAN_TOL}), max {:.4} \
+        "{} on {} vs {}: {}/{} prompts identical for {} greedy tokens; |Δ log p| mean {:.4} (≤ {MEAN_TOL}), max {:.4} \
          (≤ {MAX_TOL}); pooled hidden states, lowest cosine {:.5} (> {COSINE}); {:.1} s",
         a.model,
         a.device,
+        a.reference,
         a.identical,
         a.prompts,
         a.steps,
