@@ -105,8 +105,10 @@ device() {
 
   # facts
   t0=$SECONDS
-  xz -dc "$PACK/switchyard.xz" >"$work/switchyard" && chmod +x "$work/switchyard"
-  xz -dc "$PACK/nats-server.xz" >"$work/nats-server" && chmod +x "$work/nats-server"
+  # (A function run under `||` has no errexit: each step checks what it needs.)
+  xz -dc "$PACK/switchyard.xz" >"$work/switchyard" && chmod +x "$work/switchyard" \
+    && xz -dc "$PACK/nats-server.xz" >"$work/nats-server" && chmod +x "$work/nats-server" \
+    || { say "could not unpack $PACK"; return 1; }
   local smi="none"
   command -v nvidia-smi >/dev/null && smi=$(nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used \
     --format=csv,noheader 2>&1 || true)
@@ -132,11 +134,15 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   t0=$SECONDS
   mkdir -p "$work/py" "$work/models"
   tar -C "$work/py" -xJf "$PACK/gguf-py.tar.xz"
-  local m shape q made=()
+  # The device's python3 has numpy (PyTorch's); a dry run passes setup's.
+  local m shape q made=() py="${GPU_CHECK_PYTHON:-python3}"
   for m in "qwen2.5-0.5b q8_0" "qwen2.5-0.5b q4_0" "qwen2.5-1.5b q8_0"; do
     read -r shape q <<<"$m"
-    PYTHONPATH="$work/py" python3 scripts/make-random-qwen-gguf.py "$PACK/vocab.gguf" \
-      "$work/models/random-$shape-$q.gguf" qwen2 1234 "$q" "$shape" >/dev/null
+    if ! PYTHONPATH="$work/py" "$py" scripts/make-random-qwen-gguf.py "$PACK/vocab.gguf" \
+        "$work/models/random-$shape-$q.gguf" qwen2 1234 "$q" "$shape" >/dev/null 2>"$work/models.err"; then
+      step models failed $((SECONDS - t0)) "$(tail -3 "$work/models.err" | json_str)"
+      return 1
+    fi
     made+=("\"random-$shape-$q.gguf\"")
   done
   step models ok $((SECONDS - t0)) "[$(join "${made[@]}")]"
@@ -145,7 +151,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   t0=$SECONDS
   local refusal
   if ! refusal=$(SWITCHYARD_NATS_SERVER="$work/nats-server" timeout 120 "$work/switchyard" up --backend cuda \
-      --cuda-engine native --model "$work/models/random-qwen2.5-0.5b-q8_0.gguf" --prompt "Hello" 2>&1); then
+      --cuda-engine native --model "$work/models/random-qwen2.5-0.5b-q8_0.gguf" --prompt "Hello" --exit-after-prompt 2>&1); then
     step gpu failed $((SECONDS - t0)) "$(echo "$refusal" | tail -5 | json_str)"
     say "no usable NVIDIA GPU here: the check stops at the first step that needs one ($json)"
     echo "$refusal" | tail -5 >&2
@@ -173,7 +179,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   local answer
   if answer=$(SWITCHYARD_NATS_SERVER="$work/nats-server" timeout 180 "$work/switchyard" up --backend cuda \
       --cuda-engine native --model "$work/models/random-qwen2.5-1.5b-q8_0.gguf" \
-      --prompt "The capital of France is" 2>&1); then
+      --prompt "The capital of France is" --exit-after-prompt 2>&1); then
     step serve ok $((SECONDS - t0)) "$(echo "$answer" | tail -4 | json_str)"
   else
     step serve failed $((SECONDS - t0)) "$(echo "$answer" | tail -6 | json_str)"
@@ -188,6 +194,8 @@ case "${1:-}" in
     pack; plan
     out=$(mktemp -d)
     started=$SECONDS
+    GPU_CHECK_PYTHON=$(bash scripts/setup.sh 2>/dev/null | sed -n 's/^SWITCHYARD_PYTHON=//p')
+    export GPU_CHECK_PYTHON
     rc=0
     device "$out" || rc=$?
     say "dry run: device part ran $((SECONDS - started)) s here; summary:"
