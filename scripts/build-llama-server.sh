@@ -156,7 +156,8 @@ for v in "$@"; do
 done
 
 if [ ${#missing[@]} -gt 0 ]; then
-  for tool in cmake make g++; do
+  # make, or ninja where CMAKE_GENERATOR says so (a machine with no make and no apt).
+  for tool in cmake "$([ "${CMAKE_GENERATOR:-}" = Ninja ] && echo ninja || echo make)" g++; do
     if ! command -v "$tool" >/dev/null 2>&1; then
       say "installing build tools (cmake, g++)"
       apt-get update -qq && apt-get install -y -qq cmake g++ make >/dev/null
