@@ -43,8 +43,9 @@ PLAN=(
 )
 # Not prepared yet (issue 54 stays open on them): 8-stream batching on the GPU against the
 # llama-server, and a cuda + cpu fleet's routing and spill under load. Steps past LATE
-# seconds are skipped (recorded so) to end inside the 540 s a call is given.
-LATE=420
+# seconds are skipped (recorded so): the call ends in about 7 minutes at worst, leaving room
+# in the 15-minute session for a rerun of what failed (GPU_CHECK_LATE=seconds moves it).
+LATE=${GPU_CHECK_LATE:-300}
 
 plan() {
   local total=0 line name what secs
