@@ -8,6 +8,10 @@
 #   scripts/gpu-check.sh --dry-run    --pack, then run the device part here, up to the first
 #                                     step that needs the GPU (which must fail fast and say
 #                                     why): checks the pack, times the CPU-side steps
+#   scripts/gpu-check.sh --rehearse   --pack, then every device step here on the CPU (cuda
+#                                     workers with --gpu-allow-cpu, candle on the CPU, the
+#                                     cached CPU llama-server): the script's own logic, end to
+#                                     end, before GPU minutes are spent on it
 #   scripts/gpu-check.sh --device OUT on the GPU machine (the device tool's run, carrying
 #                                     gpu-pack): every step, OUT/gpu-check.json
 #
@@ -114,6 +118,9 @@ device() {
   }
   json_str() { python3 -c 'import json, sys; print(json.dumps(sys.stdin.read()))'; }
   STARTED=$(date -u +%FT%TZ)
+  # A rehearsal (GPU_CHECK_CPU=1) runs each step's CPU twin: same commands, no GPU.
+  local on_gpu=(--cuda 0) allow=() variant=cuda
+  if [ -n "${GPU_CHECK_CPU:-}" ]; then on_gpu=() allow=(--gpu-allow-cpu) variant=avx2; fi
 
   # facts
   t0=$SECONDS
@@ -134,10 +141,12 @@ device() {
   local llama_cache="$work/cache" llama_bin=""
   mkdir -p "$llama_cache/llama.cpp/11434.0.0/src"
   tar -C "$llama_cache/llama.cpp/11434.0.0/src" -xJf "$PACK/llama-src.tar.xz" \
-    && touch "$llama_cache/llama.cpp/11434.0.0/src/.complete"
+    && touch "$llama_cache/llama.cpp/11434.0.0/src/.complete" \
+    || { say "could not unpack llama.cpp's source"; return 1; }
   command -v make >/dev/null || export CMAKE_GENERATOR=Ninja
   local build_started=$SECONDS
-  SWITCHYARD_CACHE="$llama_cache" CUDA_COMPUTE_CAP=90 setsid nice -n 10 bash scripts/build-llama-server.sh cuda \
+  [ -n "${GPU_CHECK_CPU:-}" ] && llama_cache="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
+  SWITCHYARD_CACHE="$llama_cache" CUDA_COMPUTE_CAP=90 setsid nice -n 10 bash scripts/build-llama-server.sh "$variant" \
     >"$out/llama-build.log" 2>&1 </dev/null &
   local build_pid=$!
 
@@ -176,7 +185,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   t0=$SECONDS
   local refusal
   if ! refusal=$(SWITCHYARD_NATS_SERVER="$work/nats-server" timeout 120 "$work/switchyard" up --backend cuda \
-      --cuda-engine native --model "$work/models/random-qwen2.5-0.5b-q8_0.gguf" --prompt "Hello" --exit-after-prompt 2>&1); then
+      --cuda-engine native "${allow[@]}" --model "$work/models/random-qwen2.5-0.5b-q8_0.gguf" --prompt "Hello" --exit-after-prompt 2>&1); then
     step gpu failed $((SECONDS - t0)) "$(echo "$refusal" | tail -5 | json_str)"
     kill -- -"$build_pid" 2>/dev/null || kill "$build_pid" 2>/dev/null || true
     say "no usable NVIDIA GPU here: the check stops at the first step that needs one ($json)"
@@ -193,7 +202,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   # rounding past the reference tolerances even on the CPU; tests/cuda_native.rs holds
   # that comparison on the real demo model, which is too large to send.)
   for a in random-qwen2.5-0.5b-q8_0 random-qwen2.5-0.5b-q4_0 random-qwen2.5-1.5b-q8_0; do
-    "$work/switchyard" bench agree --cuda 0 --reference candle-cpu --model "$work/models/$a.gguf" \
+    "$work/switchyard" bench agree "${on_gpu[@]}" --reference candle-cpu --model "$work/models/$a.gguf" \
       --json "$work/$a.agree.json" \
       >"$work/$a.agree.txt" 2>&1 || rc=1
     results+=("$(cat "$work/$a.agree.json" 2>/dev/null || tail -3 "$work/$a.agree.txt" | json_str)")
@@ -204,7 +213,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   t0=$SECONDS
   local answer
   if answer=$(SWITCHYARD_NATS_SERVER="$work/nats-server" timeout 180 "$work/switchyard" up --backend cuda \
-      --cuda-engine native --model "$work/models/random-qwen2.5-1.5b-q8_0.gguf" \
+      --cuda-engine native "${allow[@]}" --model "$work/models/random-qwen2.5-1.5b-q8_0.gguf" \
       --prompt "The capital of France is" --exit-after-prompt 2>&1); then
     step serve ok $((SECONDS - t0)) "$(echo "$answer" | tail -4 | json_str)"
   else
@@ -228,7 +237,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
     local reports=() model
     for model in random-qwen2.5-0.5b-q8_0 random-qwen2.5-1.5b-q8_0; do
       if [ $SECONDS -ge $LATE ]; then reports+=("$(echo "$model: skipped, past ${LATE} s" | json_str)"); continue; fi
-      timeout 150 "$work/switchyard" bench llama --cuda 0 --llama-server "$llama_bin" --model "$work/models/$model.gguf" \
+      timeout "$([ -n "${GPU_CHECK_CPU:-}" ] && echo 600 || echo 150)" "$work/switchyard" bench llama "${on_gpu[@]}" --llama-server "$llama_bin" --model "$work/models/$model.gguf" \
         --threads 8 --runs 2 --max-tokens 64 >"$work/$model.speed.txt" 2>&1 || true
       reports+=("$(tail -12 "$work/$model.speed.txt" | json_str)")
     done
@@ -238,7 +247,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   # supervised: the cuda backend's llama-server engine, killed -9 and restarted.
   if [ -n "$llama_bin" ] && [ $SECONDS -lt $LATE ]; then
     t0=$SECONDS
-    SWITCHYARD_NATS_SERVER="$work/nats-server" setsid "$work/switchyard" up --backend cuda --cuda-engine llama-server \
+    SWITCHYARD_NATS_SERVER="$work/nats-server" setsid "$work/switchyard" up --backend cuda --cuda-engine llama-server "${allow[@]}" \
       --llama-server "$llama_bin" --gpu-layers -1 --model "$work/models/random-qwen2.5-0.5b-q8_0.gguf" \
       >"$work/supervised.log" 2>&1 </dev/null &
     local up_pid=$! nats_url="" first="" second="" child=""
@@ -282,6 +291,25 @@ case "${1:-}" in
     # Here the GPU step must be the one that stopped it (exit 3); anything else is a fault.
     [ "$rc" = 3 ] || { say "the dry run did not stop at the GPU step (exit $rc)"; exit 1; }
     ;;
+  --rehearse)
+    pack
+    out=$(mktemp -d)
+    GPU_CHECK_PYTHON=$(bash scripts/setup.sh 2>/dev/null | sed -n 's/^SWITCHYARD_PYTHON=//p')
+    export GPU_CHECK_PYTHON GPU_CHECK_CPU=1
+    LATE=${GPU_CHECK_LATE:-1200} # the CPU twins are slower; nothing skipped
+    device "$out" || { say "the rehearsal failed; summary: $out/gpu-check.json"; cat "$out/gpu-check.json"; exit 1; }
+    cat "$out/gpu-check.json"
+    # Every step must have run and none failed.
+    python3 - "$out/gpu-check.json" <<'EOF'
+import json, sys
+steps = json.load(open(sys.argv[1]))["steps"]
+names = [s["step"] for s in steps]
+want = ["facts", "libraries", "models", "gpu", "agree", "serve", "llama-build", "speed", "supervised"]
+bad = [s["step"] + ": " + s["status"] for s in steps if s["status"] not in ("ok", "done")]
+sys.exit(f"steps {names}, not ok: {bad}" if bad or names != want else 0)
+EOF
+    say "rehearsal: every step ran and none failed"
+    ;;
   --device) [ $# -ge 2 ] || { say "--device needs the output folder"; exit 2; }; device "$2" ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
