@@ -161,6 +161,14 @@ for base in site.getsitepackages() + [site.getusersitepackages()]:
         for f in glob.glob(os.path.join(base, "nvidia", "*", "lib", lib)) + glob.glob(os.path.join(base, "nvidia", "*", "*", "lib", lib)):
             dirs.add(os.path.dirname(f))
 print(":".join(sorted(dirs)))' 2>/dev/null || true)
+  # The driver's libcuda.so.1 where the loader's cache does not have it (a read-only
+  # /usr/local/nvidia mount, say).
+  local d
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+    for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/local/cuda/compat; do
+      if [ -e "$d/libcuda.so.1" ]; then libdirs="${libdirs:+$libdirs:}$d"; break; fi
+    done
+  fi
   export LD_LIBRARY_PATH="${libdirs:+$libdirs:}${LD_LIBRARY_PATH:-}"
   step libraries ok $((SECONDS - t0)) "{\"ld_library_path\":$(echo "$LD_LIBRARY_PATH" | json_str)}"
 
@@ -238,7 +246,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
     for model in random-qwen2.5-0.5b-q8_0 random-qwen2.5-1.5b-q8_0; do
       if [ $SECONDS -ge $LATE ]; then reports+=("$(echo "$model: skipped, past ${LATE} s" | json_str)"); continue; fi
       timeout "$([ -n "${GPU_CHECK_CPU:-}" ] && echo 600 || echo 150)" "$work/switchyard" bench llama "${on_gpu[@]}" --llama-server "$llama_bin" --model "$work/models/$model.gguf" \
-        --threads 8 --runs 2 --max-tokens 64 >"$work/$model.speed.txt" 2>&1 || true
+        --threads "$(( $(nproc) < 8 ? $(nproc) : 8 ))" --runs 2 --max-tokens 64 >"$work/$model.speed.txt" 2>&1 || true
       reports+=("$(tail -12 "$work/$model.speed.txt" | json_str)")
     done
     step speed done $((SECONDS - t0)) "[$(join "${reports[@]}")]"
@@ -255,18 +263,24 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
       nats_url=$(grep -o 'switchyard --nats nats://[0-9.:]*' "$work/supervised.log" | head -1 | cut -d' ' -f3)
       [ -n "$nats_url" ] && break; sleep 1
     done
+    # A chat answered within 60 s (tries again while the worker is not serving); the
+    # answer's last lines, or nothing.
+    ask() {
+      local deadline=$((SECONDS + 60)) got
+      while [ $SECONDS -lt $deadline ]; do
+        if got=$(timeout 60 "$work/switchyard" --nats "$nats_url" chat "$1" 2>&1); then
+          echo "$got" | tail -2; return 0
+        fi
+        sleep 2
+      done
+      return 1
+    }
     if [ -n "$nats_url" ]; then
-      first=$(timeout 60 "$work/switchyard" --nats "$nats_url" chat "Hello" 2>&1 | tail -2)
+      first=$(ask "Hello" || true)
       child=$(pgrep -f "$llama_bin" | head -1 || true)
       [ -n "$child" ] && kill -9 "$child"
       # The worker restarts its child (with backoff) and loads the model again.
-      local deadline=$((SECONDS + 60))
-      while [ $SECONDS -lt $deadline ]; do
-        if second=$(timeout 60 "$work/switchyard" --nats "$nats_url" chat "Hello again" 2>&1); then
-          second=$(echo "$second" | tail -2); break
-        fi
-        second=""; sleep 2
-      done
+      second=$(ask "Hello again" || true)
     fi
     kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null || true
     step supervised "$([ -n "$second" ] && [ -n "$first" ] && echo done || echo failed)" $((SECONDS - t0)) \
