@@ -127,6 +127,9 @@ trap 'cp "$lock_backup" Cargo.lock; rm -f "$lock_backup"' EXIT
 unset CUDA_PATH CUDNN_LIB NVCC CUDA_TOOLKIT_ROOT_DIR
 export CUDA_HOME="$CUDA_ROOT" CUDA_ROOT="$CUDA_ROOT"
 export CUDA_COMPUTE_CAP="$cap" PATH="$CUDA_ROOT/bin:$PATH"
+# candle-kernels' builder (cudaforge) runs nvcc on half the cores by default: one at a
+# time on a 2-core CI host, where the kernels are most of a cold build.
+export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/cuda}"
 
 # A binary that names an NVIDIA library as NEEDED does not start without it.
