@@ -119,8 +119,9 @@ device() {
   json_str() { python3 -c 'import json, sys; print(json.dumps(sys.stdin.read()))'; }
   STARTED=$(date -u +%FT%TZ)
   # A rehearsal (GPU_CHECK_CPU=1) runs each step's CPU twin: same commands, no GPU.
-  local on_gpu=(--cuda 0) allow=() variant=cuda
-  if [ -n "${GPU_CHECK_CPU:-}" ]; then on_gpu=() allow=(--gpu-allow-cpu) variant=avx2; fi
+  # The larger shape is the 1.5B; a rehearsal uses the 0.5B for both (2 cores).
+  local on_gpu=(--cuda 0) allow=() variant=cuda big=qwen2.5-1.5b
+  if [ -n "${GPU_CHECK_CPU:-}" ]; then on_gpu=() allow=(--gpu-allow-cpu) variant=avx2 big=qwen2.5-0.5b; fi
 
   # facts
   t0=$SECONDS
@@ -178,8 +179,9 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   tar -C "$work/py" -xJf "$PACK/gguf-py.tar.xz"
   # The device's python3 has numpy (PyTorch's); a dry run passes setup's.
   local m shape q made=() py="${GPU_CHECK_PYTHON:-python3}"
-  for m in "qwen2.5-0.5b q8_0" "qwen2.5-0.5b q4_0" "qwen2.5-1.5b q8_0"; do
+  for m in "qwen2.5-0.5b q8_0" "qwen2.5-0.5b q4_0" "$big q8_0"; do
     read -r shape q <<<"$m"
+    [ -f "$work/models/random-$shape-$q.gguf" ] && continue
     if ! PYTHONPATH="$work/py" "$py" scripts/make-random-qwen-gguf.py "$PACK/vocab.gguf" \
         "$work/models/random-$shape-$q.gguf" qwen2 1234 "$q" "$shape" >/dev/null 2>"$work/models.err"; then
       step models failed $((SECONDS - t0)) "$(tail -3 "$work/models.err" | json_str)"
@@ -209,7 +211,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   # engine, random weights 24 layers deep amplify the two engines' different activation
   # rounding past the reference tolerances even on the CPU; tests/cuda_native.rs holds
   # that comparison on the real demo model, which is too large to send.)
-  for a in random-qwen2.5-0.5b-q8_0 random-qwen2.5-0.5b-q4_0 random-qwen2.5-1.5b-q8_0; do
+  for a in $(printf '%s\n' random-qwen2.5-0.5b-q8_0 random-qwen2.5-0.5b-q4_0 "random-$big-q8_0" | awk '!seen[$0]++'); do
     "$work/switchyard" bench agree "${on_gpu[@]}" --reference candle-cpu --model "$work/models/$a.gguf" \
       --json "$work/$a.agree.json" \
       >"$work/$a.agree.txt" 2>&1 || rc=1
@@ -221,7 +223,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   t0=$SECONDS
   local answer
   if answer=$(SWITCHYARD_NATS_SERVER="$work/nats-server" timeout 180 "$work/switchyard" up --backend cuda \
-      --cuda-engine native "${allow[@]}" --model "$work/models/random-qwen2.5-1.5b-q8_0.gguf" \
+      --cuda-engine native "${allow[@]}" --model "$work/models/random-$big-q8_0.gguf" \
       --prompt "The capital of France is" --exit-after-prompt 2>&1); then
     step serve ok $((SECONDS - t0)) "$(echo "$answer" | tail -4 | json_str)"
   else
@@ -243,7 +245,7 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
   if [ -n "$llama_bin" ]; then
     t0=$SECONDS
     local reports=() model
-    for model in random-qwen2.5-0.5b-q8_0 random-qwen2.5-1.5b-q8_0; do
+    for model in $(printf '%s\n' random-qwen2.5-0.5b-q8_0 "random-$big-q8_0" | awk '!seen[$0]++'); do
       if [ $SECONDS -ge $LATE ]; then reports+=("$(echo "$model: skipped, past ${LATE} s" | json_str)"); continue; fi
       timeout "$([ -n "${GPU_CHECK_CPU:-}" ] && echo 600 || echo 150)" "$work/switchyard" bench llama "${on_gpu[@]}" --llama-server "$llama_bin" --model "$work/models/$model.gguf" \
         --threads "$(( $(nproc) < 8 ? $(nproc) : 8 ))" --runs 2 --max-tokens 64 >"$work/$model.speed.txt" 2>&1 || true
