@@ -279,7 +279,9 @@ print(":".join(sorted(dirs)))' 2>/dev/null || true)
     }
     if [ -n "$nats_url" ]; then
       first=$(ask "Hello" || true)
-      child=$(pgrep -f "$llama_bin" | head -1 || true)
+      # The llama-server child itself (its command line starts with the binary; `up`'s
+      # own names it as an argument).
+      child=$(pgrep -f "^$llama_bin " | head -1 || true)
       [ -n "$child" ] && kill -9 "$child"
       # The worker restarts its child (with backoff) and loads the model again.
       second=$(ask "Hello again" || true)
