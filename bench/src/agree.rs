@@ -29,15 +29,7 @@ pub const COSINE: f64 = 0.995;
 
 /// The reference prompts (text and code); a chat prompt in the model's template is
 /// added by the caller.
-pub const PROMPTS: &[&str] = &[
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea,",
-    "Question: What is 12 times 7?\nAnswer:",
-    "The three primary colors are",
-    "import numpy as np\n\ndef softmax(x):",
-    "In 1969, Neil Armstrong",
-];
+pub const PROMPTS: &[&str] = switchyard_workers::engine::REFERENCE_PROMPTS;
 
 /// `switchyard bench agree`.
 #[derive(Args, Debug)]

@@ -64,6 +64,19 @@ pub const DEFAULT_SLOTS: usize = 4;
 /// Architectures this backend runs.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = model::llama::ARCHITECTURES;
 
+/// The plain prompts (text and code) the engine's numerics are checked on: against
+/// llama.cpp (engine/tests/engine/greedy_reference.rs) and, by `switchyard bench
+/// agree`, the candle pass against this engine.
+pub const REFERENCE_PROMPTS: &[&str] = &[
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "Question: What is 12 times 7?\nAnswer:",
+    "The three primary colors are",
+    "import numpy as np\n\ndef softmax(x):",
+    "In 1969, Neil Armstrong",
+];
+
 /// Which forward pass computes a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForwardPass {

@@ -67,15 +67,7 @@ const SMOLLM2: Bounds = Bounds { max: 1.0, tie: 0.75 };
 /// finish blocks in integers: max 0.46–0.49, mean 0.037–0.039; the bounds are kept.)
 const GEMMA3: Bounds = Bounds { max: 1.6, tie: 2.0 };
 
-const PLAIN: &[&str] = &[
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea,",
-    "Question: What is 12 times 7?\nAnswer:",
-    "The three primary colors are",
-    "import numpy as np\n\ndef softmax(x):",
-    "In 1969, Neil Armstrong",
-];
+const PLAIN: &[&str] = switchyard_engine::REFERENCE_PROMPTS;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_greedy_matches_llama_server() {
