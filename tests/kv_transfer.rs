@@ -24,18 +24,6 @@ use switchyard_messages::{
 
 const NAME: &str = "smol";
 
-/// About `sections` × 42 tokens of text on `topic`.
-fn document(topic: &str, sections: usize) -> String {
-    let mut doc = format!("Notes on {topic}.\n");
-    for i in 1..=sections {
-        doc.push_str(&format!(
-            "Section {i}: the {topic} was studied from many sides, with careful records of what was seen, \
-             measured and argued about by the people who cared for it over the years.\n"
-        ));
-    }
-    doc
-}
-
 struct Fleet {
     _nats: switchyard_procs::nats_server::NatsServer,
     url: String,

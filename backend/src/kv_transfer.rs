@@ -30,7 +30,7 @@ pub trait KvTransfer: Send + Sync {
     fn adapter_key(&self, name: &str) -> Result<String, BackendError>;
     /// The tokens a generation of `prompt` computes, as the engine will render and
     /// tokenize them.
-    fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError>;
+    fn prompt_tokens(&self, prompt: &Prompt) -> BackendFuture<Vec<u32>>;
     /// Leading tokens of `tokens` (run with `adapter`) it holds already, in slots or
     /// its block store: what a generation would not compute.
     fn held_prefix(&self, tokens: Vec<u32>, adapter: Option<String>) -> BackendFuture<usize>;

@@ -315,8 +315,9 @@ impl KvTransfer for EngineModel {
         Ok(key)
     }
 
-    fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, BackendError> {
-        super::compute::tokenize_prompt(&self.tokenizer, &self.template, prompt)
+    fn prompt_tokens(&self, prompt: &Prompt) -> BackendFuture<Vec<u32>> {
+        let tokens = super::compute::tokenize_prompt(&self.tokenizer, &self.template, prompt);
+        Box::pin(std::future::ready(tokens))
     }
 
     fn held_prefix(&self, tokens: Vec<u32>, adapter: Option<String>) -> BackendFuture<usize> {

@@ -231,3 +231,15 @@ pub async fn ends_with_error(mut stream: switchyard::client::ResponseStream) -> 
         }
     }
 }
+
+/// About `sections` × 42 tokens of text on `topic`.
+pub fn document(topic: &str, sections: usize) -> String {
+    let mut doc = format!("Notes on {topic}.\n");
+    for i in 1..=sections {
+        doc.push_str(&format!(
+            "Section {i}: the {topic} was studied from many sides, with careful records of what was seen, \
+             measured and argued about by the people who cared for it over the years.\n"
+        ));
+    }
+    doc
+}

@@ -27,6 +27,8 @@ pub struct ServerProps {
     pub total_slots: u32,
     /// The chat template the server renders with (empty when it has none).
     pub chat_template: String,
+    /// The server's build (`b1234-abcdef0`), empty when it does not say.
+    pub build_info: String,
 }
 
 /// A connection to one llama.cpp server.
@@ -49,6 +51,9 @@ pub(super) struct Shared {
     pub(super) slots: Option<Arc<SlotBook>>,
     /// The LoRA adapters the server loaded and the names they are served under.
     pub(super) adapters: super::adapters::ServerAdapters,
+    /// KV travelling to and from peers, for a server this worker supervises
+    /// ([`super::kv_exchange`]).
+    pub(super) exchange: std::sync::OnceLock<Arc<super::exchange::Exchange>>,
 }
 
 impl Shared {
@@ -167,6 +172,7 @@ impl LlamaCppModel {
             props,
             healthy: AtomicBool::new(true),
             last_metrics: Mutex::new(GenerateMetrics::default()),
+            exchange: std::sync::OnceLock::new(),
         });
         tokio::spawn(health_loop(Arc::downgrade(&shared)));
         Ok(Self { shared })
@@ -334,10 +340,19 @@ impl LlamaCppModel {
         if let Some(lora) = self.shared.adapters.param(config.adapter.as_deref())? {
             body["lora"] = lora;
         }
-        if let Some(slot) = follow.as_ref().map_or(slot, |f| f.slot()) {
+        let slot = follow.as_ref().map_or(slot, |f| f.slot());
+        if let Some(slot) = slot {
             body["id_slot"] = json!(slot);
         }
-        if follow.as_ref().is_some_and(|f| f.fresh()) {
+        // KV pulled from a peer for this prompt goes into its slot first.
+        let restored = match slot {
+            Some(slot) => {
+                self.restore_pulled(&body["prompt"], slot, config.adapter.as_deref())
+                    .await
+            }
+            None => 0,
+        };
+        if restored == 0 && follow.as_ref().is_some_and(|f| f.fresh()) {
             body["cache_prompt"] = json!(false);
         }
         // W3C trace context to the server, so a tracing-aware proxy or server joins
@@ -494,6 +509,7 @@ async fn fetch_props(http: &reqwest::Client, url: &str) -> Result<ServerProps, B
         n_ctx: n_ctx as u32,
         total_slots: props["total_slots"].as_u64().unwrap_or(1).max(1) as u32,
         chat_template: props["chat_template"].as_str().unwrap_or_default().to_string(),
+        build_info: props["build_info"].as_str().unwrap_or_default().to_string(),
     })
 }
 

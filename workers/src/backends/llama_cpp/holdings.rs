@@ -211,6 +211,20 @@ impl SlotBook {
         self.shared.set(all);
     }
 
+    /// The slots no completion followed here runs on, most recently used first.
+    pub fn idle_slots_recent_first(&self) -> Vec<u32> {
+        let book = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle: Vec<(u64, u32)> = book
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.busy)
+            .map(|(i, s)| (s.last_used, i as u32))
+            .collect();
+        idle.sort_by(|a, b| b.cmp(a));
+        idle.into_iter().map(|(_, i)| i).collect()
+    }
+
     /// The server restarted (or went away): its slots hold nothing any more.
     pub fn forget(&self) {
         let mut book = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -14,6 +14,8 @@
 //!   spreads them over its slots).
 //! - KV holdings: what each server slot (and llama-server's prompt cache) holds,
 //!   followed from the completions' `id_slot` ([`holdings`]).
+//! - KV exchange with peers (a server this worker supervises): slots saved and
+//!   restored as files, cut into the exchange's blocks ([`kv_exchange`], [`slot_state`]).
 //! - LoRA adapters: those the server loaded at start (`--lora`), applied per request
 //!   ([`adapters`]).
 //! - `info`: `/props` (context size); metrics from each completion's `timings`.
@@ -30,8 +32,11 @@ mod backend;
 pub mod body;
 pub mod client;
 pub mod constraint;
+mod exchange;
 pub mod holdings;
+mod kv_exchange;
 pub mod session;
+pub mod slot_state;
 mod text_model;
 
 pub(crate) use backend::served;

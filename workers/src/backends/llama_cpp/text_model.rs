@@ -158,6 +158,13 @@ impl TextModel for LlamaCppModel {
         Box::pin(async move { unloaded })
     }
 
+    fn kv_transfer(&self) -> Option<&dyn switchyard_backend::KvTransfer> {
+        self.shared
+            .exchange
+            .get()
+            .map(|_| self as &dyn switchyard_backend::KvTransfer)
+    }
+
     fn model_type(&self) -> &str {
         "llama_cpp"
     }

@@ -66,9 +66,12 @@ impl WorkerBackend for LlamaServerBackend {
             let bin = local::find_llama_server(&w.llama_server_bin)?;
             // Allowed onto the CPU and the GPU is not there: say so in the device.
             let on_cpu = w.gpu_allow_cpu && vendor.check(w.gpu_device).is_err();
+            let extra_args: Vec<String> = w.llama_server_args.split_whitespace().map(str::to_string).collect();
+            // Slots are saved and restored as files there: the KV exchange with peers.
+            let (slot_dir, own_slot_dir) = slot_dir(&extra_args, worker_id);
             let opts = ServerOptions {
                 vendor,
-                bin,
+                bin: bin.clone(),
                 model: path.clone(),
                 device: w.gpu_device,
                 gpu_layers: w.gpu_layers,
@@ -84,7 +87,8 @@ impl WorkerBackend for LlamaServerBackend {
                     .map(|a| PathBuf::from(&a.path))
                     .filter(|p| is_gguf_lora(p))
                     .collect(),
-                extra_args: w.llama_server_args.split_whitespace().map(str::to_string).collect(),
+                extra_args,
+                slot_dir: own_slot_dir.clone(),
                 allow_cpu: w.gpu_allow_cpu,
                 worker_id: worker_id.to_string(),
                 startup_timeout: Duration::from_secs(300),
@@ -107,11 +111,44 @@ impl WorkerBackend for LlamaServerBackend {
                 started.elapsed().as_secs_f64()
             );
             let device = vendor.device(w.gpu_device, on_cpu);
+            let own_dir = own_slot_dir.is_some();
+            if let Some(dir) = slot_dir {
+                let computes_on = if on_cpu {
+                    "cpu".to_string()
+                } else {
+                    vendor.label().to_lowercase()
+                };
+                model.enable_kv_exchange(dir, own_dir, bin.clone(), computes_on);
+            }
             let mut loaded = served(w, model, vendor.kind(), device, Some(supervisor));
             loaded.name = local::model_name(w, &path);
             loaded.path = path;
             Ok(loaded)
         })
+    }
+}
+
+/// The directory llama-server saves slots in: the one `--slot-save-path` in the
+/// extra arguments names, else a fresh one of this worker's (also returned second,
+/// for the command line); `None` when it cannot be made (no KV exchange then).
+fn slot_dir(extra_args: &[String], worker_id: &str) -> (Option<PathBuf>, Option<PathBuf>) {
+    if let Some(i) = extra_args.iter().position(|a| a == "--slot-save-path") {
+        return (extra_args.get(i + 1).map(PathBuf::from), None);
+    }
+    let safe: String = worker_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .collect();
+    // One per server, even for workers of one id in one process (tests).
+    static SERVERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("switchyard-slots-{safe}-{}-{n}", std::process::id()));
+    match std::fs::create_dir_all(&dir) {
+        Ok(()) => (Some(dir.clone()), Some(dir)),
+        Err(e) => {
+            tracing::info!(dir = %dir.display(), "no KV exchange: the slot directory: {e}");
+            (None, None)
+        }
     }
 }
 

@@ -45,6 +45,9 @@ pub struct ServerOptions {
     pub lora: Vec<PathBuf>,
     /// More arguments, passed last.
     pub extra_args: Vec<String>,
+    /// Where the server saves and restores slots (`--slot-save-path`), for the KV
+    /// exchange with peers.
+    pub slot_dir: Option<PathBuf>,
     /// Run without the vendor's GPU (a CPU llama-server under the same supervisor),
     /// for tests and for machines without one.
     pub allow_cpu: bool,
@@ -321,6 +324,9 @@ pub fn command(opts: &ServerOptions, port: u16) -> Result<Command, BackendError>
     }
     if !opts.lora.is_empty() {
         cmd.arg("--lora-init-without-apply");
+    }
+    if let Some(dir) = &opts.slot_dir {
+        cmd.arg("--slot-save-path").arg(dir);
     }
     cmd.args(&opts.extra_args);
     cmd.envs(pin_env(opts)?);

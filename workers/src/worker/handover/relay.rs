@@ -60,9 +60,12 @@ pub async fn relay(
     cancel: &switchyard_backend::CancelFlag,
 ) -> bool {
     let id = next.head.request_id.as_str();
-    let tokens = match ctx.model.kv_transfer().map(|kv| kv.prompt_tokens(prompt)) {
-        Some(Ok(t)) => t.len(),
-        _ => return false,
+    let Some(kv) = ctx.model.kv_transfer() else {
+        return false;
+    };
+    let tokens = match kv.prompt_tokens(prompt).await {
+        Ok(t) => t.len(),
+        Err(_) => return false,
     };
     let mut req = next.clone();
     // The coordinator places it now or not at all: this worker goes on meanwhile.

@@ -172,7 +172,7 @@ pub async fn remote(
     }
     let kv = ctx.model.kv_transfer()?;
     let format = kv.kv_format()?;
-    let tokens = kv.prompt_tokens(prompt).ok()?;
+    let tokens = kv.prompt_tokens(prompt).await.ok()?;
     let bt = format.block_tokens as usize;
     let held = kv
         .held_prefix(tokens.clone(), adapter.map(str::to_string))

@@ -104,7 +104,9 @@ pub async fn pull(
         Ok(k) => k,
         Err(_) => return 0,
     };
-    let Ok(tokens) = kv.prompt_tokens(prompt) else { return 0 };
+    let Ok(tokens) = kv.prompt_tokens(prompt).await else {
+        return 0;
+    };
     let bt = format.block_tokens as usize;
     // The last prompt token is always computed (its logits are wanted).
     let usable = peer_tokens.min(tokens.len().saturating_sub(1)) / bt;

@@ -1,0 +1,243 @@
+//! KV that travels between llama-server workers (protocol 1.11 on llama.cpp's slot
+//! files), end to end: a real nats-server, a coordinator and two `rocm` workers whose
+//! supervised llama-servers (the project's llama.cpp build) run on the CPU
+//! (`gpu_allow_cpu`), with `-fa off` as tests/llama_cpp_workers.rs runs them (V stored
+//! transposed) and with `-fa on` (V in rows). A document computed on worker A is pulled by worker B — A's slot
+//! saved, read and cut into blocks, B's written back as a slot file and restored —
+//! and B's server then holds A's KV bit for bit and answers with A's tokens (greedy;
+//! seeded too without flash attention). A pull of another
+//! format, with a LoRA adapter or of tokens no slot holds is refused or empty.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+use switchyard::node::{self, Loaded};
+use switchyard::{Client, Completion, Config, GenerateRequest};
+use switchyard_backend::Prompt;
+use switchyard_messages::kv_transfer::KV_TRANSFER_VERSION;
+use switchyard_messages::{decode, encode, KvChunk, KvFormat, KvPullRequest, KvTransferStats, Subjects};
+
+const NAME: &str = "smol";
+
+fn worker_config(url: &str, id: &str, bin: &std::path::Path, flash_attn: &str) -> Config {
+    let mut c = fleet_config(url);
+    c.worker.id = id.into();
+    c.worker.model_name = NAME.into();
+    c.worker.threads = 1;
+    c.worker.backend = "rocm".into();
+    c.worker.gpu_allow_cpu = true;
+    c.worker.llama_server_bin = bin.display().to_string();
+    c.worker.llama_server_args = format!("-fa {flash_attn}");
+    c.worker.parallel_slots = 2;
+    c.worker.context_len = 8192;
+    c.validate().expect("valid config");
+    c
+}
+
+async fn kv_format(client: &Client, worker: &str) -> Option<KvFormat> {
+    let s = client.status().await.ok()?;
+    let w = s.workers.into_iter().find(|w| w.status.worker_id == worker)?;
+    w.status.models.first()?.kv_format.clone()
+}
+
+async fn transfer(client: &Client, worker: &str) -> KvTransferStats {
+    settle(client).await;
+    let s = client.status().await.unwrap();
+    let w = s.workers.into_iter().find(|w| w.status.worker_id == worker).unwrap();
+    w.status.kv.transfer
+}
+
+/// `prompt` pinned to `worker`, greedy or sampled with `seed`.
+async fn ask(client: &Client, worker: &str, prompt: &str, seed: Option<u64>) -> Completion {
+    let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
+    req.head.worker = Some(worker.into());
+    req.config.max_tokens = 24;
+    if let Some(seed) = seed {
+        req.config.temperature = 0.8;
+        req.config.seed = Some(seed);
+    }
+    let done = client.generate(req).await.unwrap().collect().await.unwrap();
+    assert_eq!(done.worker_id, worker);
+    // The slot's holding and the heartbeat reach the coordinator.
+    settle(client).await;
+    done
+}
+
+fn ids(c: &Completion) -> Vec<u32> {
+    c.tokens.iter().map(|t| t.id).collect()
+}
+
+/// A document A computes cold, then B (pinned) pulls it from A: B then holds A's KV
+/// bit for bit, and answers with A's tokens — greedy always; seeded (`same_sampled`)
+/// where the few prompt tokens B computes after the pulled prefix come out in the
+/// same bits as inside A's whole prompt (without flash attention: llama.cpp's CPU
+/// flash attention rounds a short batch differently, as its own prompt cache does).
+async fn pulled_equals_cold(
+    client: &Client,
+    models: [&Loaded; 2],
+    topic: &str,
+    sections: usize,
+    seed: Option<u64>,
+    same_sampled: bool,
+) {
+    let prompt = format!(
+        "{}Question: who cared for the {topic}?\nAnswer:",
+        document(topic, sections)
+    );
+    let cold = ask(client, "w-a", &prompt, seed).await;
+    let before = transfer(client, "w-b").await;
+    let pulled = ask(client, "w-b", &prompt, seed).await;
+    let m = &pulled.metrics;
+    let prompt_tokens = m.prompt_tokens as usize;
+    assert!(prompt_tokens > 200, "{m:?}");
+    assert_eq!(
+        m.pulled_tokens as usize,
+        (prompt_tokens - 1) / 16 * 16,
+        "B pulled every whole block of the prompt (short of its last token) from A: {m:?}"
+    );
+    assert!(
+        m.cached_tokens >= m.pulled_tokens,
+        "B's llama-server reused the restored slot rather than computing the prompt: {m:?}"
+    );
+    // The KV B's server holds for the pulled prefix is the KV A computed.
+    let kv = |i: usize| {
+        models[i]
+            .model
+            .kv_transfer()
+            .expect("a llama-server worker exchanges KV")
+    };
+    let tokens = kv(1).prompt_tokens(&Prompt::Text(prompt.clone())).await.unwrap();
+    let blocks = m.pulled_tokens as usize / 16;
+    let prefix = tokens[..blocks * 16].to_vec();
+    let a = kv(0).export_kv(prefix.clone(), None, 0, blocks).await.unwrap();
+    let b = kv(1).export_kv(prefix, None, 0, blocks).await.unwrap();
+    assert_eq!((a.count, b.count), (blocks, blocks), "both hold the prefix");
+    assert!(a.data == b.data, "{topic}: B holds A's KV bit for bit");
+    if seed.is_none() || same_sampled {
+        assert_eq!(
+            ids(&pulled),
+            ids(&cold),
+            "{topic} (seed {seed:?}): B's answer after the pull is A's cold answer"
+        );
+    } else if ids(&pulled) != ids(&cold) {
+        eprintln!("{topic} (seed {seed:?}): B's sampled answer parts from A's cold one (flash attention's rounding)");
+    }
+    eprintln!(
+        "{topic}: {prompt_tokens} prompt tokens; A computed them in {} ms, B pulled {} in {} ms and computed {} in {} ms",
+        cold.metrics.prefill_us / 1000,
+        m.pulled_tokens,
+        m.pull_us / 1000,
+        prompt_tokens - m.cached_tokens as usize,
+        m.prefill_us / 1000
+    );
+    let after = transfer(client, "w-b").await;
+    assert_eq!(after.pulls, before.pulls + 1, "{after:?}");
+    assert_eq!(after.pulled_tokens - before.pulled_tokens, u64::from(m.pulled_tokens));
+    assert_eq!(after.pull_fallbacks, before.pull_fallbacks, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn llama_server_workers_pull_a_peers_prefix_and_answer_as_if_they_had_computed_it() {
+    // V stored transposed (no flash attention), as the other llama.cpp tests run.
+    pull_between_llama_servers("off").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_flash_attention_v_is_stored_in_rows_and_travels_too() {
+    pull_between_llama_servers("on").await;
+}
+
+async fn pull_between_llama_servers(flash_attn: &str) {
+    let Some(bin) = llama_server_bin() else { return };
+    let nats = nats();
+    let url = nats.url();
+    let coordinator = node::start_coordinator(&fleet_config(&url)).await.unwrap();
+    let mut workers: Vec<(switchyard_workers::WorkerHandle, Loaded)> = Vec::new();
+    for id in ["w-a", "w-b"] {
+        let c = worker_config(&url, id, &bin, flash_attn);
+        let loaded = node::load(&c).await.expect("llama-server starts");
+        workers.push((node::start_worker(&c, &loaded).await.unwrap(), loaded));
+    }
+    let client = client(&url, Duration::from_secs(120)).await;
+    wait_for_workers(&client, &["w-a", "w-b"], Duration::from_secs(20)).await;
+    // Each server's format is learned from a probe once its model and binary are hashed.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (a, b) = loop {
+        if let (Some(a), Some(b)) = (kv_format(&client, "w-a").await, kv_format(&client, "w-b").await) {
+            break (a, b);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the llama-server workers never announced a KV format"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(a, b, "two servers of one build and model share a format");
+    assert!(
+        a.engine.starts_with("llama.cpp-") && a.engine.ends_with("/cpu"),
+        "{a:?}"
+    );
+    let transposed = if flash_attn == "off" { "vtrans=1" } else { "vtrans=0" };
+    assert!(a.params.contains(transposed), "-fa {flash_attn}: {a:?}");
+    assert_eq!(a.block_tokens, 16);
+
+    // About 1,500 tokens, greedy; then another document, seeded sampling.
+    let models = [&workers[0].1, &workers[1].1];
+    let same_sampled = flash_attn == "off";
+    pulled_equals_cold(&client, models, "river", 36, None, same_sampled).await;
+    pulled_equals_cold(&client, models, "harbour", 12, Some(7), same_sampled).await;
+    let served = transfer(&client, "w-a").await;
+    assert!(served.served_bytes > 0, "{served:?}");
+
+    // Pulls another format, an adapter or tokens no slot holds cannot get.
+    let nc = async_nats::connect(&url).await.unwrap();
+    let subject = Subjects::default().kv_pull("w-a");
+    let ask_chunk = |format: String, adapter: Option<&str>, tokens: Vec<u32>| {
+        let req = KvPullRequest {
+            v: 1,
+            transfer: KV_TRANSFER_VERSION,
+            request_id: "t".into(),
+            format,
+            adapter: adapter.map(str::to_string),
+            adapter_key: adapter.map(|a| format!("{a}|1|00")),
+            tokens,
+            first_block: 0,
+            blocks: 1,
+            part: 0,
+            parts: 1,
+        };
+        let (nc, subject) = (nc.clone(), subject.clone());
+        async move {
+            let reply = nc.request(subject, encode(&req).into()).await.unwrap();
+            decode::<KvChunk>(&reply.payload).unwrap()
+        }
+    };
+    let other = KvFormat {
+        model_sha256: "0".repeat(64),
+        ..a.clone()
+    };
+    let why = ask_chunk(other.key(), None, vec![1; 16])
+        .await
+        .error
+        .expect("refused")
+        .message;
+    assert!(why.contains("KV format mismatch"), "{why}");
+    let why = ask_chunk(a.key(), Some("nope"), vec![1; 16])
+        .await
+        .error
+        .expect("refused")
+        .message;
+    assert!(why.contains("LoRA adapter"), "{why}");
+    let none = ask_chunk(a.key(), None, vec![7; 32]).await;
+    assert!(
+        none.error.is_none() && none.blocks == 0 && none.data.is_empty(),
+        "{none:?}"
+    );
+
+    for (w, mut loaded) in workers {
+        w.shutdown(Duration::from_secs(5)).await;
+        loaded.stop();
+    }
+    coordinator.shutdown().await;
+}
