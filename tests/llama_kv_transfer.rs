@@ -1,12 +1,18 @@
 //! KV that travels between llama-server workers (protocol 1.11 on llama.cpp's slot
-//! files), end to end: a real nats-server, a coordinator and two `rocm` workers whose
+//! files), end to end: a real nats-server, a coordinator and `rocm` workers whose
 //! supervised llama-servers (the project's llama.cpp build) run on the CPU
-//! (`gpu_allow_cpu`), with `-fa off` as tests/llama_cpp_workers.rs runs them (V stored
-//! transposed) and with `-fa on` (V in rows). A document computed on worker A is pulled by worker B — A's slot
-//! saved, read and cut into blocks, B's written back as a slot file and restored —
-//! and B's server then holds A's KV bit for bit and answers with A's tokens (greedy;
-//! seeded too without flash attention). A pull of another
-//! format, with a LoRA adapter or of tokens no slot holds is refused or empty.
+//! (`gpu_allow_cpu`).
+//!
+//! - A document computed on worker A is pulled by worker B — A's slot saved, read and
+//!   cut into blocks, B's written back as a slot file and restored — and B's server
+//!   then holds A's KV bit for bit and answers with A's tokens: greedy, and seeded
+//!   too with `-fa off` (V stored transposed, as tests/llama_cpp_workers.rs runs
+//!   them); with `-fa on` (V in rows) greedy only, as flash attention rounds the few
+//!   tokens computed after the prefix differently.
+//! - A pull of another format, with a LoRA adapter or of tokens no slot holds is
+//!   refused or empty.
+//! - A `prefill` and a `decode` llama-server worker split long prompts between them
+//!   and answer as one server does, greedy and seeded.
 
 mod common;
 
@@ -16,13 +22,18 @@ use switchyard::node::{self, Loaded};
 use switchyard::{Client, Completion, Config, GenerateRequest};
 use switchyard_backend::Prompt;
 use switchyard_messages::kv_transfer::KV_TRANSFER_VERSION;
-use switchyard_messages::{decode, encode, KvChunk, KvFormat, KvPullRequest, KvTransferStats, Subjects};
+use switchyard_messages::{decode, encode, KvChunk, KvFormat, KvPullRequest, KvTransferStats, Subjects, WorkerRole};
 
 const NAME: &str = "smol";
 
 fn worker_config(url: &str, id: &str, bin: &std::path::Path, flash_attn: &str) -> Config {
+    worker_config_as(url, id, bin, flash_attn, WorkerRole::Both)
+}
+
+fn worker_config_as(url: &str, id: &str, bin: &std::path::Path, flash_attn: &str, role: WorkerRole) -> Config {
     let mut c = fleet_config(url);
     c.worker.id = id.into();
+    c.worker.role = role;
     c.worker.model_name = NAME.into();
     c.worker.threads = 1;
     c.worker.backend = "rocm".into();
@@ -235,6 +246,83 @@ async fn pull_between_llama_servers(flash_attn: &str) {
         "{none:?}"
     );
 
+    for (w, mut loaded) in workers {
+        w.shutdown(Duration::from_secs(5)).await;
+        loaded.stop();
+    }
+    coordinator.shutdown().await;
+}
+
+/// Disaggregated prefill and decode between llama-servers (protocol 1.12): a long
+/// prompt sent to the fleet streams from the `decode` worker, whose server computed
+/// only its last tokens — the `prefill` worker's server computed the rest and the
+/// decode worker pulled it — and the answer is the one a single server gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prefill_llama_server_feeds_a_decode_llama_server() {
+    let Some(bin) = llama_server_bin() else { return };
+    let question = |topic: &str| format!("{}Question: who cared for the {topic}?\nAnswer:", document(topic, 20));
+    let cases = [("lighthouse", None), ("orchard", Some(11))];
+    // What one server answers, computing each prompt whole (a fleet of its own, so
+    // no worker of the pair's fleet holds the prompts).
+    let mut want = Vec::new();
+    {
+        let nats = nats();
+        let url = nats.url();
+        let coordinator = node::start_coordinator(&fleet_config(&url)).await.unwrap();
+        let client = client(&url, Duration::from_secs(120)).await;
+        let c = worker_config(&url, "w-a", &bin, "off");
+        let mut loaded = node::load(&c).await.expect("llama-server starts");
+        let w = node::start_worker(&c, &loaded).await.unwrap();
+        wait_for_workers(&client, &["w-a"], Duration::from_secs(20)).await;
+        for (topic, seed) in cases {
+            want.push(ids(&ask(&client, "w-a", &question(topic), seed).await));
+        }
+        w.shutdown(Duration::from_secs(5)).await;
+        loaded.stop();
+        coordinator.shutdown().await;
+    }
+    let nats = nats();
+    let url = nats.url();
+    let coordinator = node::start_coordinator(&fleet_config(&url)).await.unwrap();
+    let client = client(&url, Duration::from_secs(120)).await;
+    let mut workers = Vec::new();
+    for (id, role) in [("w-p", WorkerRole::Prefill), ("w-d", WorkerRole::Decode)] {
+        let c = worker_config_as(&url, id, &bin, "off", role);
+        let loaded = node::load(&c).await.expect("llama-server starts");
+        workers.push((node::start_worker(&c, &loaded).await.unwrap(), loaded));
+    }
+    wait_for_workers(&client, &["w-p", "w-d"], Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while kv_format(&client, "w-p").await.is_none() || kv_format(&client, "w-d").await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the llama-server workers never announced a KV format"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for ((topic, seed), want) in cases.into_iter().zip(&want) {
+        let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, question(topic));
+        req.config.max_tokens = 24;
+        if let Some(seed) = seed {
+            req.config.temperature = 0.8;
+            req.config.seed = Some(seed);
+        }
+        let done = client.generate(req).await.unwrap().collect().await.unwrap();
+        let m = &done.metrics;
+        eprintln!("{topic}: {m:?}");
+        assert_eq!(done.worker_id, "w-d", "the decode worker streams it");
+        assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
+        assert_eq!(
+            m.pulled_tokens as usize,
+            (m.prompt_tokens as usize - 1) / 16 * 16,
+            "every whole block pulled, none computed by w-d's server: {m:?}"
+        );
+        assert_eq!(&ids(&done), want, "{topic} (seed {seed:?}): as a single server answers");
+        settle(&client).await;
+    }
+    let p = transfer(&client, "w-p").await;
+    let d = transfer(&client, "w-d").await;
+    assert_eq!((p.prefills_served, d.remote_prefills), (2, 2), "{p:?} {d:?}");
     for (w, mut loaded) in workers {
         w.shutdown(Duration::from_secs(5)).await;
         loaded.stop();
