@@ -35,7 +35,8 @@ pub struct WorkerConfig {
     /// in the cache (a CPU build), else `PATH`.
     pub llama_server_bin: String,
     /// `rocm`/`cuda`: more `llama-server` arguments, split on whitespace (e.g.
-    /// `"-fa on"`).
+    /// `"-fa on"`). A `--slot-save-path` here is where the server saves slots for the
+    /// KV exchange with peers (else a directory of the worker's own).
     pub llama_server_args: String,
     /// `rocm`/`cuda`: the GPU index, as the child's `HIP_VISIBLE_DEVICES` /
     /// `CUDA_VISIBLE_DEVICES` takes it (for `cuda` in `nvidia-smi`'s order); when the

@@ -37,7 +37,7 @@ pub struct WorkerFlags {
     /// rocm/cuda: the llama-server binary, built for that GPU (default: $SWITCHYARD_LLAMA_SERVER, else the cache's CPU build, else PATH).
     #[arg(long)]
     pub llama_server: Option<PathBuf>,
-    /// rocm/cuda: more llama-server arguments, split on whitespace (e.g. "-fa on").
+    /// rocm/cuda: more llama-server arguments, split on whitespace (e.g. "-fa on"); a --slot-save-path here is where slots are saved for the KV exchange (default: a directory of the worker's own).
     #[arg(long, allow_hyphen_values = true)]
     pub llama_server_args: Option<String>,
     /// rocm/cuda: GPU index (sets HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES for the child; cuda counts in nvidia-smi's order).
