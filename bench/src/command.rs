@@ -38,7 +38,8 @@ pub enum BenchCommand {
     #[command(name = "kv-routing")]
     KvRouting(BenchKvArgs),
     /// A prefix's KV pulled from a peer worker against the same prefix computed: three
-    /// CPU workers in this process (a source, one that computes, one that pulls), new
+    /// workers in this process (a source, one that computes, one that pulls; CPU
+    /// workers, or supervised llama-servers with --backend rocm --gpu-allow-cpu), new
     /// documents of each --tokens length; time to first token, the pull's own time,
     /// ratios, MB/s. Starts its own nats-server.
     #[command(name = "kv-transfer")]

@@ -1,5 +1,6 @@
 //! `switchyard bench kv-transfer`: a prefix pulled from a peer against the same
-//! prefix computed, through NATS + coordinator + CPU workers in this process. Three
+//! prefix computed, through NATS + coordinator + workers in this process (CPU
+//! workers, or any backend the worker flags name: supervised llama-servers too). Three
 //! workers serve one model: `src` computes each run's new document (its first line is
 //! unique), then the same request goes to `cmp` (pulls turned off: it computes the
 //! whole prompt) and to `pull` (it pulls the document's KV from `src` and computes
