@@ -139,6 +139,7 @@ fn slot_dir(extra_args: &[String], worker_id: &str) -> (Option<PathBuf>, Option<
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
         .collect();
+    remove_stale_slot_dirs();
     // One per server, even for workers of one id in one process (tests).
     static SERVERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -148,6 +149,32 @@ fn slot_dir(extra_args: &[String], worker_id: &str) -> (Option<PathBuf>, Option<
         Err(e) => {
             tracing::info!(dir = %dir.display(), "no KV exchange: the slot directory: {e}");
             (None, None)
+        }
+    }
+}
+
+/// Removes the slot directories of worker processes that are gone (killed before
+/// they could remove their own): `switchyard-slots-<worker>-<pid>-<n>` whose `<pid>`
+/// no longer runs (Linux only: where `/proc` says which processes run).
+fn remove_stale_slot_dirs() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix("switchyard-slots-") else {
+            continue;
+        };
+        let mut parts = rest.rsplit('-');
+        let (Some(_n), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
