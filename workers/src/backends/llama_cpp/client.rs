@@ -258,11 +258,7 @@ impl LlamaCppModel {
         let prompt_tokens = match &value {
             Value::Array(ids) => ids.len(),
             Value::String(text) if n_ctx == 0 || text.len() + 2 + max_tokens <= n_ctx => return Ok(value),
-            Value::String(text) => {
-                let body = json!({"content": text, "add_special": true, "parse_special": true});
-                let tokens = self.post("/tokenize", body).await?;
-                tokens["tokens"].as_array().map_or(0, Vec::len)
-            }
+            Value::String(_) => self.server_tokens(&value).await?.len(),
             _ => return Ok(value),
         };
         if n_ctx > 0 && prompt_tokens + max_tokens > n_ctx {
@@ -273,6 +269,19 @@ impl LlamaCppModel {
             });
         }
         Ok(value)
+    }
+
+    /// The tokens of `value` (a `prompt` field) as the server computes them: text
+    /// tokenized by its own `/tokenize` (special tokens added and parsed, as a
+    /// completion's prompt is), token ids as they are.
+    pub(super) async fn server_tokens(&self, value: &Value) -> Result<Vec<u32>, BackendError> {
+        match value {
+            Value::String(text) => {
+                let body = json!({"content": text, "add_special": true, "parse_special": true});
+                Ok(token_ids(&self.post("/tokenize", body).await?["tokens"]))
+            }
+            other => Ok(token_ids(other)),
+        }
     }
 
     /// The prompt as llama.cpp's `prompt` field: text, token ids, or a conversation
@@ -298,6 +307,13 @@ impl LlamaCppModel {
             }
         })
     }
+}
+
+/// The ids in a JSON array of token ids (none when it is not one).
+fn token_ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
+        .unwrap_or_default()
 }
 
 /// An error answer of the server, mapped onto our codes.
@@ -419,10 +435,7 @@ impl LlamaCppModel {
                     return Err(BackendError::Compute(format!("llama.cpp: {err}")));
                 }
                 let text = v["content"].as_str().unwrap_or_default();
-                let ids: Vec<u32> = v["tokens"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
-                    .unwrap_or_default();
+                let ids = token_ids(&v["tokens"]);
                 let probs = v["completion_probabilities"].as_array();
                 if let Some(f) = &mut follow {
                     f.saw(&v, &ids);

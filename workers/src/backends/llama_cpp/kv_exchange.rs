@@ -140,23 +140,6 @@ impl LlamaCppModel {
         restored.map(|_| ()).map_err(|e| format!("restoring slot {slot}: {e}"))
     }
 
-    /// The prompt's tokens as the server will compute them: rendered by its template,
-    /// tokenized by its `/tokenize`.
-    async fn server_tokens(&self, value: &serde_json::Value) -> Result<Vec<u32>, BackendError> {
-        let ids = |v: &serde_json::Value| -> Vec<u32> {
-            v.as_array()
-                .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
-                .unwrap_or_default()
-        };
-        match value {
-            serde_json::Value::String(text) => {
-                let body = json!({"content": text, "add_special": true, "parse_special": true});
-                Ok(ids(&self.post("/tokenize", body).await?["tokens"]))
-            }
-            other => Ok(ids(other)),
-        }
-    }
-
     /// Before a completion of `value` on `slot`: when KV was pulled for its prefix,
     /// restores it there; returns the tokens restored (0: none).
     pub(super) async fn restore_pulled(&self, value: &serde_json::Value, slot: u32, adapter: Option<&str>) -> usize {
@@ -209,6 +192,22 @@ impl LlamaCppModel {
     }
 }
 
+impl LlamaCppModel {
+    /// The exchange, for KV computed without an adapter, once its format is known.
+    fn ready(&self, adapter: Option<&str>) -> Result<Arc<Exchange>, BackendError> {
+        if let Some(a) = adapter {
+            return Err(no_adapter(a));
+        }
+        let ex = self
+            .exchange()
+            .ok_or_else(|| BackendError::Unavailable("this llama-server exchanges no KV".into()))?;
+        if ex.format.get().is_none() {
+            return Err(BackendError::Unavailable("the KV format is not known yet".into()));
+        }
+        Ok(ex.clone())
+    }
+}
+
 fn no_adapter(what: &str) -> BackendError {
     BackendError::Invalid(format!(
         "llama.cpp workers exchange no KV computed with a LoRA adapter ({what})"
@@ -247,14 +246,7 @@ impl KvTransfer for LlamaCppModel {
     ) -> BackendFuture<KvBlocks> {
         let this = self.clone();
         Box::pin(async move {
-            if let Some(a) = adapter {
-                return Err(no_adapter(&a));
-            }
-            let ex = this
-                .exchange()
-                .filter(|ex| ex.format.get().is_some())
-                .ok_or_else(|| BackendError::Unavailable("this llama-server exchanges no KV".into()))?
-                .clone();
+            let ex = this.ready(adapter.as_deref())?;
             let need = (first + 1) * BLOCK_TOKENS;
             let Some(state) = this.state_holding(&ex, &tokens, need).await else {
                 return Ok(KvBlocks {
@@ -279,17 +271,8 @@ impl KvTransfer for LlamaCppModel {
     fn import_kv(&self, tokens: Vec<u32>, adapter: Option<String>, blocks: KvBlocks) -> BackendFuture<usize> {
         let this = self.clone();
         Box::pin(async move {
-            if let Some(a) = adapter {
-                return Err(no_adapter(&a));
-            }
-            let ex = this
-                .exchange()
-                .ok_or_else(|| BackendError::Unavailable("this llama-server exchanges no KV".into()))?;
-            let (format, _) = ex
-                .format
-                .get()
-                .ok_or_else(|| BackendError::Unavailable("the KV format is not known yet".into()))?;
-            let bytes = format.block_bytes();
+            let ex = this.ready(adapter.as_deref())?;
+            let bytes = ex.format.get().map_or(0, |(f, _)| f.block_bytes());
             if blocks.data.len() != blocks.count * bytes
                 || (blocks.first_block + blocks.count) * BLOCK_TOKENS > tokens.len()
             {
