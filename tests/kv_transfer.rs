@@ -111,23 +111,7 @@ impl Fleet {
 
 /// `prompt` pinned to `worker`, greedy or sampled with `seed`.
 async fn ask(client: &Client, worker: &str, prompt: &str, seed: Option<u64>, adapter: Option<&str>) -> Completion {
-    let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
-    req.head.worker = Some(worker.into());
-    req.head.adapter = adapter.map(str::to_string);
-    req.config.max_tokens = 24;
-    if let Some(seed) = seed {
-        req.config.temperature = 0.8;
-        req.config.seed = Some(seed);
-    }
-    let done = client.generate(req).await.unwrap().collect().await.unwrap();
-    assert_eq!(done.worker_id, worker);
-    // The KV event of what it holds now, and its heartbeat, reach the coordinator.
-    settle(client).await;
-    done
-}
-
-fn texts(c: &Completion) -> Vec<u32> {
-    c.tokens.iter().map(|t| t.id).collect()
+    ask_pinned(client, NAME, worker, prompt, seed, adapter).await
 }
 
 /// A document A computes cold, then B (pinned) pulls from A: the same tokens, most of
@@ -154,8 +138,8 @@ async fn pulled_equals_cold(f: &Fleet, topic: &str, sections: usize, seed: Optio
     );
     assert!(m.cached_tokens >= m.pulled_tokens, "{m:?}");
     assert_eq!(
-        texts(&pulled),
-        texts(&cold),
+        token_ids(&pulled),
+        token_ids(&cold),
         "{topic} (seed {seed:?}, adapter {adapter:?}): B's answer after the pull is A's cold answer"
     );
     let after = f.transfer("w-b").await;
@@ -196,8 +180,8 @@ async fn a_worker_pulls_a_peers_prefix_and_answers_as_if_it_had_computed_it() {
         "{m:?}"
     );
     assert_eq!(
-        texts(&rest),
-        texts(&cold),
+        token_ids(&rest),
+        token_ids(&cold),
         "the head B held and the rest it pulled answer as A did"
     );
 
@@ -412,7 +396,7 @@ async fn a_bad_or_dying_source_leaves_the_rest_to_compute_and_the_answer_unchang
         tokio::time::sleep(Duration::from_millis(300)).await;
         let before = f.transfer("w-b").await;
         let got = ask(&f.client, "w-b", &prompt, None, None).await;
-        assert_eq!(texts(&got), texts(&cold), "{fault:?}: the answer is unchanged");
+        assert_eq!(token_ids(&got), token_ids(&cold), "{fault:?}: the answer is unchanged");
         assert_eq!(
             got.metrics.pulled_tokens as usize,
             good * 32,
@@ -507,7 +491,7 @@ async fn drained_mid_stream(
             "a stream long enough to move: {}",
             reference.text
         );
-        want.push(texts(&reference));
+        want.push(token_ids(&reference));
     }
     let mut running = Vec::new();
     for &(topic, sections, seed) in cases {
@@ -648,7 +632,7 @@ async fn disaggregated_equals_whole(
     let f = Fleet::start(model, &["w-a"], adapters.clone()).await;
     let mut want = Vec::new();
     for &(topic, seed) in cases {
-        want.push(texts(&ask(&f.client, "w-a", &question(topic), seed, adapter).await));
+        want.push(token_ids(&ask(&f.client, "w-a", &question(topic), seed, adapter).await));
     }
     f.stop().await;
 
@@ -666,7 +650,11 @@ async fn disaggregated_equals_whole(
         let m = &done.metrics;
         eprintln!("{topic} ({adapter:?}): {m:?}");
         assert_eq!(done.worker_id, "w-d", "the decode worker streams it");
-        assert_eq!(&texts(&done), want, "{topic} ({adapter:?}): as a single worker answers");
+        assert_eq!(
+            &token_ids(&done),
+            want,
+            "{topic} ({adapter:?}): as a single worker answers"
+        );
         assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
         assert_eq!(
             m.pulled_tokens as usize,

@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 use switchyard::node::{self, Loaded};
 use switchyard::{Client, Completion, Config, GenerateRequest};
 use switchyard_backend::Prompt;
-use switchyard_messages::kv_transfer::KV_TRANSFER_VERSION;
-use switchyard_messages::{decode, encode, KvChunk, KvFormat, KvPullRequest, KvTransferStats, Subjects, WorkerRole};
+use switchyard_messages::WorkerRole;
 
 const NAME: &str = "smol";
 
@@ -46,37 +45,8 @@ fn worker_config_as(url: &str, id: &str, bin: &std::path::Path, flash_attn: &str
     c
 }
 
-async fn kv_format(client: &Client, worker: &str) -> Option<KvFormat> {
-    let s = client.status().await.ok()?;
-    let w = s.workers.into_iter().find(|w| w.status.worker_id == worker)?;
-    w.status.models.first()?.kv_format.clone()
-}
-
-async fn transfer(client: &Client, worker: &str) -> KvTransferStats {
-    settle(client).await;
-    let s = client.status().await.unwrap();
-    let w = s.workers.into_iter().find(|w| w.status.worker_id == worker).unwrap();
-    w.status.kv.transfer
-}
-
-/// `prompt` pinned to `worker`, greedy or sampled with `seed`.
 async fn ask(client: &Client, worker: &str, prompt: &str, seed: Option<u64>) -> Completion {
-    let mut req = GenerateRequest::generate(Client::new_request_id(), NAME, prompt);
-    req.head.worker = Some(worker.into());
-    req.config.max_tokens = 24;
-    if let Some(seed) = seed {
-        req.config.temperature = 0.8;
-        req.config.seed = Some(seed);
-    }
-    let done = client.generate(req).await.unwrap().collect().await.unwrap();
-    assert_eq!(done.worker_id, worker);
-    // The slot's holding and the heartbeat reach the coordinator.
-    settle(client).await;
-    done
-}
-
-fn ids(c: &Completion) -> Vec<u32> {
-    c.tokens.iter().map(|t| t.id).collect()
+    ask_pinned(client, NAME, worker, prompt, seed, None).await
 }
 
 /// A document A computes cold, then B (pinned) pulls it from A: B then holds A's KV
@@ -97,7 +67,7 @@ async fn pulled_equals_cold(
         document(topic, sections)
     );
     let cold = ask(client, "w-a", &prompt, seed).await;
-    let before = transfer(client, "w-b").await;
+    let before = kv_transfer_of(client, "w-b").await;
     let pulled = ask(client, "w-b", &prompt, seed).await;
     let m = &pulled.metrics;
     let prompt_tokens = m.prompt_tokens as usize;
@@ -127,11 +97,11 @@ async fn pulled_equals_cold(
     assert!(a.data == b.data, "{topic}: B holds A's KV bit for bit");
     if seed.is_none() || same_sampled {
         assert_eq!(
-            ids(&pulled),
-            ids(&cold),
+            token_ids(&pulled),
+            token_ids(&cold),
             "{topic} (seed {seed:?}): B's answer after the pull is A's cold answer"
         );
-    } else if ids(&pulled) != ids(&cold) {
+    } else if token_ids(&pulled) != token_ids(&cold) {
         eprintln!("{topic} (seed {seed:?}): B's sampled answer parts from A's cold one (flash attention's rounding)");
     }
     eprintln!(
@@ -142,7 +112,7 @@ async fn pulled_equals_cold(
         prompt_tokens - m.cached_tokens as usize,
         m.prefill_us / 1000
     );
-    let after = transfer(client, "w-b").await;
+    let after = kv_transfer_of(client, "w-b").await;
     assert_eq!(after.pulls, before.pulls + 1, "{after:?}");
     assert_eq!(after.pulled_tokens - before.pulled_tokens, u64::from(m.pulled_tokens));
     assert_eq!(after.pull_fallbacks, before.pull_fallbacks, "{after:?}");
@@ -175,7 +145,7 @@ async fn pull_between_llama_servers(flash_attn: &str) {
     // Each server's format is learned from a probe once its model and binary are hashed.
     let deadline = Instant::now() + Duration::from_secs(120);
     let (a, b) = loop {
-        if let (Some(a), Some(b)) = (kv_format(&client, "w-a").await, kv_format(&client, "w-b").await) {
+        if let (Some(a), Some(b)) = (kv_format_of(&client, "w-a").await, kv_format_of(&client, "w-b").await) {
             break (a, b);
         }
         assert!(
@@ -198,58 +168,13 @@ async fn pull_between_llama_servers(flash_attn: &str) {
     let same_sampled = flash_attn == "off";
     pulled_equals_cold(&client, models, "river", 36, None, same_sampled).await;
     pulled_equals_cold(&client, models, "harbour", 12, Some(7), same_sampled).await;
-    let served = transfer(&client, "w-a").await;
+    let served = kv_transfer_of(&client, "w-a").await;
     assert!(served.served_bytes > 0, "{served:?}");
 
     // Pulls another format, an adapter or tokens no slot holds cannot get.
-    let nc = async_nats::connect(&url).await.unwrap();
-    let subject = Subjects::default().kv_pull("w-a");
-    let ask_chunk = |format: String, adapter: Option<&str>, tokens: Vec<u32>| {
-        let req = KvPullRequest {
-            v: 1,
-            transfer: KV_TRANSFER_VERSION,
-            request_id: "t".into(),
-            format,
-            adapter: adapter.map(str::to_string),
-            adapter_key: adapter.map(|a| format!("{a}|1|00")),
-            tokens,
-            first_block: 0,
-            blocks: 1,
-            part: 0,
-            parts: 1,
-        };
-        let (nc, subject) = (nc.clone(), subject.clone());
-        async move {
-            let reply = nc.request(subject, encode(&req).into()).await.unwrap();
-            decode::<KvChunk>(&reply.payload).unwrap()
-        }
-    };
-    let other = KvFormat {
-        model_sha256: "0".repeat(64),
-        ..a.clone()
-    };
-    let why = ask_chunk(other.key(), None, vec![1; 16])
-        .await
-        .error
-        .expect("refused")
-        .message;
-    assert!(why.contains("KV format mismatch"), "{why}");
-    let why = ask_chunk(a.key(), Some("nope"), vec![1; 16])
-        .await
-        .error
-        .expect("refused")
-        .message;
-    assert!(why.contains("LoRA adapter"), "{why}");
-    let none = ask_chunk(a.key(), None, vec![7; 32]).await;
-    assert!(
-        none.error.is_none() && none.blocks == 0 && none.data.is_empty(),
-        "{none:?}"
-    );
+    check_kv_refusals(&url, "w-a", &a, "nope", "LoRA adapter").await;
 
-    for (w, mut loaded) in workers {
-        w.shutdown(Duration::from_secs(5)).await;
-        loaded.stop();
-    }
+    stop_workers(workers).await;
     coordinator.shutdown().await;
 }
 
@@ -275,7 +200,7 @@ async fn a_prefill_llama_server_feeds_a_decode_llama_server() {
         let w = node::start_worker(&c, &loaded).await.unwrap();
         wait_for_workers(&client, &["w-a"], Duration::from_secs(20)).await;
         for (topic, seed) in cases {
-            want.push(ids(&ask(&client, "w-a", &question(topic), seed).await));
+            want.push(token_ids(&ask(&client, "w-a", &question(topic), seed).await));
         }
         w.shutdown(Duration::from_secs(5)).await;
         loaded.stop();
@@ -293,7 +218,7 @@ async fn a_prefill_llama_server_feeds_a_decode_llama_server() {
     }
     wait_for_workers(&client, &["w-p", "w-d"], Duration::from_secs(20)).await;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while kv_format(&client, "w-p").await.is_none() || kv_format(&client, "w-d").await.is_none() {
+    while kv_format_of(&client, "w-p").await.is_none() || kv_format_of(&client, "w-d").await.is_none() {
         assert!(
             Instant::now() < deadline,
             "the llama-server workers never announced a KV format"
@@ -308,24 +233,12 @@ async fn a_prefill_llama_server_feeds_a_decode_llama_server() {
             req.config.seed = Some(seed);
         }
         let done = client.generate(req).await.unwrap().collect().await.unwrap();
-        let m = &done.metrics;
-        eprintln!("{topic}: {m:?}");
-        assert_eq!(done.worker_id, "w-d", "the decode worker streams it");
-        assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
-        assert_eq!(
-            m.pulled_tokens as usize,
-            (m.prompt_tokens as usize - 1) / 16 * 16,
-            "every whole block pulled, none computed by w-d's server: {m:?}"
-        );
-        assert_eq!(&ids(&done), want, "{topic} (seed {seed:?}): as a single server answers");
+        assert_disaggregated(&done, want, &format!("{topic} (seed {seed:?})"));
         settle(&client).await;
     }
-    let p = transfer(&client, "w-p").await;
-    let d = transfer(&client, "w-d").await;
+    let p = kv_transfer_of(&client, "w-p").await;
+    let d = kv_transfer_of(&client, "w-d").await;
     assert_eq!((p.prefills_served, d.remote_prefills), (2, 2), "{p:?} {d:?}");
-    for (w, mut loaded) in workers {
-        w.shutdown(Duration::from_secs(5)).await;
-        loaded.stop();
-    }
+    stop_workers(workers).await;
     coordinator.shutdown().await;
 }

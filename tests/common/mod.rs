@@ -243,3 +243,149 @@ pub fn document(topic: &str, sections: usize) -> String {
     }
     doc
 }
+
+/// `prompt` for model `model`, pinned to `worker`: greedy, or sampled at temperature
+/// 0.8 with `seed`; with `adapter` when given; 24 tokens. Waits until what the worker
+/// holds now (KV events, heartbeat) has reached the coordinator.
+pub async fn ask_pinned(
+    client: &Client,
+    model: &str,
+    worker: &str,
+    prompt: &str,
+    seed: Option<u64>,
+    adapter: Option<&str>,
+) -> switchyard::Completion {
+    let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), model, prompt);
+    req.head.worker = Some(worker.into());
+    req.head.adapter = adapter.map(str::to_string);
+    req.config.max_tokens = 24;
+    if let Some(seed) = seed {
+        req.config.temperature = 0.8;
+        req.config.seed = Some(seed);
+    }
+    let done = client.generate(req).await.unwrap().collect().await.unwrap();
+    assert_eq!(done.worker_id, worker);
+    settle(client).await;
+    done
+}
+
+/// The token ids of a completion.
+pub fn token_ids(c: &switchyard::Completion) -> Vec<u32> {
+    c.tokens.iter().map(|t| t.id).collect()
+}
+
+/// The KV format `worker`'s first model announces (none yet, or none at all).
+pub async fn kv_format_of(client: &Client, worker: &str) -> Option<switchyard_messages::KvFormat> {
+    let s = client.status().await.ok()?;
+    let w = s.workers.into_iter().find(|w| w.status.worker_id == worker)?;
+    w.status.models.first()?.kv_format.clone()
+}
+
+/// Waits (up to `limit`) until every worker of `ids` announces a KV format; their
+/// formats.
+pub async fn wait_for_kv_formats(client: &Client, ids: &[&str], limit: Duration) -> Vec<switchyard_messages::KvFormat> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut all = Vec::new();
+        for id in ids {
+            if let Some(f) = kv_format_of(client, id).await {
+                all.push(f);
+            }
+        }
+        if all.len() == ids.len() {
+            return all;
+        }
+        assert!(Instant::now() < deadline, "{ids:?} never all announced a KV format");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `worker`'s KV transfers so far, once the fleet view has settled.
+pub async fn kv_transfer_of(client: &Client, worker: &str) -> switchyard_messages::KvTransferStats {
+    settle(client).await;
+    let s = client.status().await.unwrap();
+    let w = s.workers.into_iter().find(|w| w.status.worker_id == worker).unwrap();
+    w.status.kv.transfer
+}
+
+/// Asks `worker`'s KV source directly (no worker in between) for block 0 of `tokens`
+/// in the format whose key is `format`, run with `adapter` (its key made up: an
+/// adapter the source holds refuses it).
+pub async fn ask_kv_chunk(
+    url: &str,
+    worker: &str,
+    format: String,
+    adapter: Option<&str>,
+    tokens: Vec<u32>,
+) -> switchyard_messages::KvChunk {
+    let req = switchyard_messages::KvPullRequest {
+        v: 1,
+        transfer: switchyard_messages::kv_transfer::KV_TRANSFER_VERSION,
+        request_id: "t".into(),
+        format,
+        adapter: adapter.map(str::to_string),
+        adapter_key: adapter.map(|a| format!("{a}|1|00")),
+        tokens,
+        first_block: 0,
+        blocks: 1,
+        part: 0,
+        parts: 1,
+    };
+    let nc = async_nats::connect(url).await.unwrap();
+    let subject = switchyard_messages::Subjects::default().kv_pull(worker);
+    let reply = nc
+        .request(subject, switchyard_messages::encode(&req).into())
+        .await
+        .unwrap();
+    switchyard_messages::decode(&reply.payload).unwrap()
+}
+
+/// Stops in-process workers (5 s of grace each) and their loaded models.
+pub async fn stop_workers(workers: Vec<(switchyard_workers::WorkerHandle, switchyard::node::Loaded)>) {
+    for (w, mut loaded) in workers {
+        w.shutdown(Duration::from_secs(5)).await;
+        loaded.stop();
+    }
+}
+
+/// What `worker`'s KV source (of format `format`) refuses or has nothing for: KV of
+/// another model, with `adapter` under a made-up key (its refusal names `needle`),
+/// and tokens it never computed.
+pub async fn check_kv_refusals(
+    url: &str,
+    worker: &str,
+    format: &switchyard_messages::KvFormat,
+    adapter: &str,
+    needle: &str,
+) {
+    let refusal = |chunk: switchyard_messages::KvChunk| chunk.error.expect("refused").message;
+    let other = switchyard_messages::KvFormat {
+        model_sha256: "0".repeat(64),
+        ..format.clone()
+    };
+    let why = refusal(ask_kv_chunk(url, worker, other.key(), None, vec![1; 16]).await);
+    assert!(why.contains("KV format mismatch"), "{why}");
+    let why = refusal(ask_kv_chunk(url, worker, format.key(), Some(adapter), vec![1; 16]).await);
+    assert!(why.contains(needle), "{why}");
+    let none = ask_kv_chunk(url, worker, format.key(), None, vec![7; 32]).await;
+    assert!(
+        none.error.is_none() && none.blocks == 0 && none.data.is_empty(),
+        "{none:?}"
+    );
+}
+
+/// A disaggregated answer (protocol 1.12): streamed by `w-d`, prefilled on `w-p`,
+/// every whole 16-token block of the prompt pulled from there, and the tokens `want`
+/// (what a single worker answers).
+pub fn assert_disaggregated(done: &switchyard::Completion, want: &[u32], what: &str) {
+    let m = &done.metrics;
+    eprintln!("{what}: {m:?}");
+    assert_eq!(done.worker_id, "w-d", "the decode worker streams it");
+    assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
+    assert_eq!(
+        m.pulled_tokens as usize,
+        (m.prompt_tokens as usize - 1) / 16 * 16,
+        "every whole block pulled, none computed by w-d: {m:?}"
+    );
+    assert_eq!(token_ids(done), want, "{what}: as a single worker answers");
+}

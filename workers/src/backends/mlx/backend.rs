@@ -76,7 +76,11 @@ impl WorkerBackend for MlxBackend {
                 startup_timeout: Duration::from_secs(300),
             };
             let (bridge, info) = Supervised::start(opts, worker_id.to_string()).await?;
-            let model = MlxModel::new(bridge, &info);
+            let model = MlxModel::new(bridge, &info, &path);
+            match info["kv_why"].as_str() {
+                Some(why) => tracing::info!("no KV exchange for this MLX model: {why}"),
+                None => model.enable_kv_exchange(path.clone()),
+            }
             eprintln!(
                 "MLX loaded {} in {:.2} s",
                 path.display(),

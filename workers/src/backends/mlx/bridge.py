@@ -23,12 +23,20 @@ Ops (a prompt is one of `prompt` (text), `messages` (chat) or `tokens`):
   session_close {session}                     -> {event: "closed"}
   cancel        {target}                      -> (the target ends with finish "cancelled")
   info          {}                            -> {event: "info", info}
+  render        {prompt..}                    -> {event: "rendered", rendered, tokens}
+  kv_held       {tokens, adapter}             -> {event: "kv_held", tokens}
+  kv_export     {tokens, adapter, first_block, blocks}
+                                              -> {event: "kv", blocks, held_blocks, data}
+  kv_import     {tokens, adapter, first_block, blocks, data}
+                                              -> {event: "kv_imported", held_blocks}
   quit          {}                            -> {event: "bye"}, then exit 0
   anything that fails                         -> {event: "error", code, message}
 
 Every event but `token` ends its request. One request runs at a time (the worker
 announces capacity 1); a reader thread keeps taking lines meanwhile, so a cancel lands
-at the next token boundary.
+at the next token boundary, and `render` and the KV exchange's ops (`kv_*`) are
+answered between two tokens of a running generation (a peer pulling from a busy
+worker is not kept waiting for its whole answer).
 
 Constraints: `config.constraint` ({type: json_object | json_schema (schema: JSON text) |
 regex (pattern) | lark (grammar)}) is compiled by llguidance (the grammar library the
@@ -38,6 +46,14 @@ a constraint that does not compile fails the request before any token.
 Prefix reuse: plain generations share one prompt cache; a new prompt keeps the longest
 prefix it shares with what the cache holds (mlx-lm's trimmable KV cache) and computes
 only the rest (`cached_tokens` in the metrics). Each session owns its own cache.
+
+KV exchange (docs/kv-transfer.md): `kv_export` reads whole blocks of KV_BLOCK tokens
+of a prefix out of whichever cache holds it (the shared one, also while a generation
+runs on it, a session's, or one imported), each block its keys then its values,
+`[layer][kv_head][position][head_dim]` at the cache's dtype, little-endian;
+`kv_import` keeps a peer's blocks (bounded) until a `generate` whose prompt starts
+with them takes them as its shared cache. Only plain `KVCache` layers travel (no
+rotating window, no quantized cache).
 """
 import base64
 import json
@@ -178,6 +194,15 @@ class Cache:
 
         self.layers = make_prompt_cache(model)
         self.tokens = []
+        # While a generation runs on it: every token fed or to be fed (the prompt,
+        # then each one sampled); its first `offset()` are what the KV holds.
+        self.live = None
+
+    def held(self):
+        """The tokens whose KV the cache holds now."""
+        if self.live is not None:
+            return self.live[: min(self.offset(), len(self.live))]
+        return self.tokens
 
     def offset(self):
         return self.layers[0].offset if self.layers else 0
@@ -203,6 +228,53 @@ def common_prefix(a, b):
             break
         n += 1
     return n
+
+
+# The KV exchange's block (tokens) and what pulled KV may take while it waits for its
+# generation: at most this many prefixes, this many bytes, this long.
+KV_BLOCK = 16
+KV_MAX_IMPORTS = 4
+KV_MAX_IMPORT_BYTES = 1 << 30
+KV_IMPORT_FOR = 60.0
+
+# The exchange's names of MLX's storage types, and the integer type of each one's width
+# (bfloat16 has no numpy type: its bits travel as uint16).
+KV_DTYPES = {"float16": ("f16", "uint16"), "bfloat16": ("bf16", "uint16"), "float32": ("f32", "uint32")}
+
+
+def kv_bits(array):
+    """An MLX array's storage as little-endian bytes."""
+    import mlx.core as mx
+    import numpy as np
+
+    _, bits = KV_DTYPES[str(array.dtype).removeprefix("mlx.core.")]
+    return np.array(array.view(getattr(mx, bits))).astype("<" + np.dtype(bits).str[1:]).tobytes()
+
+
+def kv_array(data, shape, dtype):
+    """`kv_bits`' bytes back as an MLX array of `shape` and `dtype`."""
+    import mlx.core as mx
+    import numpy as np
+
+    _, bits = KV_DTYPES[str(dtype).removeprefix("mlx.core.")]
+    return mx.array(np.frombuffer(data, dtype="<" + np.dtype(bits).str[1:]).reshape(shape)).view(dtype)
+
+
+class Imported:
+    """A peer's blocks of one prefix, waiting for the generation they were pulled for."""
+
+    def __init__(self, tokens, adapter):
+        self.tokens = tokens  # the whole prefix the puller asked for
+        self.adapter = adapter
+        self.parts = []  # bytes of consecutive blocks, from block 0
+        self.blocks = 0
+        self.at = time.time()
+
+    def nbytes(self):
+        return sum(len(p) for p in self.parts)
+
+    def held(self):
+        return self.tokens[: self.blocks * KV_BLOCK]
 
 
 CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
@@ -329,6 +401,9 @@ class Bridge:
         self.lltok = None  # llguidance's view of the loaded tokenizer, built on first use
         self.adapters = set()
         self.shared_adapter = None  # the adapter the shared cache's KV was computed with
+        self.kv = None  # the KV exchange's layout ({dtype, layers, kv_heads, head_dim}), if any
+        self.imported = []  # Imported, oldest first
+        self.urgent = queue.Queue()  # KV exchange ops answered between two tokens
 
     def load(self, req):
         import mlx.core as mx
@@ -370,6 +445,12 @@ class Bridge:
             "embedding_dim": hidden if callable(getattr(self.model, "model", None)) else 0,
         }
         self.shared = Cache(self.model)
+        self.imported = []
+        self.kv, why = self.kv_layout(raw)
+        if self.kv is None:
+            self.info["kv_why"] = why
+        else:
+            self.info["kv"] = self.kv
         log(f"loaded {path} on {self.info['device']} in {time.time() - started:.2f} s")
         return {"event": "loaded", "info": self.info}
 
@@ -380,19 +461,26 @@ class Bridge:
     def tokens_of(self, req):
         """The prompt's token ids: given, a chat rendered by the model's template, or
         text (with BOS as mlx-lm adds it)."""
+        return self.rendered(req)[1]
+
+    def rendered(self, req):
+        """The prompt as text (a chat rendered by the model's template; None for token
+        ids) and its token ids."""
+        rendered = None
         if req.get("tokens") is not None:
             tokens = [int(t) for t in req["tokens"]]
         elif req.get("messages") is not None:
-            prompt = self.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=False)
-            tokens = self.tokenizer.encode(prompt, add_special_tokens=False)
+            rendered = self.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=False)
+            tokens = self.tokenizer.encode(rendered, add_special_tokens=False)
         else:
-            tokens = self.encode(req.get("prompt") or "", None)
+            rendered = req.get("prompt") or ""
+            tokens = self.encode(rendered, None)
         if not tokens:
             raise BridgeError("bad_request", "empty prompt")
         vocab = self.info.get("vocab_size") or 0
         if vocab and any(t < 0 or t >= vocab for t in tokens):
             raise BridgeError("bad_request", f"a token id is outside the vocabulary of {vocab}")
-        return tokens
+        return rendered, list(tokens)
 
     def encode(self, text, bos):
         if bos is None:
@@ -473,6 +561,12 @@ class Bridge:
         if ACTIVE[0] != self.shared_adapter:
             self.shared = Cache(self.model)
             self.shared_adapter = ACTIVE[0]
+        # KV a peer computed for this prompt, pulled for it, replaces the shared cache
+        # when it holds more of the prompt.
+        if self.imported:
+            claimed = self.claim_import(tokens[:-1], ACTIVE[0], common_prefix(self.shared.tokens, tokens))
+            if claimed is not None:
+                self.shared = claimed
         # Keep what the shared cache shares with this prompt, but feed at least one
         # token: the last prompt token's logits pick the first new token.
         keep = self.shared.keep(min(common_prefix(self.shared.tokens, tokens), len(tokens) - 1))
@@ -554,12 +648,55 @@ class Bridge:
             processors.append(guide)  # last: what it masks stays masked
         stop_ids = set(int(t) for t in cfg.get("stop_tokens", [])) | set(self.info["eos"])
         started = started or time.time()
-        first = None
         seen = list(tokens)
+        cache.live = seen  # a peer may read the KV computed so far between two tokens
+        try:
+            finish, n, first = self.stream(rid, cache, tokens[keep:], max_tokens, sampler, processors, stop_ids,
+                                           seen, guide, want_logprobs)
+        finally:
+            cache.live = None
+        done = time.time()
+        # The KV holds the prompt and the generated tokens fed back so far (mlx-lm
+        # feeds each token one step ahead); a stop token or a cancelled step is cut.
+        cache.tokens = seen[: cache.offset()]
+        cache.keep(len(tokens) + n)
+        if settle and len(cache.tokens) < len(tokens) + n:
+            # A session keeps every generated token (not a stop token) resident:
+            # feed what mlx-lm had not fed back yet.
+            rest = seen[len(cache.tokens): len(tokens) + n]
+            self.model(mx.array(rest)[None], cache=cache.layers)
+            mx.eval([c.state for c in cache.layers])
+            cache.tokens = seen[: len(tokens) + n]
+        metrics = {
+            "prompt_tokens": len(tokens),
+            "cached_tokens": keep,
+            "cache_tokens": len(cache.tokens),
+            "generated_tokens": n,
+            "prefill_us": int(((first or done) - started) * 1e6),
+            "decode_us": int((done - (first or done)) * 1e6),
+            "total_us": int((done - started) * 1e6),
+            "peak_memory_bytes": int(mx.get_peak_memory()),
+            "active_memory_bytes": int(mx.get_active_memory()),
+        }
+        if guide is not None and guide.error is not None:
+            # Only a sampler that ignored the mask gets here; the caches are settled.
+            raise BridgeError("backend_error", f"config.constraint ({guide.kind}): {guide.error}")
+        return {"event": "done", "finish": finish, "metrics": metrics}
+
+    def stream(self, rid, cache, feed, max_tokens, sampler, processors, stop_ids, seen, guide, want_logprobs):
+        """The token loop of `run`: feeds `feed` (the prompt tokens the cache lacks),
+        sends each token sampled and appends it to `seen`; returns (finish, tokens
+        sent, when the first came). Between two tokens the KV exchange's waiting ops
+        are answered."""
+        import mlx.core as mx
+        import mlx_lm
+
+        first = None
         n = 0
         finish = "length"
+        prompt = len(seen)
         for r in mlx_lm.stream_generate(
-            self.model, self.tokenizer, mx.array(tokens[keep:]), max_tokens=max_tokens,
+            self.model, self.tokenizer, mx.array(feed), max_tokens=max_tokens,
             sampler=sampler, logits_processors=processors or None, prompt_cache=cache.layers,
         ):
             seen.append(int(r.token))
@@ -576,7 +713,7 @@ class Bridge:
             if guide is not None:
                 # mlx-lm computes the next step before it yields this token, so the
                 # guide has usually consumed it already; this catches up otherwise.
-                guide.catch_up(seen[len(tokens):])
+                guide.catch_up(seen[prompt:])
                 if guide.error is not None:
                     break
             n += 1
@@ -587,32 +724,8 @@ class Bridge:
             if guide is not None and guide.stopped():
                 finish = "stop"
                 break
-        done = time.time()
-        # The KV holds the prompt and the generated tokens fed back so far (mlx-lm
-        # feeds each token one step ahead); a stop token or a cancelled step is cut.
-        cache.tokens = seen[: cache.offset()]
-        cache.keep(len(tokens) + n)
-        if settle and len(cache.tokens) < len(tokens) + n:
-            # A session keeps every generated token (not a stop token) resident:
-            # feed what mlx-lm had not fed back yet.
-            rest = seen[len(cache.tokens): len(tokens) + n]
-            self.model(mx.array(rest)[None], cache=cache.layers)
-            mx.eval([c.state for c in cache.layers])
-            cache.tokens = seen[: len(tokens) + n]
-        metrics = {
-            "prompt_tokens": len(tokens),
-            "cached_tokens": keep,
-            "generated_tokens": n,
-            "prefill_us": int(((first or done) - started) * 1e6),
-            "decode_us": int((done - (first or done)) * 1e6),
-            "total_us": int((done - started) * 1e6),
-            "peak_memory_bytes": int(mx.get_peak_memory()),
-            "active_memory_bytes": int(mx.get_active_memory()),
-        }
-        if guide is not None and guide.error is not None:
-            # Only a sampler that ignored the mask gets here; the caches are settled.
-            raise BridgeError("backend_error", f"config.constraint ({guide.kind}): {guide.error}")
-        return {"event": "done", "finish": finish, "metrics": metrics}
+            self.serve_urgent()
+        return finish, n, first
 
     def logprob_of(self, r, top):
         """The token's log-probability and the `top` most likely tokens, from
@@ -692,6 +805,197 @@ class Bridge:
         return {"event": "inspected", "num_layers": len(keys), "num_heads": int(k0.shape[1]),
                 "seq_len": n, "head_dim": int(k0.shape[3]), "keys": keys}
 
+    # The KV exchange (docs/kv-transfer.md). A block is KV_BLOCK positions: its keys
+    # then its values, each [layer][kv_head][position][head_dim].
+
+    def kv_layout(self, raw):
+        """The exchange's layout of this model's prompt cache, learned from one token
+        computed on a fresh cache; (None, why) when its KV cannot travel."""
+        import mlx.core as mx
+        import mlx_lm
+        from mlx_lm.models.cache import KVCache
+
+        cache = Cache(self.model)
+        kinds = sorted({type(c).__name__ for c in cache.layers})
+        if not cache.layers or kinds != ["KVCache"] or any(type(c) is not KVCache for c in cache.layers):
+            return None, f"its prompt cache is {', '.join(kinds) or 'empty'}, not plain KVCache layers"
+        self.model(mx.array([0])[None], cache=cache.layers)
+        k0, v0 = cache.layers[0].keys, cache.layers[0].values
+        mx.eval(k0, v0)
+        dtype = str(k0.dtype).removeprefix("mlx.core.")
+        if dtype not in KV_DTYPES or v0.dtype != k0.dtype or v0.shape[3] != k0.shape[3]:
+            return None, f"keys {k0.dtype} {list(k0.shape)} and values {v0.dtype} {list(v0.shape)}"
+        rope = raw.get("rope_theta", "")
+        scaling = json.dumps(raw.get("rope_scaling"), sort_keys=True) if raw.get("rope_scaling") else "none"
+        return {
+            "dtype": KV_DTYPES[dtype][0],
+            "layers": len(cache.layers),
+            "kv_heads": int(k0.shape[1]),
+            "head_dim": int(k0.shape[3]),
+            "block_tokens": KV_BLOCK,
+            "engine": f"mlx-{mx.__version__}/mlx_lm-{mlx_lm.__version__}/{'gpu' if 'gpu' in str(mx.default_device()) else 'cpu'}",
+            "params": f"rope={rope},scaling={scaling}",
+        }, None
+
+    def kv_block_bytes(self):
+        width = 4 if self.kv["dtype"] == "f32" else 2
+        return 2 * self.kv["layers"] * self.kv["kv_heads"] * self.kv["head_dim"] * KV_BLOCK * width
+
+    def need_kv(self):
+        self.need_model()
+        if self.kv is None:
+            raise BridgeError("unavailable", f"this model's KV does not travel: {self.info.get('kv_why')}")
+
+    def kv_caches(self, adapter):
+        """The caches holding KV computed with `adapter` (None: the base model)."""
+        out = []
+        if self.shared is not None and self.shared_adapter == adapter:
+            out.append(self.shared)
+        if adapter is None:  # sessions run without one
+            out.extend(self.sessions.values())
+        return out
+
+    def kv_expire(self):
+        now = time.time()
+        self.imported = [e for e in self.imported if now - e.at < KV_IMPORT_FOR]
+
+    def kv_held(self, req):
+        """How many leading tokens of `tokens` a generation would not compute: what the
+        shared cache or a waiting import holds."""
+        self.need_kv()
+        tokens, adapter = [int(t) for t in req.get("tokens", [])], req.get("adapter")
+        self.kv_expire()
+        held = common_prefix(self.shared.held(), tokens) if self.shared_adapter == adapter else 0
+        for e in self.imported:
+            if e.adapter == adapter:
+                held = max(held, common_prefix(e.held(), tokens))
+        return {"event": "kv_held", "tokens": held}
+
+    def kv_export(self, req):
+        """Blocks `first_block..first_block + blocks` of the prefix `tokens`, from the
+        cache that holds most of it (none: 0 blocks)."""
+        import mlx.core as mx
+
+        self.need_kv()
+        tokens, adapter = [int(t) for t in req.get("tokens", [])], req.get("adapter")
+        first, want = int(req.get("first_block", 0)), int(req.get("blocks", 0))
+        best, held = None, 0
+        for c in self.kv_caches(adapter):
+            n = common_prefix(c.held(), tokens)
+            if n > held:
+                best, held = c, n
+        held_blocks = held // KV_BLOCK
+        count = max(0, min(want, held_blocks - first))
+        if count == 0:
+            return {"event": "kv", "blocks": 0, "held_blocks": held_blocks, "data": ""}
+        lo, hi = first * KV_BLOCK, (first + count) * KV_BLOCK
+        heads, dim = self.kv["kv_heads"], self.kv["head_dim"]
+
+        def blocks_of(arrays):  # [layer][head][count * KV_BLOCK][dim] -> [count][layer][head][KV_BLOCK][dim]
+            x = mx.stack([a[0, :, lo:hi, :] for a in arrays])
+            return x.reshape(len(arrays), heads, count, KV_BLOCK, dim).transpose(2, 0, 1, 3, 4)
+
+        kv = mx.stack([blocks_of([c.keys for c in best.layers]), blocks_of([c.values for c in best.layers])], axis=1)
+        data = kv_bits(kv)
+        return {"event": "kv", "blocks": count, "held_blocks": held_blocks,
+                "data": base64.b64encode(data).decode("ascii")}
+
+    def kv_import(self, req):
+        """Keeps blocks a peer computed for the prefix `tokens` until a generation over
+        it; returns the leading blocks of the prefix held for it now."""
+        self.need_kv()
+        tokens, adapter = [int(t) for t in req.get("tokens", [])], req.get("adapter")
+        first, count = int(req.get("first_block", 0)), int(req.get("blocks", 0))
+        try:
+            data = base64.b64decode(req.get("data", ""), validate=True)
+        except ValueError as e:
+            raise BridgeError("bad_request", f"kv_import: bad base64: {e}")
+        if len(data) != count * self.kv_block_bytes() or (first + count) * KV_BLOCK > len(tokens):
+            raise BridgeError("bad_request", f"kv_import: {len(data)} bytes for blocks {first}..{first + count} "
+                              f"of a {len(tokens)}-token prefix ({self.kv_block_bytes()} bytes a block)")
+        self.kv_expire()
+        entry = next((e for e in self.imported if e.tokens == tokens and e.adapter == adapter), None)
+        if entry is None:
+            entry = Imported(tokens, adapter)
+            if first > 0:
+                # The puller holds the first blocks already: copy them from its cache.
+                req = {"tokens": tokens[: first * KV_BLOCK], "adapter": adapter, "first_block": 0, "blocks": first}
+                have = self.kv_export(req)
+                if have["blocks"] != first:
+                    raise BridgeError("bad_request", f"kv_import: block {first} of a prefix whose first blocks "
+                                      "are not held here")
+                entry.parts.append(base64.b64decode(have["data"]))
+                entry.blocks = first
+            if len(self.imported) >= KV_MAX_IMPORTS:
+                self.imported.pop(0)
+            self.imported.append(entry)
+        if first != entry.blocks:
+            raise BridgeError("bad_request", f"kv_import: block {first} after {entry.blocks} blocks")
+        entry.parts.append(data)
+        entry.blocks += count
+        entry.at = time.time()
+        while sum(e.nbytes() for e in self.imported) > KV_MAX_IMPORT_BYTES and self.imported:
+            dropped = self.imported.pop(0)  # the oldest first, this one too if it alone is over
+            if dropped is entry:
+                raise BridgeError("overloaded", f"pulled KV waiting here is over {KV_MAX_IMPORT_BYTES >> 20} MiB")
+        return {"event": "kv_imported", "held_blocks": entry.blocks}
+
+    def claim_import(self, tokens, adapter, have):
+        """The cache of the waiting import that holds more of `tokens` than `have`
+        (leading tokens), and the most (None: none does); it is taken off the list."""
+        import mlx.core as mx
+
+        self.kv_expire()
+        best, most = None, have
+        for e in self.imported:
+            n = common_prefix(e.held(), tokens)
+            if e.adapter == adapter and n == len(e.held()) and n > most:
+                best, most = e, n
+        if best is None:
+            return None
+        self.imported.remove(best)
+        layers, heads, dim = self.kv["layers"], self.kv["kv_heads"], self.kv["head_dim"]
+        dtype = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}[self.kv["dtype"]]
+        n = best.blocks
+        x = kv_array(b"".join(best.parts), (n, 2, layers, heads, KV_BLOCK, dim), dtype)
+        cache = Cache(self.model)
+        for i, layer in enumerate(cache.layers):
+            # [block][layer][head][position][dim] -> [1][head][block * position][dim]
+            k = x[:, 0, i].transpose(1, 0, 2, 3).reshape(1, heads, n * KV_BLOCK, dim)
+            v = x[:, 1, i].transpose(1, 0, 2, 3).reshape(1, heads, n * KV_BLOCK, dim)
+            layer.keys, layer.values, layer.offset = k, v, n * KV_BLOCK
+        mx.eval([c.keys for c in cache.layers] + [c.values for c in cache.layers])
+        cache.tokens = best.held()
+        return cache
+
+    def serve_urgent(self):
+        """Answers the KV exchange's ops waiting (between two tokens, or idle)."""
+        while True:
+            try:
+                req = self.urgent.get_nowait()
+            except queue.Empty:
+                return
+            rid = req.get("id")
+            try:
+                send({"id": rid, **self.urgent_op(req)})
+            except BridgeError as e:
+                send({"id": rid, "event": "error", "code": e.code, "message": e.message, **e.extra})
+            except Exception as e:
+                log(traceback.format_exc())
+                send({"id": rid, "event": "error", "code": "backend_error", "message": f"{type(e).__name__}: {e}"})
+
+    def urgent_op(self, req):
+        op = req.get("op")
+        if op == "render":
+            self.need_model()
+            rendered, tokens = self.rendered(req)
+            return {"event": "rendered", "rendered": rendered, "tokens": tokens}
+        if op == "kv_held":
+            return self.kv_held(req)
+        if op == "kv_export":
+            return self.kv_export(req)
+        return self.kv_import(req)
+
     def session_open(self):
         self.need_model()
         if len(self.sessions) >= self.max_sessions:
@@ -712,6 +1016,12 @@ class Bridge:
         self.check_context(len(target), 0)
         had = len(s.tokens)
         keep = 0 if req.get("invalidate") else common_prefix(s.tokens, target)
+        if self.imported and not req.get("invalidate"):
+            # KV pulled for this session (one moving here from a draining peer).
+            claimed = self.claim_import(target, None, keep)
+            if claimed is not None:
+                s = self.sessions[sid] = claimed
+                keep = len(claimed.tokens)
         kept = s.keep(keep)
         if kept is None:  # a cache that cannot be trimmed starts again
             s = self.sessions[sid] = Cache(self.model)
@@ -721,6 +1031,10 @@ class Bridge:
             mx.eval([c.state for c in s.layers])
         s.tokens = list(target)
         return {"event": "resident", "reused": kept, "computed": len(target) - kept, "dropped": had - kept}
+
+
+# Ops a running generation answers between two tokens (Bridge.serve_urgent).
+URGENT_OPS = ("render", "kv_held", "kv_export", "kv_import")
 
 
 def main():
@@ -741,6 +1055,9 @@ def main():
                 with bridge.lock:
                     bridge.cancelled.add(req.get("target"))
                 continue
+            if req.get("op") in URGENT_OPS:
+                bridge.urgent.put(req)
+                req = {"op": "urgent", "id": None}  # wakes an idle main loop
             work.put(req)
         work.put({"op": "quit", "id": None})
 
@@ -749,6 +1066,9 @@ def main():
     while True:
         req = work.get()
         rid, op = req.get("id"), req.get("op")
+        bridge.serve_urgent()
+        if op == "urgent":
+            continue
         try:
             if op == "quit":
                 send({"id": rid, "event": "bye"})

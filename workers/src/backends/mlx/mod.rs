@@ -13,10 +13,16 @@
 //!   strings and cancel, prefix reuse, classify with logits, batch, the attention
 //!   inspector).
 //! - `session`: seed 002's sessions, each on its own prompt cache in the child.
+//! - `holdings`: what the shared prompt cache holds, in routing terms (KV events).
+//! - `exchange`, `kv_exchange`: KV that travels to and from peer MLX workers (the
+//!   bridge's `kv_*` ops): the state, and the model's side of the exchange.
 //! - `backend`: the registry entry.
 
 mod backend;
 pub mod child;
+mod exchange;
+mod holdings;
+mod kv_exchange;
 mod requests;
 mod session;
 pub mod supervisor;

@@ -4,6 +4,7 @@
 //! model (`text_model`) and its sessions (`session`).
 
 use super::child::{error_from, Bridge, Events};
+use super::holdings::Follow;
 use super::supervisor::Supervised;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
@@ -98,6 +99,7 @@ pub(super) fn stream(
     config: &GenerateConfig,
     cancel: CancelFlag,
     last: Arc<Mutex<GenerateMetrics>>,
+    follow: Option<Arc<Follow>>,
 ) -> GenerateStream {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let stops = config.stop.clone();
@@ -108,8 +110,11 @@ pub(super) fn stream(
             Err(e) => Err(e),
         };
         match started {
-            Ok((b, events)) => pump(b, events, stops, cancel, last, tx).await,
+            Ok((b, events)) => pump(b, events, stops, cancel, last, tx, follow).await,
             Err(e) => {
+                if let Some(f) = follow {
+                    f.ended(None);
+                }
                 let _ = tx.send(Err(e)).await;
             }
         }
@@ -120,7 +125,8 @@ pub(super) fn stream(
 }
 
 /// Forwards one request's events into `tx`, cutting stop strings and forwarding a
-/// cancel.
+/// cancel; `follow` (the shared cache's holdings) hears every token and, before the
+/// stream ends, what the cache keeps.
 async fn pump(
     bridge: Arc<Bridge>,
     mut events: Events,
@@ -128,6 +134,7 @@ async fn pump(
     cancel: CancelFlag,
     last: Arc<Mutex<GenerateMetrics>>,
     tx: tokio::sync::mpsc::Sender<Result<GenerateEvent, BackendError>>,
+    follow: Option<Arc<Follow>>,
 ) {
     let mut filter = StopFilter::new(&stops);
     let mut cancel_sent = false;
@@ -139,6 +146,9 @@ async fn pump(
         }
         match ev["event"].as_str() {
             Some("token") if !stopped => {
+                if let Some(f) = &follow {
+                    f.token(ev["token"].as_u64().unwrap_or(0) as u32);
+                }
                 let token = Token {
                     id: ev["token"].as_u64().unwrap_or(0) as u32,
                     text: ev["text"].as_str().unwrap_or_default().to_string(),
@@ -160,8 +170,15 @@ async fn pump(
                     cancel_sent = true;
                 }
             }
-            Some("token") => {}
+            Some("token") => {
+                if let Some(f) = &follow {
+                    f.token(ev["token"].as_u64().unwrap_or(0) as u32);
+                }
+            }
             Some("done") => {
+                if let Some(f) = &follow {
+                    f.ended(ev["metrics"]["cache_tokens"].as_u64().map(|n| n as usize));
+                }
                 if !stopped {
                     for t in filter.flush() {
                         let _ = tx.send(Ok(GenerateEvent::Token(t))).await;
@@ -183,9 +200,28 @@ async fn pump(
                 return;
             }
             _ => {
+                if let Some(f) = &follow {
+                    f.ended(None);
+                }
                 let _ = tx.send(Err(error_from(&ev))).await;
                 return;
             }
         }
     }
+    if let Some(f) = &follow {
+        f.ended(None);
+    }
+}
+
+/// A JSON array of token ids.
+pub(super) fn token_ids(v: &Value) -> Result<Vec<u32>, BackendError> {
+    v.as_array()
+        .ok_or_else(|| BackendError::Compute("the MLX bridge sent no tokens".into()))?
+        .iter()
+        .map(|t| {
+            t.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| BackendError::Compute(format!("the MLX bridge sent a bad token id {t}")))
+        })
+        .collect()
 }

@@ -100,7 +100,7 @@ impl ModelSession for MlxSession {
             None,
             json!({"session": self.id, "config": config_json(&config)}),
         );
-        stream(&self.bridge, request, &config, cancel, self.last.clone())
+        stream(&self.bridge, request, &config, cancel, self.last.clone(), None)
     }
 
     fn resident(&self) -> BackendFuture<Vec<u32>> {

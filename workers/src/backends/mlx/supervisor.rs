@@ -24,6 +24,8 @@ pub struct Supervised {
     epoch: AtomicU64,
     restarts: AtomicU32,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Told when the child exits (what its caches held is gone).
+    on_exit: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl Supervised {
@@ -38,6 +40,7 @@ impl Supervised {
             epoch: AtomicU64::new(1),
             restarts: AtomicU32::new(0),
             task: Mutex::new(None),
+            on_exit: Mutex::default(),
         });
         let task = tokio::spawn(supervise(Arc::downgrade(&me), opts, worker_id));
         *me.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
@@ -63,6 +66,11 @@ impl Supervised {
     /// The running child's pid.
     pub fn pid(&self) -> Option<u32> {
         self.bridge().ok().map(|(b, _)| b.pid)
+    }
+
+    /// Calls `f` whenever the child exits.
+    pub fn on_exit(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.on_exit.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(f));
     }
 
     /// Times the child exited and was restarted (or is being restarted).
@@ -91,6 +99,9 @@ async fn supervise(me: Weak<Supervised>, opts: BridgeOptions, worker_id: String)
         let Some(sup) = me.upgrade() else { return };
         *sup.current.write().unwrap_or_else(|p| p.into_inner()) = None;
         sup.restarts.fetch_add(1, Ordering::AcqRel);
+        for f in sup.on_exit.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            f();
+        }
         drop(sup);
         crate::worker::telemetry::record_restart(&worker_id, "mlx-bridge");
         let mut wait = backoff.after_exit(started.elapsed());

@@ -4,6 +4,8 @@
 //! Classify, embed and the attention inspector are one request each (logits, vectors
 //! and keys come as base64 float32). One request at a time (capacity 1, announced as such).
 
+use super::exchange::MlxKv;
+use super::holdings::MlxHoldings;
 use super::requests::{body, config_json, floats, stream};
 use super::session::MlxSession;
 use super::supervisor::Supervised;
@@ -18,17 +20,29 @@ use switchyard_messages::{
     AttentionSnapshot, ClassifyResult, Embedding, GenerateConfig, GenerateMetrics, ModelInfo, Token,
 };
 
-/// A model loaded in MLX behind the (supervised) bridge.
+/// A model loaded in MLX behind the (supervised) bridge (a handle: clones share it).
+#[derive(Clone)]
 pub struct MlxModel {
     bridge: Arc<Supervised>,
     info: ModelInfo,
     last: Arc<Mutex<GenerateMetrics>>,
+    /// The KV exchange, when the model's cache can travel (`kv_exchange`).
+    pub(super) kv: Option<Arc<MlxKv>>,
+    /// What the shared cache holds (`holdings`), when the tokenizer loads here.
+    holdings: Option<Arc<MlxHoldings>>,
 }
 
 impl MlxModel {
-    /// The model behind a supervised bridge; `info` is what its first `load` said.
-    pub fn new(bridge: Arc<Supervised>, i: &Value) -> Self {
+    /// The model in `dir` behind a supervised bridge; `info` is what its first
+    /// `load` said.
+    pub fn new(bridge: Arc<Supervised>, i: &Value, dir: &std::path::Path) -> Self {
         let n = |k: &str| i[k].as_u64().unwrap_or(0) as u32;
+        let eos: Vec<u32> = i["eos"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.as_u64().map(|t| t as u32))
+            .collect();
         let info = ModelInfo {
             architecture: i["architecture"].as_str().unwrap_or_default().to_string(),
             vocab_size: n("vocab_size"),
@@ -41,10 +55,30 @@ impl MlxModel {
             embedding_dim: n("embedding_dim"),
             embedding_only: false,
         };
-        Self {
+        let mut me = Self {
             bridge,
             info,
             last: Arc::default(),
+            kv: MlxKv::from_info(i),
+            holdings: None,
+        };
+        me.holdings = MlxHoldings::open(dir, &eos);
+        if let Some(h) = &me.holdings {
+            let h = Arc::downgrade(h);
+            me.bridge.on_exit(move || {
+                if let Some(h) = h.upgrade() {
+                    h.forget();
+                }
+            });
+        }
+        me
+    }
+
+    /// Turns the KV exchange on (when the bridge's cache can travel): the weights in
+    /// `dir` are hashed in the background, and KV moves once they are.
+    pub fn enable_kv_exchange(&self, dir: std::path::PathBuf) {
+        if let Some(kv) = &self.kv {
+            kv.learn_format(dir);
         }
     }
 
@@ -61,7 +95,26 @@ impl TextModel for MlxModel {
             Some(&prompt),
             json!({"config": config_json(&config), "adapter": config.adapter}),
         );
-        stream(&self.bridge, request, &config, cancel, self.last.clone())
+        let follow = self
+            .holdings
+            .as_ref()
+            .map(|h| h.follow(&prompt, config.adapter.clone()));
+        if let Some(f) = follow.clone().filter(|f| f.keyed()) {
+            // The prompt as the bridge renders and tokenizes it, for its holding.
+            let render = super::requests::body("render", Some(&prompt), json!({}));
+            let bridge = self.bridge.clone();
+            tokio::spawn(async move {
+                let Ok((b, _)) = bridge.bridge() else { return };
+                if let Ok(ev) = b.call(render).await {
+                    if let (Some(text), Ok(tokens)) =
+                        (ev["rendered"].as_str(), super::requests::token_ids(&ev["tokens"]))
+                    {
+                        f.mapped(text, tokens);
+                    }
+                }
+            });
+        }
+        stream(&self.bridge, request, &config, cancel, self.last.clone(), follow)
     }
 
     fn classify(&self, prompts: Vec<Prompt>, return_logits: bool) -> ClassifyFuture {
@@ -227,6 +280,20 @@ impl TextModel for MlxModel {
 
     fn model_type(&self) -> &str {
         "mlx"
+    }
+
+    fn kv_holdings(&self) -> Option<Vec<switchyard_messages::KvHolding>> {
+        self.holdings.as_ref().map(|h| h.shared.get())
+    }
+
+    fn watch_kv(&self, on_change: switchyard_backend::KvWatcher) {
+        if let Some(h) = &self.holdings {
+            h.shared.watch(on_change);
+        }
+    }
+
+    fn kv_transfer(&self) -> Option<&dyn switchyard_backend::KvTransfer> {
+        self.kv.as_ref().map(|_| self as &dyn switchyard_backend::KvTransfer)
     }
 
     fn info(&self) -> ModelInfo {
