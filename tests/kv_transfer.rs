@@ -133,8 +133,8 @@ async fn pulled_equals_cold(f: &Fleet, topic: &str, sections: usize, seed: Optio
     let prompt_tokens = m.prompt_tokens as usize;
     assert_eq!(
         m.pulled_tokens as usize,
-        (prompt_tokens - 1) / 32 * 32,
-        "B pulled every whole block of the prompt (short of its last token) from A: {m:?}"
+        prompt_tokens - 1,
+        "B pulled every whole block of the prompt and its tail (all but its last token) from A: {m:?}"
     );
     assert!(m.cached_tokens >= m.pulled_tokens, "{m:?}");
     assert_eq!(
@@ -171,14 +171,10 @@ async fn a_worker_pulls_a_peers_prefix_and_answers_as_if_it_had_computed_it() {
     let held = (head.metrics.prompt_tokens as usize - 12) / 32;
     assert!(held >= 10, "{:?}", head.metrics);
     assert!(
-        m.pulled_tokens > 0 && (m.pulled_tokens as usize) <= (m.prompt_tokens as usize - 1) / 32 * 32 - held * 32,
+        m.pulled_tokens > 0 && (m.pulled_tokens as usize) <= m.prompt_tokens as usize - 1 - held * 32,
         "B pulled only what it lacked: {m:?}"
     );
-    assert_eq!(
-        m.cached_tokens as usize,
-        (m.prompt_tokens as usize - 1) / 32 * 32,
-        "{m:?}"
-    );
+    assert_eq!(m.cached_tokens as usize, m.prompt_tokens as usize - 1, "{m:?}");
     assert_eq!(
         token_ids(&rest),
         token_ids(&cold),
@@ -201,6 +197,7 @@ async fn a_worker_pulls_a_peers_prefix_and_answers_as_if_it_had_computed_it() {
         blocks: 1,
         part: 0,
         parts: 1,
+        tail: 0,
     };
     let refused = |req: KvPullRequest| {
         let nc = nc.clone();
@@ -514,8 +511,9 @@ async fn drained_mid_stream(
 /// SIGTERM's drain on a worker running two streams (greedy and seeded): each is
 /// handed to the other worker, which pulls the KV of its prompt and tokens so far
 /// and streams on to the same client — the same tokens as an undisturbed run, no
-/// sequence gap, `handovers: 1`, and nothing computed again but the last partial
-/// block. The same on Gemma 3 (past its sliding window) and with a LoRA adapter. A
+/// sequence gap, `handovers: 1`, and nothing computed again (the taker computes only
+/// the token sampled last, which no worker had run yet). The same on Gemma 3 (past
+/// its sliding window) and with a LoRA adapter. A
 /// lone worker, with nobody to take its streams, finishes them itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
@@ -524,13 +522,10 @@ async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
     for m in drained_mid_stream(&f, &cases, None, Some("w-b")).await {
         assert_eq!(m.handovers, 1, "{m:?}");
         assert!(m.pulled_tokens > 0, "its KV was pulled, not computed: {m:?}");
-        // The prompt the taker computes is w-a's prompt and tokens so far: only the
-        // tokens past the last whole block (and the one whose logits are wanted) are
-        // computed again.
-        assert!(
-            m.prompt_tokens - m.cached_tokens <= 32,
-            "at most the last partial block computed again: {m:?}"
-        );
+        // The prompt the taker computes is w-a's prompt and tokens so far: its
+        // whole blocks and its tail are pulled, and only the token sampled last
+        // (whose logits pick the next) is computed.
+        assert_eq!(m.prompt_tokens - m.cached_tokens, 1, "nothing computed again: {m:?}");
     }
     let b = f.transfer("w-b").await;
     assert_eq!(b.taken_over, 2, "{b:?}");
@@ -542,6 +537,7 @@ async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
         // Past Gemma 3's 512-token window: the head comes from w-a's block store.
         let m = drained_mid_stream(&f, &[("canal", 14, None)], None, Some("w-b")).await;
         assert!(m[0].handovers == 1 && m[0].pulled_tokens >= 512, "{:?}", m[0]);
+        assert_eq!(m[0].prompt_tokens - m[0].cached_tokens, 1, "{:?}", m[0]);
         f.stop().await;
     }
 
@@ -554,6 +550,7 @@ async fn a_draining_worker_hands_its_streams_on_with_their_kv() {
     let f = Fleet::start(&demo_model(), &["w-a", "w-b"], vec![adapter]).await;
     let m = drained_mid_stream(&f, &[("meadow", 6, Some(5))], Some("one"), Some("w-b")).await;
     assert!(m[0].handovers == 1 && m[0].pulled_tokens > 0, "{:?}", m[0]);
+    assert_eq!(m[0].prompt_tokens - m[0].cached_tokens, 1, "{:?}", m[0]);
     f.stop().await;
 
     // Nobody to take it: the stream finishes where it runs, unchanged.
@@ -658,8 +655,8 @@ async fn disaggregated_equals_whole(
         assert!(m.remote_prefill_us > 0, "prefilled on w-p: {m:?}");
         assert_eq!(
             m.pulled_tokens as usize,
-            (m.prompt_tokens as usize - 1) / 32 * 32,
-            "every whole block pulled, none computed here: {m:?}"
+            m.prompt_tokens as usize - 1,
+            "every token pulled but the last, none computed here: {m:?}"
         );
         settle(&f.client).await;
     }

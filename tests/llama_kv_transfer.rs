@@ -233,7 +233,7 @@ async fn a_prefill_llama_server_feeds_a_decode_llama_server() {
             req.config.seed = Some(seed);
         }
         let done = client.generate(req).await.unwrap().collect().await.unwrap();
-        assert_disaggregated(&done, want, &format!("{topic} (seed {seed:?})"));
+        assert_disaggregated(&done, want, &format!("{topic} (seed {seed:?})"), false);
         settle(&client).await;
     }
     let p = kv_transfer_of(&client, "w-p").await;

@@ -250,6 +250,7 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
         blocks: 1,
         part: 0,
         parts: 1,
+        tail: 0,
     };
     bob.publish(subjects.kv_pull("w1"), encode(&pull).into()).await.unwrap();
     violation(&errors, "sy.v1.kv.w1.pull").await;

@@ -4,7 +4,9 @@
 //! ([`crate::TextModel::kv_transfer`]) and never matches on the backend's name.
 //!
 //! Blocks are the wire's ([`switchyard_messages::kv_transfer`]): whole blocks of
-//! [`KvFormat::block_tokens`] tokens, each its keys then its values.
+//! [`KvFormat::block_tokens`] tokens, each its keys then its values; a prefix's
+//! tail (fewer tokens than a block, past its last whole one) travels the same way,
+//! as a block of that many positions.
 
 use crate::{BackendError, BackendFuture, Prompt};
 use switchyard_messages::KvFormat;
@@ -47,4 +49,18 @@ pub trait KvTransfer: Send + Sync {
     /// of the same format into its block store, where the next generation over that
     /// prefix finds them; returns the leading blocks of the prefix it holds now.
     fn import_kv(&self, tokens: Vec<u32>, adapter: Option<String>, blocks: KvBlocks) -> BackendFuture<usize>;
+    /// Reads the KV of the prefix's tail — the tokens of `tokens` past its last whole
+    /// block, fewer than a block — out, as a block's bytes of that many positions,
+    /// when it holds all of `tokens`; `None` when it does not, or sends no tails.
+    fn export_tail(&self, tokens: Vec<u32>, adapter: Option<String>) -> BackendFuture<Option<Vec<u8>>> {
+        let _ = (tokens, adapter);
+        Box::pin(async { Ok(None) })
+    }
+    /// Takes the KV of `tokens`' tail, computed by a peer of the same format, in,
+    /// after the whole blocks before it: the next generation over a prompt starting
+    /// with `tokens` computes none of them. Returns whether it was taken.
+    fn import_tail(&self, tokens: Vec<u32>, adapter: Option<String>, data: Vec<u8>) -> BackendFuture<bool> {
+        let _ = (tokens, adapter, data);
+        Box::pin(async { Ok(false) })
+    }
 }

@@ -71,6 +71,21 @@ struct Block {
     last_used: u64,
 }
 
+/// The keys and values of a prefix's tail — fewer tokens than a block, past the
+/// whole blocks whose chain ends in `parent` (the chain's seed when none) — pulled
+/// from a peer: restored after those blocks (a hand-over's stream then computes only
+/// its next token).
+pub struct Tail {
+    pub parent: u64,
+    pub tokens: Vec<u32>,
+    /// `[layer][kv_head][row][head_dim]` f16 bits, one row per token.
+    pub k: Vec<u16>,
+    pub v: Vec<u16>,
+}
+
+/// Tails kept at once (the most recent): each serves one pulled prefix.
+const MAX_TAILS: usize = 8;
+
 /// Counters for observation and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct StoreStats {
@@ -92,6 +107,9 @@ pub struct KvStore {
     blocks: HashMap<u64, Block>,
     clock: u64,
     stats: StoreStats,
+    /// Pulled tails, oldest first (outside the budget: at most `MAX_TAILS` of
+    /// fewer than a block each).
+    tails: Vec<Tail>,
 }
 
 impl KvStore {
@@ -102,6 +120,7 @@ impl KvStore {
             blocks: HashMap::new(),
             clock: 0,
             stats: StoreStats::default(),
+            tails: Vec::new(),
         }
     }
 
@@ -144,6 +163,26 @@ impl KvStore {
         b.last_used = clock;
         self.stats.restored += 1;
         Some(b.data.clone())
+    }
+
+    /// Keeps a pulled tail (replacing one of the same tokens; the oldest goes past
+    /// `MAX_TAILS`).
+    pub fn put_tail(&mut self, tail: Tail) {
+        self.tails
+            .retain(|t| t.parent != tail.parent || t.tokens != tail.tokens);
+        if self.tails.len() >= MAX_TAILS {
+            self.tails.remove(0);
+        }
+        self.tails.push(tail);
+    }
+
+    /// The longest kept tail after the blocks chained to `parent` that `tokens` (what
+    /// follows them) starts with.
+    pub fn tail(&self, parent: u64, tokens: &[u32]) -> Option<&Tail> {
+        self.tails
+            .iter()
+            .filter(|t| t.parent == parent && tokens.starts_with(&t.tokens))
+            .max_by_key(|t| t.tokens.len())
     }
 
     /// Saves a block, evicting the least recently used ones to stay in budget. A
@@ -206,5 +245,26 @@ mod tests {
         );
         assert!(matches!(s.get(ha[0]), Some(Stored::Rows { k, v }) if k == [1, 2] && v == [3, 4]));
         assert!(!KvStore::new(0).enabled());
+    }
+
+    #[test]
+    fn a_tail_is_found_after_its_blocks_for_tokens_it_starts() {
+        let mut s = KvStore::new(16);
+        let tail = |parent: u64, tokens: Vec<u32>| Tail {
+            parent,
+            tokens,
+            k: vec![1],
+            v: vec![2],
+        };
+        s.put_tail(tail(7, vec![1, 2]));
+        s.put_tail(tail(7, vec![1, 2, 3]));
+        assert_eq!(s.tail(7, &[1, 2, 3, 4]).map(|t| t.tokens.len()), Some(3), "the longest");
+        assert_eq!(s.tail(7, &[1, 2, 9]).map(|t| t.tokens.len()), Some(2));
+        assert!(s.tail(8, &[1, 2, 3]).is_none(), "after other blocks");
+        assert!(s.tail(7, &[5]).is_none());
+        for i in 0..MAX_TAILS as u64 {
+            s.put_tail(tail(100 + i, vec![1]));
+        }
+        assert!(s.tail(7, &[1, 2, 3]).is_none(), "the oldest went");
     }
 }

@@ -102,6 +102,20 @@ pub enum KvOp {
         blocks: switchyard_backend::KvBlocks,
         reply: tokio::sync::oneshot::Sender<Result<usize, BackendError>>,
     },
+    /// The rows of the prefix's tail (past its last whole block), when a slot holds
+    /// all of `tokens`.
+    ExportTail {
+        tokens: Vec<u32>,
+        adapter: Option<Arc<super::model::lora::LoraAdapter>>,
+        reply: tokio::sync::oneshot::Sender<Option<Vec<u8>>>,
+    },
+    /// A tail a peer computed, into the store.
+    ImportTail {
+        tokens: Vec<u32>,
+        adapter: Option<Arc<super::model::lora::LoraAdapter>>,
+        data: Vec<u8>,
+        reply: tokio::sync::oneshot::Sender<Result<bool, BackendError>>,
+    },
 }
 
 /// One generation request for the compute thread.

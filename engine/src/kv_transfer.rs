@@ -129,7 +129,69 @@ impl ComputeState {
             } => {
                 let _ = reply.send(self.import(&tokens, adapter.as_ref(), blocks));
             }
+            KvOp::ExportTail { tokens, adapter, reply } => {
+                let _ = reply.send(self.export_tail(&tokens, adapter.as_ref()));
+            }
+            KvOp::ImportTail {
+                tokens,
+                adapter,
+                data,
+                reply,
+            } => {
+                let _ = reply.send(self.import_tail(&tokens, adapter.as_ref(), &data));
+            }
         }
+    }
+
+    /// The rows of `tokens` past its last whole block, from a slot holding all of it.
+    fn export_tail(&self, tokens: &[u32], adapter: Option<&Arc<LoraAdapter>>) -> Option<Vec<u8>> {
+        let whole = tokens.len() / BLOCK_TOKENS * BLOCK_TOKENS;
+        let n = tokens.len() - whole;
+        let (slot, held) = self.best_slot(tokens, adapter)?;
+        if n == 0 || held < tokens.len() {
+            return None;
+        }
+        let (k, v) = self.model.read_rows(slot, whole, n)?;
+        let mut out = Vec::with_capacity((k.len() + v.len()) * 2);
+        to_bytes(&mut out, &k);
+        to_bytes(&mut out, &v);
+        Some(out)
+    }
+
+    /// Keeps a peer's rows of `tokens` past its last whole block, for the generation
+    /// that restores the blocks before them.
+    fn import_tail(
+        &mut self,
+        tokens: &[u32],
+        adapter: Option<&Arc<LoraAdapter>>,
+        data: &[u8],
+    ) -> Result<bool, BackendError> {
+        let Some(p) = self.model.lora_base() else {
+            return Err(BackendError::Unavailable("this engine cannot import KV".into()));
+        };
+        let whole = tokens.len() / BLOCK_TOKENS * BLOCK_TOKENS;
+        let n = tokens.len() - whole;
+        let rows = p.n_layer * p.n_head_kv * p.head_dim * n;
+        if n == 0 || data.len() != rows * 4 {
+            return Err(BackendError::Invalid(format!(
+                "a KV tail of {n} tokens should be {} bytes, not {}",
+                rows * 4,
+                data.len()
+            )));
+        }
+        if !self.store.enabled() {
+            return Ok(false);
+        }
+        let hashes = block_store::chain(self.seed(adapter), &tokens[..whole]);
+        let parent = hashes.last().copied().unwrap_or_else(|| self.seed(adapter));
+        let (k, v) = data.split_at(rows * 2);
+        self.store.put_tail(block_store::Tail {
+            parent,
+            tokens: tokens[whole..].to_vec(),
+            k: from_bytes(k),
+            v: from_bytes(v),
+        });
+        Ok(true)
     }
 
     /// The slot computed with `adapter` holding the most leading tokens of `tokens`,
@@ -347,6 +409,21 @@ impl KvTransfer for EngineModel {
             tokens,
             adapter,
             blocks,
+            reply,
+        });
+        Box::pin(async move { answer.await? })
+    }
+
+    fn export_tail(&self, tokens: Vec<u32>, adapter: Option<String>) -> BackendFuture<Option<Vec<u8>>> {
+        let answer = self.ask_kv(adapter, |adapter, reply| KvOp::ExportTail { tokens, adapter, reply });
+        Box::pin(answer)
+    }
+
+    fn import_tail(&self, tokens: Vec<u32>, adapter: Option<String>, data: Vec<u8>) -> BackendFuture<bool> {
+        let answer = self.ask_kv(adapter, |adapter, reply| KvOp::ImportTail {
+            tokens,
+            adapter,
+            data,
             reply,
         });
         Box::pin(async move { answer.await? })

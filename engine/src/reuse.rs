@@ -146,7 +146,7 @@ impl ComputeState {
         let hashes = block_store::chain(self.seed_of(slot), tokens);
         let n = self.store.leading(&hashes);
         if n * BLOCK_TOKENS <= have {
-            return have;
+            return self.restore_tail(slot, tokens, &hashes, have);
         }
         // Taken before the slot's tail is saved: saving it may evict them (a store
         // holding a long prefix a peer just sent, and the slot's old one).
@@ -165,7 +165,34 @@ impl ComputeState {
             }
             self.slots[slot].resident = tokens[..(b + 1) * BLOCK_TOKENS].to_vec();
         }
-        self.slots[slot].resident.len().max(have)
+        let have = self.slots[slot].resident.len().max(have);
+        self.restore_tail(slot, tokens, &hashes, have)
+    }
+
+    /// After the whole blocks `slot` holds (`have` tokens of `tokens`, chained as
+    /// `hashes`), the rows of a pulled tail that `tokens` continues with; returns how
+    /// many leading tokens it holds now.
+    fn restore_tail(&mut self, slot: usize, tokens: &[u32], hashes: &[u64], have: usize) -> usize {
+        if !have.is_multiple_of(BLOCK_TOKENS) || have >= tokens.len() {
+            return have;
+        }
+        let parent = match have / BLOCK_TOKENS {
+            0 => self.seed_of(slot),
+            b => hashes[b - 1],
+        };
+        let Some(tail) = self.store.tail(parent, &tokens[have..]) else {
+            return have;
+        };
+        let (n, k, v) = (tail.tokens.len(), tail.k.clone(), tail.v.clone());
+        if self.slots[slot].resident.len() > have {
+            self.save_tail(slot, have);
+            self.slots[slot].resident.truncate(have);
+        }
+        if !self.model.write_rows(slot, have, n, &k, &v) {
+            return have;
+        }
+        self.slots[slot].resident = tokens[..have + n].to_vec();
+        have + n
     }
 
     /// Keeps only the leading resident tokens of `slot` that `history` starts with:

@@ -129,6 +129,15 @@ pub struct KvPullRequest {
     /// Parts the block is cut into (1: whole blocks).
     #[serde(default = "one")]
     pub parts: u32,
+    /// (1.14) The prefix's tail: `tokens` ends with this many tokens past its last
+    /// whole block (fewer than a block), and the request asks for their KV alone
+    /// (`first_block` is the block they start, `blocks` 0). 0: whole blocks.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tail: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 fn one() -> u32 {
@@ -148,6 +157,11 @@ pub struct KvChunk {
     pub part: u32,
     /// Leading blocks of the prefix the source held when it answered.
     pub held_blocks: u32,
+    /// (1.14) Tokens of the prefix's tail in `data` (the answer to a request's
+    /// `tail`: their keys then values, `[layer][kv_head][position][head_dim]`); 0
+    /// when the source does not hold them or does not send tails.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tail: u32,
     /// The blocks' bytes (see the module docs), or the part's.
     #[serde(with = "bin")]
     pub data: Vec<u8>,
@@ -282,6 +296,7 @@ mod tests {
             held_blocks: 3,
             data: (0..=255).collect(),
             error: None,
+            tail: 0,
         };
         let bytes = crate::encode(&c);
         assert!(

@@ -95,4 +95,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// final metrics, hand-over counters in [`KvTransferStats`]; disaggregated prefill —
 /// `WorkerStatus.role`, the forward's `Sy-Kv-Prefill`, a worker's `prefill` endpoint
 /// ([`PrefillRequest`] → [`PrefillReply`]), `remote_prefill_us` in the final metrics.
-pub const PROTOCOL_MINOR: u32 = 13;
+/// 1.13: sessions that move with their KV. 1.14: the `tail` of a KV pull (the tokens
+/// past a prefix's last whole block travel too).
+pub const PROTOCOL_MINOR: u32 = 14;

@@ -29,6 +29,7 @@ Ops (a prompt is one of `prompt` (text), `messages` (chat) or `tokens`):
                                               -> {event: "kv", blocks, held_blocks, data}
   kv_import     {tokens, adapter, first_block, blocks, data}
                                               -> {event: "kv_imported", held_blocks}
+                (`tail`: true on either: the KV of `tokens` past its last whole block)
   quit          {}                            -> {event: "bye"}, then exit 0
   anything that fails                         -> {event: "error", code, message}
 
@@ -268,13 +269,15 @@ class Imported:
         self.adapter = adapter
         self.parts = []  # bytes of consecutive blocks, from block 0
         self.blocks = 0
+        self.tail = []  # tokens past the last block, and their KV (a block of fewer positions)
+        self.tail_data = b""
         self.at = time.time()
 
     def nbytes(self):
-        return sum(len(p) for p in self.parts)
+        return sum(len(p) for p in self.parts) + len(self.tail_data)
 
     def held(self):
-        return self.tokens[: self.blocks * KV_BLOCK]
+        return self.tokens[: self.blocks * KV_BLOCK] + self.tail
 
 
 CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
@@ -878,6 +881,8 @@ class Bridge:
 
         self.need_kv()
         tokens, adapter = [int(t) for t in req.get("tokens", [])], req.get("adapter")
+        if req.get("tail"):
+            return self.kv_export_tail(tokens, adapter)
         first, want = int(req.get("first_block", 0)), int(req.get("blocks", 0))
         best, held = None, 0
         for c in self.kv_caches(adapter):
@@ -900,6 +905,36 @@ class Bridge:
         return {"event": "kv", "blocks": count, "held_blocks": held_blocks,
                 "data": base64.b64encode(data).decode("ascii")}
 
+    def kv_export_tail(self, tokens, adapter):
+        """The KV of `tokens` past its last whole block (fewer than a block), from a
+        cache holding all of `tokens`; none ("data" empty) otherwise."""
+        import mlx.core as mx
+
+        lo, hi = len(tokens) // KV_BLOCK * KV_BLOCK, len(tokens)
+        best = next((c for c in self.kv_caches(adapter) if common_prefix(c.held(), tokens) == hi), None)
+        if best is None or lo == hi:
+            return {"event": "kv", "blocks": 0, "held_blocks": 0, "tail": 0, "data": ""}
+        kv = mx.stack([mx.stack([c.keys[0, :, lo:hi, :] for c in best.layers]),
+                       mx.stack([c.values[0, :, lo:hi, :] for c in best.layers])])
+        return {"event": "kv", "blocks": 0, "held_blocks": lo // KV_BLOCK, "tail": hi - lo,
+                "data": base64.b64encode(kv_bits(kv)).decode("ascii")}
+
+    def kv_import_tail(self, tokens, adapter, data):
+        """Adds the KV of `tokens` past its last whole block to the waiting import of
+        those blocks; whether one took it."""
+        whole = len(tokens) // KV_BLOCK * KV_BLOCK
+        width = self.kv_block_bytes() // KV_BLOCK
+        if whole == len(tokens) or len(data) != (len(tokens) - whole) * width:
+            raise BridgeError("bad_request", f"kv_import: {len(data)} bytes for a tail of "
+                              f"{len(tokens) - whole} tokens ({width} bytes a token)")
+        self.kv_expire()
+        entry = next((e for e in self.imported if e.adapter == adapter and e.blocks * KV_BLOCK == whole
+                      and e.tokens[:whole] == tokens[:whole]), None)
+        if entry is None:
+            return {"event": "kv_imported", "held_blocks": 0, "taken": False}
+        entry.tail, entry.tail_data = tokens[whole:], data
+        return {"event": "kv_imported", "held_blocks": entry.blocks, "taken": True}
+
     def kv_import(self, req):
         """Keeps blocks a peer computed for the prefix `tokens` until a generation over
         it; returns the leading blocks of the prefix held for it now."""
@@ -910,6 +945,8 @@ class Bridge:
             data = base64.b64decode(req.get("data", ""), validate=True)
         except ValueError as e:
             raise BridgeError("bad_request", f"kv_import: bad base64: {e}")
+        if req.get("tail"):
+            return self.kv_import_tail(tokens, adapter, data)
         if len(data) != count * self.kv_block_bytes() or (first + count) * KV_BLOCK > len(tokens):
             raise BridgeError("bad_request", f"kv_import: {len(data)} bytes for blocks {first}..{first + count} "
                               f"of a {len(tokens)}-token prefix ({self.kv_block_bytes()} bytes a block)")
@@ -956,14 +993,18 @@ class Bridge:
         self.imported.remove(best)
         layers, heads, dim = self.kv["layers"], self.kv["kv_heads"], self.kv["head_dim"]
         dtype = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}[self.kv["dtype"]]
-        n = best.blocks
+        n, t = best.blocks, len(best.tail)
         x = kv_array(b"".join(best.parts), (n, 2, layers, heads, KV_BLOCK, dim), dtype)
+        y = kv_array(best.tail_data, (2, layers, heads, t, dim), dtype) if t else None
         cache = Cache(self.model)
         for i, layer in enumerate(cache.layers):
             # [block][layer][head][position][dim] -> [1][head][block * position][dim]
             k = x[:, 0, i].transpose(1, 0, 2, 3).reshape(1, heads, n * KV_BLOCK, dim)
             v = x[:, 1, i].transpose(1, 0, 2, 3).reshape(1, heads, n * KV_BLOCK, dim)
-            layer.keys, layer.values, layer.offset = k, v, n * KV_BLOCK
+            if y is not None:
+                k = mx.concatenate([k, y[0, i][None]], axis=2)
+                v = mx.concatenate([v, y[1, i][None]], axis=2)
+            layer.keys, layer.values, layer.offset = k, v, n * KV_BLOCK + t
         mx.eval([c.keys for c in cache.layers] + [c.values for c in cache.layers])
         cache.tokens = best.held()
         return cache

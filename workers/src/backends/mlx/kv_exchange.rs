@@ -144,4 +144,33 @@ impl KvTransfer for MlxModel {
             Ok(ev["held_blocks"].as_u64().unwrap_or(0) as usize)
         })
     }
+
+    fn export_tail(&self, tokens: Vec<u32>, adapter: Option<String>) -> BackendFuture<Option<Vec<u8>>> {
+        let this = self.clone();
+        Box::pin(async move {
+            this.block_bytes()?;
+            let ev = this
+                .kv_call(json!({"op": "kv_export", "tail": true, "tokens": tokens, "adapter": adapter}))
+                .await?;
+            if ev["tail"].as_u64().unwrap_or(0) == 0 {
+                return Ok(None);
+            }
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(ev["data"].as_str().unwrap_or_default())
+                .map_err(|e| BackendError::Compute(format!("the MLX bridge sent bad base64: {e}")))?;
+            Ok(Some(data))
+        })
+    }
+
+    fn import_tail(&self, tokens: Vec<u32>, adapter: Option<String>, data: Vec<u8>) -> BackendFuture<bool> {
+        let this = self.clone();
+        Box::pin(async move {
+            this.block_bytes()?;
+            let data = base64::engine::general_purpose::STANDARD.encode(&data);
+            let ev = this
+                .kv_call(json!({"op": "kv_import", "tail": true, "tokens": tokens, "adapter": adapter, "data": data}))
+                .await?;
+            Ok(ev["taken"].as_bool().unwrap_or(false))
+        })
+    }
 }

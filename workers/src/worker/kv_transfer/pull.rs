@@ -136,6 +136,7 @@ pub async fn pull(
         blocks: blocks as u32,
         part: part as u32,
         parts: parts as u32,
+        tail: 0,
     };
     let mut asks = Vec::new();
     for first in (held..usable).step_by(per_chunk) {
@@ -164,6 +165,15 @@ pub async fn pull(
         switchyard.kv.pulled_bytes = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
+    // The tokens past the last whole block the peer holds (the last prompt token is
+    // computed here anyway, for its logits), asked for once the blocks are in.
+    let tail = peer_tokens.min(tokens.len() - 1) - usable * bt;
+    let tail_ask = (parts == 1 && tail > 0).then(|| KvPullRequest {
+        tokens: tokens[..usable * bt + tail].to_vec(),
+        blocks: 0,
+        tail: tail as u32,
+        ..ask(usable, 0, 0)
+    });
     let run = Pull {
         ctx,
         peer: &peer,
@@ -189,8 +199,16 @@ pub async fn pull(
     };
     let outcome = tracing::Instrument::instrument(run.fetch(chunks, total, case, limit), span.clone()).await;
     let imported = outcome.blocks;
-    let bytes = imported * format.block_bytes();
-    span.record("switchyard.kv.pulled_tokens", (imported * bt) as i64);
+    // (1.14) Every whole block came: the tokens past the last one too.
+    let tail = match tail_ask {
+        Some(ask) if outcome.stopped.is_none() && imported == usable - held => {
+            tracing::Instrument::instrument(run.tail(ask, format.token_bytes()), span.clone()).await
+        }
+        _ => 0,
+    };
+    let bytes = imported * format.block_bytes() + tail * format.token_bytes();
+    let imported_tokens = imported * bt + tail;
+    span.record("switchyard.kv.pulled_tokens", imported_tokens as i64);
     span.record("switchyard.kv.pulled_bytes", bytes as i64);
     if let Some(why) = &outcome.stopped {
         span.record("error.type", "kv_pull");
@@ -202,10 +220,10 @@ pub async fn pull(
         ctx.transfer
             .observe(&peer, bytes as f64 / secs.max(1e-6), outcome.first_rtt);
         TransferState::add(&ctx.transfer.pulls, 1);
-        TransferState::add(&ctx.transfer.pulled_tokens, (imported * bt) as u64);
+        TransferState::add(&ctx.transfer.pulled_tokens, imported_tokens as u64);
         TransferState::add(&ctx.transfer.pulled_bytes, bytes as u64);
     }
-    imported * bt
+    imported_tokens
 }
 
 /// One pull in progress.
@@ -306,6 +324,48 @@ impl Pull<'_> {
             if left > 0 && !should_pull(&case(left, chunks_left), link) {
                 out.stopped = Some(format!("the link ({:.1} MB/s) is slower than computing", rate / 1e6));
                 return out;
+            }
+        }
+    }
+
+    /// Pulls the prefix's tail `ask` names and imports it: its tokens (0 when the
+    /// source sends none, or anything is amiss: they are computed then).
+    async fn tail(&self, ask: KvPullRequest, token_bytes: usize) -> usize {
+        let kv = self.ctx.model.kv_transfer().expect("checked by pull");
+        let (tokens, tail) = (ask.tokens.clone(), ask.tail as usize);
+        let window = Window {
+            in_flight: 1,
+            timeout: CHUNK_TIMEOUT,
+        };
+        let request: Bytes = switchyard_messages::encode(&ask).into();
+        let subject = self.ctx.subjects.kv_pull(self.peer);
+        let mut answer = std::pin::pin!(transfer::fetch(self.ctx.client.clone(), subject, vec![request], window));
+        let chunk = match answer.next().await {
+            Some(Ok(bytes)) => switchyard_messages::decode::<KvChunk>(&bytes).map_err(|e| e.to_string()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("no answer".into()),
+        };
+        let data = chunk.and_then(|c| match c.error {
+            Some(e) => Err(format!("refused: {}", e.message)),
+            None if c.format != self.format_key => Err("KV of another format".into()),
+            None if c.tail as usize != tail || c.data.len() != tail * token_bytes => {
+                Err(format!("{} tail tokens in {} bytes", c.tail, c.data.len()))
+            }
+            None => Ok(c.data),
+        });
+        let taken = match data {
+            Ok(data) => kv
+                .import_tail(tokens, self.adapter.clone(), data)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(why) => Err(why),
+        };
+        match taken {
+            Ok(true) => tail,
+            Ok(false) => 0,
+            Err(why) => {
+                tracing::debug!(worker = %self.ctx.worker_id, peer = %self.peer, "kv tail not pulled, computing it: {why}");
+                0
             }
         }
     }

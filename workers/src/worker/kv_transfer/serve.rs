@@ -37,6 +37,7 @@ pub async fn serve(
                         held_blocks: 0,
                         data: Vec::new(),
                         error: Some(error),
+                        tail: 0,
                     }
                 }
             };
@@ -98,6 +99,9 @@ async fn export(ctx: &ServeContext, payload: &[u8]) -> Result<KvChunk, WireError
         }
     }
     let bt = format.block_tokens as usize;
+    if req.tail > 0 {
+        return export_tail(ctx, kv, req, &format).await;
+    }
     if req.tokens.is_empty() || !req.tokens.len().is_multiple_of(bt) || req.tokens.len() > MAX_TOKENS {
         return Err(refuse(
             ErrorCode::BadRequest,
@@ -140,6 +144,53 @@ async fn export(ctx: &ServeContext, payload: &[u8]) -> Result<KvChunk, WireError
         part: req.part,
         held_blocks: blocks.held_blocks as u32,
         data,
+        error: None,
+        tail: 0,
+    })
+}
+
+/// (1.14) The KV of a prefix's tail: `tokens` is `first_block` whole blocks and
+/// `tail` tokens more; sent when the model holds them all (else nothing, `tail` 0).
+async fn export_tail(
+    ctx: &ServeContext,
+    kv: &dyn switchyard_backend::KvTransfer,
+    req: KvPullRequest,
+    format: &switchyard_messages::KvFormat,
+) -> Result<KvChunk, WireError> {
+    let (bt, tail) = (format.block_tokens as usize, req.tail as usize);
+    let whole = req.first_block as usize * bt;
+    if tail >= bt || req.tokens.len() != whole + tail || req.tokens.len() > MAX_TOKENS {
+        return Err(refuse(
+            ErrorCode::BadRequest,
+            format!(
+                "a tail of {tail} tokens after {} blocks of {bt}: {} tokens given",
+                req.first_block,
+                req.tokens.len()
+            ),
+        ));
+    }
+    let want = tail * format.token_bytes();
+    if want > switchyard_fabric::transfer::chunk_budget(&ctx.client) {
+        return Err(refuse(
+            ErrorCode::BadRequest,
+            format!("a tail of {want} bytes does not fit a chunk"),
+        ));
+    }
+    let data = kv
+        .export_tail(req.tokens, req.adapter)
+        .await
+        .map_err(|e| e.to_wire())?
+        .filter(|d| d.len() == want);
+    ctx.handover.served(&req.request_id);
+    Ok(KvChunk {
+        v: PROTOCOL_VERSION,
+        format: format.key(),
+        first_block: req.first_block,
+        blocks: 0,
+        part: 0,
+        held_blocks: req.first_block,
+        tail: if data.is_some() { req.tail } else { 0 },
+        data: data.unwrap_or_default(),
         error: None,
     })
 }

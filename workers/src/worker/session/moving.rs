@@ -4,7 +4,7 @@
 //! coordinators on `{p}.v1.relay.session` ([`AdoptSessionRequest`]: its id, owner,
 //! context, resident prefix and every resident token, and this worker as the KV's
 //! source). A coordinator places it like an open; the adopting worker pulls the KV
-//! from here, computes what it could not pull (the last partial block), subscribes to
+//! from here, computes what it could not pull (the last token), subscribes to
 //! the session's subjects and answers. Both workers' subscriptions share one queue
 //! group, so every call reaches exactly one of them: what reaches this one after the
 //! move (queued behind it, or in flight while it unsubscribes) is passed on to the
