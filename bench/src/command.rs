@@ -39,8 +39,9 @@ pub enum BenchCommand {
     KvRouting(BenchKvArgs),
     /// A prefix's KV pulled from a peer worker against the same prefix computed: three
     /// workers in this process (a source, one that computes, one that pulls; CPU
-    /// workers, or supervised llama-servers with --backend rocm --gpu-allow-cpu), new
-    /// documents of each --tokens length; time to first token, the pull's own time,
+    /// workers, supervised llama-servers with --backend rocm --gpu-allow-cpu, or MLX
+    /// workers with --backend metal --mlx-allow-cpu --model <HF dir>), new documents of
+    /// each --tokens length; time to first token, the pull's own time,
     /// ratios, MB/s. Starts its own nats-server.
     #[command(name = "kv-transfer")]
     KvTransfer(crate::kv_transfer::BenchKvTransferArgs),

@@ -275,7 +275,9 @@ pub async fn handover(mut config: Config, args: &BenchKvMovesArgs) -> anyhow::Re
                 }
                 moved += 1;
                 gaps.push(gap.as_secs_f64() * 1e3);
-                recomputed.push(f64::from(m.prompt_tokens - m.cached_tokens));
+                // The taker's prompt is the prompt and the tokens so far; the last of
+                // them was sampled but never run (an undisturbed run computes it too).
+                recomputed.push(f64::from((m.prompt_tokens - m.cached_tokens).saturating_sub(1)));
                 pulled.push(f64::from(m.pulled_tokens));
             }
         }
