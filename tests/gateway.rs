@@ -15,7 +15,14 @@ const GOOD: &str = "sk-switchyard-good-7f3a";
 const LIMITED: &str = "sk-switchyard-limited-19c2";
 const RESTRICTED: &str = "sk-switchyard-restricted-44d0";
 
+const DEMO_ONLY: &str = "sk-switchyard-demo-only-5b1e";
+
 async fn start(f: &Fleet) -> GatewayHandle {
+    start_with(f, Default::default()).await
+}
+
+/// A gateway with the test keys and model `aliases`.
+async fn start_with(f: &Fleet, aliases: std::collections::BTreeMap<String, String>) -> GatewayHandle {
     let config = GatewayConfig {
         listen: "127.0.0.1:0".into(),
         keys: vec![
@@ -36,7 +43,14 @@ async fn start(f: &Fleet) -> GatewayHandle {
                 models: vec!["some-other-model".into()],
                 ..ApiKey::default()
             },
+            ApiKey {
+                name: "demo-only".into(),
+                sha256: hash_key(DEMO_ONLY),
+                models: vec![DEMO_NAME.into()],
+                ..ApiKey::default()
+            },
         ],
+        aliases,
         ..GatewayConfig::default()
     };
     gateway::start(f.client().await, "sy", &config)
@@ -553,6 +567,61 @@ async fn openai_clients_defaults_errors_and_cors() {
     assert_eq!(
         r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
         "cors_origin_not_allowed"
+    );
+    g.shutdown().await;
+}
+
+/// Model aliases (`gateway.aliases`): the names apps hard-code reach the served model
+/// — chat and embeddings answer as the model itself does, `/v1/models` lists each
+/// alias whose target is served (with `alias_of`), a key restricted to the model may
+/// use its aliases, and an alias of a model nobody serves is `model_not_found`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliases_answer_for_the_model_they_name() {
+    let f = fleet(|_| {}).await;
+    let aliases = [
+        ("gpt-4o-mini", DEMO_NAME),
+        ("text-embedding-3-small", DEMO_NAME),
+        ("ghost", "no-such-model"),
+    ];
+    let g = start_with(
+        &f,
+        aliases.iter().map(|(a, t)| (a.to_string(), t.to_string())).collect(),
+    )
+    .await;
+    let base = format!("{}/v1", g.url());
+    let script = repo().join("tests/python/alias_check.py");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .args([&base, GOOD, DEMO_ONLY, DEMO_NAME])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "alias_check.py failed:\n{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        r["models"],
+        serde_json::json!([DEMO_NAME, "gpt-4o-mini", "text-embedding-3-small"]),
+        "the served model and the aliases of it; not the alias of nothing"
+    );
+    assert_eq!(r["retrieve"]["id"], "gpt-4o-mini");
+    assert_eq!(r["retrieve"]["alias_of"], DEMO_NAME);
+    assert_eq!(r["aliased"]["content"], r["direct"]["content"], "{r}");
+    assert_eq!(
+        r["aliased"]["model"], "gpt-4o-mini",
+        "the answer names what was asked for"
+    );
+    assert_eq!(r["embed_aliased"], r["embed_direct"]);
+    for name in ["ghost", "gpt-4o"] {
+        assert_eq!(r[name]["class"], "NotFoundError", "{name}: {}", r[name]);
+    }
+    assert!(
+        r["ghost"]["message"].as_str().unwrap().contains("no-such-model"),
+        "{}",
+        r["ghost"]
     );
     g.shutdown().await;
 }

@@ -26,6 +26,10 @@ pub struct GatewayConfig {
     /// Web origins (`https://app.example.com`, or `*` for any) whose pages may call
     /// the gateway from a browser (CORS); empty (the default): no cross-origin access.
     pub cors_origins: Vec<String>,
+    /// Model names clients send (`gpt-4o-mini`, `text-embedding-3-small`) → the served
+    /// model they mean (`smol`, or `smol:adapter` for a LoRA adapter on it). Listed in
+    /// `/v1/models` beside what they name; an alias hides a served model of its name.
+    pub aliases: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for GatewayConfig {
@@ -39,6 +43,7 @@ impl Default for GatewayConfig {
             max_body_bytes: 1 << 20,
             queue_timeout_ms: 60_000,
             cors_origins: Vec::new(),
+            aliases: Default::default(),
         }
     }
 }
@@ -90,6 +95,23 @@ impl GatewayConfig {
                 "each must be an origin like https://app.example.com (scheme and host, no path) or *",
             );
         }
+        for (alias, target) in &self.aliases {
+            let bad = |s: &str| s.is_empty() || s.len() > 256 || s.chars().any(|c| c.is_whitespace() || c.is_control());
+            if bad(alias) || bad(target) || alias == target {
+                return invalid(
+                    "gateway.aliases",
+                    format!("{alias:?} = {target:?}"),
+                    "each maps a name to another, both non-empty, without spaces (\"gpt-4o-mini\" = \"smol\", or \"smol:adapter\")",
+                );
+            }
+            if self.aliases.contains_key(target) {
+                return invalid(
+                    "gateway.aliases",
+                    format!("{alias:?} = {target:?}"),
+                    "an alias names a served model, not another alias",
+                );
+            }
+        }
         if self.max_body_bytes < 1024 {
             return invalid(
                 "gateway.max_body_bytes",
@@ -121,4 +143,31 @@ pub struct ApiKey {
     /// The priority of this key's requests unless one asks for another:
     /// `interactive` (the default when empty) or `batch`.
     pub priority: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliases_name_served_models_not_aliases_nor_nothing() {
+        let with = |pairs: &[(&str, &str)]| GatewayConfig {
+            aliases: pairs.iter().map(|(a, t)| (a.to_string(), t.to_string())).collect(),
+            ..GatewayConfig::default()
+        };
+        assert!(with(&[("gpt-4o-mini", "smol"), ("legal", "smol:legal")])
+            .validate()
+            .is_ok());
+        for bad in [
+            &[("gpt-4o-mini", "")][..],
+            &[("", "smol")],
+            &[("a b", "smol")],
+            &[("smol", "smol")],
+            &[("a", "b"), ("b", "smol")],
+        ] {
+            assert!(with(bad).validate().is_err(), "{bad:?}");
+        }
+        let parsed: GatewayConfig = toml::from_str("[aliases]\n\"gpt-4o-mini\" = \"smol\"\n").unwrap();
+        assert_eq!(parsed.aliases["gpt-4o-mini"], "smol");
+    }
 }

@@ -47,7 +47,7 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(&body(b, g.max_body)?)?;
-    let admitted = g.keys.admit(&headers, &req.model)?;
+    let admitted = g.keys.admit(&headers, g.aliased(&req.model))?;
     let sy = req.to_request()?;
     run(&g, &headers, sy, &req.sampling, Kind::Chat, admitted).await
 }
@@ -58,7 +58,7 @@ pub async fn completion(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body(b, g.max_body)?)?;
-    let admitted = g.keys.admit(&headers, &req.model)?;
+    let admitted = g.keys.admit(&headers, g.aliased(&req.model))?;
     let sy = req.to_request()?;
     run(&g, &headers, sy, &req.sampling, Kind::Completion, admitted).await
 }

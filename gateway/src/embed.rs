@@ -105,7 +105,7 @@ pub async fn embeddings(
 ) -> Result<Response, ApiError> {
     let body = b.map_err(|e| ApiError::bad_request(None, format!("unreadable request body: {e}")))?;
     let req: EmbeddingsRequest = parse(&body)?;
-    let admitted = g.keys.admit(&headers, &req.model)?;
+    let admitted = g.keys.admit(&headers, g.aliased(&req.model))?;
     let _ = &req.user; // accepted and ignored, as for completions
     if let Some((k, _)) = req.rest.iter().find(|(_, v)| !v.is_null()) {
         return Err(refuse(

@@ -43,6 +43,15 @@ pub struct Gateway {
     queue_timeout_ms: u64,
     /// Origins allowed to call from a browser (`*`: any).
     cors_origins: Vec<String>,
+    /// Requested model names → the served model (`model` or `model:adapter`).
+    aliases: std::collections::BTreeMap<String, String>,
+}
+
+impl Gateway {
+    /// The model a request naming `model` is for: an alias's target, else `model`.
+    pub(crate) fn aliased<'a>(&'a self, model: &'a str) -> &'a str {
+        self.aliases.get(model).map_or(model, String::as_str)
+    }
 }
 
 /// A running gateway.
@@ -99,6 +108,7 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
         max_body: config.max_body_bytes,
         queue_timeout_ms: config.queue_timeout_ms,
         cors_origins: config.cors_origins.clone(),
+        aliases: config.aliases.clone(),
     });
     let app = Router::new()
         .route("/v1/chat/completions", post(complete::chat))
@@ -148,8 +158,30 @@ async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Result<Res
         _ => Err(e),
     })?;
     let reply = g.client.models().await?;
-    let data: Vec<_> = reply.models.iter().flat_map(model_and_adapters).collect();
-    Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
+    Ok(axum::Json(json!({"object": "list", "data": g.listed(&reply)})).into_response())
+}
+
+impl Gateway {
+    /// `/v1/models`' entries: each served model and its adapters, then each alias
+    /// whose target is among them (as its target's entry, under the alias's id, with
+    /// `alias_of`). An alias hides a served model of its name (requests for that name
+    /// go to the alias's target).
+    fn listed(&self, reply: &switchyard_messages::ModelsReply) -> Vec<serde_json::Value> {
+        let mut data: Vec<_> = reply.models.iter().flat_map(model_and_adapters).collect();
+        let aliases: Vec<_> = self
+            .aliases
+            .iter()
+            .filter_map(|(alias, target)| {
+                let mut v = data.iter().find(|m| m["id"] == target.as_str())?.clone();
+                v["id"] = json!(alias);
+                v["alias_of"] = json!(target);
+                Some(v)
+            })
+            .collect();
+        data.retain(|m| !m["id"].as_str().is_some_and(|id| self.aliases.contains_key(id)));
+        data.extend(aliases);
+        data
+    }
 }
 
 /// `GET /v1/models/{id}`: one model, as in the list; `model_not_found` (404) when
@@ -164,15 +196,18 @@ async fn model(
         _ => Err(e),
     })?;
     let reply = g.client.models().await?;
-    let listed = reply.models.iter().flat_map(model_and_adapters);
-    let m = listed.into_iter().find(|m| m["id"] == id.as_str()).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!("the model {id:?} does not exist (no worker serves it)"),
-        )
-    })?;
+    let m = g
+        .listed(&reply)
+        .into_iter()
+        .find(|m| m["id"] == id.as_str())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                format!("the model {id:?} does not exist (no worker serves it)"),
+            )
+        })?;
     Ok(axum::Json(m).into_response())
 }
 
@@ -194,9 +229,15 @@ fn model_and_adapters(m: &switchyard_messages::ModelEntry) -> Vec<serde_json::Va
     all
 }
 
-/// A `model` of the form `base:adapter` that no worker serves under that whole name
-/// becomes model `base` with LoRA adapter `adapter` (vLLM-style served adapter names).
+/// The model a request names, as the fleet serves it: an alias (`gateway.aliases`)
+/// becomes its target (a served model of the alias's name is out of reach through
+/// this gateway); then a `model` of
+/// the form `base:adapter` that no worker serves under that whole name becomes model
+/// `base` with LoRA adapter `adapter` (vLLM-style served adapter names).
 pub(crate) async fn resolve_adapter(g: &Gateway, head: &mut switchyard_messages::RequestHead) {
+    if let Some(target) = g.aliases.get(&head.model) {
+        head.model = target.clone();
+    }
     if head.adapter.is_some() {
         return;
     }

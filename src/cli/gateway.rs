@@ -32,6 +32,18 @@ pub struct GatewayArgs {
     /// default none).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
+    /// A model name clients send, answered by a served model: NAME=MODEL (or
+    /// NAME=MODEL:ADAPTER for a LoRA adapter on it), e.g. gpt-4o-mini=smol; repeat for
+    /// several (gateway.aliases, added to the file's).
+    #[arg(long = "alias", value_name = "NAME=MODEL", value_parser = parse_alias)]
+    pub aliases: Vec<(String, String)>,
+}
+
+fn parse_alias(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((a, m)) if !a.trim().is_empty() && !m.trim().is_empty() => Ok((a.trim().into(), m.trim().into())),
+        _ => Err(format!("{s:?}: an alias is NAME=MODEL, e.g. gpt-4o-mini=smol")),
+    }
 }
 
 impl GatewayArgs {
@@ -52,6 +64,7 @@ impl GatewayArgs {
         if !self.cors_origins.is_empty() {
             c.gateway.cors_origins = self.cors_origins.clone();
         }
+        c.gateway.aliases.extend(self.aliases.iter().cloned());
     }
 }
 
