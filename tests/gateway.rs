@@ -115,7 +115,13 @@ async fn the_official_openai_client_works_against_the_gateway() {
     };
     err("bad_key", "AuthenticationError", 401);
     err("unknown_model", "NotFoundError", 404);
-    err("presence_penalty", "BadRequestError", 400);
+    err("presence_penalty", "BadRequestError", 400); // 3.0: outside [-2, 2]
+    let p = &r["penalties"];
+    assert_ne!(
+        p["plain"], p["penalised"],
+        "presence and frequency penalties change a greedy list: {p}"
+    );
+    assert_eq!(p["penalised"], p["again"], "and are deterministic: {p}");
     err("n0", "BadRequestError", 400);
     err("n1000", "BadRequestError", 400);
     assert_eq!(r["retrieve"], DEMO_NAME, "models.retrieve");

@@ -184,6 +184,29 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
     let (b, _, _) = collect(&local, prompt, biased).await;
     assert_ne!(a[0], theirs[0], "a banned token");
     assert_eq!(a[..3], b[..3], "logit_bias: llama.cpp and the CPU engine");
+
+    // Presence and frequency penalties reach the server and change its answer.
+    // llama.cpp counts its last `repeat_last_n` tokens, the prompt's among them,
+    // where the CPU engine counts the generated ones (OpenAI's definition): the two
+    // part once a prompt token is penalised (measured: at the third token here).
+    let penalised = GenerateConfig {
+        max_tokens: 12,
+        presence_penalty: 1.5,
+        frequency_penalty: 1.0,
+        ..greedy.clone()
+    };
+    let plain = GenerateConfig {
+        max_tokens: 12,
+        ..greedy.clone()
+    };
+    let prompt = Prompt::Text("Colors: red, blue, green,".into());
+    let (a, _, _) = collect(&remote, prompt.clone(), penalised.clone()).await;
+    let (b, _, _) = collect(&local, prompt.clone(), penalised).await;
+    let (a0, _, _) = collect(&remote, prompt.clone(), plain.clone()).await;
+    let (b0, _, _) = collect(&local, prompt, plain).await;
+    eprintln!("penalised: llama.cpp {a:?}, CPU engine {b:?}; unpenalised {a0:?}, {b0:?}");
+    assert_ne!(a, a0, "the penalties reach llama-server");
+    assert_ne!(b, b0, "the penalties change the CPU engine's answer");
 }
 
 /// The tokens of a generation with their log-probabilities.

@@ -114,6 +114,20 @@ async fn mlx_keeps_the_contract_like_the_cpu_engine() {
         assert!(a.metrics.peak_memory_bytes > 0 && a.metrics.active_memory_bytes > 0);
     }
 
+    // Presence and frequency penalties (OpenAI's, over the generated tokens): the
+    // same tokens as the CPU engine, and not the unpenalised ones.
+    let listing = text("Colors: red, blue, green,");
+    let mut penalised = greedy(16);
+    penalised.presence_penalty = 1.5;
+    penalised.frequency_penalty = 1.0;
+    let (a, b) = (
+        gen(&mlx, listing.clone(), penalised.clone()).await,
+        gen(&cpu, listing.clone(), penalised).await,
+    );
+    assert_eq!(a.ids, b.ids, "penalised: MLX {:?} vs CPU {:?}", a.text, b.text);
+    let plain = gen(&cpu, listing, greedy(16)).await;
+    assert_ne!(plain.ids, b.ids, "the penalties change the answer: {:?}", plain.text);
+
     // Prefix reuse: the same prompt again keeps all but its last token; a sibling
     // prompt keeps the shared words. The tokens do not change.
     let once = gen(&mlx, text("The capital of France is"), greedy(4)).await;

@@ -1,5 +1,6 @@
 //! Turning logits into the next token: greedy, or temperature sampling with
-//! repeat penalty, top-k, top-p and min-p, reproducible under a seed.
+//! repeat, presence and frequency penalties, top-k, top-p and min-p, reproducible
+//! under a seed.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -13,6 +14,12 @@ pub struct Sampler {
     min_p: f32,
     repeat_penalty: f32,
     repeat_last_n: usize,
+    presence: f32,
+    frequency: f32,
+    /// Tokens generated before this sampler's first call (a resumed stream's).
+    resumed: usize,
+    /// Where the generated tokens start in `history` (known at the first call).
+    generated_from: Option<usize>,
     rng: StdRng,
     /// Added to these tokens' logits first.
     bias: Vec<(u32, f32)>,
@@ -41,6 +48,10 @@ impl Sampler {
             min_p: config.min_p,
             repeat_penalty: config.repeat_penalty,
             repeat_last_n: config.repeat_last_n as usize,
+            presence: config.presence_penalty,
+            frequency: config.frequency_penalty,
+            resumed: config.rng_position as usize,
+            generated_from: None,
             rng,
             bias: config.logit_bias.clone(),
             scratch: Vec::new(),
@@ -67,6 +78,20 @@ impl Sampler {
                     } else {
                         *l * self.repeat_penalty
                     };
+                }
+            }
+        }
+        // The first call's history is the prompt (and a resumed stream's tokens).
+        let from = *self
+            .generated_from
+            .get_or_insert(history.len().saturating_sub(self.resumed));
+        if self.presence != 0.0 || self.frequency != 0.0 {
+            // OpenAI's: over the tokens generated so far, no window.
+            let mut seen = history[from.min(history.len())..].to_vec();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
+                    *l -= self.presence + self.frequency * run.len() as f32;
                 }
             }
         }
@@ -256,6 +281,29 @@ mod tests {
         c.repeat_penalty = 4.0;
         let mut s = Sampler::new(&c);
         assert_eq!(s.sample(&mut [1.0, 2.0, 1.5], &[1]), 2);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalise_generated_tokens_only() {
+        let mut c = cfg(0.0);
+        c.presence_penalty = 0.4;
+        let mut s = Sampler::new(&c);
+        // The prompt is [1, 1]: not penalised.
+        assert_eq!(s.sample(&mut [1.0, 2.0, 1.7], &[1, 1]), 1);
+        // Token 1 generated once: 2.0 - 0.4 < 1.7.
+        assert_eq!(s.sample(&mut [1.0, 2.0, 1.7], &[1, 1, 1]), 2);
+        let mut c = cfg(0.0);
+        c.frequency_penalty = 0.2;
+        let mut s = Sampler::new(&c);
+        assert_eq!(s.sample(&mut [1.0, 2.0, 1.7], &[0]), 1);
+        assert_eq!(s.sample(&mut [1.0, 2.0, 1.7], &[0, 1]), 1, "2.0 - 0.2 > 1.7");
+        assert_eq!(s.sample(&mut [1.0, 2.0, 1.7], &[0, 1, 1]), 2, "2.0 - 0.4 < 1.7");
+        // A resumed stream counts the tokens generated before it.
+        let mut c = cfg(0.0);
+        c.presence_penalty = 0.4;
+        c.rng_position = 1;
+        let mut s = Sampler::new(&c);
+        assert_eq!(s.sample(&mut [1.0, 2.0, 1.7], &[0, 1]), 2);
     }
 
     #[test]

@@ -230,11 +230,8 @@ impl Sampling {
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
         ] {
-            if v.is_some_and(|v| v != 0.0) {
-                return Err(refuse(
-                    name,
-                    "not supported; use repeat_penalty (e.g. 1.1), which penalises recently seen tokens",
-                ));
+            if v.is_some_and(|v| !(v.is_finite() && (-2.0..=2.0).contains(&v))) {
+                return Err(refuse(name, "must be between -2.0 and 2.0"));
             }
         }
         if self.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
@@ -255,6 +252,8 @@ impl Sampling {
         if let Some(p) = self.repeat_penalty {
             c.repeat_penalty = p;
         }
+        c.presence_penalty = self.presence_penalty.unwrap_or(0.0);
+        c.frequency_penalty = self.frequency_penalty.unwrap_or(0.0);
         if let Some(n) = self.repeat_last_n {
             c.repeat_last_n = n;
         }

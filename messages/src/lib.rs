@@ -96,5 +96,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `WorkerStatus.role`, the forward's `Sy-Kv-Prefill`, a worker's `prefill` endpoint
 /// ([`PrefillRequest`] → [`PrefillReply`]), `remote_prefill_us` in the final metrics.
 /// 1.13: sessions that move with their KV. 1.14: the `tail` of a KV pull (the tokens
-/// past a prefix's last whole block travel too).
-pub const PROTOCOL_MINOR: u32 = 14;
+/// past a prefix's last whole block travel too). 1.15: `config.presence_penalty` and
+/// `config.frequency_penalty` (OpenAI's).
+pub const PROTOCOL_MINOR: u32 = 15;

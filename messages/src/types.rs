@@ -125,6 +125,14 @@ pub struct GenerateConfig {
     pub repeat_penalty: f32,
     /// Window for `repeat_penalty`.
     pub repeat_last_n: u32,
+    /// (1.15) OpenAI's presence penalty (−2 to 2): subtracted once from the logit of
+    /// every token already generated; `0` = off.
+    #[serde(skip_serializing_if = "is_zero_f32")]
+    pub presence_penalty: f32,
+    /// (1.15) OpenAI's frequency penalty (−2 to 2): subtracted from a token's logit
+    /// as many times as it was generated; `0` = off.
+    #[serde(skip_serializing_if = "is_zero_f32")]
+    pub frequency_penalty: f32,
     /// Sampling seed; the same seed and settings give the same tokens.
     pub seed: Option<u64>,
     /// Token ids that end generation (in addition to the model's end-of-generation ids).
@@ -169,6 +177,8 @@ impl Default for GenerateConfig {
             min_p: 0.0,
             repeat_penalty: 0.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: None,
             stop_tokens: Vec::new(),
             stop: Vec::new(),
@@ -394,4 +404,8 @@ pub struct AttentionSnapshot {
     pub keys: Vec<Vec<Vec<f32>>>,
     /// Model architecture.
     pub architecture: String,
+}
+
+fn is_zero_f32(v: &f32) -> bool {
+    *v == 0.0
 }

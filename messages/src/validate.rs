@@ -179,6 +179,14 @@ pub fn validate_config(c: &GenerateConfig, limits: &InputLimits) -> Result<(), W
     if !(c.min_p.is_finite() && (0.0..=1.0).contains(&c.min_p)) {
         return Err(bad(format!("config.min_p {} must be within [0, 1]", c.min_p)));
     }
+    for (name, v) in [
+        ("presence_penalty", c.presence_penalty),
+        ("frequency_penalty", c.frequency_penalty),
+    ] {
+        if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
+            return Err(bad(format!("config.{name} {v} must be within [-2, 2]")));
+        }
+    }
     if !(c.repeat_penalty.is_finite() && c.repeat_penalty >= 0.0) {
         return Err(bad(format!(
             "config.repeat_penalty {} must be finite and >= 0",

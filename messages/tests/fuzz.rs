@@ -384,6 +384,8 @@ fn seed_config() -> GenerateConfig {
         min_p: 0.05,
         repeat_penalty: 1.1,
         repeat_last_n: 64,
+        presence_penalty: 0.5,
+        frequency_penalty: -0.25,
         seed: Some(42),
         stop_tokens: vec![2, 32_000],
         stop: vec!["\n\n".into(), "</s>".into()],

@@ -110,7 +110,16 @@ out["bad_key"] = error_of(lambda: openai.OpenAI(base_url=base, api_key="wrong", 
 out["unknown_model"] = error_of(lambda: c.chat.completions.create(
     model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=2))
 out["presence_penalty"] = error_of(lambda: c.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, presence_penalty=0.5))
+    model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, presence_penalty=3.0))
+
+
+def listing(**penalties):
+    return c.chat.completions.create(model=model, messages=[{"role": "user", "content": "List ten colors."}],
+                                     max_tokens=24, temperature=0, **penalties).choices[0].message.content
+
+
+out["penalties"] = {"plain": listing(), "penalised": listing(presence_penalty=1.5, frequency_penalty=1.5),
+                    "again": listing(presence_penalty=1.5, frequency_penalty=1.5)}
 out["n0"] = error_of(lambda: c.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "x"}], max_tokens=2, n=0))
 out["n1000"] = error_of(lambda: c.chat.completions.create(

@@ -20,6 +20,8 @@ pub fn completion_body(prompt: Value, c: &GenerateConfig, stream: bool) -> Value
         "min_p": c.min_p,
         "repeat_penalty": if c.repeat_penalty > 0.0 { c.repeat_penalty } else { 1.0 },
         "repeat_last_n": c.repeat_last_n,
+        "presence_penalty": c.presence_penalty,
+        "frequency_penalty": c.frequency_penalty,
         "stop": c.stop,
         "stream": stream,
         "return_tokens": true,

@@ -647,6 +647,24 @@ class Bridge:
             (inner,) = make_logits_processors(repetition_penalty=penalty, repetition_context_size=window)
             prefix = mx.array(tokens[:keep]) if keep else None
             processors.append(lambda seen, logits: inner(seen if prefix is None else mx.concat([prefix, seen]), logits))
+        presence = float(cfg.get("presence_penalty") or 0.0)
+        frequency = float(cfg.get("frequency_penalty") or 0.0)
+        if presence or frequency:
+            # OpenAI's: over the tokens generated so far (what follows the fed
+            # prompt), no window, as the CPU engine does.
+            fed = len(tokens) - keep
+
+            def penalize(seen, logits):
+                generated = seen[fed:].tolist()
+                if not generated:
+                    return logits
+                ids, counts = np.unique(np.array(generated), return_counts=True)
+                delta = mx.array(presence + frequency * counts.astype(np.float32))
+                ids = mx.array(ids)
+                logits[..., ids] = logits[..., ids] - delta.astype(logits.dtype)
+                return logits
+
+            processors.append(penalize)
         if guide is not None:
             processors.append(guide)  # last: what it masks stays masked
         stop_ids = set(int(t) for t in cfg.get("stop_tokens", [])) | set(self.info["eos"])

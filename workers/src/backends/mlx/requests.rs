@@ -83,6 +83,8 @@ pub(super) fn config_json(config: &GenerateConfig) -> Value {
         "min_p": config.min_p,
         "repeat_penalty": config.repeat_penalty,
         "repeat_last_n": config.repeat_last_n,
+        "presence_penalty": config.presence_penalty,
+        "frequency_penalty": config.frequency_penalty,
         "seed": config.seed,
         "stop_tokens": config.stop_tokens,
         // The same tagged map as on the wire, JSON texts as strings.
