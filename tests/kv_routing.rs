@@ -1,8 +1,9 @@
 //! KV-aware routing end to end: three CPU workers on a real nats-server, one
 //! coordinator. Requests sharing a document prefix go back to the worker that holds
-//! it warm (and it reuses its KV: `cached_tokens`), new documents spread to workers
-//! that hold nothing, and a coordinator started after the workers recovers their
-//! warm prefixes from snapshots. Every forward carries the coordinator's prediction
+//! it warm (and it reuses its KV: `cached_tokens`), and a coordinator started after
+//! the workers recovers their warm prefixes from snapshots. (Where a new document
+//! goes is predicted TTFT's choice from speeds measured as the test runs, so the
+//! first three are placed; the registry's own tests cover new-prefix placement.) Every forward carries the coordinator's prediction
 //! of `cached_tokens` from the workers' announced holdings, and it is exact — also
 //! for a llama.cpp worker, whose holdings follow its llama-server's slots and prompt
 //! cache.
@@ -28,11 +29,17 @@ fn document(topic: &str) -> String {
 }
 
 async fn ask(client: &Client, doc: &str, question: &str) -> Completion {
+    ask_on(client, doc, question, None).await
+}
+
+/// [`ask`], pinned to `worker` when given.
+async fn ask_on(client: &Client, doc: &str, question: &str, worker: Option<&str>) -> Completion {
     let mut req = GenerateRequest::generate(
         Client::new_request_id(),
         NAME,
         format!("{doc}Question: {question}\nAnswer:"),
     );
+    req.head.worker = worker.map(str::to_string);
     req.config.max_tokens = 4;
     let done = client.generate(req).await.unwrap().collect().await.unwrap();
     let m = &done.metrics;
@@ -72,19 +79,17 @@ async fn requests_follow_their_warm_prefix_and_survive_a_coordinator_restart() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // Three new documents land on three different workers (each where it evicts
-    // nothing).
+    // Three new documents, one on each worker (placed there: where predicted TTFT
+    // sends a new document depends on the speeds each worker measured so far, and
+    // what is tested here is where the follow-ups go).
     let docs = [document("river"), document("harbour"), document("cathedral")];
     let mut home = Vec::new();
-    for doc in &docs {
-        let done = ask(&client, doc, "What was studied?").await;
+    for (doc, worker) in docs.iter().zip(["w-a", "w-b", "w-c"]) {
+        let done = ask_on(&client, doc, "What was studied?", Some(worker)).await;
         assert_eq!(done.metrics.cached_tokens, 0);
+        assert_eq!(done.worker_id, worker);
         home.push(done.worker_id);
     }
-    let mut distinct = home.clone();
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 3, "new prefixes spread: {home:?}");
 
     // Follow-up questions go back to the worker holding the document, which reuses it.
     for round in 0..2 {
