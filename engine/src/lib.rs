@@ -45,6 +45,7 @@ pub mod kv_transfer;
 mod load;
 pub mod model;
 mod passes;
+pub mod pipeline;
 pub mod pooling;
 mod reuse;
 pub mod sampler;

@@ -70,6 +70,72 @@ impl EngineModel {
             }
             return Self::load_hf(path, config);
         }
+        Self::load_gguf(path, config, &mut |content, file, ctx, slots, info| match compute {
+            ForwardPass::Own => Self::forward_impl(content, file, ctx, slots),
+            ForwardPass::Candle { placement, gpu_layers } => {
+                candle::CandleForward::load(&content, file, ctx, slots, placement, gpu_layers).map(|m| {
+                    info.kernels = match m.gpu_name() {
+                        Some(gpu) => format!("{} ({gpu})", placement.label()),
+                        None => placement.label(),
+                    };
+                    Box::new(m) as Box<dyn forward::Forward>
+                })
+            }
+        })
+    }
+
+    /// Loads the GGUF file at `path` as the first stage of a pipeline
+    /// ([`crate::pipeline`]): layers `0..end` with the embeddings, output norm and
+    /// projection, the rest of the model behind `link`. Returns the model and the
+    /// later stages as their last answer named them.
+    pub fn load_first_stage(
+        path: &Path,
+        config: &LoadConfig,
+        end: usize,
+        link: Box<dyn crate::pipeline::StageLink>,
+        pipeline: &str,
+    ) -> Result<(Self, crate::pipeline::StageView), BackendError> {
+        crate::kernels::isa::init().map_err(|e| BackendError::Load {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let mut link = Some(link);
+        let mut view = None;
+        let model = Self::load_gguf(path, config, &mut |content, file, ctx, slots, _info| {
+            let layers = crate::model::params::LlamaParams::from_gguf(&content)
+                .map_err(|e| e.to_string())?
+                .n_layer;
+            let model = LlamaModel::load_stage(&content, file, ctx, 0..end, true)?;
+            let first = crate::pipeline::PipelineForward::new(
+                model,
+                slots,
+                link.take().expect("one model per load"),
+                pipeline,
+                layers,
+            )?;
+            view = Some(first.stages());
+            Ok(Box::new(first) as Box<dyn forward::Forward>)
+        })?;
+        Ok((model, view.expect("set when loaded")))
+    }
+
+    /// Loads the GGUF file at `path` onto the forward pass `make` builds from its
+    /// content (which may name its kernels in the model's info).
+    fn load_gguf(
+        path: &Path,
+        config: &LoadConfig,
+        make: &mut dyn FnMut(
+            gguf_file::Content,
+            &mut std::fs::File,
+            usize,
+            usize,
+            &mut ModelInfo,
+        ) -> Result<Box<dyn forward::Forward>, String>,
+    ) -> Result<Self, BackendError> {
+        let load_err = |reason: String| BackendError::Load {
+            path: path.display().to_string(),
+            reason,
+        };
         let mut file = std::fs::File::open(path).map_err(|e| load_err(e.to_string()))?;
         let mut content = gguf_file::Content::read(&mut std::io::BufReader::with_capacity(1 << 20, &file))
             .map_err(|e| load_err(format!("not a readable GGUF file: {e}")))?;
@@ -132,19 +198,7 @@ impl EngineModel {
         let pooling = md_u32(&format!("{architecture}.pooling_type")).and_then(pooling::Pooling::from_gguf);
         // Both passes return hidden states (`Forward::hidden_batch`).
         info.embedding_dim = info.hidden_size;
-        let model = match compute {
-            ForwardPass::Own => Self::forward_impl(content, &mut file, context_len, slots),
-            ForwardPass::Candle { placement, gpu_layers } => {
-                candle::CandleForward::load(&content, &mut file, context_len, slots, placement, gpu_layers).map(|m| {
-                    info.kernels = match m.gpu_name() {
-                        Some(gpu) => format!("{} ({gpu})", placement.label()),
-                        None => placement.label(),
-                    };
-                    Box::new(m) as Box<dyn forward::Forward>
-                })
-            }
-        }
-        .map_err(load_err)?;
+        let model = make(content, &mut file, context_len, slots, &mut info).map_err(load_err)?;
         give_back_free_memory();
         let facts = Facts {
             model_ctx: model_ctx as u32,

@@ -42,6 +42,7 @@ pub mod kv;
 pub mod kv_transfer;
 pub mod queueing;
 pub mod session;
+pub mod stage;
 pub mod structured;
 pub mod subjects;
 pub mod types;
@@ -97,5 +98,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// ([`PrefillRequest`] → [`PrefillReply`]), `remote_prefill_us` in the final metrics.
 /// 1.13: sessions that move with their KV. 1.14: the `tail` of a KV pull (the tokens
 /// past a prefix's last whole block travel too). 1.15: `config.presence_penalty` and
-/// `config.frequency_penalty` (OpenAI's).
-pub const PROTOCOL_MINOR: u32 = 15;
+/// `config.frequency_penalty` (OpenAI's). 1.16: pipeline stages ([`stage`]: a model's
+/// layers split across workers, `{p}.v1.stage.{pipeline}.{layer}`, `ServedModel.pipeline`).
+pub const PROTOCOL_MINOR: u32 = 16;

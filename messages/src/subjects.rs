@@ -115,6 +115,11 @@ impl Subjects {
     pub fn kv_pull(&self, worker_id: &str) -> String {
         format!("{}.kv.{worker_id}.pull", self.root)
     }
+    /// (1.16) `{p}.v1.stage.{pipeline}.{layer}`: the pipeline stage whose layers
+    /// start at `layer` ([`crate::stage::StageBatch`]; workers only).
+    pub fn stage(&self, pipeline: &str, first_layer: usize) -> String {
+        format!("{}.stage.{pipeline}.{first_layer}", self.root)
+    }
     /// `{p}.v1.cancel.*`: what workers listen on.
     pub fn cancel_all(&self) -> String {
         format!("{}.cancel.*", self.root)

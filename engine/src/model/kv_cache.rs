@@ -227,6 +227,11 @@ impl KvCache {
         }
     }
 
+    /// Positions written: `0..held`.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
     /// The pages the sequence holds (page `i`: positions `i * PAGE..`); another
     /// sequence may hold the same ones.
     pub fn pages(&self) -> &[Arc<KvPage>] {

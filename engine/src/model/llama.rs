@@ -44,9 +44,16 @@ struct Layer {
 
 /// The weights; each sequence's keys and values live in its own [`KvCache`].
 pub struct LlamaModel {
+    /// The shape; on a pipeline stage (`model::stage`) `n_layer` counts the layers
+    /// it holds, so its KV caches hold those layers only.
     pub params: LlamaParams,
-    embd: QMatrix,
+    /// The token embeddings; `None` on a pipeline stage that does not start the
+    /// model (it takes hidden states instead of tokens).
+    pub(super) embd: Option<QMatrix>,
     layers: Vec<Layer>,
+    /// The global index of `layers[0]` (0 but on a later pipeline stage).
+    pub(super) first: usize,
+    /// The output norm's weights; empty on a stage that does not end the model.
     out_norm: Vec<f32>,
     /// The output projection; `None` when it is tied to the token embeddings.
     output: Option<QMatrix>,
@@ -86,20 +93,39 @@ impl LlamaModel {
     /// (`token_embd.weight`, `blk.{i}.attn_q.weight`, …), with a KV cache for `ctx`
     /// positions. `params.n_vocab` is taken from the embedding matrix.
     pub fn from_tensors(
-        mut params: LlamaParams,
+        params: LlamaParams,
         load_t: &mut dyn FnMut(&str) -> Result<QMatrix, TensorError>,
         ctx: usize,
     ) -> Result<Self, TensorError> {
+        let all = 0..params.n_layer;
+        Self::from_tensors_span(params, load_t, ctx, all, true)
+    }
+
+    /// [`Self::from_tensors`] holding only the layers `span` (global indices), and
+    /// the token embeddings, output norm and output projection only when `ends`
+    /// (the first stage of a pipeline, which embeds and samples).
+    pub(super) fn from_tensors_span(
+        mut params: LlamaParams,
+        load_t: &mut dyn FnMut(&str) -> Result<QMatrix, TensorError>,
+        ctx: usize,
+        span: std::ops::Range<usize>,
+        ends: bool,
+    ) -> Result<Self, TensorError> {
         let gemma = params.arch == "gemma3";
-        let embd = load_t("token_embd.weight")?;
-        let output = match load_t("output.weight") {
-            Ok(m) => Some(m),
-            Err(TensorError::Missing(_)) => None,
-            Err(e) => return Err(e),
+        let (embd, output) = if ends {
+            let embd = load_t("token_embd.weight")?;
+            params.n_vocab = embd.rows;
+            let output = match load_t("output.weight") {
+                Ok(m) => Some(m),
+                Err(TensorError::Missing(_)) => None,
+                Err(e) => return Err(e),
+            };
+            (Some(embd), output)
+        } else {
+            (None, None)
         };
-        params.n_vocab = embd.rows;
-        let mut layers = Vec::with_capacity(params.n_layer);
-        for i in 0..params.n_layer {
+        let mut layers = Vec::with_capacity(span.len());
+        for i in span.clone() {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             layers.push(Layer {
                 attn_norm: load_t(&p("attn_norm"))?.to_f32(),
@@ -119,17 +145,24 @@ impl LlamaModel {
                 post_attn_norm: optional(load_t(&p("post_attention_norm")))?,
                 post_ffn_norm: optional(load_t(&p("post_ffw_norm")))?,
             });
-            if gemma && (layers[i].post_attn_norm.is_none() || layers[i].post_ffn_norm.is_none()) {
+            let l = layers.last().expect("pushed");
+            if gemma && (l.post_attn_norm.is_none() || l.post_ffn_norm.is_none()) {
                 return Err(TensorError::Missing(format!(
                     "blk.{i}.post_attention_norm / post_ffw_norm"
                 )));
             }
         }
-        let out_norm = load_t("output_norm.weight")?.to_f32();
+        let out_norm = if ends {
+            load_t("output_norm.weight")?.to_f32()
+        } else {
+            Vec::new()
+        };
+        params.n_layer = span.len();
         Ok(Self {
             params,
             embd,
             layers,
+            first: span.start,
             out_norm,
             output,
             ctx,
@@ -247,6 +280,23 @@ impl LlamaModel {
 
     /// One forward pass; what `out` asks of each step's last `outputs` positions.
     fn pass(&self, steps: &mut [Step<'_>], out: Out) -> Vec<Vec<f32>> {
+        match self.layer_pass(steps, None, out) {
+            Some((rows, m)) => self.finish(&rows, m, out),
+            None => Vec::new(),
+        }
+    }
+
+    /// The layers this model holds over the steps' rows: from their tokens'
+    /// embeddings, or from `input` (the hidden states of every row, as the stage
+    /// before returned them). Returns, unless `out` is [`Out::Nothing`], the hidden
+    /// states (before the output norm) of the rows `out` keeps — every row for
+    /// [`Out::Rows`], else each step's last `outputs` — and how many rows that is.
+    pub(super) fn layer_pass(
+        &self,
+        steps: &mut [Step<'_>],
+        input: Option<Vec<f32>>,
+        out: Out,
+    ) -> Option<(Vec<f32>, usize)> {
         let p = &self.params;
         let kern = Kernels::active();
         for s in steps.iter_mut() {
@@ -258,13 +308,26 @@ impl LlamaModel {
         let (d, hd) = (p.n_embd, p.head_dim);
         let kv_d = p.n_head_kv * hd;
         let q_d = p.q_dim();
-        let mut x = vec![0.0f32; n * d];
-        for (r, &tok) in steps.iter().flat_map(|s| s.tokens).enumerate() {
-            self.embd.row_f32(tok as usize, &mut x[r * d..(r + 1) * d]);
-        }
-        if let Some(s) = p.embd_scale {
-            x.iter_mut().for_each(|v| *v *= s);
-        }
+        let mut x = match input {
+            Some(x) => {
+                assert_eq!(x.len(), n * d, "hidden states for {n} rows of {d}");
+                x
+            }
+            None => {
+                let embd = self
+                    .embd
+                    .as_ref()
+                    .expect("a pass from tokens on a stage without the embeddings");
+                let mut x = vec![0.0f32; n * d];
+                for (r, &tok) in steps.iter().flat_map(|s| s.tokens).enumerate() {
+                    embd.row_f32(tok as usize, &mut x[r * d..(r + 1) * d]);
+                }
+                if let Some(s) = p.embd_scale {
+                    x.iter_mut().for_each(|v| *v *= s);
+                }
+                x
+            }
+        };
         let mut xn = vec![0.0f32; n * d];
         let mut q = vec![0.0f32; n * q_d];
         let mut k = vec![0.0f32; n * kv_d];
@@ -277,7 +340,10 @@ impl LlamaModel {
         let rope_global = RopeTable::new(p, p.rope_base, &positions);
         let rope_local = (p.swa_window > 0).then(|| RopeTable::new(p, p.rope_base_swa, &positions));
         for (li, layer) in self.layers.iter().enumerate() {
-            let swa = p.is_swa(li);
+            // Global index: LoRA adapters and the sliding-window pattern count from
+            // the model's first layer; the cache from the stage's.
+            let gl = self.first + li;
+            let swa = p.is_swa(gl);
             let rope = match (&rope_local, swa) {
                 (Some(r), true) => r,
                 _ => &rope_global,
@@ -285,21 +351,21 @@ impl LlamaModel {
             rms_norm(&x, &layer.attn_norm, p.rms_eps, d, &mut xn);
             let act = layer.wq.prepare(&xn, n);
             layer.wq.matmul(&act, n, &mut q);
-            lora(steps, li, Proj::Q, &xn, &mut q);
+            lora(steps, gl, Proj::Q, &xn, &mut q);
             let act_k = if layer.wk.same_input_kind(&layer.wq) {
                 act
             } else {
                 layer.wk.prepare(&xn, n)
             };
             layer.wk.matmul(&act_k, n, &mut k);
-            lora(steps, li, Proj::K, &xn, &mut k);
+            lora(steps, gl, Proj::K, &xn, &mut k);
             let act_v = if layer.wv.same_input_kind(&layer.wk) {
                 act_k
             } else {
                 layer.wv.prepare(&xn, n)
             };
             layer.wv.matmul(&act_v, n, &mut v);
-            lora(steps, li, Proj::V, &xn, &mut v);
+            lora(steps, gl, Proj::V, &xn, &mut v);
             add_bias(&mut q, layer.bq.as_deref());
             add_bias(&mut k, layer.bk.as_deref());
             add_bias(&mut v, layer.bv.as_deref());
@@ -336,7 +402,7 @@ impl LlamaModel {
             }
             let act = layer.wo.prepare(&attn, n);
             layer.wo.matmul(&act, n, &mut proj);
-            lora(steps, li, Proj::O, &attn, &mut proj);
+            lora(steps, gl, Proj::O, &attn, &mut proj);
             add_residual(
                 &mut x,
                 &mut proj,
@@ -347,21 +413,21 @@ impl LlamaModel {
             rms_norm(&x, &layer.ffn_norm, p.rms_eps, d, &mut xn);
             let act = layer.w_gate.prepare(&xn, n);
             layer.w_gate.matmul(&act, n, &mut gate);
-            lora(steps, li, Proj::Gate, &xn, &mut gate);
+            lora(steps, gl, Proj::Gate, &xn, &mut gate);
             let act_u = if layer.w_up.same_input_kind(&layer.w_gate) {
                 act
             } else {
                 layer.w_up.prepare(&xn, n)
             };
             layer.w_up.matmul(&act_u, n, &mut up);
-            lora(steps, li, Proj::Up, &xn, &mut up);
+            lora(steps, gl, Proj::Up, &xn, &mut up);
             match p.ffn_act {
                 FfnAct::Silu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.silu_mul),
                 FfnAct::Gelu => elementwise_rows(&mut gate, &up, p.n_ff, n, kern.gelu_mul),
             }
             let act = layer.w_down.prepare(&gate, n);
             layer.w_down.matmul(&act, n, &mut proj);
-            lora(steps, li, Proj::Down, &gate, &mut proj);
+            lora(steps, gl, Proj::Down, &gate, &mut proj);
             add_residual(
                 &mut x,
                 &mut proj,
@@ -370,8 +436,10 @@ impl LlamaModel {
                 &mut normed,
             );
         }
-        if out == Out::Nothing {
-            return Vec::new();
+        match out {
+            Out::Nothing => return None,
+            Out::Rows => return Some((x, n)),
+            _ => {}
         }
         // Only each step's last `outputs` positions need logits.
         let m: usize = steps.iter().map(|s| s.outputs).sum();
@@ -383,12 +451,28 @@ impl LlamaModel {
             last[i * d..i * d + rows.len()].copy_from_slice(rows);
             i += s.outputs;
         }
+        Some((last, m))
+    }
+
+    /// The output norm over `m` rows of final hidden states, then what `out` asks:
+    /// those rows' logits, the normed rows ([`Out::Hidden`]), or the rows as they
+    /// are ([`Out::Last`]).
+    pub(super) fn finish(&self, last: &[f32], m: usize, out: Out) -> Vec<Vec<f32>> {
+        let p = &self.params;
+        let d = p.n_embd;
+        if out == Out::Last {
+            return last.chunks_exact(d).map(<[f32]>::to_vec).collect();
+        }
         let mut normed = vec![0.0f32; m * d];
-        rms_norm(&last, &self.out_norm, p.rms_eps, d, &mut normed);
+        rms_norm(last, &self.out_norm, p.rms_eps, d, &mut normed);
         if out == Out::Hidden {
             return normed.chunks_exact(d).map(<[f32]>::to_vec).collect();
         }
-        let output = self.output.as_ref().unwrap_or(&self.embd);
+        let output = self
+            .output
+            .as_ref()
+            .or(self.embd.as_ref())
+            .expect("logits on a stage without the output projection");
         let act = output.prepare(&normed, m);
         let mut logits = vec![0.0f32; m * output.rows];
         output.matmul(&act, m, &mut logits);
@@ -420,9 +504,14 @@ fn lora(steps: &[Step<'_>], layer: usize, proj: Proj, x: &[f32], out: &mut [f32]
 
 /// What a pass returns for the positions that want outputs.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Out {
+pub(super) enum Out {
     /// Nothing (the leading passes of a long step).
     Nothing,
+    /// Every row's hidden state after the layers (for the next pipeline stage).
+    Rows,
+    /// The hidden states after the layers, before the output norm, of each step's
+    /// last `outputs` positions (what a pipeline's last stage returns).
+    Last,
     /// The logits.
     Logits,
     /// The hidden states after the output norm.

@@ -21,3 +21,4 @@ pub mod llama;
 pub mod lora;
 pub mod params;
 mod rope;
+pub mod stage;

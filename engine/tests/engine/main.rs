@@ -12,6 +12,7 @@ mod kv_pages;
 mod llama_reference;
 mod lora;
 mod lora_serving;
+mod pipeline;
 mod qwen_reference;
 mod serving;
 mod sliding_window;
