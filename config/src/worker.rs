@@ -129,6 +129,16 @@ pub struct WorkerConfig {
     /// llama-server per request; MLX one per worker). One that fails to load is
     /// logged and left out; the worker serves the rest.
     pub adapters: Vec<AdapterConfig>,
+    /// `cpu`: serve the model as stages of the pipeline of this name, this worker
+    /// holding the layers `layers` (docs/deploy.md, "A model across machines"). The
+    /// stage with layer 0 serves the model's requests; the others only compute
+    /// their layers for it.
+    pub pipeline: String,
+    /// With `pipeline`: this worker's layers, first and last inclusive (`0-13`).
+    pub layers: String,
+    /// With `pipeline`: how long the first stage waits for the stages after it to
+    /// answer one step before it ends the step's requests (retryable), ms.
+    pub stage_timeout_ms: u64,
 }
 
 /// One LoRA adapter of `worker.adapters`.
@@ -196,6 +206,9 @@ impl Default for WorkerConfig {
             kv_pull: true,
             handover: true,
             role: Default::default(),
+            pipeline: String::new(),
+            layers: String::new(),
+            stage_timeout_ms: 30_000,
             prefill_chunk: 0,
             speculative: "off".into(),
             draft_model: String::new(),
@@ -211,11 +224,52 @@ impl Default for WorkerConfig {
 
 impl WorkerConfig {
     /// Checks this section's own ranges; the error names the field.
+    /// `layers` as global layer indices (`"0-13"` → `0..14`), when `pipeline` is set.
+    pub fn stage_layers(&self) -> Result<Option<std::ops::Range<usize>>, String> {
+        if self.pipeline.is_empty() && self.layers.is_empty() {
+            return Ok(None);
+        }
+        let bad = || format!("{:?}: layers are FIRST-LAST, e.g. 0-13", self.layers);
+        let (a, b) = self.layers.split_once('-').ok_or_else(bad)?;
+        let (a, b): (usize, usize) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a > b {
+            return Err(bad());
+        }
+        Ok(Some(a..b + 1))
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |field, value: String, reason| Err(ConfigError::Invalid { field, value, reason });
         let token_ok = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !self.id.is_empty() && !token_ok(&self.id) {
             return invalid("worker.id", self.id.clone(), "must be letters, digits, '-' or '_'");
+        }
+        if !token_ok(&self.pipeline) {
+            return invalid(
+                "worker.pipeline",
+                self.pipeline.clone(),
+                "must be letters, digits, '-' or '_'",
+            );
+        }
+        if self.pipeline.is_empty() != self.layers.is_empty() {
+            return invalid(
+                "worker.layers",
+                self.layers.clone(),
+                "a pipeline stage needs both pipeline and layers",
+            );
+        }
+        if self.stage_layers().is_err() {
+            return invalid("worker.layers", self.layers.clone(), "must be FIRST-LAST (e.g. 0-13)");
+        }
+        if !self.pipeline.is_empty() && !matches!(self.backend.as_str(), "cpu" | "auto") {
+            return invalid(
+                "worker.pipeline",
+                self.pipeline.clone(),
+                "pipeline stages run on the cpu backend (llama.cpp, MLX and CUDA workers serve whole models)",
+            );
         }
         if !WORKER_BACKENDS.contains(&self.backend.as_str()) {
             return invalid(

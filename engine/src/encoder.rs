@@ -106,6 +106,7 @@ impl EncoderModel {
             kernels: super::kernels::isa::active().name().into(),
             embedding_dim: p.n_embd as u32,
             embedding_only: true,
+            pipeline: None,
         };
         tracing::info!(
             layers = p.n_layer,

@@ -28,6 +28,8 @@ pub struct EngineModel {
     pub(crate) kv_format: Arc<std::sync::OnceLock<switchyard_messages::KvFormat>>,
     /// Adapter keys by adapter load (their files' digests, computed once).
     pub(crate) adapter_keys: Mutex<std::collections::HashMap<u64, String>>,
+    /// A pipeline's first stage: the later stages as they last answered.
+    pub(crate) stages: Option<crate::pipeline::StageView>,
 }
 
 impl EngineModel {
@@ -173,7 +175,11 @@ impl TextModel for EngineModel {
     }
 
     fn info(&self) -> ModelInfo {
-        self.info.clone()
+        let mut info = self.info.clone();
+        if let (Some(p), Some(stages)) = (info.pipeline.as_mut(), &self.stages) {
+            p.stages = stages.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        }
+        info
     }
 
     fn metrics(&self) -> GenerateMetrics {

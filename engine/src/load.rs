@@ -86,22 +86,22 @@ impl EngineModel {
 
     /// Loads the GGUF file at `path` as the first stage of a pipeline
     /// ([`crate::pipeline`]): layers `0..end` with the embeddings, output norm and
-    /// projection, the rest of the model behind `link`. Returns the model and the
-    /// later stages as their last answer named them.
+    /// projection, the rest of the model behind `link`. Its info names the pipeline
+    /// and the later stages as their last answer named them.
     pub fn load_first_stage(
         path: &Path,
         config: &LoadConfig,
         end: usize,
         link: Box<dyn crate::pipeline::StageLink>,
         pipeline: &str,
-    ) -> Result<(Self, crate::pipeline::StageView), BackendError> {
+    ) -> Result<Self, BackendError> {
         crate::kernels::isa::init().map_err(|e| BackendError::Load {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
         let mut link = Some(link);
         let mut view = None;
-        let model = Self::load_gguf(path, config, &mut |content, file, ctx, slots, _info| {
+        let mut model = Self::load_gguf(path, config, &mut |content, file, ctx, slots, info| {
             let layers = crate::model::params::LlamaParams::from_gguf(&content)
                 .map_err(|e| e.to_string())?
                 .n_layer;
@@ -114,9 +114,19 @@ impl EngineModel {
                 layers,
             )?;
             view = Some(first.stages());
+            info.kernels = format!("{} (pipeline)", info.kernels);
+            // Embeddings need every layer's hidden states here: not on a pipeline.
+            info.embedding_dim = 0;
+            info.pipeline = Some(switchyard_messages::stage::PipelineInfo {
+                name: pipeline.to_string(),
+                layers: layers as u32,
+                last_layer: end as u32 - 1,
+                stages: Vec::new(),
+            });
             Ok(Box::new(first) as Box<dyn forward::Forward>)
         })?;
-        Ok((model, view.expect("set when loaded")))
+        model.stages = view;
+        Ok(model)
     }
 
     /// Loads the GGUF file at `path` onto the forward pass `make` builds from its
@@ -374,6 +384,7 @@ impl EngineModel {
             adapters,
             kv_format,
             adapter_keys: Mutex::default(),
+            stages: None,
         })
     }
 

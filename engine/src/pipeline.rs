@@ -193,6 +193,7 @@ impl PipelineForward {
                         outputs: steps[i].outputs as u32,
                     })
                     .collect(),
+                passed: Vec::new(),
                 rows: rows_to_bytes(&rows),
             };
             pending.push((self.link.send(msg), outputs));

@@ -42,6 +42,9 @@ pub struct StageBatch {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ops: Vec<StageOp>,
     pub steps: Vec<StageStep>,
+    /// The stages past the first that ran it so far (each adds its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passed: Vec<StageReport>,
     /// `n_embd` f32 values (little-endian) per row: every step's tokens, in order.
     #[serde(with = "bin")]
     pub rows: Vec<u8>,
@@ -100,6 +103,19 @@ pub struct StageReport {
     pub rss_bytes: u64,
 }
 
+/// A pipelined model as its first stage announces it ([`crate::ModelInfo::pipeline`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineInfo {
+    pub name: String,
+    /// The model's layer count.
+    pub layers: u32,
+    /// The first stage's layers: `0..=last_layer`.
+    pub last_layer: u32,
+    /// The stages after it as their last answer named them (empty until one came).
+    #[serde(default)]
+    pub stages: Vec<StageReport>,
+}
+
 /// f32 rows as [`StageBatch::rows`] carries them.
 pub fn rows_to_bytes(rows: &[f32]) -> Vec<u8> {
     rows.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -135,6 +151,7 @@ mod tests {
                 tokens: vec![9, 10],
                 outputs: 1,
             }],
+            passed: Vec::new(),
             rows: rows_to_bytes(&rows),
         };
         let back: StageBatch = crate::decode(&crate::encode(&b)).unwrap();

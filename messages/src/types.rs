@@ -278,6 +278,10 @@ pub struct ModelInfo {
     /// (1.8) The model embeds and does nothing else (an encoder such as BERT):
     /// coordinators send it embed requests only, and no generation or classification.
     pub embedding_only: bool,
+    /// (1.16) A model served as pipeline stages: the pipeline, this worker's
+    /// layers (the first stage's) and the stages after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<crate::stage::PipelineInfo>,
 }
 
 /// Performance of one finished generation.

@@ -587,6 +587,7 @@ fn seed_model_info_struct() -> ModelInfo {
         kernels: "avx2".into(),
         embedding_dim: 576,
         embedding_only: false,
+        pipeline: None,
     }
 }
 

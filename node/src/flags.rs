@@ -123,6 +123,21 @@ pub struct WorkerFlags {
     /// or model "MODEL:NAME" (the OpenAI gateway).
     #[arg(long = "adapter", value_name = "NAME=PATH[@SCALE]")]
     pub adapters: Vec<switchyard_config::AdapterConfig>,
+    /// cpu: serve the model as a stage of the pipeline of this name (with --layers):
+    /// a model split by layers across workers, each holding only its own layers and
+    /// their KV. The stage holding layer 0 serves the model's requests; the others
+    /// only compute for it (docs/deploy.md, "A model across machines").
+    #[arg(long)]
+    pub pipeline: Option<String>,
+    /// With --pipeline: this worker's layers, FIRST-LAST inclusive (e.g. 0-13 and
+    /// 14-29 for a 30-layer model on two workers).
+    #[arg(long, value_name = "FIRST-LAST")]
+    pub layers: Option<String>,
+    /// With --pipeline, on the first stage: how long one step may wait for the
+    /// stages after it before its requests end with a retryable error, ms (default
+    /// 30000).
+    #[arg(long)]
+    pub stage_timeout_ms: Option<u64>,
 }
 
 impl WorkerFlags {
@@ -206,6 +221,15 @@ impl WorkerFlags {
         }
         if !self.adapters.is_empty() {
             w.adapters = self.adapters.clone();
+        }
+        if let Some(v) = &self.pipeline {
+            w.pipeline = v.clone();
+        }
+        if let Some(v) = &self.layers {
+            w.layers = v.clone();
+        }
+        if let Some(v) = self.stage_timeout_ms {
+            w.stage_timeout_ms = v;
         }
         if let Some(v) = &self.draft_model {
             w.draft_model = v.display().to_string();

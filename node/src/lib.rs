@@ -121,7 +121,47 @@ async fn fetch(config: &Config, name: &str) -> anyhow::Result<switchyard_store::
 /// Loads the worker's model on the backend the registry picks for
 /// `worker.backend` (a pin, or `auto`), printing progress to stderr.
 pub async fn load(config: &Config) -> anyhow::Result<Loaded> {
+    if is_later_stage(config) {
+        anyhow::bail!("a later pipeline stage serves no model of its own: start it with serve_stage");
+    }
+    if !config.worker.pipeline.is_empty() {
+        // The first stage of a pipeline: its link to the stages after it has a
+        // connection of its own (rows are bulky; requests keep theirs).
+        let nats = switchyard_fabric::nats::connect(
+            &config.nats.url,
+            &config.nats.security(),
+            "switchyard-stage",
+            Duration::from_secs(10),
+        )
+        .await?;
+        let subjects = Subjects::new(&config.nats.prefix);
+        return switchyard_workers::backends::stage::load_first_stage(&config.worker, nats, &subjects).await;
+    }
     Registry::default().load(&config.worker, &worker_id(config)).await
+}
+
+/// Whether the worker is a pipeline stage past the first (`worker.layers` not from
+/// 0): it computes its layers for the first stage and serves no requests itself.
+pub fn is_later_stage(config: &Config) -> bool {
+    matches!(config.worker.stage_layers(), Ok(Some(r)) if r.start > 0)
+}
+
+/// Loads and serves a later pipeline stage.
+pub async fn serve_stage(config: &Config) -> anyhow::Result<switchyard_workers::backends::stage::StageHandle> {
+    let nats = switchyard_fabric::nats::connect(
+        &config.nats.url,
+        &config.nats.security(),
+        "switchyard-stage",
+        Duration::from_secs(10),
+    )
+    .await?;
+    let id = if config.worker.id.is_empty() {
+        switchyard_workers::worker::default_worker_id("stage")
+    } else {
+        config.worker.id.clone()
+    };
+    let subjects = Subjects::new(&config.nats.prefix);
+    switchyard_workers::backends::stage::serve_stage(&config.worker, nats, &subjects, &id).await
 }
 
 /// The worker id: `worker.id`, else `{backend}-{host}-{pid}` (for `auto`, the

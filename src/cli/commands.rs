@@ -63,6 +63,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config.validate()?;
             require_nats(&config)?;
             let mut stop = std::pin::pin!(node::shutdown_signal(WORKER_DRAIN + STOP_MARGIN));
+            if node::is_later_stage(&config) {
+                return serve_stage(&mut config, stop).await;
+            }
             // A stop while the model is fetched or loaded ends it there.
             let loading = async {
                 node::resolve_model(&mut config).await?;
@@ -281,6 +284,40 @@ async fn up(mut config: Config, args: UpArgs) -> anyhow::Result<ExitCode> {
     loaded.stop();
     coordinator.shutdown().await;
     drop(secure);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `worker` for a pipeline stage past the first: loads its layers and computes them
+/// for the first stage until stopped.
+async fn serve_stage(
+    config: &mut Config,
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> anyhow::Result<ExitCode> {
+    let mut stage = tokio::select! {
+        stage = async {
+            node::resolve_model(config).await?;
+            node::serve_stage(config).await
+        } => stage?,
+        _ = &mut stop => {
+            eprintln!("stopped while loading the model");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    eprintln!(
+        "stage {} up on {}: layers {}-{} of pipeline {} on {}",
+        stage.worker_id,
+        config.nats.url,
+        stage.layers.start,
+        stage.layers.end - 1,
+        config.worker.pipeline,
+        stage.subject
+    );
+    tokio::select! {
+        _ = stop => {}
+        why = stage.failed() => return Ok(failed(&why)),
+    }
+    eprintln!("stopping stage {} …", stage.worker_id);
+    stage.stop();
     Ok(ExitCode::SUCCESS)
 }
 

@@ -170,9 +170,7 @@ fn engine(cuts: &[usize], layers: usize, speculative: &str, link_name: &str) -> 
         ..LoadConfig::default()
     };
     let link = link(link_name, cuts, layers, 1 << 20);
-    EngineModel::load_first_stage(&demo_model(), &config, cuts[0], Box::new(link), "t")
-        .unwrap()
-        .0
+    EngineModel::load_first_stage(&demo_model(), &config, cuts[0], Box::new(link), "t").unwrap()
 }
 
 async fn generate(model: &EngineModel, prompt: &str, config: GenerateConfig) -> Result<Vec<u32>, BackendError> {

@@ -9,6 +9,8 @@
 //! - [`cuda`]: the `cuda` entry: the engine with candle's CUDA pass (`native`) or
 //!   the supervised llama-server, as `worker.cuda_engine` says.
 //! - [`mlx`]: MLX (Metal on Apple silicon) through a Python bridge child.
+//! - [`stage`]: the `cpu` engine's model split into pipeline stages across workers
+//!   (`worker.pipeline`): the first stage's link over NATS and a later stage's service.
 //! - [`backoff`]: the restart policy every supervised child (llama-server, the MLX
 //!   bridge) shares.
 //!
@@ -24,6 +26,7 @@ pub mod llama_cpp;
 pub mod llama_server;
 pub mod mlx;
 mod registry;
+pub mod stage;
 pub(crate) mod worker_backend;
 
 pub use registry::Registry;

@@ -151,7 +151,11 @@ impl WorkerState {
             models: vec![ServedModel {
                 name: self.opts.model_name.clone(),
                 path: self.opts.model_path.display().to_string(),
-                info: self.info.clone(),
+                info: switchyard_messages::ModelInfo {
+                    // A pipeline's stages change as they answer.
+                    pipeline: self.ctx.model.info().pipeline,
+                    ..self.info.clone()
+                },
                 adapters: self.ctx.model.adapters(),
                 kv_format: self.ctx.model.kv_transfer().and_then(|k| k.kv_format()),
             }],

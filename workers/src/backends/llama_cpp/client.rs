@@ -149,6 +149,7 @@ impl LlamaCppModel {
             kernels: String::new(),
             embedding_dim: embedding_dim(&http, &url).await,
             embedding_only: false,
+            pipeline: None,
         };
         let book = {
             let (path, n) = (props.model_path.clone(), props.total_slots);

@@ -54,6 +54,7 @@ impl MlxModel {
             kernels: format!("mlx {}", i["device"].as_str().unwrap_or_default()),
             embedding_dim: n("embedding_dim"),
             embedding_only: false,
+            pipeline: None,
         };
         let mut me = Self {
             bridge,
