@@ -364,3 +364,62 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
     worker.shutdown(Duration::from_secs(2)).await;
     coordinator.shutdown().await;
 }
+
+/// A model split into pipeline stages (protocol §16) runs under the worker role as
+/// docs/nats-roles.conf ships it: the stages pass rows on `sy.v1.stage.>`, a client's
+/// request on the pipelined model is served, and a client can neither feed a stage
+/// nor listen to one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipeline_stages_run_under_the_worker_role_and_clients_cannot_reach_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secrets.conf"), SECRETS).unwrap();
+    let template = std::fs::read_to_string(repo().join("docs/nats-roles.conf")).unwrap();
+    let nats = NatsServer::start_with_config(&find_nats_server("").unwrap(), &template, dir.path()).unwrap();
+    let url = nats.url();
+    let mut config = fleet_config(&url);
+    let security = |s: NatsSecurity, mut c: switchyard::Config| {
+        c.nats.user = s.user;
+        c.nats.password = s.password;
+        c.nats.inbox_prefix = s.inbox_prefix;
+        c.validate().expect("valid config");
+        c
+    };
+    let coordinator = switchyard::node::start_coordinator(&security(
+        role("coordinator", "coord-pw-1", "_INBOX.coordinator"),
+        config.clone(),
+    ))
+    .await
+    .unwrap();
+    config.worker.pipeline = "p".into();
+    config.worker.threads = 1;
+    let mut later = config.clone();
+    later.worker.layers = "14-29".into();
+    later.worker.id = "stage-b".into();
+    let stage = switchyard::node::serve_stage(&security(role("worker", "worker-pw-2", "_INBOX.worker"), later))
+        .await
+        .expect("a later stage starts in the worker role");
+    config.worker.layers = "0-13".into();
+    config.worker.model_name = "split".into();
+    let first = security(role("worker", "worker-pw-2", "_INBOX.worker"), config);
+    let loaded = switchyard::node::load(&first).await.unwrap();
+    let worker = switchyard::node::start_worker(&first, &loaded).await.unwrap();
+    let alice = client_as(&url, role("alice", "alice-pw-3", "_INBOX.alice")).await;
+    wait_for_workers(&alice, &["w1"], Duration::from_secs(10)).await;
+    let mut req = greedy("The capital of France is", 4);
+    req.head.model = "split".into();
+    let done = alice.generate(req).await.unwrap().collect().await.unwrap();
+    assert_eq!(done.tokens.len(), 4);
+
+    let (bob, errors) = raw_bob(&url).await;
+    let subject = Subjects::default().stage("p", 14);
+    bob.publish(subject.clone(), bytes::Bytes::from_static(b"\x80"))
+        .await
+        .unwrap();
+    violation(&errors, &subject).await;
+    let _spy = bob.subscribe(subject.clone()).await.unwrap();
+    violation(&errors, &subject).await;
+
+    worker.shutdown(Duration::from_secs(2)).await;
+    stage.stop();
+    coordinator.shutdown().await;
+}

@@ -108,6 +108,20 @@ async fn a_model_split_in_two_and_three_stages_answers_as_one_worker_and_survive
         [("three-b".to_string(), 10, 19), ("three-c".to_string(), 20, 29)]
     );
     assert!(pipe.stages.iter().all(|s| s.rss_bytes > 0));
+    // And so do `switchyard status` and `switchyard models`.
+    for cmd in ["status", "models"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["--nats", &url, cmd])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for want in [
+            "pipeline three: layers 0-9 on three-a → 10-19 on three-b (",
+            "pipeline two: layers 0-13 on two-a → 14-29 on two-b (",
+        ] {
+            assert!(text.contains(want), "`switchyard {cmd}` lacks {want:?}:\n{text}");
+        }
+    }
 
     // A stage killed mid-stream: the stream ends with an error, no hang.
     let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), "split2", "Tell a long story.");

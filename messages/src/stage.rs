@@ -116,6 +116,31 @@ pub struct PipelineInfo {
     pub stages: Vec<StageReport>,
 }
 
+impl PipelineInfo {
+    /// One line for people: `pipeline two: layers 0-13 on w1 → 14-29 on w2 (3.1 ms,
+    /// 80 MB)`, the first stage being `first`; later stages with their last batch's
+    /// compute time and resident memory.
+    pub fn describe(&self, first: &str) -> String {
+        let mut s = format!("pipeline {}: layers 0-{} on {first}", self.name, self.last_layer);
+        let mut next = self.last_layer + 1;
+        for st in &self.stages {
+            s.push_str(&format!(
+                " → {}-{} on {} ({:.1} ms, {:.0} MB)",
+                st.first_layer,
+                st.last_layer,
+                st.worker_id,
+                st.compute_us as f64 / 1e3,
+                st.rss_bytes as f64 / 1e6
+            ));
+            next = st.last_layer + 1;
+        }
+        if next < self.layers {
+            s.push_str(&format!(" → {next}-{} (not heard from yet)", self.layers - 1));
+        }
+        s
+    }
+}
+
 /// f32 rows as [`StageBatch::rows`] carries them.
 pub fn rows_to_bytes(rows: &[f32]) -> Vec<u8> {
     rows.iter().flat_map(|v| v.to_le_bytes()).collect()

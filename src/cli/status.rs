@@ -116,6 +116,20 @@ fn status_table(fleet: &switchyard_messages::FleetStatus) -> String {
             if s.nats_server.is_empty() { "-" } else { s.nats_server.as_str() }
         );
     }
+    // Models split into pipeline stages (protocol 1.16): their stages.
+    for w in &fleet.workers {
+        for m in &w.status.models {
+            if let Some(p) = &m.info.pipeline {
+                let _ = writeln!(
+                    out,
+                    "{} ({}): {}",
+                    m.name,
+                    m.info.num_layers,
+                    p.describe(&w.status.worker_id)
+                );
+            }
+        }
+    }
     // KV moved between workers (protocol 1.11), for the workers that moved any.
     let moved: Vec<_> = fleet
         .workers

@@ -275,6 +275,9 @@ async fn served(config: &Config, dir: Option<PathBuf>, json: bool) -> anyhow::Re
         for a in &m.adapters {
             println!("  LoRA adapter {}:{}  workers: {}", m.name, a.name, a.workers.join(","));
         }
+        if let Some(p) = &m.info.pipeline {
+            println!("  {}", p.describe(m.workers.first().map_or("?", String::as_str)));
+        }
     }
     let listing = async { store(config).await?.list().await };
     if let Ok(Ok(list)) = tokio::time::timeout(Duration::from_secs(3), listing).await {
