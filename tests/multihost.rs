@@ -10,6 +10,9 @@
 //! which another host's worker continues with the KV pulled over the cluster, token
 //! for token; the store still serves the model afterwards.
 //!
+//! A second test splits the demo model into three pipeline stages on three hosts,
+//! answering as one worker does.
+//!
 //! Needs root and `ip netns`. Where namespaces cannot be made the test says why and
 //! passes — unless `SWITCHYARD_REQUIRE_NETNS=1` (set by .ci/run as root on Linux),
 //! where that is a failure.
@@ -45,7 +48,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
 impl Net {
     /// `hosts` namespaces with 10.199.0.{1..}/24 on one bridge.
     fn new(hosts: usize) -> Result<Net, String> {
-        let tag = format!("symh{}", std::process::id());
+        Self::tagged(hosts, "")
+    }
+
+    /// [`Net::new`] with `tag` in the namespaces' names (tests of this binary run
+    /// side by side, each with its own).
+    fn tagged(hosts: usize, tag: &str) -> Result<Net, String> {
+        let tag = format!("symh{}{tag}", std::process::id());
         let mut net = Net {
             names: Vec::new(),
             switch: format!("{tag}sw"),
@@ -454,4 +463,88 @@ fn a_four_host_fleet_fetches_its_model_from_the_bus_and_survives_faults() {
     );
     drop(servers);
     drop(leaf);
+}
+
+/// The demo model in three pipeline stages, one per host (h1 also runs nats-server,
+/// the coordinator and a worker holding the whole model): the same greedy tokens as
+/// that worker, one request at a time and several at once. (This kernel has no
+/// netem, so the hosts are apart by namespaces and a bridge, not by delay.)
+#[test]
+fn a_model_split_across_three_hosts_answers_as_one_worker() {
+    let net = match Net::tagged(3, "p") {
+        Ok(n) => n,
+        Err(e) if std::env::var_os("SWITCHYARD_REQUIRE_NETNS").is_some() => {
+            panic!("network namespaces are required here (SWITCHYARD_REQUIRE_NETNS) but: {e}")
+        }
+        Err(e) => {
+            skip(
+                Skip::Fixable,
+                &format!("cannot create network namespaces ({e}); run as root with iproute2"),
+            );
+            return;
+        }
+    };
+    let nats_bin = switchyard_procs::nats_server::find_nats_server("").unwrap();
+    let sy = Path::new(env!("CARGO_BIN_EXE_switchyard"));
+    let nats = in_ns(net.host(1), "nats", &nats_bin, &["-a", "10.199.0.1", "-p", "4222"], &[]);
+    nats.wait_for("Server is ready", Duration::from_secs(20));
+    let url = "nats://10.199.0.1:4222".to_string();
+    let model = demo_model();
+    let model = model.to_str().unwrap();
+    let worker = |host: usize, id: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--nats",
+            &url,
+            "worker",
+            "--worker-id",
+            id,
+            "--heartbeat-ms",
+            "200",
+            "--threads",
+            "1",
+            "--model",
+            model,
+        ];
+        args.extend_from_slice(extra);
+        let p = in_ns(net.host(host), id, sy, &args, &[]);
+        p.wait_for("up on", Duration::from_secs(60));
+        p
+    };
+    let coordinator = in_ns(net.host(1), "coordinator", sy, &["--nats", &url, "coordinator"], &[]);
+    coordinator.wait_for("coordinator up", Duration::from_secs(30));
+    let _c = worker(3, "stage-c", &["--pipeline", "far", "--layers", "20-29"]);
+    let _b = worker(2, "stage-b", &["--pipeline", "far", "--layers", "10-19"]);
+    let _a = worker(
+        1,
+        "stage-a",
+        &["--pipeline", "far", "--layers", "0-9", "--model-name", "split"],
+    );
+    let _whole = worker(1, "whole", &["--model-name", "whole"]);
+    let prompts = [
+        "The capital of France is",
+        "Write a haiku about the sea.",
+        "List three prime numbers:",
+    ];
+    let (alone, split, together) = run_in_ns(net.host(1), async move {
+        let client = Client::connect_with(&url, ClientOptions::default()).await.unwrap();
+        wait_for_workers(&client, &["stage-a", "whole"], Duration::from_secs(30)).await;
+        let ask = |model: &'static str, p: &'static str| {
+            let client = client.clone();
+            async move {
+                let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), model, p);
+                req.config.max_tokens = 20;
+                token_ids(&client.generate(req).await.unwrap().collect().await.unwrap())
+            }
+        };
+        let mut alone = Vec::new();
+        let mut split = Vec::new();
+        for p in prompts {
+            alone.push(ask("whole", p).await);
+            split.push(ask("split", p).await);
+        }
+        let together = futures::future::join_all(prompts.iter().map(|p| ask("split", p))).await;
+        (alone, split, together)
+    });
+    assert_eq!(split, alone, "three hosts, one request at a time");
+    assert_eq!(together, alone, "three hosts, all at once");
 }

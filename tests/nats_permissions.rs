@@ -365,7 +365,7 @@ async fn the_three_roles_serve_and_refuse_what_docs_say() {
     coordinator.shutdown().await;
 }
 
-/// A model split into pipeline stages (protocol §16) runs under the worker role as
+/// A model split into pipeline stages (protocol §11h) runs under the worker role as
 /// docs/nats-roles.conf ships it: the stages pass rows on `sy.v1.stage.>`, a client's
 /// request on the pipelined model is served, and a client can neither feed a stage
 /// nor listen to one.

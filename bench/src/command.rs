@@ -57,6 +57,12 @@ pub enum BenchCommand {
     /// the time to first token of recomputing the document instead. Starts its own
     /// nats-server.
     Handover(crate::kv_moves::BenchKvMovesArgs),
+    /// A model split into pipeline stages (one worker process per stage, over NATS)
+    /// against one worker holding it whole with all their threads, and llama.cpp's
+    /// RPC split of the same GGUF given --rpc-server and --rpc-llama-server: decode
+    /// tok/s at each stream count, prefill tok/s, time per token, peak RSS per
+    /// process. Starts its own nats-server.
+    Pipeline(crate::pipeline::BenchPipelineArgs),
     /// KV of 32 streams behind one 1,500-token prompt: shared pages vs a copy per slot.
     Kv(crate::pages::BenchKvPagesArgs),
     /// Continuous batching: aggregate tok/s with 1, 4 and 8 concurrent streams on one
@@ -250,6 +256,10 @@ pub async fn run(cmd: BenchCommand, mut config: Config) -> anyhow::Result<ExitCo
             config.validate()?;
             let bin = crate::llama_cpp::llama_server_or_build(args.worker.llama_server.as_deref())?;
             crate::batch::batch(config, &bin, &args.streams, args.runs, args.max_tokens).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Pipeline(args) => {
+            crate::pipeline::run(config, args).await?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Chaos(args) => crate::chaos::run(config, args).await,

@@ -26,6 +26,7 @@ pub mod llama_cpp;
 pub mod lora;
 pub mod mlx;
 pub mod pages;
+pub mod pipeline;
 pub mod prefix;
 pub mod probe;
 pub mod pull;

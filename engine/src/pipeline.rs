@@ -158,6 +158,40 @@ impl PipelineForward {
                 )));
             }
         }
+        // A step longer than one batch may carry runs its leading tokens first, in
+        // batches of their own without logits (the same rows, so the same values).
+        let max = self.max_rows();
+        let mut rest: Vec<SeqStep<'_>> = steps.to_vec();
+        loop {
+            let lead: Vec<SeqStep<'_>> = rest
+                .iter_mut()
+                .filter(|s| s.tokens.len() > max && s.tokens.len() > s.outputs)
+                .map(|s| {
+                    let n = max.min(s.tokens.len() - s.outputs);
+                    let lead = SeqStep {
+                        outputs: 0,
+                        ..SeqStep::new(s.seq, &s.tokens[..n], s.pos)
+                    };
+                    s.tokens = &s.tokens[n..];
+                    s.pos += n;
+                    lead
+                })
+                .collect();
+            if lead.is_empty() {
+                break;
+            }
+            self.pass(&lead)?;
+        }
+        let out = self.pass(&rest)?;
+        for s in steps {
+            self.stale[s.seq] = false;
+        }
+        Ok(out)
+    }
+
+    /// One pass over `steps` (checked, each within a batch's rows): micro-batches
+    /// through this stage's layers and on, then the logits of what comes back.
+    fn pass(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
         let d = self.model.params.n_embd;
         let mut pending = Vec::new();
         for group in self.groups(steps) {
@@ -215,11 +249,10 @@ impl PipelineForward {
                     reply.rows.len()
                 )));
             };
-            out.extend(self.model.stage_logits(&rows));
+            if outputs > 0 {
+                out.extend(self.model.stage_logits(&rows));
+            }
             *self.stages.lock().unwrap_or_else(|p| p.into_inner()) = reply.stages;
-        }
-        for s in steps {
-            self.stale[s.seq] = false;
         }
         Ok(out)
     }
@@ -288,10 +321,6 @@ impl Forward for PipelineForward {
             .flat_map(|c| c.pages().iter().map(Arc::as_ptr))
             .collect();
         Some(pages.len() * self.caches[0].page_bytes())
-    }
-
-    fn max_pass(&self) -> usize {
-        self.max_rows()
     }
 }
 
@@ -398,7 +427,7 @@ impl StageServer {
         for s in &batch.steps {
             let seq = s.seq as usize;
             self.cache(seq)?;
-            if !seen.insert(seq) || s.tokens.is_empty() || s.outputs == 0 || s.outputs as usize > s.tokens.len() {
+            if !seen.insert(seq) || s.tokens.is_empty() || s.outputs as usize > s.tokens.len() {
                 return Err(bad(format!("a malformed step of sequence {seq}")));
             }
             let held = self.caches[seq].held();

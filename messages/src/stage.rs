@@ -185,4 +185,30 @@ mod tests {
         assert!(got.iter().zip(rows).all(|(a, b)| a.to_bits() == b.to_bits()));
         assert_eq!(rows_from_bytes(&[0, 1, 2]), None);
     }
+
+    #[test]
+    fn a_pipeline_describes_its_stages_and_those_not_heard_from() {
+        let report = |w: &str, a, b| StageReport {
+            worker_id: w.into(),
+            first_layer: a,
+            last_layer: b,
+            compute_us: 3100,
+            rss_bytes: 80_000_000,
+        };
+        let mut p = PipelineInfo {
+            name: "two".into(),
+            layers: 30,
+            last_layer: 13,
+            stages: vec![],
+        };
+        assert_eq!(
+            p.describe("w1"),
+            "pipeline two: layers 0-13 on w1 → 14-29 (not heard from yet)"
+        );
+        p.stages = vec![report("w2", 14, 21), report("w3", 22, 29)];
+        assert_eq!(
+            p.describe("w1"),
+            "pipeline two: layers 0-13 on w1 → 14-21 on w2 (3.1 ms, 80 MB) → 22-29 on w3 (3.1 ms, 80 MB)"
+        );
+    }
 }

@@ -126,16 +126,22 @@ fn two_and_three_stages_compute_the_whole_models_logits_bit_for_bit() {
         &mut whole(),
         "3 stages",
     );
-    // A transport that carries only a few rows per batch: the pass is cut into
-    // many micro-batches, each step within the limit.
-    let small = first_stage(&[half], 4, 16 * 576 * 4);
-    assert!(small.max_pass() <= 16);
-    let mut small = small.with_micro_batches(3);
+    // A transport that carries only 16 rows per batch: a 40-token prefill beside a
+    // decode step goes as 16 + 16 rows without logits, then the rest with the
+    // other step, in micro-batches of their own.
+    let mut small = first_stage(&[half], 4, 16 * 576 * 4).with_micro_batches(3);
     let mut w = whole();
-    let prefill = ids(16, 9);
-    let steps = [SeqStep::new(0, &prefill, 0)];
+    let (long, short) = (ids(40, 9), ids(3, 10));
+    let steps = [SeqStep::new(0, &long, 0), SeqStep::new(1, &short, 0)];
     let (g, r) = (small.forward_batch(&steps).unwrap(), w.forward_batch(&steps).unwrap());
-    assert!(same_bits(&g[0], &r[0]));
+    assert_eq!(g.len(), 2);
+    assert!(
+        g.iter().zip(&r).all(|(a, b)| same_bits(a, b)),
+        "split into small batches"
+    );
+    let next = [SeqStep::new(0, &short, 40)];
+    let (g, r) = (small.forward_batch(&next).unwrap(), w.forward_batch(&next).unwrap());
+    assert!(same_bits(&g[0], &r[0]), "a step after the split prefill");
 }
 
 #[test]

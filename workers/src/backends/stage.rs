@@ -1,5 +1,5 @@
 //! Pipeline stages over NATS (docs/deploy.md, "A model across machines";
-//! protocol §16): the first stage's [`NatsLink`] — how the engine's
+//! protocol §11h): the first stage's [`NatsLink`] — how the engine's
 //! [`PipelineForward`](switchyard_engine::pipeline::PipelineForward) reaches the
 //! stages after it — and a later stage's service ([`serve_stage`]), which runs its
 //! layers and passes the rows on (or, the last, answers the first stage).
@@ -226,16 +226,9 @@ pub async fn serve_stage(
         );
     }
     let path = local::model_path(w)?;
-    let ctx = if w.context_len > 0 {
-        w.context_len as usize
-    } else {
-        4096
-    };
-    let slots = if w.parallel_slots > 0 {
-        w.parallel_slots as usize
-    } else {
-        64
-    };
+    // Pages are allocated as positions are written, so a stage takes whatever
+    // context and slots its first stage runs with (which bounds them itself).
+    let (ctx, slots) = (1 << 20, 4096);
     eprintln!(
         "loading layers {} of {} as a stage of pipeline {} …",
         w.layers,
