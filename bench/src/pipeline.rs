@@ -90,19 +90,22 @@ fn worker(url: &str, id: &str, model: &Path, threads: usize, slots: usize, extra
     Kid::spawn(&mut cmd)
 }
 
-/// Aggregate decode of one round: generated tokens over all streams per wall
-/// second, and one stream's time per token (ms) when there is one.
+/// Decode of one round: the tokens after each stream's first over all streams,
+/// per second from the first stream's first token to the last token (prompts are
+/// measured apart, as prefill), and the first stream's time per token (ms).
 #[derive(Debug, Clone, Copy)]
 struct Round {
     tps: f64,
     tpot_ms: f64,
 }
 
-fn round(runs: &[Run], wall: f64) -> Round {
-    let tokens: u32 = runs.iter().map(|r| r.tokens).sum();
+fn round(runs: &[Run], _wall: f64) -> Round {
+    let tokens: u32 = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
+    let first = runs.iter().map(|r| r.ttft).min().unwrap_or_default();
+    let last = runs.iter().map(|r| r.total).max().unwrap_or_default();
     let r = runs[0];
     Round {
-        tps: f64::from(tokens) / wall,
+        tps: f64::from(tokens) / last.saturating_sub(first).as_secs_f64().max(1e-9),
         tpot_ms: r.total.saturating_sub(r.ttft).as_secs_f64() * 1e3 / f64::from(r.tokens.saturating_sub(1).max(1)),
     }
 }
@@ -351,13 +354,13 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
     }
     print!("{:<8}", "streams");
     for (name, _) in &sides {
-        print!(" {:>22}", format!("{name} t/s"));
+        print!(" {:>32}", format!("{name} decode t/s"));
     }
     println!(" {:>14} {:>14}", "pipe/whole", "pipe/rpc");
     for (n, rounds) in &table {
         print!("{n:<8}");
         for r in rounds {
-            print!(" {:>22.1}", r.tps);
+            print!(" {:>32.1}", r.tps);
         }
         let rpc = rounds
             .get(2)
@@ -367,14 +370,14 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
     if let Some((_, rounds)) = table.iter().find(|(n, _)| *n == 1) {
         print!("{:<8}", "TPOT ms");
         for r in rounds {
-            print!(" {:>22.2}", r.tpot_ms);
+            print!(" {:>32.2}", r.tpot_ms);
         }
         println!();
     }
     println!("greedy tokens identical to the whole worker's: {same}/3 prompts");
     print!("{:<8}", "prefill");
     for p in &prefill {
-        print!(" {:>22.1}", median(p));
+        print!(" {:>32.1}", median(p));
     }
     println!("  (tok/s, ~400-token prompt)");
     if let Some(p) = client

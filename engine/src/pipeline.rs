@@ -21,6 +21,16 @@ use switchyard_messages::{ErrorCode, WireError};
 /// The version of [`StageBatch`] and [`StageReply`] this build speaks.
 pub const STAGE_VERSION: u32 = 1;
 
+/// Rows of a long step's chunks: large enough to keep the matrix kernels at full
+/// speed, small enough that the stages overlap on a prompt.
+const CHUNK_ROWS: usize = 128;
+
+/// The fewest rows worth a micro-batch of their own.
+const MICRO_ROWS: usize = 32;
+
+/// A batch sent on: its answer, and how many rows of logits it brings.
+type Pending = (Receiver<Result<StageReply, String>>, usize);
+
 /// The later stages of a pipeline as their last answer named them.
 pub type StageView = Arc<Mutex<Vec<StageReport>>>;
 
@@ -105,10 +115,14 @@ impl PipelineForward {
         (self.link.max_bytes() / (self.model.params.n_embd * 4).max(1)).max(1)
     }
 
-    /// Groups of step indices, each sent as one micro-batch: `micro` groups of
-    /// about equal count, each within the transport's row budget.
+    /// Groups of step indices, each sent as one micro-batch: up to `micro` groups
+    /// of about equal count, none under [`MICRO_ROWS`] rows (a micro-batch reads
+    /// the stage's weights again: small ones cost more than they overlap), each
+    /// within the transport's row budget.
     fn groups(&self, steps: &[SeqStep<'_>]) -> Vec<Vec<usize>> {
-        let per = steps.len().div_ceil(self.micro.min(steps.len()).max(1));
+        let rows: usize = steps.iter().map(|s| s.tokens.len()).sum();
+        let n = self.micro.min(rows / MICRO_ROWS).clamp(1, steps.len().max(1));
+        let per = steps.len().div_ceil(n);
         let max_rows = self.max_rows();
         let mut groups: Vec<Vec<usize>> = Vec::new();
         let mut rows = 0;
@@ -158,9 +172,12 @@ impl PipelineForward {
                 )));
             }
         }
-        // A step longer than one batch may carry runs its leading tokens first, in
-        // batches of their own without logits (the same rows, so the same values).
-        let max = self.max_rows();
+        // A long step (a prompt) runs its leading tokens first, in chunks of their
+        // own without logits (the same rows, so the same values), each sent on as
+        // soon as this stage is done with it: the next stage computes chunk k while
+        // this one computes chunk k + 1.
+        let max = self.max_rows().min(CHUNK_ROWS);
+        let mut leads = Vec::new();
         let mut rest: Vec<SeqStep<'_>> = steps.to_vec();
         loop {
             let lead: Vec<SeqStep<'_>> = rest
@@ -180,18 +197,21 @@ impl PipelineForward {
             if lead.is_empty() {
                 break;
             }
-            self.pass(&lead)?;
+            leads.extend(self.send(&lead));
         }
-        let out = self.pass(&rest)?;
+        let last = self.send(&rest);
+        // Their answers (no rows) come first: the stages answer in order.
+        self.collect(leads)?;
+        let out = self.collect(last)?;
         for s in steps {
             self.stale[s.seq] = false;
         }
         Ok(out)
     }
 
-    /// One pass over `steps` (checked, each within a batch's rows): micro-batches
-    /// through this stage's layers and on, then the logits of what comes back.
-    fn pass(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+    /// One pass over `steps` (checked, each within a batch's rows) through this
+    /// stage's layers, in micro-batches, each sent on when done; what to wait for.
+    fn send(&mut self, steps: &[SeqStep<'_>]) -> Vec<Pending> {
         let d = self.model.params.n_embd;
         let mut pending = Vec::new();
         for group in self.groups(steps) {
@@ -232,7 +252,14 @@ impl PipelineForward {
             };
             pending.push((self.link.send(msg), outputs));
         }
-        let mut out = Vec::with_capacity(steps.len());
+        pending
+    }
+
+    /// Waits for the answers to what [`Self::send`] sent, in order: the logits of
+    /// the positions that wanted them.
+    fn collect(&mut self, pending: Vec<Pending>) -> Result<Vec<Vec<f32>>, BackendError> {
+        let d = self.model.params.n_embd;
+        let mut out = Vec::new();
         for (rx, outputs) in pending {
             let reply = match rx.recv() {
                 Ok(Ok(r)) => r,

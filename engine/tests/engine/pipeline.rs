@@ -60,18 +60,20 @@ type Scripted = (usize, usize, Vec<u32>, usize);
 /// Runs the same steps (and one prefix copy) on the whole model and on `split`,
 /// comparing every logit's bits.
 fn agree(split: &mut dyn Forward, whole: &mut dyn Forward, what: &str) {
-    let a = ids(40, 1);
-    let b = ids(23, 2);
+    // Prefills long enough to be cut into micro-batches (and, the first, into
+    // chunks sent on before the rest).
+    let a = ids(150, 1);
+    let b = ids(60, 2);
     let c = ids(5, 3);
     let rounds: Vec<Vec<Scripted>> = vec![
         // Prefills of different lengths in one batch.
         vec![(0, 0, a.clone(), 1), (1, 0, b.clone(), 1)],
         // Decode steps of four sequences (micro-batches), one starting fresh.
-        vec![(0, 40, vec![7], 1), (1, 23, vec![8], 1), (2, 0, c.clone(), 1)],
-        vec![(0, 41, vec![9], 1), (1, 24, vec![10], 1), (2, 5, vec![11], 1)],
+        vec![(0, 150, vec![7], 1), (1, 60, vec![8], 1), (2, 0, c.clone(), 1)],
+        vec![(0, 151, vec![9], 1), (1, 61, vec![10], 1), (2, 5, vec![11], 1)],
         // A verification step wanting logits of its last 3 positions, and a rewind
         // (sequence 1 goes back to 20 and overwrites what followed).
-        vec![(0, 42, vec![12, 13, 14], 3), (1, 20, vec![15, 16], 1)],
+        vec![(0, 152, vec![12, 13, 14], 3), (1, 20, vec![15, 16], 1)],
     ];
     let mut n = 0;
     for (r, steps) in rounds.iter().enumerate() {
