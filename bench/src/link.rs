@@ -70,6 +70,8 @@ pub struct Link {
     relay_port: u16,
     addr: Ipv4Addr,
     stop: Arc<AtomicBool>,
+    /// Half the round trip: what each relay holds a byte back.
+    half: Duration,
 }
 
 fn run(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
@@ -99,6 +101,7 @@ impl Link {
             relay_port: 0,
             addr: Ipv4Addr::new(10, 201, net, 1),
             stop: Arc::default(),
+            half: spec.rtt / 2,
         };
         let (ns, host_if) = (link.ns.clone(), link.host_if.clone());
         let far_if = format!("sykvb{pid}");
@@ -139,6 +142,39 @@ impl Link {
             }
         });
         Ok(link)
+    }
+
+    /// The namespace's name (`ip netns exec NAME …` starts a process behind the link).
+    pub fn netns(&self) -> &str {
+        &self.ns
+    }
+
+    /// The namespace side's address.
+    pub fn far_addr(&self) -> Ipv4Addr {
+        let o = self.addr.octets();
+        Ipv4Addr::new(o[0], o[1], o[2], 2)
+    }
+
+    /// A relay from this side to `port` on the namespace side, holding each byte
+    /// back half the round trip each way as the NATS relay does (for a peer's own
+    /// protocol, such as llama.cpp's RPC); the address to connect to.
+    pub fn relay_to(&self, port: u16) -> anyhow::Result<std::net::SocketAddr> {
+        let listener = TcpListener::bind((self.addr, 0)).context("binding a relay")?;
+        let at = listener.local_addr()?;
+        let (stop, half, far) = (self.stop.clone(), self.half, self.far_addr());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(near) = conn else { continue };
+                match TcpStream::connect((far, port)) {
+                    Ok(f) => relay(near, f, half),
+                    Err(e) => eprintln!("link relay: {far}:{port}: {e}"),
+                }
+            }
+        });
+        Ok(at)
     }
 
     /// The NATS URL a worker inside the namespace connects to.

@@ -48,6 +48,11 @@ pub struct BenchPipelineArgs {
     /// stage's layers and reaches the others through `--rpc`).
     #[arg(long)]
     pub rpc_llama_server: Option<PathBuf>,
+    /// Put the later stages (and llama.cpp's rpc-servers) behind a network
+    /// namespace link of RTT,RATE, e.g. `1ms,1gbit` (as `bench kv-transfer --link`;
+    /// needs root).
+    #[arg(long)]
+    pub link: Option<crate::link::LinkSpec>,
 }
 
 /// A child process killed when dropped.
@@ -73,10 +78,29 @@ impl Kid {
     }
 }
 
-/// A switchyard worker process of the fleet at `url`.
-fn worker(url: &str, id: &str, model: &Path, threads: usize, slots: usize, extra: &[String]) -> anyhow::Result<Kid> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
+/// `bin`, in network namespace `ns` when given.
+fn command(bin: &Path, ns: Option<&str>) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
+/// A switchyard worker process of the fleet at `url` (in namespace `ns`).
+fn worker(
+    url: &str,
+    ns: Option<&str>,
+    id: &str,
+    model: &Path,
+    threads: usize,
+    slots: usize,
+    extra: &[String],
+) -> anyhow::Result<Kid> {
+    let mut cmd = command(&std::env::current_exe()?, ns);
     cmd.args(["--nats", url, "worker", "--worker-id", id, "--model"])
         .arg(model)
         .args([
@@ -90,8 +114,8 @@ fn worker(url: &str, id: &str, model: &Path, threads: usize, slots: usize, extra
     Kid::spawn(&mut cmd)
 }
 
-/// Decode of one round: the tokens after each stream's first over all streams,
-/// per second from the first stream's first token to the last token (prompts are
+/// Decode of one round: the sum of the streams' decode rates (each stream's tokens
+/// after its first over the time from its first token to its last; prompts are
 /// measured apart, as prefill), and the first stream's time per token (ms).
 #[derive(Debug, Clone, Copy)]
 struct Round {
@@ -99,14 +123,14 @@ struct Round {
     tpot_ms: f64,
 }
 
+fn decode_tps(r: &Run) -> f64 {
+    f64::from(r.tokens.saturating_sub(1)) / r.total.saturating_sub(r.ttft).as_secs_f64().max(1e-9)
+}
+
 fn round(runs: &[Run], _wall: f64) -> Round {
-    let tokens: u32 = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
-    let first = runs.iter().map(|r| r.ttft).min().unwrap_or_default();
-    let last = runs.iter().map(|r| r.total).max().unwrap_or_default();
-    let r = runs[0];
     Round {
-        tps: f64::from(tokens) / last.saturating_sub(first).as_secs_f64().max(1e-9),
-        tpot_ms: r.total.saturating_sub(r.ttft).as_secs_f64() * 1e3 / f64::from(r.tokens.saturating_sub(1).max(1)),
+        tps: runs.iter().map(decode_tps).sum(),
+        tpot_ms: 1e3 / decode_tps(&runs[0]),
     }
 }
 
@@ -117,7 +141,7 @@ fn prompts(r: usize, n: usize) -> Vec<String> {
 /// A system under test: how to send one stream.
 #[derive(Clone)]
 enum Side {
-    Fleet(Client, String),
+    Fleet(Box<Client>, String),
     Llama(reqwest::Client, String),
 }
 
@@ -184,6 +208,17 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
     let mut fleet = config.clone();
     fleet.nats.url = url.clone();
     let coordinator = switchyard_node::start_coordinator(&fleet).await?;
+    let link = match args.link {
+        Some(spec) => {
+            eprintln!("later stages behind a link of {spec}");
+            Some(crate::link::Link::up(spec, nats.port())?)
+        }
+        None => None,
+    };
+    let (far_url, ns) = match &link {
+        Some(l) => (l.url(), Some(l.netns())),
+        None => (url.clone(), None),
+    };
     let mut kids: Vec<(String, Kid)> = Vec::new();
     for i in (1..args.stages).rev() {
         let range = format!("{}-{}", cuts[i], cuts[i + 1] - 1);
@@ -195,7 +230,7 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
         ];
         kids.push((
             format!("stage {range}"),
-            worker(&url, &format!("stage-{i}"), &model, args.threads, slots, &extra)?,
+            worker(&far_url, ns, &format!("stage-{i}"), &model, args.threads, slots, &extra)?,
         ));
     }
     let first = format!("0-{}", cuts[1] - 1);
@@ -209,11 +244,11 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
     ];
     kids.push((
         format!("stage {first}"),
-        worker(&url, "stage-0", &model, args.threads, slots, &extra)?,
+        worker(&url, None, "stage-0", &model, args.threads, slots, &extra)?,
     ));
     let whole_threads = args.threads * args.stages;
     let extra = ["--model-name".to_string(), "whole".into()];
-    let whole = worker(&url, "whole", &model, whole_threads, slots, &extra)?;
+    let whole = worker(&url, None, "whole", &model, whole_threads, slots, &extra)?;
     let client = Client::connect(&url).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -227,8 +262,14 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let mut sides = vec![
-        ("switchyard pipeline", Side::Fleet(client.clone(), "split".into())),
-        ("one worker, whole", Side::Fleet(client.clone(), "whole".into())),
+        (
+            "switchyard pipeline",
+            Side::Fleet(Box::new(client.clone()), "split".into()),
+        ),
+        (
+            "one worker, whole",
+            Side::Fleet(Box::new(client.clone()), "whole".into()),
+        ),
     ];
     let mut rpc_kids = Vec::new();
     let _llama = match (&args.rpc_server, &args.rpc_llama_server) {
@@ -237,20 +278,20 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
             let mut split = Vec::new();
             for i in 1..args.stages {
                 let port = switchyard_fabric::process::free_port()?;
-                let mut cmd = Command::new(rpc);
-                cmd.args([
-                    "-H",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-t",
-                    &args.threads.to_string(),
-                ]);
+                let mut cmd = command(rpc, ns);
+                let host = match &link {
+                    Some(l) => l.far_addr().to_string(),
+                    None => "127.0.0.1".into(),
+                };
+                cmd.args(["-H", &host, "-p", &port.to_string(), "-t", &args.threads.to_string()]);
                 rpc_kids.push((
                     format!("rpc-server {}-{}", cuts[i], cuts[i + 1] - 1),
                     Kid::spawn(&mut cmd)?,
                 ));
-                endpoints.push(format!("127.0.0.1:{port}"));
+                endpoints.push(match &link {
+                    Some(l) => l.relay_to(port)?.to_string(),
+                    None => format!("127.0.0.1:{port}"),
+                });
                 split.push((cuts[i + 1] - cuts[i]).to_string());
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -311,7 +352,7 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
     }
     println!(
         "pipeline: {} ({layers} layers) in {} stages of {} thread(s) each ({}); the whole model on one worker \
-         with {whole_threads} threads; ~100-token prompts, {} tokens per stream, greedy, {} rounds (medians)",
+         with {whole_threads} threads; {}; ~100-token prompts, {} tokens per stream, greedy, {} rounds (medians)",
         model.display(),
         args.stages,
         args.threads,
@@ -319,6 +360,10 @@ pub async fn run(config: Config, args: BenchPipelineArgs) -> anyhow::Result<()> 
             .map(|w| format!("{}-{}", w[0], w[1] - 1))
             .collect::<Vec<_>>()
             .join(", "),
+        match args.link {
+            Some(spec) => format!("later stages behind a link of {spec}"),
+            None => "loopback".into(),
+        },
         args.max_tokens,
         args.runs
     );

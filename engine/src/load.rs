@@ -36,6 +36,17 @@ fn give_back_free_memory() {
     }
 }
 
+/// Builds a GGUF model's forward pass from its content, file, context, slots (and
+/// may name its kernels in the model's info).
+type MakeForward<'a> = dyn FnMut(
+        gguf_file::Content,
+        &mut std::fs::File,
+        usize,
+        usize,
+        &mut ModelInfo,
+    ) -> Result<Box<dyn forward::Forward>, String>
+    + 'a;
+
 /// GGUF metadata the tokenizer is built from and nothing else reads.
 const VOCAB_ARRAYS: [&str; 4] = [
     "tokenizer.ggml.tokens",
@@ -131,17 +142,7 @@ impl EngineModel {
 
     /// Loads the GGUF file at `path` onto the forward pass `make` builds from its
     /// content (which may name its kernels in the model's info).
-    fn load_gguf(
-        path: &Path,
-        config: &LoadConfig,
-        make: &mut dyn FnMut(
-            gguf_file::Content,
-            &mut std::fs::File,
-            usize,
-            usize,
-            &mut ModelInfo,
-        ) -> Result<Box<dyn forward::Forward>, String>,
-    ) -> Result<Self, BackendError> {
+    fn load_gguf(path: &Path, config: &LoadConfig, make: &mut MakeForward<'_>) -> Result<Self, BackendError> {
         let load_err = |reason: String| BackendError::Load {
             path: path.display().to_string(),
             reason,

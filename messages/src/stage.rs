@@ -148,7 +148,7 @@ pub fn rows_to_bytes(rows: &[f32]) -> Vec<u8> {
 
 /// [`StageBatch::rows`] back to f32 values; `None` when the length is not whole values.
 pub fn rows_from_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
-    (bytes.len() % 4 == 0).then(|| {
+    bytes.len().is_multiple_of(4).then(|| {
         bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))

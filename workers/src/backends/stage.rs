@@ -29,10 +29,13 @@ use switchyard_messages::{decode, encode, BackendKind, Device, ErrorCode, LoadCo
 /// Bytes a batch leaves free under the server's `max_payload` (its other fields).
 const HEADROOM: usize = 16 * 1024;
 
+/// A batch's bytes and where its answer goes.
+type Outgoing = (Vec<u8>, Sender<Result<StageReply, String>>);
+
 /// The first stage's way to the stages after it: batches published in order on
 /// the next stage's subject, each answered on an inbox of its own.
 pub struct NatsLink {
-    queue: tokio::sync::mpsc::UnboundedSender<(Vec<u8>, Sender<Result<StageReply, String>>)>,
+    queue: tokio::sync::mpsc::UnboundedSender<Outgoing>,
     max_bytes: usize,
 }
 
@@ -42,8 +45,7 @@ impl NatsLink {
     pub fn new(client: Client, subjects: &Subjects, pipeline: &str, next: usize, timeout: Duration) -> Self {
         let subject = subjects.stage(pipeline, next);
         let max_bytes = (client.server_info().max_payload).saturating_sub(HEADROOM).max(4096);
-        let (queue, mut batches) =
-            tokio::sync::mpsc::unbounded_channel::<(Vec<u8>, Sender<Result<StageReply, String>>)>();
+        let (queue, mut batches) = tokio::sync::mpsc::unbounded_channel::<Outgoing>();
         let what = format!("pipeline {pipeline}'s stage from layer {next} ({subject})");
         tokio::spawn(async move {
             while let Some((payload, answer)) = batches.recv().await {
