@@ -93,7 +93,11 @@ impl PipelineForward {
             epoch: new_epoch(),
             ops: Vec::new(),
             stale: vec![false; slots],
-            micro: 2,
+            // `SWITCHYARD_PIPELINE_MICRO` (experiments): how many micro-batches.
+            micro: std::env::var("SWITCHYARD_PIPELINE_MICRO")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
             stages: Arc::default(),
         })
     }
@@ -121,7 +125,12 @@ impl PipelineForward {
     /// within the transport's row budget.
     fn groups(&self, steps: &[SeqStep<'_>]) -> Vec<Vec<usize>> {
         let rows: usize = steps.iter().map(|s| s.tokens.len()).sum();
-        let n = self.micro.min(rows / MICRO_ROWS).clamp(1, steps.len().max(1));
+        let min_rows = std::env::var("SWITCHYARD_PIPELINE_MICRO_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MICRO_ROWS)
+            .max(1);
+        let n = self.micro.min(rows / min_rows).clamp(1, steps.len().max(1));
         let per = steps.len().div_ceil(n);
         let max_rows = self.max_rows();
         let mut groups: Vec<Vec<usize>> = Vec::new();
