@@ -1,4 +1,4 @@
-//! A model split into pipeline stages (`engine/pipeline.rs`) computes what the whole
+//! A model split into pipeline stages (`engine/src/pipeline/`) computes what the whole
 //! model computes, bit for bit: the same logits for prefills, batched decode steps
 //! cut into micro-batches, prefixes shared between slots, rewinds and multi-output
 //! verification steps, in 2 and 3 stages; served through the engine, the same tokens
