@@ -2,9 +2,9 @@
 //! nats-server, coordinator and `switchyard worker --pipeline … --layers …`
 //! processes. The demo model (30 layers) served whole, in 2 stages and in 3 gives
 //! the same greedy tokens, alone, several at once and under a constraint; the fleet
-//! view shows each pipeline with its stages; a stage killed with SIGKILL mid-stream
-//! ends the stream with an error (no hang), and once it is back the pipeline serves
-//! again.
+//! view shows each pipeline with its stages; a stage that hangs (SIGSTOP) or is
+//! killed (SIGKILL) mid-stream ends the stream with an error (no hang), and once it
+//! runs again or is back the pipeline serves again.
 
 mod common;
 
@@ -53,7 +53,12 @@ async fn a_model_split_in_two_and_three_stages_answers_as_one_worker_and_survive
     let _whole = worker(&url, "whole", "whole", &[]);
     // Later stages first: the first stage's first request needs them.
     let mut s2b = worker(&url, "two-b", "", &["--pipeline", "two", "--layers", "14-29"]);
-    let _s2a = worker(&url, "two-a", "split2", &["--pipeline", "two", "--layers", "0-13"]);
+    let _s2a = worker(
+        &url,
+        "two-a",
+        "split2",
+        &["--pipeline", "two", "--layers", "0-13", "--stage-timeout-ms", "3000"],
+    );
     let _s3c = worker(&url, "three-c", "", &["--pipeline", "three", "--layers", "20-29"]);
     let _s3b = worker(&url, "three-b", "", &["--pipeline", "three", "--layers", "10-19"]);
     let _s3a = worker(&url, "three-a", "split3", &["--pipeline", "three", "--layers", "0-9"]);
@@ -123,12 +128,37 @@ async fn a_model_split_in_two_and_three_stages_answers_as_one_worker_and_survive
         }
     }
 
+    // A stage that hangs (SIGSTOP) mid-stream: the stream ends with an error at the
+    // first stage's --stage-timeout-ms, no hang; once it runs again, so does the
+    // pipeline.
+    let stream_on = |max: u32| {
+        let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), "split2", "Tell a long story.");
+        req.config.max_tokens = max;
+        // No end-of-text tokens: the stream is still running when the stage stops.
+        req.config.logit_bias = vec![(0, -100.0), (1, -100.0), (2, -100.0)];
+        req
+    };
+    let mut stream = client.generate(stream_on(400)).await.unwrap();
+    match stream.next().await {
+        Some(Ok(switchyard::StreamEvent::Tokens(_))) => {}
+        other => panic!("expected tokens first, got {other:?}"),
+    }
+    let pid = s2b.child.id() as i32;
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let err = ends_with_error(stream).await;
+    assert!(err.to_string().contains("did not answer within"), "{err}");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let want = ask(&client, "whole", prompts[1], None).await;
+    assert_eq!(
+        ask(&client, "split2", prompts[1], None).await,
+        want,
+        "after the stage ran again"
+    );
+
     // A stage killed mid-stream: the stream ends with an error, no hang.
-    let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), "split2", "Tell a long story.");
-    req.config.max_tokens = 400;
-    // No end-of-text tokens: the stream is still running when the stage dies.
-    req.config.logit_bias = vec![(0, -100.0), (1, -100.0), (2, -100.0)];
-    let mut stream = client.generate(req).await.unwrap();
+    let mut stream = client.generate(stream_on(400)).await.unwrap();
     match stream.next().await {
         Some(Ok(switchyard::StreamEvent::Tokens(_))) => {}
         other => panic!("expected tokens first, got {other:?}"),

@@ -41,12 +41,16 @@ pub struct NatsLink {
 
 impl NatsLink {
     /// A link to the stage of `pipeline` whose layers start at `next`, on `client`'s
-    /// runtime; a step not answered within `timeout` fails.
+    /// runtime. A batch fails once it has waited `timeout` while no batch was
+    /// answered for as long (a stalled stage), not merely because many chunks of a
+    /// long prompt queue ahead of it at a slower stage.
     pub fn new(client: Client, subjects: &Subjects, pipeline: &str, next: usize, timeout: Duration) -> Self {
         let subject = subjects.stage(pipeline, next);
         let max_bytes = (client.server_info().max_payload).saturating_sub(HEADROOM).max(4096);
         let (queue, mut batches) = tokio::sync::mpsc::unbounded_channel::<Outgoing>();
         let what = format!("pipeline {pipeline}'s stage from layer {next} ({subject})");
+        // When the stages last answered a batch.
+        let progress = Arc::new(std::sync::Mutex::new(Instant::now()));
         tokio::spawn(async move {
             while let Some((payload, answer)) = batches.recv().await {
                 let inbox = client.new_inbox();
@@ -61,15 +65,31 @@ impl NatsLink {
                     let _ = answer.send(Err(format!("sending to {what}: {e}")));
                     continue;
                 }
-                let what = what.clone();
+                let (what, progress, sent) = (what.clone(), progress.clone(), Instant::now());
                 tokio::spawn(async move {
-                    let got = match tokio::time::timeout(timeout, sub.next()).await {
-                        Err(_) => Err(format!("{what} did not answer within {timeout:?}")),
-                        Ok(None) => Err(format!("the answer from {what} was lost (the connection closed)")),
-                        Ok(Some(m)) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => Err(format!(
+                    let quiet = || {
+                        let last = *progress.lock().unwrap_or_else(|p| p.into_inner());
+                        sent.elapsed().min(last.elapsed())
+                    };
+                    let answer_or_stall = async {
+                        loop {
+                            let left = timeout.saturating_sub(quiet());
+                            if left.is_zero() {
+                                return None;
+                            }
+                            if let Ok(m) = tokio::time::timeout(left, sub.next()).await {
+                                return Some(m);
+                            }
+                        }
+                    };
+                    let got = match answer_or_stall.await {
+                        None => Err(format!("{what} did not answer within {timeout:?}")),
+                        Some(None) => Err(format!("the answer from {what} was lost (the connection closed)")),
+                        Some(Some(m)) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => Err(format!(
                             "a stage of the pipeline is not running (no worker answered on {what} or a stage after it)"
                         )),
-                        Ok(Some(m)) => {
+                        Some(Some(m)) => {
+                            *progress.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                             decode::<StageReply>(&m.payload).map_err(|e| format!("a malformed answer from {what}: {e}"))
                         }
                     };
