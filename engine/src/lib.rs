@@ -20,7 +20,8 @@
 //!   [`holdings`] (what the slots hold, in the routing key's terms, for KV events),
 //!   [`adapters`] (the LoRA adapters a model serves; applied per sequence by
 //!   [`model::lora`]), [`kv_transfer`] (KV read out for peers and taken in from
-//!   them, under a compatibility key).
+//!   them, under a compatibility key), [`pipeline`] (a model split into layer
+//!   ranges across workers: the first stage as a `Forward`, a later stage's server).
 //!
 //! - [`EngineModel`] (`handle.rs`): the handle on a loaded model, which implements
 //!   the backend contract; `load.rs`: GGUF and Hugging Face loading.
