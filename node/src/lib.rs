@@ -106,16 +106,19 @@ fn store_refused(e: &anyhow::Error) -> bool {
 }
 
 async fn fetch(config: &Config, name: &str) -> anyhow::Result<switchyard_store::Fetched> {
-    let nats = switchyard_fabric::nats::connect(
-        &config.nats.url,
-        &config.nats.security(),
-        "switchyard-worker-fetch",
-        Duration::from_secs(10),
-    )
-    .await?;
+    let nats = connect(config, "switchyard-worker-fetch").await?;
     switchyard_store::Store::new(nats, &config.store)
         .fetch(name, false)
         .await
+}
+
+/// A NATS connection as `config` says (URL, credentials, TLS), named `name` for the
+/// server's monitoring, waiting up to 10 s for the server.
+async fn connect(config: &Config, name: &str) -> anyhow::Result<async_nats::Client> {
+    Ok(
+        switchyard_fabric::nats::connect(&config.nats.url, &config.nats.security(), name, Duration::from_secs(10))
+            .await?,
+    )
 }
 
 /// Loads the worker's model on the backend the registry picks for
@@ -127,13 +130,7 @@ pub async fn load(config: &Config) -> anyhow::Result<Loaded> {
     if !config.worker.pipeline.is_empty() {
         // The first stage of a pipeline: its link to the stages after it has a
         // connection of its own (rows are bulky; requests keep theirs).
-        let nats = switchyard_fabric::nats::connect(
-            &config.nats.url,
-            &config.nats.security(),
-            "switchyard-stage",
-            Duration::from_secs(10),
-        )
-        .await?;
+        let nats = connect(config, "switchyard-stage").await?;
         let subjects = Subjects::new(&config.nats.prefix);
         return switchyard_workers::backends::stage::load_first_stage(&config.worker, nats, &subjects).await;
     }
@@ -148,13 +145,7 @@ pub fn is_later_stage(config: &Config) -> bool {
 
 /// Loads and serves a later pipeline stage.
 pub async fn serve_stage(config: &Config) -> anyhow::Result<switchyard_workers::backends::stage::StageHandle> {
-    let nats = switchyard_fabric::nats::connect(
-        &config.nats.url,
-        &config.nats.security(),
-        "switchyard-stage",
-        Duration::from_secs(10),
-    )
-    .await?;
+    let nats = connect(config, "switchyard-stage").await?;
     let id = if config.worker.id.is_empty() {
         switchyard_workers::worker::default_worker_id("stage")
     } else {
@@ -180,13 +171,7 @@ pub fn worker_id(config: &Config) -> String {
 
 /// Starts a worker for a loaded model.
 pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<WorkerHandle> {
-    let nats = switchyard_fabric::nats::connect(
-        &config.nats.url,
-        &config.nats.security(),
-        "switchyard-worker",
-        Duration::from_secs(10),
-    )
-    .await?;
+    let nats = connect(config, "switchyard-worker").await?;
     let opts = WorkerOptions {
         worker_id: worker_id(config),
         device: loaded.device.clone(),
@@ -210,13 +195,7 @@ pub async fn start_worker(config: &Config, loaded: &Loaded) -> anyhow::Result<Wo
 
 /// Starts a coordinator.
 pub async fn start_coordinator(config: &Config) -> anyhow::Result<CoordinatorHandle> {
-    let nats = switchyard_fabric::nats::connect(
-        &config.nats.url,
-        &config.nats.security(),
-        "switchyard-coordinator",
-        Duration::from_secs(10),
-    )
-    .await?;
+    let nats = connect(config, "switchyard-coordinator").await?;
     let opts = CoordinatorOptions::from_config(config);
     CoordinatorHandle::start(nats, opts).await
 }

@@ -268,13 +268,8 @@ impl Forward for CpuForward {
 
     /// Each page once, however many sequences hold it, and each sequence's rings.
     fn kv_held_bytes(&self) -> Option<usize> {
-        let pages: std::collections::HashSet<*const KvPage> = self
-            .caches
-            .iter()
-            .flat_map(|c| c.pages().iter().map(Arc::as_ptr))
-            .collect();
         let rings: usize = self.caches.iter().map(KvCache::ring_bytes_held).sum();
-        Some(pages.len() * self.caches[0].page_bytes() + rings)
+        Some(KvCache::distinct_page_bytes(&self.caches) + rings)
     }
 
     fn read_rows(&self, seq: usize, start: usize, n: usize) -> Option<(Vec<u16>, Vec<u16>)> {

@@ -227,6 +227,13 @@ impl KvCache {
         }
     }
 
+    /// Bytes the pages of `caches` take, each page once however many hold it.
+    pub fn distinct_page_bytes(caches: &[KvCache]) -> usize {
+        let pages: std::collections::HashSet<*const KvPage> =
+            caches.iter().flat_map(|c| c.pages.iter().map(Arc::as_ptr)).collect();
+        caches.first().map_or(0, |c| pages.len() * c.page_bytes())
+    }
+
     /// Positions written: `0..held`.
     pub fn held(&self) -> usize {
         self.held

@@ -354,12 +354,7 @@ impl Forward for PipelineForward {
     }
 
     fn kv_held_bytes(&self) -> Option<usize> {
-        let pages: std::collections::HashSet<*const crate::model::kv_cache::KvPage> = self
-            .caches
-            .iter()
-            .flat_map(|c| c.pages().iter().map(Arc::as_ptr))
-            .collect();
-        Some(pages.len() * self.caches[0].page_bytes())
+        Some(KvCache::distinct_page_bytes(&self.caches))
     }
 }
 
@@ -405,16 +400,6 @@ impl StageServer {
     /// passing rows on).
     pub fn last(&self) -> bool {
         self.model.span().end == self.layers
-    }
-
-    /// Bytes of KV its sequences hold.
-    pub fn kv_bytes(&self) -> usize {
-        let pages: std::collections::HashSet<*const crate::model::kv_cache::KvPage> = self
-            .caches
-            .iter()
-            .flat_map(|c| c.pages().iter().map(Arc::as_ptr))
-            .collect();
-        self.caches.first().map_or(0, |c| pages.len() * c.page_bytes())
     }
 
     fn cache(&mut self, seq: usize) -> Result<(), WireError> {
