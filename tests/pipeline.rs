@@ -2,9 +2,10 @@
 //! nats-server, coordinator and `switchyard worker --pipeline … --layers …`
 //! processes. The demo model (30 layers) served whole, in 2 stages and in 3 gives
 //! the same greedy tokens, alone, several at once and under a constraint; the fleet
-//! view shows each pipeline with its stages; a stage that hangs (SIGSTOP) or is
-//! killed (SIGKILL) mid-stream ends the stream with an error (no hang), and once it
-//! runs again or is back the pipeline serves again.
+//! view shows each pipeline with its stages; a stage that hangs (SIGSTOP) mid-stream
+//! loses the stream, which resumes on another worker for the model; one killed
+//! (SIGKILL) is found gone by the first stage's probe and its stream ends with a
+//! retryable error (no hang); once it runs again or is back the pipeline serves.
 
 mod common;
 
@@ -57,9 +58,9 @@ async fn a_model_split_in_two_and_three_stages_answers_as_one_worker_and_survive
         &url,
         "two-a",
         "split2",
-        &["--pipeline", "two", "--layers", "0-13", "--stage-timeout-ms", "3000"],
+        &["--pipeline", "two", "--layers", "0-13", "--stage-timeout-ms", "15000"],
     );
-    let _s3c = worker(&url, "three-c", "", &["--pipeline", "three", "--layers", "20-29"]);
+    let mut s3c = worker(&url, "three-c", "", &["--pipeline", "three", "--layers", "20-29"]);
     let _s3b = worker(&url, "three-b", "", &["--pipeline", "three", "--layers", "10-19"]);
     let _s3a = worker(&url, "three-a", "split3", &["--pipeline", "three", "--layers", "0-9"]);
     let client = client(&url, Duration::from_secs(30)).await;
@@ -128,37 +129,75 @@ async fn a_model_split_in_two_and_three_stages_answers_as_one_worker_and_survive
         }
     }
 
-    // A stage that hangs (SIGSTOP) mid-stream: the stream ends with an error at the
-    // first stage's --stage-timeout-ms, no hang; once it runs again, so does the
-    // pipeline.
-    let stream_on = |max: u32| {
-        let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), "split2", "Tell a long story.");
+    // A stage that hangs (SIGSTOP) mid-stream: at the first stage's
+    // --stage-timeout-ms the stream is lost (retryable `worker_lost`) and resumes on
+    // another worker serving the model — here one started while the stage hung —
+    // with the very tokens the pipeline would have given.
+    let stream_on = |model: &str, max: u32| {
+        let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), model, "Tell a long story.");
         req.config.max_tokens = max;
         // No end-of-text tokens: the stream is still running when the stage stops.
         req.config.logit_bias = vec![(0, -100.0), (1, -100.0), (2, -100.0)];
         req
     };
-    let mut stream = client.generate(stream_on(400)).await.unwrap();
-    match stream.next().await {
-        Some(Ok(switchyard::StreamEvent::Tokens(_))) => {}
+    let long_want = {
+        let done = client
+            .generate(stream_on("whole", 60))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        token_ids(&done)
+    };
+    let mut stream = client.generate(stream_on("split2", 60)).await.unwrap();
+    let mut got = match stream.next().await {
+        Some(Ok(switchyard::StreamEvent::Tokens(t))) => t.iter().map(|t| t.id).collect::<Vec<u32>>(),
         other => panic!("expected tokens first, got {other:?}"),
-    }
+    };
     let pid = s2b.child.id() as i32;
     // SAFETY: plain kill(2) on our own child's pid.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let err = ends_with_error(stream).await;
-    assert!(err.to_string().contains("did not answer within"), "{err}");
+    let spare = worker(&url, "spare", "split2", &[]);
+    wait_for_workers(
+        &client,
+        &["whole", "two-a", "three-a", "spare"],
+        Duration::from_secs(30),
+    )
+    .await;
+    let resumes = loop {
+        match stream.next().await {
+            Some(Ok(switchyard::StreamEvent::Tokens(t))) => got.extend(t.iter().map(|t| t.id)),
+            Some(Ok(switchyard::StreamEvent::Done { metrics, .. })) => break metrics.resumes,
+            other => panic!("expected the stream to resume and finish, got {other:?}"),
+        }
+    };
+    assert_eq!(resumes, 1, "the stream resumed once");
+    assert_eq!(got, long_want, "resumed on the spare worker");
+    // While the stage hangs the pipeline is not serving, and says why.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["--nats", &url, "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("; not serving: the stage serving layers from 14"),
+        "{text}"
+    );
+    drop(spare);
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let want = ask(&client, "whole", prompts[1], None).await;
     assert_eq!(
-        ask(&client, "split2", prompts[1], None).await,
+        served(&client, "split2", prompts[1]).await,
         want,
         "after the stage ran again"
     );
 
-    // A stage killed mid-stream: the stream ends with an error, no hang.
-    let mut stream = client.generate(stream_on(400)).await.unwrap();
+    // A stage killed mid-stream, with no other worker for the model: the first
+    // stage's probe finds it gone within a second or two (not at the stall
+    // timeout) and the stream ends with a retryable error, no hang.
+    let mut stream = client.generate(stream_on("split2", 400)).await.unwrap();
     match stream.next().await {
         Some(Ok(switchyard::StreamEvent::Tokens(_))) => {}
         other => panic!("expected tokens first, got {other:?}"),
@@ -167,24 +206,45 @@ async fn a_model_split_in_two_and_three_stages_answers_as_one_worker_and_survive
     let started = Instant::now();
     let err = ends_with_error(stream).await;
     eprintln!("after the stage died: {err} ({:?})", started.elapsed());
+    assert!(err.to_string().contains("is not running"), "{err}");
+    assert_eq!(err.code(), Some(switchyard_messages::ErrorCode::WorkerLost), "{err}");
     // Back again: the pipeline serves as before.
     let _s2b = worker(&url, "two-b", "", &["--pipeline", "two", "--layers", "14-29"]);
     let want = ask(&client, "whole", prompts[0], None).await;
+    assert_eq!(
+        served(&client, "split2", prompts[0]).await,
+        want,
+        "after the stage came back"
+    );
+
+    // The last of three stages killed: the middle one's rows go nowhere (no one
+    // tells the first stage), so only the probe finds it — and says which.
+    let mut stream = client.generate(stream_on("split3", 400)).await.unwrap();
+    match stream.next().await {
+        Some(Ok(switchyard::StreamEvent::Tokens(_))) => {}
+        other => panic!("expected tokens first, got {other:?}"),
+    }
+    s3c.kill9();
+    let err = ends_with_error(stream).await;
+    assert!(err.to_string().contains("no stage serves layers from 20"), "{err}");
+    assert_eq!(err.code(), Some(switchyard_messages::ErrorCode::WorkerLost), "{err}");
+}
+
+/// Greedy tokens for `prompt` once `model` serves again (within a minute): its
+/// pipeline is not serving until every stage answers the first stage's probe.
+async fn served(client: &Client, model: &str, prompt: &str) -> Vec<u32> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), "split2", prompts[0]);
+        let mut req = switchyard::GenerateRequest::generate(Client::new_request_id(), model, prompt);
         req.config.max_tokens = 20;
         match client.generate(req).await {
             Ok(s) => match s.collect().await {
-                Ok(done) => {
-                    assert_eq!(token_ids(&done), want, "after the stage came back");
-                    break;
-                }
+                Ok(done) => return token_ids(&done),
                 Err(e) => eprintln!("not yet: {e}"),
             },
             Err(e) => eprintln!("not yet: {e}"),
         }
-        assert!(Instant::now() < deadline, "the pipeline never served again");
+        assert!(Instant::now() < deadline, "{model} never served again");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

@@ -223,6 +223,10 @@ pub enum BackendError {
     /// A compute failure.
     #[error("compute failed: {0}")]
     Compute(String),
+    /// Part of the backend went away mid-request (a pipeline stage died): the
+    /// request resumes elsewhere, as when a whole worker is lost.
+    #[error("lost: {0}")]
+    Lost(String),
     /// Full right now (no free KV slot for a session); another worker may have one.
     #[error("overloaded: {0}")]
     Overloaded(String),
@@ -237,6 +241,7 @@ impl BackendError {
             BackendError::Load { .. } | BackendError::Compute(_) => ErrorCode::BackendError,
             BackendError::Unavailable(_) => ErrorCode::Unavailable,
             BackendError::Overloaded(_) => ErrorCode::Overloaded,
+            BackendError::Lost(_) => ErrorCode::WorkerLost,
             BackendError::DeadlineExceeded => ErrorCode::DeadlineExceeded,
         }
     }

@@ -303,6 +303,9 @@ pub(crate) struct Resume {
     /// Tokens delivered to the caller so far (all workers).
     tokens: Vec<Token>,
     resumes: u32,
+    /// Why the stream last moved (the lost worker's error), for the error a failed
+    /// resume ends with.
+    lost: String,
 }
 
 impl Resume {
@@ -313,6 +316,7 @@ impl Resume {
             attempts_left: attempts,
             tokens: Vec::new(),
             resumes: 0,
+            lost: String::new(),
         }
     }
 }
@@ -363,6 +367,9 @@ pub(crate) async fn after(s: &mut ResponseStream, ev: Option<Result<StreamEvent,
         Some(Err(ClientError::Remote { error, received })) => {
             let lost = error.code == ErrorCode::WorkerLost;
             if lost {
+                if let Some(r) = s.resume.as_mut() {
+                    r.lost.clone_from(&error.message);
+                }
                 match resume(s).await {
                     Ok(()) => return Next::Resumed,
                     Err(why) => tracing::debug!("stream not resumed: {why}"),
@@ -379,8 +386,8 @@ pub(crate) async fn after(s: &mut ResponseStream, ev: Option<Result<StreamEvent,
                 WireError::new(
                     ErrorCode::WorkerLost,
                     format!(
-                        "the stream's worker was lost and resuming it failed: {}: {}",
-                        error.code, error.message
+                        "the stream's worker was lost ({}) and resuming it failed: {}: {}",
+                        r.lost, error.code, error.message
                     ),
                 )
             };

@@ -177,9 +177,19 @@ impl TextModel for EngineModel {
     fn info(&self) -> ModelInfo {
         let mut info = self.info.clone();
         if let (Some(p), Some(stages)) = (info.pipeline.as_mut(), &self.stages) {
-            p.stages = stages.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let seen = stages.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            (p.stages, p.broken) = (seen.stages, seen.broken);
         }
         info
+    }
+
+    /// A pipeline's first stage is unhealthy while a later stage is missing or
+    /// silent (its link's watch says so): the worker refuses new requests and its
+    /// heartbeat tells the fleet, until every stage answers again.
+    fn healthy(&self) -> bool {
+        self.stages
+            .as_ref()
+            .is_none_or(|s| s.lock().unwrap_or_else(|p| p.into_inner()).broken.is_none())
     }
 
     fn metrics(&self) -> GenerateMetrics {

@@ -133,6 +133,7 @@ impl EngineModel {
                 layers: layers as u32,
                 last_layer: end as u32 - 1,
                 stages: Vec::new(),
+                broken: None,
             });
             Ok(Box::new(first) as Box<dyn forward::Forward>)
         })?;

@@ -100,4 +100,5 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// past a prefix's last whole block travel too). 1.15: `config.presence_penalty` and
 /// `config.frequency_penalty` (OpenAI's). 1.16: pipeline stages ([`stage`]: a model's
 /// layers split across workers, `{p}.v1.stage.{pipeline}.{layer}`, `ServedModel.pipeline`).
-pub const PROTOCOL_MINOR: u32 = 16;
+/// 1.17: `PipelineInfo.broken`; a stage answers an empty probe with its own report.
+pub const PROTOCOL_MINOR: u32 = 17;

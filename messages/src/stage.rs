@@ -114,6 +114,10 @@ pub struct PipelineInfo {
     /// The stages after it as their last answer named them (empty until one came).
     #[serde(default)]
     pub stages: Vec<StageReport>,
+    /// Why the pipeline cannot serve now (a stage missing or not answering), while
+    /// it cannot (protocol 1.17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broken: Option<String>,
 }
 
 impl PipelineInfo {
@@ -136,6 +140,9 @@ impl PipelineInfo {
         }
         if next < self.layers {
             s.push_str(&format!(" → {next}-{} (not heard from yet)", self.layers - 1));
+        }
+        if let Some(why) = &self.broken {
+            s.push_str(&format!("; not serving: {why}"));
         }
         s
     }
@@ -200,6 +207,7 @@ mod tests {
             layers: 30,
             last_layer: 13,
             stages: vec![],
+            broken: None,
         };
         assert_eq!(
             p.describe("w1"),
@@ -210,5 +218,9 @@ mod tests {
             p.describe("w1"),
             "pipeline two: layers 0-13 on w1 → 14-21 on w2 (3.1 ms, 80 MB) → 22-29 on w3 (3.1 ms, 80 MB)"
         );
+        p.broken = Some("no stage serves layers 22-29".into());
+        assert!(p
+            .describe("w1")
+            .ends_with("(3.1 ms, 80 MB); not serving: no stage serves layers 22-29"));
     }
 }

@@ -133,9 +133,10 @@ pub struct WorkerFlags {
     /// 14-29 for a 30-layer model on two workers).
     #[arg(long, value_name = "FIRST-LAST")]
     pub layers: Option<String>,
-    /// With --pipeline, on the first stage: how long one step may wait for the
-    /// stages after it before its requests end with a retryable error, ms (default
-    /// 30000).
+    /// With --pipeline, on the first stage: how long one step may wait while the
+    /// stages after it answer nothing before its requests end with a retryable
+    /// `worker_lost`, ms (default 30000). A stage whose process is gone is found by
+    /// the first stage's probe (each second) sooner.
     #[arg(long)]
     pub stage_timeout_ms: Option<u64>,
 }

@@ -35,7 +35,17 @@ const MICRO_ROWS: usize = 32;
 type Pending = (Receiver<Result<StageReply, String>>, usize);
 
 /// The later stages of a pipeline as their last answer named them.
-pub type StageView = Arc<Mutex<Vec<StageReport>>>;
+pub type StageView = Arc<Mutex<Seen>>;
+
+/// What the first stage knows of the stages after it.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    /// Their reports, as the last answer named them.
+    pub stages: Vec<StageReport>,
+    /// Why the pipeline cannot serve now (a stage missing or silent), while it
+    /// cannot: the model then says it is unhealthy, so the fleet routes elsewhere.
+    pub broken: Option<String>,
+}
 
 /// How batches reach the stages past the first, and their answers come back.
 pub trait StageLink: Send {
@@ -43,6 +53,12 @@ pub trait StageLink: Send {
     fn send(&self, batch: StageBatch) -> Receiver<Result<StageReply, String>>;
     /// The most bytes one batch may carry (the transport's message limit).
     fn max_bytes(&self) -> usize;
+    /// Starts watching the stages of a `layers`-layer model, recording in `view`
+    /// when one goes missing or silent (and when all answer again). A link with no
+    /// way to tell keeps this default.
+    fn watch(&self, layers: usize, view: StageView) {
+        let _ = (layers, view);
+    }
 }
 
 /// The first stage: its own layers (with the embeddings, output norm and
@@ -86,6 +102,8 @@ impl PipelineForward {
             ));
         }
         let slots = slots.max(1);
+        let stages = StageView::default();
+        link.watch(layers, stages.clone());
         Ok(Self {
             caches: (0..slots).map(|_| model.new_cache()).collect(),
             model,
@@ -101,7 +119,7 @@ impl PipelineForward {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2),
-            stages: Arc::default(),
+            stages,
         })
     }
 
@@ -158,7 +176,7 @@ impl PipelineForward {
         self.epoch = new_epoch();
         self.ops.clear();
         self.stale.iter_mut().for_each(|s| *s = true);
-        BackendError::Unavailable(format!("pipeline {}: {why}", self.pipeline))
+        BackendError::Lost(format!("pipeline {}: {why}", self.pipeline))
     }
 
     fn run(&mut self, steps: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
@@ -291,7 +309,7 @@ impl PipelineForward {
             if outputs > 0 {
                 out.extend(self.model.stage_logits(&rows));
             }
-            *self.stages.lock().unwrap_or_else(|p| p.into_inner()) = reply.stages;
+            self.stages.lock().unwrap_or_else(|p| p.into_inner()).stages = reply.stages;
         }
         Ok(out)
     }

@@ -265,7 +265,7 @@ async fn a_pipelined_engine_answers_as_the_whole_model_alone_and_batched() {
 }
 
 /// A stage that refuses every batch (another pipeline's name) ends the request with
-/// a retryable `unavailable` naming the pipeline — no hang — and the first stage
+/// a retryable `worker_lost` naming the pipeline — no hang — and the first stage
 /// keeps serving errors, not stale KV, after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_stage_ends_requests_with_a_retryable_error() {
@@ -277,7 +277,7 @@ async fn a_failing_stage_ends_requests_with_a_retryable_error() {
     };
     for _ in 0..2 {
         let err = generate(&broken, "Hello", config.clone()).await.unwrap_err();
-        assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+        assert_eq!(err.code(), ErrorCode::WorkerLost, "{err}");
         assert!(err.code().retryable());
         assert!(err.to_string().contains("pipeline t"), "{err}");
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use switchyard_backend::TextModel;
 use switchyard_config::WorkerConfig;
 use switchyard_engine::model::llama::LlamaModel;
-use switchyard_engine::pipeline::{StageLink, StageServer, STAGE_VERSION};
+use switchyard_engine::pipeline::{StageLink, StageServer, StageView, STAGE_VERSION};
 use switchyard_messages::stage::{rows_to_bytes, StageBatch, StageReply, StageReport};
 use switchyard_messages::{decode, encode, BackendKind, Device, ErrorCode, LoadConfig, Subjects, WireError};
 
@@ -32,26 +32,47 @@ const HEADROOM: usize = 16 * 1024;
 /// A batch's bytes and where its answer goes.
 type Outgoing = (Vec<u8>, Sender<Result<StageReply, String>>);
 
+/// How often the first stage probes the stages after it.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a probe waits: stages answer probes off their compute thread, so only
+/// a stopped or cut-off stage is this slow.
+const PROBE_WAIT: Duration = Duration::from_secs(2);
+
+/// When a probe that found a stage missing started, and what it found.
+type Missing = Option<(Instant, String)>;
+
 /// The first stage's way to the stages after it: batches published in order on
-/// the next stage's subject, each answered on an inbox of its own.
+/// the next stage's subject, each answered on an inbox of its own; and, once
+/// [`StageLink::watch`] starts it, a probe of every stage each second.
 pub struct NatsLink {
     queue: tokio::sync::mpsc::UnboundedSender<Outgoing>,
     max_bytes: usize,
+    client: Client,
+    subjects: Subjects,
+    pipeline: String,
+    next: usize,
+    runtime: tokio::runtime::Handle,
+    missing: Arc<tokio::sync::watch::Sender<Missing>>,
 }
 
 impl NatsLink {
     /// A link to the stage of `pipeline` whose layers start at `next`, on `client`'s
     /// runtime. A batch fails once it has waited `timeout` while no batch was
     /// answered for as long (a stalled stage), not merely because many chunks of a
-    /// long prompt queue ahead of it at a slower stage.
+    /// long prompt queue ahead of it at a slower stage; and at once when a probe
+    /// started after it was sent finds a stage gone.
     pub fn new(client: Client, subjects: &Subjects, pipeline: &str, next: usize, timeout: Duration) -> Self {
         let subject = subjects.stage(pipeline, next);
         let max_bytes = (client.server_info().max_payload).saturating_sub(HEADROOM).max(4096);
         let (queue, mut batches) = tokio::sync::mpsc::unbounded_channel::<Outgoing>();
         let what = format!("pipeline {pipeline}'s stage from layer {next} ({subject})");
+        let (missing, gone) = tokio::sync::watch::channel::<Missing>(None);
         // When the stages last answered a batch.
         let progress = Arc::new(std::sync::Mutex::new(Instant::now()));
+        let c = client.clone();
         tokio::spawn(async move {
+            let client = c;
             while let Some((payload, answer)) = batches.recv().await {
                 let inbox = client.new_inbox();
                 let mut sub = match client.subscribe(inbox.clone()).await {
@@ -66,29 +87,42 @@ impl NatsLink {
                     continue;
                 }
                 let (what, progress, sent) = (what.clone(), progress.clone(), Instant::now());
+                let mut gone = gone.clone();
                 tokio::spawn(async move {
                     let quiet = || {
                         let last = *progress.lock().unwrap_or_else(|p| p.into_inner());
                         sent.elapsed().min(last.elapsed())
                     };
-                    let answer_or_stall = async {
+                    let mut watching = true;
+                    let answer_or_not = async {
                         loop {
                             let left = timeout.saturating_sub(quiet());
                             if left.is_zero() {
-                                return None;
+                                return Err(format!("{what} did not answer within {timeout:?}"));
                             }
-                            if let Ok(m) = tokio::time::timeout(left, sub.next()).await {
-                                return Some(m);
+                            tokio::select! {
+                                m = sub.next() => return Ok(m),
+                                () = tokio::time::sleep(left) => {}
+                                changed = gone.changed(), if watching => match changed {
+                                    Err(_) => watching = false,
+                                    Ok(()) => {
+                                        if let Some((at, why)) = gone.borrow_and_update().clone() {
+                                            if at > sent {
+                                                return Err(format!("a stage of the pipeline is not running: {why}"));
+                                            }
+                                        }
+                                    }
+                                },
                             }
                         }
                     };
-                    let got = match answer_or_stall.await {
-                        None => Err(format!("{what} did not answer within {timeout:?}")),
-                        Some(None) => Err(format!("the answer from {what} was lost (the connection closed)")),
-                        Some(Some(m)) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => Err(format!(
+                    let got = match answer_or_not.await {
+                        Err(why) => Err(why),
+                        Ok(None) => Err(format!("the answer from {what} was lost (the connection closed)")),
+                        Ok(Some(m)) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => Err(format!(
                             "a stage of the pipeline is not running (no worker answered on {what} or a stage after it)"
                         )),
-                        Some(Some(m)) => {
+                        Ok(Some(m)) => {
                             *progress.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                             decode::<StageReply>(&m.payload).map_err(|e| format!("a malformed answer from {what}: {e}"))
                         }
@@ -97,8 +131,72 @@ impl NatsLink {
                 });
             }
         });
-        Self { queue, max_bytes }
+        Self {
+            queue,
+            max_bytes,
+            client,
+            subjects: subjects.clone(),
+            pipeline: pipeline.to_string(),
+            next,
+            runtime: tokio::runtime::Handle::current(),
+            missing: Arc::new(missing),
+        }
     }
+}
+
+/// Why a probe of the stages failed.
+enum Fault {
+    /// No stage subscribes to a range's subject (its worker died or never started):
+    /// batches waiting on it will never be answered.
+    Missing(String),
+    /// A stage did not answer in time (stopped, or cut off): batches may still be.
+    Silent(String),
+}
+
+/// Probes the stages of `pipeline` from layer `next` to the model's `layers`, in
+/// order (each stage's answer names where the next starts): their reports.
+async fn probe(
+    client: &Client,
+    subjects: &Subjects,
+    pipeline: &str,
+    mut next: usize,
+    layers: usize,
+) -> Result<Vec<StageReport>, Fault> {
+    let mut seen = Vec::new();
+    while next < layers {
+        let subject = subjects.stage(pipeline, next);
+        let asked = tokio::time::timeout(PROBE_WAIT, client.request(subject.clone(), Bytes::new())).await;
+        let m = match asked {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+                return Err(Fault::Missing(format!(
+                    "no stage serves layers from {next} ({subject})"
+                )))
+            }
+            Ok(Err(e)) => {
+                return Err(Fault::Silent(format!(
+                    "the stage serving layers from {next} ({subject}) did not answer a probe: {e}"
+                )))
+            }
+            Err(_) => {
+                return Err(Fault::Silent(format!(
+                    "the stage serving layers from {next} ({subject}) did not answer a probe within {PROBE_WAIT:?}"
+                )))
+            }
+        };
+        let report = decode::<StageReply>(&m.payload)
+            .ok()
+            .and_then(|r| r.stages.into_iter().next())
+            .filter(|r| r.first_layer as usize == next && r.last_layer as usize >= next);
+        let Some(r) = report else {
+            return Err(Fault::Silent(format!(
+                "the stage serving layers from {next} ({subject}) answered a probe without its layers (an older build?)"
+            )));
+        };
+        next = r.last_layer as usize + 1;
+        seen.push(r);
+    }
+    Ok(seen)
 }
 
 impl StageLink for NatsLink {
@@ -112,6 +210,54 @@ impl StageLink for NatsLink {
 
     fn max_bytes(&self) -> usize {
         self.max_bytes
+    }
+
+    /// Probes the stages each second: one gone fails the batches waiting on it
+    /// at once (rather than at the stall timeout), and a missing or silent one
+    /// marks the pipeline broken until every stage answers again.
+    fn watch(&self, layers: usize, view: StageView) {
+        let (client, subjects, pipeline) = (self.client.clone(), self.subjects.clone(), self.pipeline.clone());
+        let (next, missing) = (self.next, self.missing.clone());
+        self.runtime.spawn(async move {
+            let mut tick = tokio::time::interval(PROBE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !missing.is_closed() {
+                tick.tick().await;
+                let started = Instant::now();
+                let found = probe(&client, &subjects, &pipeline, next, layers).await;
+                let mut seen = view.lock().unwrap_or_else(|p| p.into_inner());
+                match found {
+                    Ok(stages) => {
+                        if seen.broken.take().is_some() {
+                            tracing::info!("pipeline {pipeline}: every stage answers again");
+                        }
+                        let key = |s: &[StageReport]| -> Vec<(String, u32, u32)> {
+                            s.iter()
+                                .map(|r| (r.worker_id.clone(), r.first_layer, r.last_layer))
+                                .collect()
+                        };
+                        // A stage new or back: named before its first batch.
+                        if key(&seen.stages) != key(&stages) {
+                            seen.stages = stages;
+                        }
+                    }
+                    Err(Fault::Missing(why)) => {
+                        if seen.broken.as_ref() != Some(&why) {
+                            tracing::warn!("pipeline {pipeline}: {why}");
+                            seen.broken = Some(why.clone());
+                        }
+                        // Batches sent before this probe began wait on it in vain.
+                        missing.send_replace(Some((started, why)));
+                    }
+                    Err(Fault::Silent(why)) => {
+                        if seen.broken.as_ref() != Some(&why) {
+                            tracing::warn!("pipeline {pipeline}: {why}");
+                            seen.broken = Some(why);
+                        }
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -284,6 +430,7 @@ pub async fn serve_stage(
     let (done_tx, done) = tokio::sync::watch::channel(None);
     let runtime = tokio::runtime::Handle::current();
     let (id, c) = (worker_id.to_string(), client.clone());
+    let c2 = client.clone();
     let threads = w.threads as usize;
     std::thread::Builder::new().name("stage".into()).spawn(move || {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
@@ -293,8 +440,32 @@ pub async fn serve_stage(
         };
         let _ = done_tx.send(Some(why));
     })?;
+    let (me, span) = (worker_id.to_string(), layers.clone());
     let task = tokio::spawn(async move {
         while let Some(m) = sub.next().await {
+            if m.payload.is_empty() {
+                // A probe (the first stage's, or a new stage asking whether this
+                // range is taken): answered here, not behind the batches queued
+                // for compute, with this stage's report.
+                if let Some(reply) = m.reply {
+                    let report = StageReport {
+                        worker_id: me.clone(),
+                        first_layer: span.start as u32,
+                        last_layer: span.end as u32 - 1,
+                        compute_us: 0,
+                        rss_bytes: switchyard_fabric::host::process_memory(None).1,
+                    };
+                    let who = format!("stage {me} (layers {}-{})", span.start, span.end - 1);
+                    let answer = StageReply {
+                        v: STAGE_VERSION,
+                        rows: Vec::new(),
+                        stages: vec![report],
+                        error: Some(WireError::new(ErrorCode::BadRequest, who)),
+                    };
+                    let _ = c2.publish(reply, encode(&answer).into()).await;
+                }
+                continue;
+            }
             if jobs.send(m).is_err() {
                 break;
             }
@@ -334,11 +505,6 @@ fn compute(
                 error: Some(e),
             })
         };
-        if m.payload.is_empty() {
-            // A new stage asking whether this range is taken.
-            fail(WireError::new(ErrorCode::BadRequest, me.clone()), Vec::new());
-            continue;
-        }
         let mut batch = match decode::<StageBatch>(&m.payload) {
             Ok(b) => b,
             Err(e) => {
