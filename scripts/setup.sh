@@ -151,10 +151,10 @@ else
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "openai==2.8.1" >&2
 fi
 # Structured output and tool calling, checked the way users call them (tests/python/*_check.py):
-# jsonschema validates the answers, langchain-openai and litellm are two more clients, and
+# jsonschema validates the answers, anthropic (for /v1/messages), langchain-openai and litellm are more clients, and
 # llguidance (the grammar engine) is also used by the MLX bridge. openai is named again so that pip
 # keeps it at its pin while resolving the others. Reinstalled when a pinned version changes.
-CLIENT_PINS="openai==2.8.1 jsonschema==4.26.0 llguidance==1.9.1 langchain-core==1.8.3 langchain-openai==1.1.9 litellm==1.83.0"
+CLIENT_PINS="openai==2.8.1 anthropic==2.10.0 jsonschema==4.26.0 llguidance==1.9.1 langchain-core==1.8.3 langchain-openai==1.1.9 litellm==1.83.0"
 if "$VENV/bin/python" - $CLIENT_PINS <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
@@ -189,19 +189,22 @@ else
   say "chromium: not installed and no apt-get; tests/gateway_page.rs skips"
 fi
 
-# The npm openai package, for tests/js/openai_check.mjs, in $CACHE/node/node_modules. Not fatal:
-# without npm (or when the install fails) that check is skipped.
+# The npm openai and @anthropic-ai/sdk packages, for tests/js/openai_check.mjs and
+# tests/js/anthropic_check.mjs, in $CACHE/node/node_modules. Not fatal: without npm (or when the
+# install fails) those checks are skipped.
 NPM_OPENAI_VERSION="6.49.0"
+NPM_ANTHROPIC_VERSION="1.10.0"
 NODE_MODULES="$CACHE/node/node_modules"
-if grep -qs "\"version\": \"$NPM_OPENAI_VERSION\"" "$NODE_MODULES/openai/package.json"; then
-  say "npm openai: cached in $NODE_MODULES"
+if grep -qs "\"version\": \"$NPM_OPENAI_VERSION\"" "$NODE_MODULES/openai/package.json" \
+  && grep -qs "\"version\": \"$NPM_ANTHROPIC_VERSION\"" "$NODE_MODULES/@anthropic-ai/sdk/package.json"; then
+  say "npm openai, @anthropic-ai/sdk: cached in $NODE_MODULES"
 elif command -v npm >/dev/null 2>&1; then
-  say "npm openai: installing openai@$NPM_OPENAI_VERSION into $CACHE/node"
+  say "npm: installing openai@$NPM_OPENAI_VERSION and @anthropic-ai/sdk@$NPM_ANTHROPIC_VERSION into $CACHE/node"
   npm install --prefix "$CACHE/node" --no-audit --no-fund --loglevel=error --save-exact \
-    "openai@$NPM_OPENAI_VERSION" >&2 \
-    || say "npm openai: npm install failed; tests/js/openai_check.mjs will be skipped"
+    "openai@$NPM_OPENAI_VERSION" "@anthropic-ai/sdk@$NPM_ANTHROPIC_VERSION" >&2 \
+    || say "npm: npm install failed; tests/js/*_check.mjs will be skipped"
 else
-  say "npm openai: no npm on PATH; tests/js/openai_check.mjs will be skipped"
+  say "npm: no npm on PATH; tests/js/*_check.mjs will be skipped"
 fi
 
 cat <<OUT

@@ -270,14 +270,7 @@ async fn run(
             req.head.request_id
         ),
         created: now_secs(),
-        model: match req.head.model.as_str() {
-            // "any model": name the one the fleet serves, when it serves one.
-            "" => match g.client.models().await {
-                Ok(m) if m.models.len() == 1 => m.models[0].name.clone(),
-                _ => String::new(),
-            },
-            m => m.to_string(),
-        },
+        model: g.answering_model(&req.head.model).await,
         logprobs: req.config.logprobs.is_some(),
     };
     // Fleet queueing: the key is the tenant, its priority the default, and the

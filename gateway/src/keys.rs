@@ -96,7 +96,7 @@ impl KeyStore {
         !self.entries.is_empty()
     }
 
-    /// Checks `Authorization: Bearer …` and the key's limits for a request on
+    /// Checks `Authorization: Bearer …` (or `x-api-key`) and the key's limits for a request on
     /// `model`: 401 (no or unknown key), 403 (model not allowed), 429 (a limit).
     pub fn admit(&self, headers: &HeaderMap, model: &str) -> Result<Admitted, ApiError> {
         if !self.enabled() {
@@ -112,7 +112,9 @@ impl KeyStore {
                 let (scheme, key) = v.trim_start().split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then_some(key)
             })
-            .ok_or_else(|| unauthorized("no API key: send Authorization: Bearer <key>"))?;
+            // Anthropic's clients send the key as `x-api-key`.
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+            .ok_or_else(|| unauthorized("no API key: send Authorization: Bearer <key> (or x-api-key: <key>)"))?;
         let presented: [u8; 32] = Sha256::digest(bearer.trim().as_bytes()).into();
         // Compare against every key, without stopping at a match.
         let mut found = None;

@@ -3,12 +3,15 @@
 //! run side by side, on any machine.
 //!
 //! - [`openai`]: request bodies, defaults, what is refused.
+//! - [`anthropic`]: Anthropic's Messages API (`/v1/messages`), for Claude Code and
+//!   the Anthropic SDKs.
 //! - [`complete`]: chat and text completions, whole or streamed (SSE).
 //! - [`keys`]: API keys (hashed), per-key models and limits.
 //! - [`errors`]: errors in OpenAI's shape and status.
 //! - [`metrics`]: GenAI client metrics per relayed request.
 //! - `page.html`: the fleet page and chat playground at `/`.
 
+pub mod anthropic;
 pub mod complete;
 mod cors;
 mod embed;
@@ -51,6 +54,18 @@ impl Gateway {
     /// The model a request naming `model` is for: an alias's target, else `model`.
     pub(crate) fn aliased<'a>(&'a self, model: &'a str) -> &'a str {
         self.aliases.get(model).map_or(model, String::as_str)
+    }
+
+    /// The `model` an answer names: what the request asked for, or for "any
+    /// model" (`""`) the one the fleet serves when it serves one.
+    pub(crate) async fn answering_model(&self, requested: &str) -> String {
+        match requested {
+            "" => match self.client.models().await {
+                Ok(m) if m.models.len() == 1 => m.models[0].name.clone(),
+                _ => String::new(),
+            },
+            m => m.to_string(),
+        }
     }
 }
 
@@ -113,6 +128,8 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
     let app = Router::new()
         .route("/v1/chat/completions", post(complete::chat))
         .route("/v1/completions", post(complete::completion))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
