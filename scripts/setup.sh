@@ -151,10 +151,10 @@ else
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "openai==2.8.1" >&2
 fi
 # Structured output and tool calling, checked the way users call them (tests/python/*_check.py):
-# jsonschema validates the answers, anthropic (for /v1/messages), langchain-openai and litellm are more clients, and
+# jsonschema validates the answers, anthropic (/v1/messages), ollama (/api/*), langchain-openai and litellm are more clients, and
 # llguidance (the grammar engine) is also used by the MLX bridge. openai is named again so that pip
 # keeps it at its pin while resolving the others. Reinstalled when a pinned version changes.
-CLIENT_PINS="openai==2.8.1 anthropic==2.10.0 jsonschema==4.26.0 llguidance==1.9.1 langchain-core==1.8.3 langchain-openai==1.1.9 litellm==1.83.0"
+CLIENT_PINS="openai==2.8.1 anthropic==2.10.0 ollama==0.6.3 jsonschema==4.26.0 llguidance==1.9.1 langchain-core==1.8.3 langchain-openai==1.1.9 litellm==1.83.0"
 if "$VENV/bin/python" - $CLIENT_PINS <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version

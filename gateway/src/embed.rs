@@ -2,6 +2,7 @@
 //! answered in OpenAI's shape (`float` arrays or `base64` of little-endian f32s).
 
 use super::errors::ApiError;
+use super::keys::Admitted;
 use super::metrics::Operation;
 use super::openai::parse;
 use super::Gateway;
@@ -119,10 +120,48 @@ pub async fn embeddings(
         Some(_) => return Err(refuse("encoding_format", "must be \"float\" or \"base64\"")),
     };
     let inputs = inputs(&req.input)?;
-    let mut head = RequestHead::new(Client::new_request_id(), req.model.clone());
-    super::resolve_adapter(&g, &mut head).await;
+    let (vectors, worker) = embed_inputs(&g, &admitted, &req.model, inputs).await?;
+    let mut data = Vec::with_capacity(vectors.len());
+    let mut tokens = 0u64;
+    for (i, (vector, n)) in vectors.into_iter().enumerate() {
+        let dim = vector.len();
+        if let Some(want) = req.dimensions.filter(|&d| d as usize != dim) {
+            return Err(refuse(
+                "dimensions",
+                &format!("this model's embeddings have {dim}, not {want}"),
+            ));
+        }
+        tokens += u64::from(n);
+        let embedding = if base64_out {
+            json!(base64(&vector))
+        } else {
+            json!(vector)
+        };
+        data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
+    }
+    let model = if req.model.is_empty() { worker } else { req.model };
+    Ok(axum::Json(json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response())
+}
+
+/// Embeds `inputs` with `model` for the key `admitted` (charged per token): each
+/// input's vector and token count, and the worker that answered. An input's error
+/// is an error naming `input[i]`.
+pub(crate) async fn embed_inputs(
+    g: &Gateway,
+    admitted: &Admitted,
+    model: &str,
+    inputs: Vec<EmbedInput>,
+) -> Result<(Vec<(Vec<f32>, u32)>, String), ApiError> {
+    let mut head = RequestHead::new(Client::new_request_id(), model.to_string());
+    super::resolve_adapter(g, &mut head).await;
     head.tenant = Some(admitted.name().to_string()).filter(|n| !n.is_empty());
-    let mut op = Operation::start("embeddings", &req.model);
+    let mut op = Operation::start("embeddings", model);
     let reply = match g.client.embed(EmbedRequest { head, inputs }).await {
         Ok(r) => r,
         Err(e) => {
@@ -131,8 +170,7 @@ pub async fn embeddings(
             return Err(e);
         }
     };
-    let mut data = Vec::with_capacity(reply.results.len());
-    let mut tokens = 0u64;
+    let mut out = Vec::with_capacity(reply.results.len());
     for (i, item) in reply.results.into_iter().enumerate() {
         if let Some(error) = item.error {
             let mut e = ApiError::from_wire(&error);
@@ -140,32 +178,9 @@ pub async fn embeddings(
             op.finish(Some(&e.code));
             return Err(e);
         }
-        let dim = item.embedding.len();
-        if let Some(want) = req.dimensions.filter(|&d| d as usize != dim) {
-            let e = refuse("dimensions", &format!("this model's embeddings have {dim}, not {want}"));
-            op.finish(Some(&e.code));
-            return Err(e);
-        }
-        tokens += u64::from(item.tokens);
         admitted.charge(item.tokens);
-        let embedding = if base64_out {
-            json!(base64(&item.embedding))
-        } else {
-            json!(item.embedding)
-        };
-        data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
+        out.push((item.embedding, item.tokens));
     }
     op.finish(None);
-    let model = if req.model.is_empty() {
-        reply.worker_id
-    } else {
-        req.model
-    };
-    Ok(axum::Json(json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }))
-    .into_response())
+    Ok((out, reply.worker_id))
 }

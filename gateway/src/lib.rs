@@ -5,6 +5,7 @@
 //! - [`openai`]: request bodies, defaults, what is refused.
 //! - [`anthropic`]: Anthropic's Messages API (`/v1/messages`), for Claude Code and
 //!   the Anthropic SDKs.
+//! - [`ollama`]: Ollama's API (`/api/*`), for Ollama's clients.
 //! - [`complete`]: chat and text completions, whole or streamed (SSE).
 //! - [`keys`]: API keys (hashed), per-key models and limits.
 //! - [`errors`]: errors in OpenAI's shape and status.
@@ -18,6 +19,7 @@ mod embed;
 pub mod errors;
 pub mod keys;
 pub mod metrics;
+pub mod ollama;
 pub mod openai;
 pub mod structured;
 
@@ -54,6 +56,16 @@ impl Gateway {
     /// The model a request naming `model` is for: an alias's target, else `model`.
     pub(crate) fn aliased<'a>(&'a self, model: &'a str) -> &'a str {
         self.aliases.get(model).map_or(model, String::as_str)
+    }
+
+    /// Readies a generation request for the fleet as every API does: aliases and
+    /// adapters resolved, the key as the tenant, its priority unless the request
+    /// gave one, the gateway's queue timeout bounding the wait for a worker.
+    pub(crate) async fn prepare(&self, req: &mut switchyard_client::GenerateRequest, admitted: &keys::Admitted) {
+        resolve_adapter(self, &mut req.head).await;
+        req.head.tenant = Some(admitted.name().to_string()).filter(|n| !n.is_empty());
+        req.head.priority = req.head.priority.or(admitted.priority());
+        req.head.queue_ms = Some(self.queue_timeout_ms);
     }
 
     /// The `model` an answer names: what the request asked for, or for "any
@@ -130,6 +142,20 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
         .route("/v1/completions", post(complete::completion))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
+        .route("/api/pull", post(ollama::not_here))
+        .route("/api/push", post(ollama::not_here))
+        .route("/api/create", post(ollama::not_here))
+        .route("/api/copy", post(ollama::not_here))
+        .route("/api/delete", axum::routing::delete(ollama::not_here))
+        .route("/api/blobs/{digest}", post(ollama::not_here).head(ollama::not_here))
         .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
@@ -170,15 +196,21 @@ fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
 
 /// `GET /v1/models`: the fleet's models.
 async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Result<Response, ApiError> {
-    g.keys.admit(&headers, "").or_else(|e| match e.status {
-        StatusCode::FORBIDDEN => Ok(keys_any()),
-        _ => Err(e),
-    })?;
+    g.admit_listing(&headers)?;
     let reply = g.client.models().await?;
     Ok(axum::Json(json!({"object": "list", "data": g.listed(&reply)})).into_response())
 }
 
 impl Gateway {
+    /// Admits a request that lists models: any valid key, also one restricted to
+    /// some models (it may see them).
+    pub(crate) fn admit_listing(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        self.keys.admit(headers, "").map(|_| ()).or_else(|e| match e.status {
+            StatusCode::FORBIDDEN => Ok(()),
+            _ => Err(e),
+        })
+    }
+
     /// `/v1/models`' entries: each served model and its adapters, then each alias
     /// whose target is among them (as its target's entry, under the alias's id, with
     /// `alias_of`). An alias hides a served model of its name (requests for that name
@@ -208,10 +240,7 @@ async fn model(
     axum::extract::Path(id): axum::extract::Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    g.keys.admit(&headers, "").or_else(|e| match e.status {
-        StatusCode::FORBIDDEN => Ok(keys_any()),
-        _ => Err(e),
-    })?;
+    g.admit_listing(&headers)?;
     let reply = g.client.models().await?;
     let m = g
         .listed(&reply)
@@ -287,13 +316,6 @@ fn model_json(m: &switchyard_messages::ModelEntry) -> serde_json::Value {
         v["embedding_only"] = json!(true);
     }
     v
-}
-
-/// A key restricted to some models may still list them.
-fn keys_any() -> keys::Admitted {
-    KeyStore::default()
-        .admit(&HeaderMap::new(), "")
-        .unwrap_or_else(|_| unreachable!("an empty key store admits everything"))
 }
 
 /// `GET /v1/fleet`: what `switchyard status` shows, as JSON (the page reads it).

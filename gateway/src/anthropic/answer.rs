@@ -173,10 +173,7 @@ fn prewarmed_events(id: &str, model: &str, m: &GenerateMetrics) -> Response {
 /// Starts `req` on the fleet as the gateway's chat requests start (aliases,
 /// adapters, the key as tenant, the queue timeout).
 async fn start(g: &Gateway, mut req: GenerateRequest, admitted: &Admitted) -> Result<ResponseStream, ApiError> {
-    crate::resolve_adapter(g, &mut req.head).await;
-    req.head.tenant = Some(admitted.name().to_string()).filter(|n| !n.is_empty());
-    req.head.priority = req.head.priority.or(admitted.priority());
-    req.head.queue_ms = Some(g.queue_timeout_ms);
+    g.prepare(&mut req, admitted).await;
     Ok(g.client.start(g.subjects.chat(), req).await?)
 }
 
