@@ -30,6 +30,13 @@ pub struct GatewayConfig {
     /// model they mean (`smol`, or `smol:adapter` for a LoRA adapter on it). Listed in
     /// `/v1/models` beside what they name; an alias hides a served model of its name.
     pub aliases: std::collections::BTreeMap<String, String>,
+    /// The JetStream key-value bucket where `/v1/responses` keeps stored responses
+    /// (`store`, `previous_response_id`), shared by every gateway of the fleet.
+    pub responses_bucket: String,
+    /// How long a stored response is kept, seconds.
+    pub responses_max_age_s: u64,
+    /// The most bytes the bucket holds; the oldest responses go first beyond it.
+    pub responses_max_bytes: u64,
 }
 
 impl Default for GatewayConfig {
@@ -44,6 +51,9 @@ impl Default for GatewayConfig {
             queue_timeout_ms: 60_000,
             cors_origins: Vec::new(),
             aliases: Default::default(),
+            responses_bucket: "switchyard-responses".into(),
+            responses_max_age_s: 30 * 24 * 3600,
+            responses_max_bytes: 1 << 30,
         }
     }
 }
@@ -57,6 +67,17 @@ impl GatewayConfig {
                 self.listen.clone(),
                 "must be host:port, e.g. 127.0.0.1:8080",
             );
+        }
+        let bucket_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+        if self.responses_bucket.is_empty() || !self.responses_bucket.chars().all(bucket_char) {
+            return invalid(
+                "gateway.responses_bucket",
+                self.responses_bucket.clone(),
+                "must be letters, digits, '_' or '-' (a JetStream bucket name)",
+            );
+        }
+        if self.responses_max_age_s == 0 {
+            return invalid("gateway.responses_max_age_s", "0".into(), "must be at least 1");
         }
         if !self.keys_file.is_empty() && !std::path::Path::new(&self.keys_file).is_file() {
             return invalid("gateway.keys_file", self.keys_file.clone(), "no such file");

@@ -6,6 +6,7 @@
 //! - [`anthropic`]: Anthropic's Messages API (`/v1/messages`), for Claude Code and
 //!   the Anthropic SDKs.
 //! - [`ollama`]: Ollama's API (`/api/*`), for Ollama's clients.
+//! - [`responses`]: OpenAI's Responses API (`/v1/responses`) and its store.
 //! - [`complete`]: chat and text completions, whole or streamed (SSE).
 //! - [`keys`]: API keys (hashed), per-key models and limits.
 //! - [`errors`]: errors in OpenAI's shape and status.
@@ -21,6 +22,7 @@ pub mod keys;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
+pub mod responses;
 pub mod structured;
 
 use anyhow::{bail, Context};
@@ -50,6 +52,8 @@ pub struct Gateway {
     cors_origins: Vec<String>,
     /// Requested model names → the served model (`model` or `model:adapter`).
     aliases: std::collections::BTreeMap<String, String>,
+    /// Stored `/v1/responses` (a JetStream key-value bucket).
+    responses: responses::store::Store,
 }
 
 impl Gateway {
@@ -129,19 +133,23 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
         .with_context(|| format!("gateway.listen: cannot listen on {addr}"))?;
     let addr = listener.local_addr()?;
     let state = Arc::new(Gateway {
-        client,
         subjects: Subjects::new(prefix),
         keys,
         max_body: config.max_body_bytes,
         queue_timeout_ms: config.queue_timeout_ms,
         cors_origins: config.cors_origins.clone(),
         aliases: config.aliases.clone(),
+        responses: responses::store::Store::new(client.nats().clone(), config),
+        client,
     });
     let app = Router::new()
         .route("/v1/chat/completions", post(complete::chat))
         .route("/v1/completions", post(complete::completion))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
+        .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
         .route("/api/embed", post(ollama::embed))

@@ -110,7 +110,11 @@ pub fn fleet_config(url: &str) -> switchyard::Config {
 
 /// Starts a fleet; `tweak` adjusts the config first.
 pub async fn fleet(tweak: impl FnOnce(&mut switchyard::Config)) -> Fleet {
-    let nats = nats();
+    fleet_on(nats(), tweak).await
+}
+
+/// Starts a fleet on `nats` (e.g. one with JetStream); `tweak` adjusts the config.
+pub async fn fleet_on(nats: NatsServer, tweak: impl FnOnce(&mut switchyard::Config)) -> Fleet {
     let mut config = fleet_config(&nats.url());
     tweak(&mut config);
     config.validate().expect("valid test config");

@@ -1,0 +1,109 @@
+//! OpenAI's Responses API on the gateway (`/v1/responses`), tested the way Codex
+//! CLI and the OpenAI SDKs touch it: the official PyPI `openai` client against two
+//! gateways of one fleet on a nats-server with JetStream — whole and streamed
+//! answers, function tools, `text.format`, and a `previous_response_id` chain
+//! started on one gateway and continued on the other (the stored responses live
+//! in a JetStream key-value bucket); retrieve, input items, delete, errors.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use switchyard::gateway::{self, GatewayHandle};
+use switchyard_config::GatewayConfig;
+use switchyard_procs::nats_server::{find_nats_server, NatsServer};
+
+async fn open_gateway(f: &Fleet) -> GatewayHandle {
+    let config = GatewayConfig {
+        listen: "127.0.0.1:0".into(),
+        ..GatewayConfig::default()
+    };
+    gateway::start(f.client().await, "sy", &config)
+        .await
+        .expect("gateway starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_runs_responses_across_two_gateways() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = find_nats_server("").expect("nats-server (run scripts/setup.sh)");
+    let nats = NatsServer::start_jetstream(&bin, dir.path()).expect("start nats-server -js");
+    let f = fleet_on(nats, |c| c.worker.capacity = 2).await;
+    let (ga, gb) = (open_gateway(&f).await, open_gateway(&f).await);
+    let (a, b) = (format!("{}/v1", ga.url()), format!("{}/v1", gb.url()));
+    let script = repo().join("tests/python/responses_check.py");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .args([&a, &b, "sk-any", DEMO_NAME])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("responses_check.py: {e}\n{stdout}\n{stderr}"));
+    eprintln!("{r:#}");
+    assert!(out.status.success(), "responses_check.py failed:\n{stderr}");
+    assert_eq!(r["failures"].as_array().map(Vec::len), Some(0), "{r:#}");
+
+    assert_eq!(r["create"]["model"], DEMO_NAME);
+    assert!(r["stream"]["deltas"].as_u64().unwrap() >= 2, "{}", r["stream"]);
+    // The continued turn reuses the first turn's KV on the one worker.
+    assert!(r["chain"]["second_cached"].as_u64().unwrap() > 0, "{}", r["chain"]);
+    assert_eq!(r["chain"]["input_items"], 1);
+    assert_eq!(r["format"]["valid"], true);
+    let e = &r["errors"];
+    for (k, class, status) in [
+        ("unknown_previous", "NotFoundError", 404),
+        ("hosted_tool", "BadRequestError", 400),
+        ("unknown_field", "BadRequestError", 400),
+        ("get_unknown", "NotFoundError", 404),
+        ("image", "BadRequestError", 400),
+    ] {
+        assert_eq!(e[k]["class"], class, "{k}: {}", e[k]);
+        assert_eq!(e[k]["status"], status, "{k}: {}", e[k]);
+    }
+}
+
+/// Without JetStream the gateway still answers (storing nothing), and a follow-up
+/// says why it cannot continue: 503 `store_unavailable`, not a silent fresh start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_jetstream_responses_are_answered_and_a_follow_up_says_why_not() {
+    let f = fleet(|_| {}).await;
+    let g = open_gateway(&f).await;
+    let url = format!("{}/v1/responses", g.url());
+    let post = move |body: serde_json::Value| {
+        let url = url.clone();
+        let out = Command::new("curl")
+            .args(["-sS", "-w", "\n%{http_code}", "-H", "content-type: application/json"])
+            .args(["-d", &body.to_string(), &url])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        (
+            code.to_string(),
+            serde_json::from_str::<serde_json::Value>(body).unwrap(),
+        )
+    };
+    let (p1, p2) = (post.clone(), post);
+    let (code, first) = tokio::task::spawn_blocking(move || {
+        p1(serde_json::json!({"model": DEMO_NAME, "input": "Hi.", "max_output_tokens": 4}))
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, "200", "{first}");
+    assert_eq!(first["object"], "response");
+    let id = first["id"].as_str().unwrap().to_string();
+    let (code, e) = tokio::task::spawn_blocking(move || {
+        p2(serde_json::json!({"model": DEMO_NAME, "input": "And?", "previous_response_id": id}))
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, "503", "{e}");
+    assert_eq!(e["error"]["code"], "store_unavailable", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("JetStream"), "{e}");
+}
