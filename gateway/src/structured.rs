@@ -69,6 +69,43 @@ pub fn constraint(
     Ok(found.pop())
 }
 
+/// A function tool from `t` (the object at `field`): its `name` (checked),
+/// `description`, and the JSON Schema under `schema_key` (`parameters`, or
+/// Anthropic's `input_schema`; absent is any object unless `schema_required`).
+pub fn function_tool(field: &str, t: &Value, schema_key: &str, schema_required: bool) -> Result<Tool, ApiError> {
+    let Some(name) = t.get("name").and_then(Value::as_str) else {
+        return Err(refuse(&format!("{field}.name"), "is missing"));
+    };
+    if !switchyard_messages::is_valid_tool_name(name) {
+        return Err(refuse(
+            &format!("{field}.name"),
+            &format!("{name:?} must be 1-64 letters, digits, '_' or '-'"),
+        ));
+    }
+    let parameters = match t.get(schema_key) {
+        None | Some(Value::Null) if !schema_required => String::new(),
+        Some(p) if p.is_object() => p.to_string(),
+        _ => return Err(refuse(&format!("{field}.{schema_key}"), "must be a JSON Schema object")),
+    };
+    Ok(Tool {
+        name: name.to_string(),
+        description: t
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        parameters,
+    })
+}
+
+/// Refuses a `tool_choice` that forces a call when there are no tools.
+pub fn check_forced(req: &GenerateRequest) -> Result<(), ApiError> {
+    if req.tools.is_empty() && matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Function { .. }) {
+        return Err(refuse("tool_choice", "needs tools"));
+    }
+    Ok(())
+}
+
 /// `tools`, `tool_choice` and `parallel_tool_calls` into `req`.
 pub fn tools(
     req: &mut GenerateRequest,
@@ -87,34 +124,8 @@ pub fn tools(
         let Some(f) = t.get("function").filter(|f| f.is_object()) else {
             return Err(refuse(&format!("{field}.function"), "is missing"));
         };
-        let Some(name) = f.get("name").and_then(Value::as_str) else {
-            return Err(refuse(&format!("{field}.function.name"), "is missing"));
-        };
-        if !switchyard_messages::is_valid_tool_name(name) {
-            return Err(refuse(
-                &format!("{field}.function.name"),
-                &format!("{name:?} must be 1-64 letters, digits, '_' or '-'"),
-            ));
-        }
-        let parameters = match f.get("parameters") {
-            None | Some(Value::Null) => String::new(),
-            Some(p) if p.is_object() => p.to_string(),
-            Some(_) => {
-                return Err(refuse(
-                    &format!("{field}.function.parameters"),
-                    "must be a JSON Schema object",
-                ))
-            }
-        };
-        req.tools.push(Tool {
-            name: name.to_string(),
-            description: f
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
-            parameters,
-        });
+        req.tools
+            .push(function_tool(&format!("{field}.function"), f, "parameters", false)?);
     }
     req.tool_choice = match choice {
         None | Some(Value::Null) => ToolChoice::Auto,
@@ -147,9 +158,7 @@ pub fn tools(
             }
         },
     };
-    if req.tools.is_empty() && matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Function { .. }) {
-        return Err(refuse("tool_choice", "needs tools"));
-    }
+    check_forced(req)?;
     if req.config.constraint.is_some() && matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Function { .. })
     {
         return Err(refuse(

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use switchyard_client::{Client, GenerateRequest, Message};
-use switchyard_messages::{Constraint, Priority, Tool, ToolCall, ToolChoice};
+use switchyard_messages::{Constraint, Priority, ToolCall, ToolChoice};
 
 /// An error in Anthropic's shape and status: the same status as the OpenAI side,
 /// `type` from it (`invalid_request_error`, `authentication_error`,
@@ -296,28 +296,8 @@ fn tools(req: &mut GenerateRequest, tools: Option<&[Value]>, choice: Option<&Val
                 ),
             ));
         }
-        let Some(name) = t.get("name").and_then(Value::as_str) else {
-            return Err(refuse(&format!("{field}.name"), "is missing"));
-        };
-        if !switchyard_messages::is_valid_tool_name(name) {
-            return Err(refuse(
-                &format!("{field}.name"),
-                &format!("{name:?} must be 1-64 letters, digits, '_' or '-'"),
-            ));
-        }
-        let parameters = match t.get("input_schema") {
-            Some(p) if p.is_object() => p.to_string(),
-            _ => return Err(refuse(&format!("{field}.input_schema"), "must be a JSON Schema object")),
-        };
-        req.tools.push(Tool {
-            name: name.to_string(),
-            description: t
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
-            parameters,
-        });
+        req.tools
+            .push(crate::structured::function_tool(&field, t, "input_schema", true)?);
     }
     let choice = choice.filter(|c| !c.is_null());
     req.tool_choice = match choice.map(|c| (c.get("type").and_then(Value::as_str), c)) {
@@ -336,9 +316,7 @@ fn tools(req: &mut GenerateRequest, tools: Option<&[Value]>, choice: Option<&Val
         },
         Some(_) => return Err(refuse("tool_choice.type", "must be auto, any, tool or none")),
     };
-    if req.tools.is_empty() && matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Function { .. }) {
-        return Err(refuse("tool_choice", "needs tools"));
-    }
+    crate::structured::check_forced(req)?;
     req.parallel_tool_calls = choice
         .and_then(|c| c.get("disable_parallel_tool_use"))
         .and_then(Value::as_bool)

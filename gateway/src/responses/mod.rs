@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use switchyard_client::{Client, GenerateRequest, Message};
-use switchyard_messages::{Priority, Tool, ToolCall, ToolChoice};
+use switchyard_messages::{Priority, ToolCall, ToolChoice};
 
 fn refuse(param: &str, why: &str) -> ApiError {
     ApiError::bad_request(Some(param.to_string()), format!("{param}: {why}"))
@@ -186,29 +186,8 @@ fn tools(req: &mut GenerateRequest, r: &ResponsesRequest) -> Result<(), ApiError
                 ))
             }
         }
-        let Some(name) = t.get("name").and_then(Value::as_str) else {
-            return Err(refuse(&format!("{field}.name"), "is missing"));
-        };
-        if !switchyard_messages::is_valid_tool_name(name) {
-            return Err(refuse(
-                &format!("{field}.name"),
-                "must be 1-64 letters, digits, '_' or '-'",
-            ));
-        }
-        let parameters = match t.get("parameters") {
-            None | Some(Value::Null) => String::new(),
-            Some(p) if p.is_object() => p.to_string(),
-            Some(_) => return Err(refuse(&format!("{field}.parameters"), "must be a JSON Schema object")),
-        };
-        req.tools.push(Tool {
-            name: name.to_string(),
-            description: t
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
-            parameters,
-        });
+        req.tools
+            .push(crate::structured::function_tool(&field, t, "parameters", false)?);
     }
     req.tool_choice = match r.tool_choice.as_ref() {
         None | Some(Value::Null) => ToolChoice::Auto,
@@ -239,9 +218,7 @@ fn tools(req: &mut GenerateRequest, r: &ResponsesRequest) -> Result<(), ApiError
             }
         },
     };
-    if req.tools.is_empty() && matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Function { .. }) {
-        return Err(refuse("tool_choice", "needs tools"));
-    }
+    crate::structured::check_forced(req)?;
     req.parallel_tool_calls = r.parallel_tool_calls.unwrap_or(true);
     Ok(())
 }
