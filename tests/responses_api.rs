@@ -107,3 +107,110 @@ async fn without_jetstream_responses_are_answered_and_a_follow_up_says_why_not()
     assert_eq!(e["error"]["code"], "store_unavailable", "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("JetStream"), "{e}");
 }
+
+/// Under deploy/nats/roles.conf (JetStream on, every process with its own user) the
+/// `gateway` user stores and continues responses in its bucket, while a client
+/// user (`ops`) may not read the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_user_of_the_deployed_roles_may_use_the_response_store_and_clients_may_not() {
+    use switchyard::ClientOptions;
+    use switchyard_config::NatsSecurity;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(repo().join("deploy/nats/roles.conf"), dir.path().join("roles.conf")).unwrap();
+    let secrets = ["COORDINATOR", "WORKER", "EDGE", "GATEWAY", "OPS", "OPERATOR"]
+        .map(|u| format!("{u}_PASS: \"{}-pw\"\n", u.to_lowercase()))
+        .concat();
+    std::fs::write(dir.path().join("secrets.conf"), secrets).unwrap();
+    let js = dir.path().join("js");
+    let config = format!(
+        "jetstream {{ store_dir: {:?} }}\ninclude \"roles.conf\"\n",
+        js.display().to_string()
+    );
+    let bin = find_nats_server("").expect("nats-server (run scripts/setup.sh)");
+    let nats = NatsServer::start_with_config(&bin, &config, dir.path()).expect("nats-server with the deployed roles");
+    let url = nats.url();
+    let as_user = |user: &str, c: &mut switchyard::Config| {
+        c.nats.user = user.into();
+        c.nats.password = format!("{user}-pw");
+        c.nats.inbox_prefix = format!("_INBOX.{user}");
+    };
+    let mut config = fleet_config(&url);
+    as_user("coordinator", &mut config);
+    let coordinator = switchyard::node::start_coordinator(&config).await.expect("coordinator");
+    as_user("worker", &mut config);
+    let loaded = switchyard::node::load(&config).await.unwrap();
+    let worker = switchyard::node::start_worker(&config, &loaded).await.unwrap();
+    let security = |user: &str| NatsSecurity {
+        user: user.into(),
+        password: format!("{user}-pw"),
+        inbox_prefix: format!("_INBOX.{user}"),
+        ..NatsSecurity::default()
+    };
+    let connect = |user: &str| {
+        let opts = ClientOptions {
+            security: security(user),
+            stall_timeout: std::time::Duration::from_secs(5),
+            ..ClientOptions::default()
+        };
+        switchyard::Client::connect_with(&url, opts)
+    };
+    let gw_client = connect("gateway").await.expect("the gateway connects");
+    wait_for_workers(&gw_client, &["w1"], std::time::Duration::from_secs(10)).await;
+    let g = gateway::start(
+        gw_client,
+        "sy",
+        &GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            ..GatewayConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let url_r = format!("{}/v1/responses", g.url());
+    let post = move |body: serde_json::Value| {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                &body.to_string(),
+                &url_r,
+            ])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (p1, p2) = (post.clone(), post);
+    let first = tokio::task::spawn_blocking(move || {
+        p1(serde_json::json!({"model": DEMO_NAME, "input": "My name is Ada.", "max_output_tokens": 4}))
+    })
+    .await
+    .unwrap();
+    let id = first["id"].as_str().expect("a response").to_string();
+    let id2 = id.clone();
+    let second = tokio::task::spawn_blocking(move || {
+        p2(
+            serde_json::json!({"model": DEMO_NAME, "input": "My name?", "previous_response_id": id2,
+                              "max_output_tokens": 4}),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(second["previous_response_id"], id.as_str(), "{second}");
+    assert!(second["usage"]["input_tokens"].as_u64() > first["usage"]["input_tokens"].as_u64());
+
+    // A client user cannot read the bucket.
+    let ops = async_nats::ConnectOptions::with_user_and_password("ops".into(), "ops-pw".into())
+        .custom_inbox_prefix("_INBOX.ops")
+        .connect(&url)
+        .await
+        .unwrap();
+    let kv = async_nats::jetstream::new(ops)
+        .get_key_value("switchyard-responses")
+        .await;
+    assert!(kv.is_err(), "ops opened the response bucket");
+    g.shutdown().await;
+    worker.shutdown(std::time::Duration::from_secs(2)).await;
+    coordinator.shutdown().await;
+}
