@@ -3,7 +3,8 @@
 //! worker) against the same load on llama-server's own OpenAI endpoint, same GGUF,
 //! same threads, both with as many slots as the largest N; aggregate tok/s and TTFT
 //! p50/p99, rounds alternating. Then the gateway's own cost: one stream through the
-//! gateway against the same request through the NATS client directly.
+//! gateway against the same request through the NATS client directly; and its
+//! other APIs (Anthropic, Responses, Ollama) against chat completions.
 
 use super::{median, LocalNode};
 use futures::StreamExt;
@@ -18,8 +19,8 @@ use switchyard_procs::llama_server::LlamaServer;
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Chat {
     pub ttft: Duration,
-    total: Duration,
-    tokens: u32,
+    pub total: Duration,
+    pub tokens: u32,
 }
 
 /// Streams one chat from an OpenAI endpoint: TTFT is the first content chunk; the
@@ -232,6 +233,7 @@ pub async fn gateway(
         via_gw.len(),
         (n_tps / g_tps - 1.0) * 100.0
     );
+    super::gateway_apis::compare(&http, &gw.url(), runs, max_tokens).await?;
     gw.shutdown().await;
     local.stop().await;
     drop(server);

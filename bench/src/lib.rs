@@ -16,6 +16,7 @@ pub mod chaos;
 mod command;
 pub mod embed;
 pub mod gateway;
+mod gateway_apis;
 pub mod kv;
 pub mod kv_moves;
 pub mod kv_transfer;
