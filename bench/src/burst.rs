@@ -6,7 +6,7 @@
 //! deadline (the gateway's queue timeout; llama-server queues without one), requests
 //! served per second, TTFT p50/p99, and the ratios.
 
-use super::gateway::{openai_chat, percentile};
+use super::http_chat::{openai_chat, percentile};
 use super::LocalNode;
 use clap::Args;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! `/v1/responses` and Ollama's `/api/chat`, rounds rotating the order; decode tok/s
 //! medians and each API's ratio to chat completions (part of `bench gateway`).
 
-use super::gateway::{openai_chat, Chat};
+use super::http_chat::{openai_chat, Chat};
 use super::median;
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -58,7 +58,9 @@ async fn stream(http: &reqwest::Client, base: &str, api: &str, prompt: &str, max
             };
             let text = match api {
                 "messages" => v["delta"]["text"].as_str(),
-                "responses" => (v["type"] == "response.output_text.delta").then(|| v["delta"].as_str()).flatten(),
+                "responses" => (v["type"] == "response.output_text.delta")
+                    .then(|| v["delta"].as_str())
+                    .flatten(),
                 _ => v["message"]["content"].as_str(),
             };
             if first && text.is_some_and(|t| !t.is_empty()) {

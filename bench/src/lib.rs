@@ -17,6 +17,7 @@ mod command;
 pub mod embed;
 pub mod gateway;
 mod gateway_apis;
+mod http_chat;
 pub mod kv;
 pub mod kv_moves;
 pub mod kv_transfer;

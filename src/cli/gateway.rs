@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use switchyard::gateway::{self, GatewayHandle};
 use switchyard::{Client, Config};
 
-/// `switchyard gateway`: the OpenAI-compatible HTTP API for a fleet (docs/gateway.md).
+/// `switchyard gateway`: the HTTP gateway of a fleet — OpenAI's, Anthropic's and Ollama's APIs (docs/gateway.md).
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
     /// Address to listen on (gateway.listen). Beyond loopback it needs API keys, or

@@ -80,7 +80,8 @@ pub enum Command {
     Coordinator(CoordinatorArgs),
     /// Run a worker only, serving one model on one device.
     Worker(WorkerArgs),
-    /// Run an OpenAI-compatible HTTP gateway to the fleet (docs/gateway.md).
+    /// Run the HTTP gateway to the fleet: OpenAI's API (chat, completions, embeddings,
+    /// responses), Anthropic's Messages API and Ollama's API (docs/gateway.md).
     Gateway(gateway::GatewayArgs),
     /// Generate from a raw prompt; tokens stream to stdout as they arrive.
     Generate(GenerateArgs),
