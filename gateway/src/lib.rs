@@ -191,6 +191,23 @@ pub async fn start(client: Client, prefix: &str, config: &GatewayConfig) -> anyh
     })
 }
 
+/// The first event of a stream about to be answered as events (SSE or NDJSON): an
+/// error before it, or no event at all, is answered as an HTTP error instead.
+pub(crate) async fn first_event(
+    s: &mut switchyard_client::ResponseStream,
+) -> Result<switchyard_client::StreamEvent, ApiError> {
+    match s.next().await {
+        Some(Ok(ev)) => Ok(ev),
+        Some(Err(e)) => Err(e.into()),
+        None => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "api_error",
+            "worker_lost",
+            "the stream ended at once",
+        )),
+    }
+}
+
 /// Continues the caller's W3C trace (`traceparent`, `tracestate`) in `span`.
 fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     let mut map = async_nats::HeaderMap::new();

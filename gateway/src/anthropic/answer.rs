@@ -8,7 +8,7 @@ use crate::errors::ApiError;
 use crate::keys::Admitted;
 use crate::metrics::Operation;
 use crate::Gateway;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -107,20 +107,9 @@ pub async fn run(
         .into_response());
     }
     // The first event decides the status.
-    let first = match s.next().instrument(span.clone()).await {
-        Some(Ok(ev)) => ev,
-        Some(Err(e)) => {
-            let e = ApiError::from(e);
-            op.finish(Some(&e.code));
-            return Err(e.into());
-        }
-        None => {
-            let e = ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "api_error",
-                "worker_lost",
-                "the stream ended at once",
-            );
+    let first = match crate::first_event(&mut s).instrument(span.clone()).await {
+        Ok(ev) => ev,
+        Err(e) => {
             op.finish(Some(&e.code));
             return Err(e.into());
         }

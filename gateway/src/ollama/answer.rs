@@ -206,18 +206,9 @@ pub async fn run(
         }
         return Ok(axum::Json(v).into_response());
     }
-    let first = match s.next().instrument(span.clone()).await {
-        Some(Ok(ev)) => ev,
-        Some(Err(e)) => return Err(fail(&mut op, e.into())),
-        None => {
-            let e = ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "api_error",
-                "worker_lost",
-                "the stream ended at once",
-            );
-            return Err(fail(&mut op, e));
-        }
+    let first = match crate::first_event(&mut s).instrument(span.clone()).await {
+        Ok(ev) => ev,
+        Err(e) => return Err(fail(&mut op, e)),
     };
     let state = Lines {
         stream: s,

@@ -435,10 +435,9 @@ pub async fn embed(
     let admitted = g.keys.admit(&headers, g.aliased(&req.model))?;
     unknown(&req.rest, "")?;
     let _ = (&req.options, &req.keep_alive);
-    if req.truncate == Some(false) {
-        // Workers refuse an input over the window (never cut silently), which is
-        // what `truncate: false` asks.
-    }
+    // `truncate`: workers refuse an input over the window, never cut it silently
+    // (what `truncate: false` asks; `true`, Ollama's default, is not honoured).
+    let _ = req.truncate;
     let inputs: Vec<_> = match &req.input {
         Value::String(s) => vec![s.clone()],
         Value::Array(a) if a.iter().all(Value::is_string) => {

@@ -13,7 +13,7 @@ use crate::errors::ApiError;
 use crate::keys::Admitted;
 use crate::metrics::Operation;
 use crate::Gateway;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -196,18 +196,9 @@ pub async fn run(
         }
         return Ok(axum::Json(v).into_response());
     }
-    let first = match s.next().instrument(span.clone()).await {
-        Some(Ok(ev)) => ev,
-        Some(Err(e)) => return Err(fail(&mut op, e.into())),
-        None => {
-            let e = ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "api_error",
-                "worker_lost",
-                "the stream ended at once",
-            );
-            return Err(fail(&mut op, e));
-        }
+    let first = match crate::first_event(&mut s).instrument(span.clone()).await {
+        Ok(ev) => ev,
+        Err(e) => return Err(fail(&mut op, e)),
     };
     let begun = shape.object("in_progress", Vec::new(), None);
     let mut state = Events {
