@@ -7,7 +7,7 @@ tokens, merges, token types) is copied from another GGUF (the SmolLM2 demo model
 the pre-tokenizer is set to "qwen2", so llama.cpp and switchyard tokenize with Qwen's
 split regex.
 
-usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|bf16] [SHAPE]
+usage: make-random-qwen-gguf.py VOCAB_GGUF OUT_GGUF {qwen2|qwen3} [SEED] [f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|bf16] [SHAPE] [TEMPLATE]
 
 The fifth argument stores every 2-D weight in that type (norms and biases stay F32).
 gguf-py cannot quantize K-quants, so q4_k and q5_k are quantized here (a plain
@@ -19,6 +19,9 @@ for benchmarks instead — `qwen2.5-0.5b`, `qwen2.5-1.5b`, `qwen2.5-3b` — with
 embeddings as those models have, at their full width and depth; only the vocabulary
 is the donor's (49,152 tokens for SmolLM2 instead of Qwen's 151,936). Random weights
 make meaningless text but honest timings (scripts/make-sized-models.sh).
+TEMPLATE, a Jinja file, becomes the GGUF's `tokenizer.chat_template` (none by default:
+engines fall back to ChatML) — tests/fixtures/qwen3-chat-template.jinja makes a model
+that is templated as Qwen3 is (tools, `<think>` sections, `enable_thinking`).
 """
 import sys
 
@@ -149,6 +152,9 @@ w.add_token_types(types)
 w.add_bos_token_id(1)
 w.add_eos_token_id(2)
 w.add_add_bos_token(False)
+if len(sys.argv) > 7:
+    with open(sys.argv[7], encoding="utf-8") as f:
+        w.add_chat_template(f.read())
 
 add_weight("token_embd.weight", mat(n_vocab, n_embd, 1.0))
 w.add_tensor("output_norm.weight", vec(n_embd, 1.0))

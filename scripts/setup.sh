@@ -167,6 +167,26 @@ else
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check $CLIENT_PINS >&2
 fi
+# The OpenAI Agents SDK (tests/python/agents_check.py: one agent turn with a tool over
+# /v1/responses). Its current releases need openai 3, and the checks above pin the 2.x
+# that LangChain and litellm take, so it gets a venv of its own. Not fatal: without it
+# the agents check is skipped, saying why.
+AGENTS_PIN="openai-agents==0.25.0"
+AGENTS_VENV="$CACHE/venv-agents"
+if "$AGENTS_VENV/bin/python" - "$AGENTS_PIN" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+name, want = sys.argv[1].split("==")
+sys.exit(version(name) != want)
+PY
+then
+  say "openai-agents: cached in $AGENTS_VENV"
+else
+  say "openai-agents: installing $AGENTS_PIN into $AGENTS_VENV"
+  { "$PY" -m venv "$AGENTS_VENV" >&2 \
+    && "$AGENTS_VENV/bin/python" -m pip install -q --disable-pip-version-check "$AGENTS_PIN" >&2; } \
+    || say "openai-agents: install failed; tests/responses_api.rs's agents check will be skipped"
+fi
 # MLX for the `metal` worker's bridge: Metal on macOS, MLX's CPU build on Linux (tests).
 if "$VENV/bin/python" -c 'import mlx.core, mlx_lm' 2>/dev/null; then
   say "mlx: cached in $VENV"
@@ -212,5 +232,6 @@ SWITCHYARD_NATS_SERVER=$CACHE/bin/nats-server
 SWITCHYARD_DEMO_MODEL=$MODEL
 SWITCHYARD_GEMMA_MODEL=$GEMMA
 SWITCHYARD_PYTHON=$VENV/bin/python
+SWITCHYARD_AGENTS_PYTHON=$AGENTS_VENV/bin/python
 SWITCHYARD_NODE_MODULES=$NODE_MODULES
 OUT

@@ -39,24 +39,8 @@ async fn start(f: &Fleet) -> GatewayHandle {
 async fn the_official_anthropic_client_works_against_the_gateway() {
     let f = fleet(|c| c.worker.capacity = 2).await;
     let g = start(&f).await;
-    let base = g.url();
-    let script = repo().join("tests/python/anthropic_check.py");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .args([&base, GOOD, RESTRICTED, DEMO_NAME])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("anthropic_check.py: {e}\n{stdout}\n{stderr}"));
-    eprintln!("{r:#}");
-    assert!(out.status.success(), "anthropic_check.py failed:\n{stderr}");
-    assert_eq!(r["failures"].as_array().map(Vec::len), Some(0), "{r:#}");
+    let args = vec![g.url(), GOOD.into(), RESTRICTED.into(), DEMO_NAME.into()];
+    let r = run_check(python(), "anthropic_check.py", args).await;
 
     let create = &r["create"];
     assert_eq!(create["model"], DEMO_NAME);

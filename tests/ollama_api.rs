@@ -32,24 +32,7 @@ async fn start(f: &Fleet) -> GatewayHandle {
 async fn the_official_ollama_client_works_against_the_gateway() {
     let f = fleet(|c| c.worker.capacity = 2).await;
     let g = start(&f).await;
-    let base = g.url();
-    let script = repo().join("tests/python/ollama_check.py");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .args([&base, KEY, DEMO_NAME])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("ollama_check.py: {e}\n{stdout}\n{stderr}"));
-    eprintln!("{r:#}");
-    assert!(out.status.success(), "ollama_check.py failed:\n{stderr}");
-    assert_eq!(r["failures"].as_array().map(Vec::len), Some(0), "{r:#}");
+    let r = run_check(python(), "ollama_check.py", vec![g.url(), KEY.into(), DEMO_NAME.into()]).await;
 
     assert_eq!(r["listings"]["tags"], serde_json::json!([DEMO_NAME]));
     assert_eq!(r["listings"]["details"]["format"], "gguf");

@@ -22,6 +22,7 @@ fn python_msgpack_and_rust_read_each_other() {
             id: 9,
             text: "naïve 🚀".into(),
             logprob: None,
+            reasoning: false,
         }],
         done: true,
         finish_reason: Some(FinishReason::Stop),

@@ -30,24 +30,13 @@ async fn the_official_openai_client_runs_responses_across_two_gateways() {
     let nats = NatsServer::start_jetstream(&bin, dir.path()).expect("start nats-server -js");
     let f = fleet_on(nats, |c| c.worker.capacity = 2).await;
     let (ga, gb) = (open_gateway(&f).await, open_gateway(&f).await);
-    let (a, b) = (format!("{}/v1", ga.url()), format!("{}/v1", gb.url()));
-    let script = repo().join("tests/python/responses_check.py");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .args([&a, &b, "sk-any", DEMO_NAME])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("responses_check.py: {e}\n{stdout}\n{stderr}"));
-    eprintln!("{r:#}");
-    assert!(out.status.success(), "responses_check.py failed:\n{stderr}");
-    assert_eq!(r["failures"].as_array().map(Vec::len), Some(0), "{r:#}");
+    let args = vec![
+        format!("{}/v1", ga.url()),
+        format!("{}/v1", gb.url()),
+        "sk-any".into(),
+        DEMO_NAME.into(),
+    ];
+    let r = run_check(python(), "responses_check.py", args).await;
 
     assert_eq!(r["create"]["model"], DEMO_NAME);
     assert!(r["stream"]["deltas"].as_u64().unwrap() >= 2, "{}", r["stream"]);
@@ -66,6 +55,31 @@ async fn the_official_openai_client_runs_responses_across_two_gateways() {
         assert_eq!(e[k]["class"], class, "{k}: {}", e[k]);
         assert_eq!(e[k]["status"], status, "{k}: {}", e[k]);
     }
+}
+
+/// The OpenAI Agents SDK (its own venv: current releases need openai 3) runs one
+/// agent turn with a function tool over /v1/responses: the forced call, the tool's
+/// output sent back, the model's answer after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_agents_sdk_runs_a_turn_with_a_tool() {
+    let Some(py) = std::env::var_os("SWITCHYARD_AGENTS_PYTHON")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_file())
+    else {
+        skip(
+            Skip::Fixable,
+            "no openai-agents venv (SWITCHYARD_AGENTS_PYTHON; scripts/setup.sh makes it)",
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = find_nats_server("").expect("nats-server (run scripts/setup.sh)");
+    let nats = NatsServer::start_jetstream(&bin, dir.path()).expect("start nats-server -js");
+    let f = fleet_on(nats, |_| {}).await;
+    let g = open_gateway(&f).await;
+    let args = vec![format!("{}/v1", g.url()), DEMO_NAME.into()];
+    let r = run_check(py, "agents_check.py", args).await;
+    assert!(!r["cities"][0].as_str().unwrap_or_default().is_empty(), "{r:#}");
 }
 
 /// Without JetStream the gateway still answers (storing nothing), and a follow-up

@@ -47,6 +47,9 @@ pub enum Prompt {
         messages: Vec<Message>,
         /// Functions the model may call.
         tools: Vec<switchyard_messages::Tool>,
+        /// Extra template variables: a JSON object's text, empty for none (the
+        /// request's `chat_template_kwargs`, checked to be an object).
+        kwargs: String,
     },
     /// Token ids, used as they are (a client that tokenizes itself).
     Tokens(Vec<u32>),
@@ -68,6 +71,7 @@ impl Prompt {
         Prompt::Chat {
             messages,
             tools: Vec::new(),
+            kwargs: String::new(),
         }
     }
 }
@@ -312,6 +316,21 @@ pub trait TextModel: Send + Sync {
     /// tools section, and the worker writes them into the messages).
     fn tool_format(&self) -> ToolFormat {
         ToolFormat::Generic
+    }
+    /// Whether `prompt`, rendered, leaves a reasoning section open (its template ends
+    /// the assistant's opener with `<think>`, as DeepSeek-R1's and QwQ's do), so the
+    /// answer starts inside the reasoning. A backend that cannot tell keeps this
+    /// default: the worker then takes reasoning only where the answer opens it.
+    fn opens_reasoning(&self, prompt: &Prompt) -> bool {
+        let _ = prompt;
+        false
+    }
+    /// The text of generated token `ids`, as the stream gave it (a resumed stream's
+    /// reasoning split goes on from it); `None` where the backend cannot tell. A
+    /// backend whose [`TextModel::resumes`] is true should say.
+    fn detokenize(&self, ids: &[u32]) -> Option<String> {
+        let _ = ids;
+        None
     }
     /// Whether this backend enforces `constraint` exactly; `Err` says what it would
     /// not enforce (the worker then refuses the request as retryable `unavailable`,

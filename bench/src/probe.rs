@@ -23,6 +23,7 @@ impl TextModel for FabricProbe {
                 id: i,
                 text: "x".into(),
                 logprob: None,
+                reasoning: false,
             }))
         });
         let done = std::iter::once(Ok(GenerateEvent::Done {

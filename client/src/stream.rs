@@ -42,8 +42,11 @@ impl ClientError {
 /// A finished generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
-    /// The generated text.
+    /// The generated text (without the reasoning, when the request split it).
     pub text: String,
+    /// The model's reasoning, split from the answer (a request with
+    /// `split_reasoning`; empty otherwise).
+    pub reasoning: String,
     /// The generated tokens.
     pub tokens: Vec<Token>,
     /// Why it ended.
@@ -252,9 +255,16 @@ impl ResponseStream {
                     metrics,
                     tool_calls,
                 } => {
-                    let text = tokens.iter().map(|t| t.text.as_str()).collect();
+                    let pick = |reasoning: bool| {
+                        tokens
+                            .iter()
+                            .filter(|t| t.reasoning == reasoning)
+                            .map(|t| t.text.as_str())
+                            .collect()
+                    };
                     return Ok(Completion {
-                        text,
+                        text: pick(false),
+                        reasoning: pick(true),
                         tokens,
                         finish_reason,
                         metrics,

@@ -136,9 +136,8 @@ impl Running {
         let top = self.job.config.logprobs.unwrap_or(0) as usize;
         let logprob = raw.map(|raw| token_logprob(&raw, next, top, |id| engine.tokenizer.token_bytes(id)));
         match self.stops.push(Token {
-            id: next,
-            text,
             logprob,
+            ..Token::new(next, text)
         }) {
             StopCheck::Continue(tokens) => {
                 for t in tokens {

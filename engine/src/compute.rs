@@ -229,8 +229,12 @@ pub fn tokenize_prompt(
 ) -> Result<Vec<u32>, BackendError> {
     let text = match prompt {
         Prompt::Text(t) => t.clone(),
-        Prompt::Chat { messages, tools } => template
-            .render(messages, tools, true)
+        Prompt::Chat {
+            messages,
+            tools,
+            kwargs,
+        } => template
+            .render_with(messages, tools, kwargs, true)
             .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
         Prompt::Tokens(ids) => {
             let vocab = tokenizer.vocab_size() as u32;
@@ -272,9 +276,13 @@ impl ComputeState {
     ) -> Result<(Vec<u32>, Option<super::holdings::KeyMap>), BackendError> {
         let text = match prompt {
             Prompt::Text(t) => t.clone(),
-            Prompt::Chat { messages, tools } => self
+            Prompt::Chat {
+                messages,
+                tools,
+                kwargs,
+            } => self
                 .template
-                .render(messages, tools, true)
+                .render_with(messages, tools, kwargs, true)
                 .map_err(|e| BackendError::Invalid(format!("chat template: {e}")))?,
             _ => return tokenize_prompt(&self.tokenizer, &self.template, prompt).map(|ids| (ids, None)),
         };

@@ -166,6 +166,24 @@ impl TextModel for EngineModel {
         self.template.tool_format()
     }
 
+    fn detokenize(&self, ids: &[u32]) -> Option<String> {
+        Some(self.tokenizer.decode(ids))
+    }
+
+    fn opens_reasoning(&self, prompt: &Prompt) -> bool {
+        let Prompt::Chat {
+            messages,
+            tools,
+            kwargs,
+        } = prompt
+        else {
+            return false;
+        };
+        self.template
+            .render_with(messages, tools, kwargs, true)
+            .is_ok_and(|text| template::ChatTemplate::opens_reasoning(&text))
+    }
+
     fn kv_transfer(&self) -> Option<&dyn switchyard_backend::KvTransfer> {
         Some(self)
     }

@@ -171,6 +171,7 @@ impl ComputeState {
                                 id,
                                 text,
                                 logprob: None,
+                                reasoning: false,
                             },
                             logits: if return_logits { logits } else { Vec::new() },
                         }));

@@ -105,6 +105,7 @@ mod tests {
             id,
             text: s.into(),
             logprob: None,
+            reasoning: false,
         }
     }
 

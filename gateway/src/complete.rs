@@ -160,7 +160,28 @@ impl Shape {
     }
 
     /// Choice `index` of a whole answer.
-    fn choice(&self, index: usize, text: String, reason: FinishReason, calls: &[ToolCall], tokens: &[Token]) -> Value {
+    fn choice(&self, index: usize, done: &switchyard_client::Completion) -> Value {
+        let mut choice = self.choice_of(
+            index,
+            done.text.clone(),
+            done.finish_reason,
+            &done.tool_calls,
+            &done.tokens,
+        );
+        if !done.reasoning.is_empty() {
+            choice["message"]["reasoning_content"] = json!(done.reasoning);
+        }
+        choice
+    }
+
+    fn choice_of(
+        &self,
+        index: usize,
+        text: String,
+        reason: FinishReason,
+        calls: &[ToolCall],
+        tokens: &[Token],
+    ) -> Value {
         let logprobs = self.logprobs(tokens, 0);
         match self.kind {
             Kind::Chat if !calls.is_empty() => {
@@ -312,7 +333,7 @@ async fn run(
             };
             admitted.charge(done.metrics.generated_tokens);
             add_usage(&mut metrics, &done.metrics, i);
-            choices.push(shape.choice(i, done.text, done.finish_reason, &done.tool_calls, &done.tokens));
+            choices.push(shape.choice(i, &done));
         }
         op.finish(None);
         return Ok(axum::Json(shape.whole(choices, &metrics)).into_response());
@@ -414,13 +435,18 @@ impl Streaming {
             };
             match ev {
                 Some((i, Ok(StreamEvent::Tokens(t)))) => {
-                    let text: String = t.iter().map(|t| t.text.as_str()).collect();
+                    let (reasoning, text) = crate::reasoning::split(&t);
                     // A token that ends inside a character has no text yet, but
                     // its log-probability goes out with it.
-                    if !text.is_empty() || self.shape.logprobs {
+                    if !text.is_empty() || !reasoning.is_empty() || self.shape.logprobs {
                         let logprobs = self.shape.logprobs(&t, self.offsets[i]);
                         self.offsets[i] += text.len();
-                        return Some(self.shape.chunk_with(i, Some(&text), None, false, logprobs).to_string());
+                        let content = (!text.is_empty() || reasoning.is_empty()).then_some(text.as_str());
+                        let mut chunk = self.shape.chunk_with(i, content, None, false, logprobs);
+                        if !reasoning.is_empty() {
+                            chunk["choices"][0]["delta"]["reasoning_content"] = json!(reasoning);
+                        }
+                        return Some(chunk.to_string());
                     }
                 }
                 Some((

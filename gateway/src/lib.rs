@@ -22,6 +22,7 @@ pub mod keys;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
+pub mod reasoning;
 pub mod responses;
 pub mod structured;
 

@@ -91,6 +91,14 @@ pub struct Sampling {
     pub service_tier: Option<String>,
     /// `{"token id": bias}`, bias in −100..=100.
     pub logit_bias: Option<Map<String, Value>>,
+    /// Reasoning models: variables for the chat template (`{"enable_thinking":
+    /// false}`), how hard to think, thinking on or off (Qwen's and DashScope's
+    /// spelling), and `reasoning_format: "none"` for the raw text, tags and all
+    /// (llama.cpp's server's field; `auto` / `deepseek` split, the default).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub reasoning_effort: Option<String>,
+    pub enable_thinking: Option<bool>,
+    pub reasoning_format: Option<String>,
     /// Fields this gateway does not know.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -237,7 +245,33 @@ impl Sampling {
         if self.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
             return Err(refuse("n", &format!("must be 1 to {MAX_CHOICES}")));
         }
-        let logprobs = self.logprobs(req.messages.is_some())?;
+        let chat = req.messages.is_some();
+        let logprobs = self.logprobs(chat)?;
+        if !chat {
+            for (name, given) in [
+                ("chat_template_kwargs", self.chat_template_kwargs.is_some()),
+                ("reasoning_effort", self.reasoning_effort.is_some()),
+                ("enable_thinking", self.enable_thinking.is_some()),
+                ("reasoning_format", self.reasoning_format.is_some()),
+            ] {
+                if given {
+                    return Err(refuse(name, "a chat field (a completion's prompt is not templated)"));
+                }
+            }
+        } else {
+            req.chat_template_kwargs = super::reasoning::Thinking {
+                kwargs: self.chat_template_kwargs.as_ref(),
+                enabled: self.enable_thinking,
+                effort: self.reasoning_effort.as_deref(),
+                effort_field: "reasoning_effort",
+            }
+            .template_kwargs()?;
+            req.split_reasoning = match self.reasoning_format.as_deref() {
+                None | Some("auto" | "deepseek" | "deepseek-legacy") => true,
+                Some("none") => false,
+                Some(_) => return Err(refuse("reasoning_format", "must be auto, deepseek or none")),
+            };
+        }
         if self.stream_options.is_some() && !self.streams() {
             return Err(refuse("stream_options", "only with stream: true"));
         }

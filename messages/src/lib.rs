@@ -101,4 +101,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `config.frequency_penalty` (OpenAI's). 1.16: pipeline stages ([`stage`]: a model's
 /// layers split across workers, `{p}.v1.stage.{pipeline}.{layer}`, `ServedModel.pipeline`).
 /// 1.17: `PipelineInfo.broken`; a stage answers an empty probe with its own report.
-pub const PROTOCOL_MINOR: u32 = 17;
+/// 1.18: reasoning — `chat_template_kwargs` and `split_reasoning` in a generate
+/// request, [`Token::reasoning`] on the tokens of a `<think>` section.
+pub const PROTOCOL_MINOR: u32 = 18;

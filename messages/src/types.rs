@@ -19,6 +19,10 @@ pub struct Token {
     /// request asked for them (`config.logprobs`). Omitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprob: Option<TokenLogprob>,
+    /// (1.18) Part of the model's reasoning, not of its answer (a request with
+    /// `split_reasoning`); the `<think>` tags themselves have empty text.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reasoning: bool,
 }
 
 impl Token {
@@ -28,6 +32,7 @@ impl Token {
             id,
             text: text.into(),
             logprob: None,
+            reasoning: false,
         }
     }
 }

@@ -323,7 +323,39 @@ pub fn validate_request(req: &GenerateRequest, chat: bool, limits: &InputLimits)
         limits.max_tokens,
     )?;
     check_tools(req, chat, limits)?;
+    check_template_kwargs(req, chat, limits)?;
     validate_config(&req.config, limits)
+}
+
+/// The names a chat template's own variables take: kwargs cannot replace them.
+const TEMPLATE_VARIABLES: [&str; 5] = ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
+
+/// `chat_template_kwargs`: a JSON object, on a chat, within the prompt's byte limit,
+/// naming none of the template's own variables.
+fn check_template_kwargs(req: &GenerateRequest, chat: bool, limits: &InputLimits) -> Result<(), WireError> {
+    if req.chat_template_kwargs.is_empty() {
+        return Ok(());
+    }
+    if !chat {
+        return Err(bad("chat_template_kwargs are only for chat requests".into()));
+    }
+    within(
+        "chat_template_kwargs bytes",
+        req.chat_template_kwargs.len(),
+        "max_prompt_bytes",
+        limits.max_prompt_bytes,
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&req.chat_template_kwargs)
+        .map_err(|e| bad(format!("chat_template_kwargs is not JSON: {e}")))?;
+    let Some(map) = v.as_object() else {
+        return Err(bad("chat_template_kwargs must be a JSON object".into()));
+    };
+    if let Some(name) = TEMPLATE_VARIABLES.iter().find(|n| map.contains_key(**n)) {
+        return Err(bad(format!(
+            "chat_template_kwargs cannot set {name:?}: the request's own fields fill it"
+        )));
+    }
+    Ok(())
 }
 
 /// Prompts of a classify or batch request: at least one, each within the byte limit.

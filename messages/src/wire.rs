@@ -34,6 +34,18 @@ pub struct GenerateRequest {
     /// (1.3) Whether one answer may hold several calls (default true).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub parallel_tool_calls: bool,
+    /// (1.18) Extra variables for a chat's template, as a JSON object's text
+    /// (`{"enable_thinking": false}`, as Hugging Face's `apply_chat_template` takes
+    /// them); empty = none. They cannot replace `messages`, `tools`,
+    /// `add_generation_prompt`, `bos_token` or `eos_token`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub chat_template_kwargs: String,
+    /// (1.18) Split a reasoning model's reasoning from its answer: the text of a
+    /// `<think>…</think>` section (opening the answer, or opened by the template)
+    /// comes in tokens marked [`crate::Token::reasoning`], without the tags. Off: the
+    /// raw text, tags and all.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub split_reasoning: bool,
 }
 
 fn is_auto(c: &crate::ToolChoice) -> bool {
@@ -60,6 +72,8 @@ impl GenerateRequest {
             tools: Vec::new(),
             tool_choice: crate::ToolChoice::Auto,
             parallel_tool_calls: true,
+            chat_template_kwargs: String::new(),
+            split_reasoning: false,
         }
     }
 

@@ -25,6 +25,7 @@ fn envelopes_roundtrip() {
             id: 7,
             text: "é".into(),
             logprob: None,
+            reasoning: false,
         }],
         done: true,
         finish_reason: Some(FinishReason::Length),
@@ -54,6 +55,7 @@ fn envelopes_roundtrip() {
             id: 1,
             text: "a".into(),
             logprob: None,
+            reasoning: false,
         },
         logits: vec![0.5, -1.0],
     });

@@ -500,6 +500,7 @@ fn seed_token() -> Token {
         id: 7,
         text: "é".into(),
         logprob: None,
+        reasoning: false,
     }
 }
 
@@ -523,6 +524,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
                             logprob: -1.5,
                         }],
                     }),
+                    reasoning: false,
                 },
             ],
             done: true,

@@ -398,3 +398,21 @@ pub fn assert_disaggregated(done: &switchyard::Completion, want: &[u32], what: &
     );
     assert_eq!(token_ids(done), want, "{what}: as a single worker answers");
 }
+
+/// Runs a client check script (`tests/python/NAME`) with `python` and `args`, and
+/// returns its report (the one JSON object it prints) after asserting it exited 0
+/// with no failures; the report goes to stderr for the test's log.
+pub async fn run_check(python: std::path::PathBuf, name: &str, args: Vec<String>) -> serde_json::Value {
+    let script = repo().join("tests/python").join(name);
+    let out = tokio::task::spawn_blocking(move || Command::new(python).arg(script).args(args).output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{name}: {e}\n{stdout}\n{stderr}"));
+    eprintln!("{r:#}");
+    assert!(out.status.success(), "{name} failed:\n{stderr}");
+    assert_eq!(r["failures"].as_array().map(Vec::len), Some(0), "{r:#}");
+    r
+}

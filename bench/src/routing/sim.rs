@@ -302,6 +302,7 @@ impl Inner {
             id: 1,
             text: "x".into(),
             logprob: None,
+            reasoning: false,
         };
         let prompt_tokens = (key.len() / BYTES_PER_TOKEN) as u32;
         match w.spec.timing {

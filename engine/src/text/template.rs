@@ -43,16 +43,54 @@ impl ChatTemplate {
     /// and calls take OpenAI's shapes (`{"type": "function", "function": {…}}`), the
     /// arguments as objects, as Hugging Face's `apply_chat_template` passes them.
     pub fn render(&self, messages: &[Message], tools: &[Tool], add_generation_prompt: bool) -> Result<String, Error> {
+        self.render_with(messages, tools, "", add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with extra variables: `kwargs`, a JSON object's
+    /// text (`{"enable_thinking": false}`), empty for none; the template's own
+    /// variables win over them.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        tools: &[Tool],
+        kwargs: &str,
+        add_generation_prompt: bool,
+    ) -> Result<String, Error> {
         let tmpl = self.env.get_template("chat")?;
         let messages: Vec<Value> = messages.iter().map(message_value).collect();
         let tools: Option<Vec<Value>> = (!tools.is_empty()).then(|| tools.iter().map(tool_value).collect());
+        let extra = if kwargs.trim().is_empty() {
+            Value::from(())
+        } else {
+            let v: serde_json::Value = serde_json::from_str(kwargs)
+                .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("chat_template_kwargs: {e}")))?;
+            if !v.is_object() {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "chat_template_kwargs must be a JSON object",
+                ));
+            }
+            Value::from_serialize(&v)
+        };
         tmpl.render(context! {
             messages => messages,
             tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos.clone(),
             eos_token => self.eos.clone(),
+            ..extra
         })
+    }
+
+    /// Whether the assistant's opener that `render_with` ends with leaves a
+    /// reasoning section open: `<think>` after the last `</think>` (DeepSeek-R1's
+    /// and QwQ's templates end the opener with it; Qwen3's closes an empty one when
+    /// thinking is off).
+    pub fn opens_reasoning(rendered: &str) -> bool {
+        match rendered.rfind(THINK_OPEN) {
+            Some(at) => !rendered[at..].contains(THINK_CLOSE) && rendered[at + THINK_OPEN.len()..].trim().is_empty(),
+            None => false,
+        }
     }
 }
 
@@ -102,6 +140,10 @@ pub fn tool_format(source: &str) -> ToolFormat {
         ToolFormat::Generic
     }
 }
+
+/// The tags of a reasoning section.
+pub const THINK_OPEN: &str = "<think>";
+pub const THINK_CLOSE: &str = "</think>";
 
 /// ChatML, used when a GGUF carries no template.
 pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -173,6 +215,49 @@ For each function call, return <tool_call></tool_call><|im_end|>
             tool_format("{% if tools %}Environment: ipython{% endif %}<|python_tag|>"),
             ToolFormat::Llama3
         );
+    }
+
+    /// Qwen3's own template (the GGUFs' `tokenizer.chat_template`), from the file
+    /// the test models are made with.
+    fn qwen3() -> ChatTemplate {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/qwen3-chat-template.jinja"
+        );
+        ChatTemplate::new(&std::fs::read_to_string(path).unwrap(), "", "<|im_end|>").unwrap()
+    }
+
+    #[test]
+    fn template_kwargs_reach_the_template_and_say_whether_reasoning_is_open() {
+        let t = qwen3();
+        assert_eq!(t.tool_format(), ToolFormat::Hermes);
+        let hi = [Message::new("user", "Hi")];
+        let on = t.render_with(&hi, &[], "", true).unwrap();
+        assert!(on.ends_with("<|im_start|>assistant\n"), "{on:?}");
+        let off = t.render_with(&hi, &[], r#"{"enable_thinking": false}"#, true).unwrap();
+        assert!(
+            off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            "{off:?}"
+        );
+        // Neither leaves a section open: the model opens one itself, or none.
+        assert!(!ChatTemplate::opens_reasoning(&on) && !ChatTemplate::opens_reasoning(&off));
+        // DeepSeek-R1's opener leaves one open; an earlier turn's closed one does not count.
+        assert!(ChatTemplate::opens_reasoning(
+            "<think>a</think>b<｜Assistant｜><think>\n"
+        ));
+        assert!(!ChatTemplate::opens_reasoning("<think>\nx"));
+        // An earlier answer's reasoning is not shown to the model again.
+        let turns = [
+            Message::new("user", "Hi"),
+            Message::new("assistant", "<think>\nhmm\n</think>\n\nHello"),
+            Message::new("user", "Again"),
+        ];
+        let out = t.render_with(&turns, &[], "", true).unwrap();
+        assert!(
+            out.contains("<|im_start|>assistant\nHello<|im_end|>") && !out.contains("hmm"),
+            "{out:?}"
+        );
+        assert!(t.render_with(&hi, &[], "[1]", true).is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! A Messages answer in Anthropic's shapes: whole (`{"type": "message", "content":
-//! [text, tool_use…], "stop_reason", "usage"}`) or as its event stream
+//! [thinking, text, tool_use…], "stop_reason", "usage"}`) or as its event stream
 //! (`message_start`, `ping`, per block `content_block_start` / `_delta` / `_stop`
 //! with its index, `message_delta` with the stop reason and usage, `message_stop`).
 
@@ -96,6 +96,10 @@ pub async fn run(
             return Ok(prewarmed_events(&id, &model, &done.metrics));
         }
         let mut content = Vec::new();
+        if !done.reasoning.is_empty() && !prewarm {
+            // A local model's thinking carries no signature to verify.
+            content.push(json!({"type": "thinking", "thinking": done.reasoning, "signature": ""}));
+        }
         if !done.text.is_empty() {
             content.push(json!({"type": "text", "text": done.text}));
         }
@@ -123,7 +127,7 @@ pub async fn run(
         pending: Some(first),
         queue: VecDeque::from([("message_start", start), ("ping", json!({"type": "ping"}))]),
         blocks: 0,
-        text_open: false,
+        open: None,
         admitted,
         op,
         over: false,
@@ -186,8 +190,8 @@ struct Streaming {
     queue: VecDeque<(&'static str, Value)>,
     /// Content blocks opened so far (the next one's index).
     blocks: usize,
-    /// The last block is a text block still open.
-    text_open: bool,
+    /// The last block, still open: thinking (`true`) or text.
+    open: Option<bool>,
     admitted: Admitted,
     op: Operation,
     over: bool,
@@ -195,15 +199,50 @@ struct Streaming {
 }
 
 impl Streaming {
-    fn close_text(&mut self) {
-        if self.text_open {
-            self.text_open = false;
-            let index = self.blocks - 1;
+    /// Closes the open block (a thinking block with its empty signature).
+    fn close_block(&mut self) {
+        let Some(thinking) = self.open.take() else {
+            return;
+        };
+        let index = self.blocks - 1;
+        if thinking {
             self.queue.push_back((
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": index}),
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "signature_delta", "signature": ""}}),
             ));
         }
+        self.queue.push_back((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+
+    /// Adds `text` to a thinking or text block, opening one as needed.
+    fn add(&mut self, thinking: bool, text: String) {
+        if self.open != Some(thinking) {
+            self.close_block();
+            self.open = Some(thinking);
+            let block = if thinking {
+                json!({"type": "thinking", "thinking": "", "signature": ""})
+            } else {
+                json!({"type": "text", "text": ""})
+            };
+            self.queue.push_back((
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.blocks, "content_block": block}),
+            ));
+            self.blocks += 1;
+        }
+        let delta = if thinking {
+            json!({"type": "thinking_delta", "thinking": text})
+        } else {
+            json!({"type": "text_delta", "text": text})
+        };
+        self.queue.push_back((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}),
+        ));
     }
 
     /// The next event (name and data), `None` at the end.
@@ -221,24 +260,9 @@ impl Streaming {
             };
             match ev {
                 Some(Ok(StreamEvent::Tokens(t))) => {
-                    let text: String = t.iter().map(|t| t.text.as_str()).collect();
-                    if text.is_empty() {
-                        continue;
+                    for (thinking, text) in crate::reasoning::runs(&t) {
+                        self.add(thinking, text);
                     }
-                    if !self.text_open {
-                        self.text_open = true;
-                        self.queue.push_back((
-                            "content_block_start",
-                            json!({"type": "content_block_start", "index": self.blocks,
-                                   "content_block": {"type": "text", "text": ""}}),
-                        ));
-                        self.blocks += 1;
-                    }
-                    self.queue.push_back((
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": self.blocks - 1,
-                               "delta": {"type": "text_delta", "text": text}}),
-                    ));
                 }
                 Some(Ok(StreamEvent::Done {
                     finish_reason,
@@ -246,7 +270,7 @@ impl Streaming {
                     tool_calls,
                 })) => {
                     self.admitted.charge(metrics.generated_tokens);
-                    self.close_text();
+                    self.close_block();
                     for call in &tool_calls {
                         let index = self.blocks;
                         self.blocks += 1;

@@ -95,9 +95,10 @@ pub struct MessagesRequest {
     pub output_config: Option<Value>,
     /// Code-execution containers: refused unless null.
     pub container: Option<Value>,
+    /// Thinking on or off: the template's `enable_thinking`.
+    pub thinking: Option<Value>,
     // Accepted, asking nothing of a local answer (docs/gateway.md).
     pub metadata: Option<Value>,
-    pub thinking: Option<Value>,
     pub service_tier: Option<String>,
     pub cache_control: Option<Value>,
     pub diagnostics: Option<Value>,
@@ -109,6 +110,8 @@ pub struct MessagesRequest {
     pub backend: Option<String>,
     pub worker: Option<String>,
     pub priority: Option<String>,
+    /// A regular expression the answer must match (llguidance's dialect).
+    pub regex: Option<String>,
     /// Fields this gateway does not know.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -335,19 +338,38 @@ fn unknown(rest: &Map<String, Value>) -> Result<(), AnthropicError> {
     }
 }
 
-/// `thinking`: `{"type": "enabled", "budget_tokens"}`, `disabled`, `adaptive` or
-/// `between_tools` — accepted; the model thinks as its template does.
-fn thinking(v: Option<&Value>) -> Result<(), AnthropicError> {
+/// `thinking`: `{"type": "enabled", "budget_tokens"}`, `adaptive` or
+/// `between_tools` (thinking on), `disabled` (off): the template's
+/// `enable_thinking`; absent, the model thinks as its template does.
+fn thinking(v: Option<&Value>) -> Result<Option<bool>, AnthropicError> {
     match v
         .filter(|v| !v.is_null())
         .map(|v| v.get("type").and_then(Value::as_str))
     {
-        None | Some(Some("enabled" | "disabled" | "adaptive" | "between_tools")) => Ok(()),
+        None => Ok(None),
+        Some(Some("enabled" | "adaptive" | "between_tools")) => Ok(Some(true)),
+        Some(Some("disabled")) => Ok(Some(false)),
         Some(_) => Err(refuse(
             "thinking.type",
             "must be enabled, disabled, adaptive or between_tools",
         )),
     }
+}
+
+/// The template's variables: `enable_thinking` from `thinking`, and
+/// `output_config.effort` as `reasoning_effort` (`max` as `xhigh`).
+fn template_kwargs(thinks: Option<bool>, output_config: Option<&Value>) -> Result<String, AnthropicError> {
+    let effort = output_config
+        .and_then(|o| o.get("effort"))
+        .and_then(Value::as_str)
+        .map(|e| if e == "max" { "xhigh" } else { e });
+    Ok(crate::reasoning::Thinking {
+        enabled: thinks,
+        effort,
+        effort_field: "output_config.effort",
+        ..Default::default()
+    }
+    .template_kwargs()?)
 }
 
 /// `output_config`: its `format` as the constraint it asks for; `effort` checked.
@@ -388,7 +410,7 @@ impl MessagesRequest {
     /// The switchyard chat request.
     pub fn to_request(&self) -> Result<GenerateRequest, AnthropicError> {
         unknown(&self.rest)?;
-        thinking(self.thinking.as_ref())?;
+        let thinks = thinking(self.thinking.as_ref())?;
         if self.container.as_ref().is_some_and(|c| !c.is_null()) {
             return Err(refuse("container", "code-execution containers are not served here"));
         }
@@ -411,6 +433,14 @@ impl MessagesRequest {
         c.max_tokens = max.max(1);
         c.fit_max_tokens = true;
         c.constraint = output_config(self.output_config.as_ref())?;
+        if let Some(pattern) = self.regex.as_ref() {
+            if c.constraint.is_some() {
+                return Err(refuse("regex", "cannot be combined with output_config.format"));
+            }
+            c.constraint = Some(Constraint::Regex {
+                pattern: pattern.clone(),
+            });
+        }
         chat_defaults(c, Some(self.temperature.unwrap_or(1.0)), self.top_k, self.top_p, None);
         c.stop = self.stop_sequences.clone().unwrap_or_default();
         req.head.backend = self.backend.clone().filter(|b| !b.is_empty());
@@ -423,6 +453,8 @@ impl MessagesRequest {
             (None, Some(_)) => return Err(refuse("service_tier", "must be auto or standard_only")),
         };
         tools(&mut req, self.tools.as_deref(), self.tool_choice.as_ref())?;
+        req.chat_template_kwargs = template_kwargs(thinks, self.output_config.as_ref())?;
+        req.split_reasoning = true;
         if req.config.constraint.is_some()
             && matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Function { .. })
         {
@@ -486,10 +518,11 @@ pub async fn count_tokens(
     let req: CountRequest = parse(&body(b, g.max_body)?)?;
     let admitted = g.keys.admit(&headers, g.aliased(&req.model))?;
     unknown(&req.rest)?;
-    thinking(req.thinking.as_ref())?;
+    let thinks = thinking(req.thinking.as_ref())?;
     output_config(req.output_config.as_ref())?;
     let messages = conversation(req.system.as_ref(), &req.messages)?;
     let mut sy = GenerateRequest::chat(Client::new_request_id(), req.model.clone(), messages);
+    sy.chat_template_kwargs = template_kwargs(thinks, req.output_config.as_ref())?;
     tools(&mut sy, req.tools.as_deref(), req.tool_choice.as_ref())?;
     // Counting needs no forced call: the tools are in the prompt either way.
     if sy.tool_choice != ToolChoice::None {

@@ -97,16 +97,24 @@ struct Shape {
 }
 
 impl Shape {
-    fn piece(&self, text: &str, tokens: &[Token], tool_calls: &[ToolCall], done: bool) -> Value {
+    /// A line (or the whole answer) with `text`, the `thinking` of its tokens (when
+    /// any), their log-probabilities (when asked) and `tool_calls`.
+    fn piece(&self, text: &str, thinking: &str, tokens: &[Token], tool_calls: &[ToolCall], done: bool) -> Value {
         let mut v = json!({"model": self.model, "created_at": timestamp(), "done": done});
         if self.chat {
             let mut message = json!({"role": "assistant", "content": text});
+            if !thinking.is_empty() {
+                message["thinking"] = json!(thinking);
+            }
             if !tool_calls.is_empty() {
                 message["tool_calls"] = calls(tool_calls);
             }
             v["message"] = message;
         } else {
             v["response"] = json!(text);
+            if !thinking.is_empty() {
+                v["thinking"] = json!(thinking);
+            }
         }
         if self.logprobs && !tokens.is_empty() {
             v["logprobs"] = logprobs(tokens);
@@ -115,7 +123,7 @@ impl Shape {
     }
 
     fn last(&self, reason: FinishReason, m: &GenerateMetrics) -> Value {
-        let mut v = self.piece("", &[], &[], true);
+        let mut v = self.piece("", "", &[], &[], true);
         v["done_reason"] = json!(done_reason(reason));
         if let (Value::Object(o), Value::Object(c)) = (&mut v, counts(m)) {
             o.extend(c);
@@ -147,7 +155,7 @@ pub async fn loaded(g: &Gateway, model: &str, chat: bool, common: &Common) -> Re
         model: model.to_string(),
         logprobs: false,
     };
-    let mut v = shape.piece("", &[], &[], true);
+    let mut v = shape.piece("", "", &[], &[], true);
     v["done_reason"] = json!(if unload { "unload" } else { "load" });
     Ok(axum::Json(v).into_response())
 }
@@ -199,7 +207,7 @@ pub async fn run(
         };
         admitted.charge(done.metrics.generated_tokens);
         op.finish(None);
-        let mut v = shape.piece(&done.text, &done.tokens, &done.tool_calls, true);
+        let mut v = shape.piece(&done.text, &done.reasoning, &done.tokens, &done.tool_calls, true);
         v["done_reason"] = json!(done_reason(done.finish_reason));
         if let (Value::Object(o), Value::Object(c)) = (&mut v, counts(&done.metrics)) {
             o.extend(c);
@@ -260,9 +268,9 @@ impl Lines {
             };
             match ev {
                 Some(Ok(StreamEvent::Tokens(t))) => {
-                    let text: String = t.iter().map(|t| t.text.as_str()).collect();
-                    if !text.is_empty() || self.shape.logprobs {
-                        return Some(self.shape.piece(&text, &t, &[], false));
+                    let (thinking, text) = crate::reasoning::split(&t);
+                    if !text.is_empty() || !thinking.is_empty() || self.shape.logprobs {
+                        return Some(self.shape.piece(&text, &thinking, &t, &[], false));
                     }
                 }
                 Some(Ok(StreamEvent::Done {
@@ -279,7 +287,7 @@ impl Lines {
                     }
                     // The calls on a line of their own, then the last line.
                     self.queued = Some(last);
-                    return Some(self.shape.piece("", &[], &tool_calls, false));
+                    return Some(self.shape.piece("", "", &[], &tool_calls, false));
                 }
                 Some(Err(e)) => {
                     self.over = true;

@@ -94,7 +94,8 @@ pub struct Common {
     pub options: Option<Map<String, Value>>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
-    /// Accepted: the model thinks as its template does.
+    /// Thinking on (`true`, `"low"`, `"medium"`, `"high"`) or off (`false`);
+    /// absent, the model thinks as its template does.
     pub think: Option<Value>,
     /// Accepted: workers keep their models loaded.
     pub keep_alive: Option<Value>,
@@ -257,10 +258,23 @@ impl Common {
             (_, Some(n)) if n > 0 => return Err(refuse("top_logprobs", "only with logprobs: true")),
             _ => None,
         };
-        match self.think.as_ref() {
-            None | Some(Value::Null | Value::Bool(_)) => {}
-            Some(Value::String(s)) if matches!(s.as_str(), "low" | "medium" | "high") => {}
+        // `think`: on, off or how hard — the template's `enable_thinking` and
+        // `reasoning_effort`; the answer's thinking comes back in `thinking`.
+        let (enabled, effort) = match self.think.as_ref() {
+            None | Some(Value::Null) => (None, None),
+            Some(Value::Bool(b)) => (Some(*b), None),
+            Some(Value::String(s)) if matches!(s.as_str(), "low" | "medium" | "high") => (Some(true), Some(s.as_str())),
             Some(_) => return Err(refuse("think", "must be true, false, \"low\", \"medium\" or \"high\"")),
+        };
+        if req.messages.is_some() {
+            req.chat_template_kwargs = crate::reasoning::Thinking {
+                enabled,
+                effort,
+                effort_field: "think",
+                ..Default::default()
+            }
+            .template_kwargs()?;
+            req.split_reasoning = true;
         }
         Ok(())
     }

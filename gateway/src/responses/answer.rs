@@ -1,6 +1,8 @@
-//! A Responses answer: the response object (`output`: a `message` item with
-//! `output_text`, then a `function_call` item per call), whole or as its events —
-//! `response.created`, `response.in_progress`, the message's
+//! A Responses answer: the response object (`output`: a `reasoning` item with the
+//! model's `reasoning_text` when it thought, a `message` item with `output_text`,
+//! then a `function_call` item per call), whole or as its events —
+//! `response.created`, `response.in_progress`, the reasoning's `output_item.added` /
+//! `reasoning_text.delta`… / `.done` / `output_item.done`, the message's
 //! `output_item.added` / `content_part.added` / `output_text.delta`… / `.done`s,
 //! each call's `output_item.added` / `function_call_arguments.delta` / `.done` /
 //! `output_item.done`, then `response.completed` (or `response.incomplete` at
@@ -58,6 +60,19 @@ impl Shape {
         format!("msg_{}", &self.id[5..])
     }
 
+    fn reasoning_id(&self) -> String {
+        format!("rs_{}", &self.id[5..])
+    }
+
+    fn reasoning(&self, text: &str, status: &str) -> Value {
+        let content = if status == "in_progress" {
+            json!([])
+        } else {
+            json!([{"type": "reasoning_text", "text": text}])
+        };
+        json!({"type": "reasoning", "id": self.reasoning_id(), "status": status, "summary": [], "content": content})
+    }
+
     fn message(&self, text: &str, status: &str) -> Value {
         let content = if status == "in_progress" {
             json!([])
@@ -77,8 +92,11 @@ impl Shape {
                "arguments": arguments, "status": status})
     }
 
-    fn output(&self, text: &str, calls: &[ToolCall]) -> Vec<Value> {
+    fn output(&self, reasoning: &str, text: &str, calls: &[ToolCall]) -> Vec<Value> {
         let mut out = Vec::new();
+        if !reasoning.is_empty() {
+            out.push(self.reasoning(reasoning, "completed"));
+        }
         if !text.is_empty() || calls.is_empty() {
             out.push(self.message(text, "completed"));
         }
@@ -86,12 +104,12 @@ impl Shape {
         out
     }
 
-    /// The response object.
-    fn object(&self, status: &str, output: Vec<Value>, m: Option<&GenerateMetrics>) -> Value {
+    /// The response object; `thought`: how many of the output tokens were reasoning.
+    fn object(&self, status: &str, output: Vec<Value>, m: Option<&GenerateMetrics>, thought: usize) -> Value {
         let mut v = self.echo.clone();
         let usage = m.map(|m| {
             json!({"input_tokens": m.prompt_tokens, "input_tokens_details": {"cached_tokens": m.cached_tokens},
-                   "output_tokens": m.generated_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                   "output_tokens": m.generated_tokens, "output_tokens_details": {"reasoning_tokens": thought},
                    "total_tokens": m.prompt_tokens + m.generated_tokens})
         });
         let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
@@ -189,8 +207,9 @@ pub async fn run(
         };
         admitted.charge(done.metrics.generated_tokens);
         op.finish(None);
-        let output = shape.output(&done.text, &done.tool_calls);
-        let v = shape.object(status(done.finish_reason), output, Some(&done.metrics));
+        let output = shape.output(&done.reasoning, &done.text, &done.tool_calls);
+        let thought = done.tokens.iter().filter(|t| t.reasoning).count();
+        let v = shape.object(status(done.finish_reason), output, Some(&done.metrics), thought);
         if let Some(keep) = keep {
             keep.put(&g, &shape.id, &v, &done.text, &done.tool_calls).await;
         }
@@ -200,14 +219,17 @@ pub async fn run(
         Ok(ev) => ev,
         Err(e) => return Err(fail(&mut op, e)),
     };
-    let begun = shape.object("in_progress", Vec::new(), None);
+    let begun = shape.object("in_progress", Vec::new(), None, 0);
     let mut state = Events {
         stream: s,
         pending: Some(first),
         queue: VecDeque::new(),
         seq: 0,
         text: String::new(),
-        text_open: false,
+        reasoning: String::new(),
+        thought: 0,
+        items: 0,
+        open: None,
         keep,
         shape,
         admitted,
@@ -234,7 +256,13 @@ struct Events {
     queue: VecDeque<(String, Value)>,
     seq: u64,
     text: String,
-    text_open: bool,
+    reasoning: String,
+    /// Reasoning tokens so far.
+    thought: usize,
+    /// Output items opened so far (the next one's `output_index`).
+    items: usize,
+    /// The item still open: reasoning (`true`) or the message.
+    open: Option<bool>,
     keep: Option<Keep>,
     shape: Shape,
     admitted: Admitted,
@@ -251,23 +279,85 @@ impl Events {
         self.queue.push_back((kind.to_string(), data));
     }
 
-    fn close_text(&mut self) {
-        if !self.text_open {
+    /// Closes the open item: the reasoning's or the message's `.done` events.
+    fn close(&mut self) {
+        let Some(reasoning) = self.open.take() else {
+            return;
+        };
+        let index = self.items - 1;
+        if reasoning {
+            let (item_id, text) = (self.shape.reasoning_id(), self.reasoning.clone());
+            self.push(
+                "response.reasoning_text.done",
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
+            );
+            let item = self.shape.reasoning(&text, "completed");
+            self.push(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            );
             return;
         }
-        self.text_open = false;
         let (item_id, text) = (self.shape.message_id(), self.text.clone());
         let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
         self.push(
             "response.output_text.done",
-            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
+            json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
         );
         self.push(
             "response.content_part.done",
-            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": part}),
+            json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
         );
         let item = self.shape.message(&text, "completed");
-        self.push("response.output_item.done", json!({"output_index": 0, "item": item}));
+        self.push(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+    }
+
+    /// Adds `delta` to the reasoning item or the message, opening one as needed.
+    fn add(&mut self, reasoning: bool, delta: String) {
+        if self.open != Some(reasoning) {
+            self.close();
+            self.open = Some(reasoning);
+            let index = self.items;
+            self.items += 1;
+            if reasoning {
+                let item = self.shape.reasoning("", "in_progress");
+                self.push(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                );
+            } else {
+                let item = self.shape.message("", "in_progress");
+                self.push(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                );
+                let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+                let item_id = self.shape.message_id();
+                self.push(
+                    "response.content_part.added",
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
+                );
+            }
+        }
+        let index = self.items - 1;
+        if reasoning {
+            self.reasoning.push_str(&delta);
+            let item_id = self.shape.reasoning_id();
+            self.push(
+                "response.reasoning_text.delta",
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": delta}),
+            );
+        } else {
+            self.text.push_str(&delta);
+            let item_id = self.shape.message_id();
+            self.push(
+                "response.output_text.delta",
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": delta, "logprobs": []}),
+            );
+        }
     }
 
     async fn step(&mut self, g: &Gateway) -> Option<(String, Value)> {
@@ -284,26 +374,10 @@ impl Events {
             };
             match ev {
                 Some(Ok(StreamEvent::Tokens(t))) => {
-                    let delta: String = t.iter().map(|t| t.text.as_str()).collect();
-                    if delta.is_empty() {
-                        continue;
+                    self.thought += t.iter().filter(|t| t.reasoning).count();
+                    for (reasoning, delta) in crate::reasoning::runs(&t) {
+                        self.add(reasoning, delta);
                     }
-                    let item_id = self.shape.message_id();
-                    if !self.text_open {
-                        self.text_open = true;
-                        let item = self.shape.message("", "in_progress");
-                        self.push("response.output_item.added", json!({"output_index": 0, "item": item}));
-                        let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
-                        self.push(
-                            "response.content_part.added",
-                            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": part}),
-                        );
-                    }
-                    self.text.push_str(&delta);
-                    self.push(
-                        "response.output_text.delta",
-                        json!({"item_id": item_id, "output_index": 0, "content_index": 0, "delta": delta, "logprobs": []}),
-                    );
                 }
                 Some(Ok(StreamEvent::Done {
                     finish_reason,
@@ -313,10 +387,9 @@ impl Events {
                     self.admitted.charge(metrics.generated_tokens);
                     self.op.finish(None);
                     self.over = true;
-                    let had_text = self.text_open;
-                    self.close_text();
+                    self.close();
                     for (i, c) in tool_calls.iter().enumerate() {
-                        let index = i + usize::from(had_text);
+                        let index = self.items + i;
                         let added = self.shape.call(i, c, "in_progress");
                         let item_id = added["id"].clone();
                         self.push(
@@ -337,9 +410,9 @@ impl Events {
                             json!({"output_index": index, "item": item}),
                         );
                     }
-                    let output = self.shape.output(&self.text, &tool_calls);
+                    let output = self.shape.output(&self.reasoning, &self.text, &tool_calls);
                     let state = status(finish_reason);
-                    let v = self.shape.object(state, output, Some(&metrics));
+                    let v = self.shape.object(state, output, Some(&metrics), self.thought);
                     if let Some(keep) = self.keep.take() {
                         keep.put(g, &self.shape.id, &v, &self.text, &tool_calls).await;
                     }
@@ -354,7 +427,7 @@ impl Events {
                     self.over = true;
                     let e = ApiError::from(e);
                     self.op.finish(Some(&e.code));
-                    let mut failed = self.shape.object("failed", Vec::new(), None);
+                    let mut failed = self.shape.object("failed", Vec::new(), None, 0);
                     failed["error"] = json!({"code": e.code, "message": e.message});
                     self.push("error", json!({"code": e.code, "message": e.message, "param": e.param}));
                     self.push("response.failed", json!({"response": failed}));

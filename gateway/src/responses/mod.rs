@@ -50,8 +50,11 @@ pub struct ResponsesRequest {
     pub include: Option<Vec<Value>>,
     pub truncation: Option<String>,
     pub background: Option<bool>,
-    // Accepted, asking nothing of a local answer (docs/gateway.md).
+    /// `{"effort"}`: the template's `reasoning_effort` (`none`: no thinking).
     pub reasoning: Option<Value>,
+    /// switchyard's extra: a regular expression the answer must match.
+    pub regex: Option<String>,
+    // Accepted, asking nothing of a local answer (docs/gateway.md).
     pub user: Option<String>,
     pub safety_identifier: Option<String>,
     pub prompt_cache_key: Option<String>,
@@ -252,8 +255,19 @@ impl ResponsesRequest {
         if self.background == Some(true) {
             return Err(refuse("background", "background responses are not supported"));
         }
-        if self.include.as_ref().is_some_and(|i| !i.is_empty()) {
-            return Err(refuse("include", "nothing extra can be included"));
+        // Codex asks for its reasoning items' encrypted content (to pass them back
+        // statelessly); a local model's reasoning has none, and earlier reasoning
+        // items are dropped from the input anyway.
+        if self
+            .include
+            .iter()
+            .flatten()
+            .any(|i| i != "reasoning.encrypted_content")
+        {
+            return Err(refuse(
+                "include",
+                "nothing extra can be included (reasoning.encrypted_content is accepted: there is none)",
+            ));
         }
         if self.top_logprobs.is_some_and(|n| n > 0) {
             return Err(refuse(
@@ -297,11 +311,33 @@ impl ResponsesRequest {
         c.fit_max_tokens = self.max_output_tokens.is_none();
         chat_defaults(c, self.temperature, None, self.top_p, None);
         c.constraint = text_format(self.text.as_ref())?;
+        if let Some(pattern) = self.regex.as_ref() {
+            if c.constraint.is_some() {
+                return Err(refuse("regex", "cannot be combined with a text.format other than text"));
+            }
+            c.constraint = Some(switchyard_messages::Constraint::Regex {
+                pattern: pattern.clone(),
+            });
+        }
         req.head.priority = match self.service_tier.as_deref() {
             Some("flex") => Some(Priority::Batch),
             _ => None,
         };
         tools(&mut req, self)?;
+        // `reasoning.effort`: the template's `reasoning_effort` (`none`: thinking
+        // off); the answer's reasoning comes back as a `reasoning` item.
+        let effort = match self.reasoning.as_ref().and_then(|r| r.get("effort")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(e)) => Some(e.as_str()),
+            Some(_) => return Err(refuse("reasoning.effort", "must be a string")),
+        };
+        req.chat_template_kwargs = crate::reasoning::Thinking {
+            effort,
+            effort_field: "reasoning.effort",
+            ..Default::default()
+        }
+        .template_kwargs()?;
+        req.split_reasoning = true;
         Ok((req, items))
     }
 }

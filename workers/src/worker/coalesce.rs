@@ -113,6 +113,7 @@ mod tests {
             id,
             text: format!("t{id}"),
             logprob: None,
+            reasoning: false,
         }
     }
 

@@ -10,6 +10,7 @@ mod embed;
 pub mod handover;
 pub mod kv_transfer;
 pub mod prefix_index;
+pub mod reasoning;
 pub mod recent;
 pub mod service;
 pub mod session;

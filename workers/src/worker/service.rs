@@ -21,6 +21,7 @@ use switchyard_messages::{
 
 pub use super::context::ServeContext;
 use super::handover::Pumped;
+use super::reasoning::{Filters, ReasoningFilter};
 
 /// Where a request's answer goes, and whether a coordinator waits for an
 /// [`AdmissionMsg`] on the NATS reply subject.
@@ -204,6 +205,19 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         }
         None => (Prompt::Text(req.prompt.clone().unwrap_or_default()), None),
     };
+    let mut filters = Filters { reasoning: None, calls };
+    if req.split_reasoning && chat {
+        // A resumed stream's filter goes through the text its client was given
+        // first, so it splits on exactly as the lost one would have.
+        let mut f = ReasoningFilter::new(ctx.model.opens_reasoning(&prompt));
+        if !req.resume_tokens.is_empty() {
+            match ctx.model.detokenize(&req.resume_tokens) {
+                Some(text) => f.replay(&text),
+                None => f = ReasoningFilter::answering(),
+            }
+        }
+        filters.reasoning = Some(f);
+    }
     if !req.resume_tokens.is_empty() {
         prompt = Prompt::Continue {
             prompt: Box::new(prompt),
@@ -251,7 +265,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
     let run = async {
         // A peer holding more of the prefix: its KV, where that beats computing it.
         let sink = super::kv_transfer::pull_for(&ctx, msg, &req.head, &prompt, &cancel, sink).await;
-        let signal = super::handover::signal(&ctx, calls.is_none());
+        let signal = super::handover::signal(&ctx, filters.calls.is_none());
         let events = ctx.model.generate(prompt.clone(), config.clone(), cancel.clone());
         let Pumped::HandOver(emitted) = pump(
             &ctx,
@@ -260,7 +274,7 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
             &cancel,
             req.head.deadline_ms,
             &attrs,
-            calls,
+            &mut filters,
             signal,
         )
         .await
@@ -286,7 +300,17 @@ pub async fn handle(ctx: Arc<ServeContext>, request: Request, chat: bool) {
         config.max_tokens = next.config.max_tokens;
         config.rng_position = next.config.rng_position;
         let events = ctx.model.generate(prompt, config, cancel.clone());
-        pump(&ctx, &sink, events, &cancel, req.head.deadline_ms, &attrs, None, None).await;
+        pump(
+            &ctx,
+            &sink,
+            events,
+            &cancel,
+            req.head.deadline_ms,
+            &attrs,
+            &mut filters,
+            None,
+        )
+        .await;
     };
     tracing::Instrument::instrument(run, span).await;
     ctx.cancels.remove(&req.head.request_id);
@@ -323,7 +347,7 @@ pub async fn pump(
     cancel: &switchyard_backend::CancelFlag,
     deadline_ms: Option<u64>,
     attrs: &[opentelemetry::KeyValue],
-    mut calls: Option<super::tools::calls::CallFilter>,
+    filters: &mut Filters,
     mut handover: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Pumped {
     let started = Instant::now();
@@ -362,22 +386,16 @@ pub async fn pump(
                     // Tokens computed before the deadline reach the client, those
                     // queued quietly while a chunk was held too.
                     while let Some(Some(Ok(GenerateEvent::Token(t)))) = events.next().now_or_never() {
-                        let tokens = match &mut calls {
-                            Some(filter) => filter.push(t),
-                            None => vec![t],
-                        };
-                        for t in tokens {
+                        for t in filters.push(t) {
                             out.push(t, Instant::now());
                         }
                         if !out.has_room() {
                             send_held(sink, &mut out, cancel).await;
                         }
                     }
-                    // Held text of a call cut short goes out as text.
-                    if let Some(filter) = &mut calls {
-                        for t in filter.finish().0 {
-                            out.push(t, Instant::now());
-                        }
+                    // Held text (of a call cut short: as text) goes out.
+                    for t in filters.finish().0 {
+                        out.push(t, Instant::now());
                     }
                     send_held(sink, &mut out, cancel).await;
                     fail(ErrorCode::DeadlineExceeded);
@@ -405,16 +423,11 @@ pub async fn pump(
                         first_token_at = Some(std::time::SystemTime::now());
                         phase = Some(tracing::info_span!("decode"));
                     }
-                    match &mut calls {
-                        Some(filter) => {
-                            for t in filter.push(t) {
-                                out.push(t, Instant::now());
-                            }
-                        }
-                        None => {
-                            emitted.push(t.id);
-                            out.push(t, Instant::now());
-                        }
+                    if filters.calls.is_none() {
+                        emitted.push(t.id);
+                    }
+                    for t in filters.push(t) {
+                        out.push(t, Instant::now());
                     }
                     if out.has_room() {
                         next = events.next().now_or_never();
@@ -426,19 +439,17 @@ pub async fn pump(
                 })) => {
                     drop(phase.take());
                     let mut tool_calls = Vec::new();
-                    if let Some(filter) = &mut calls {
-                        let (tail, parsed) = filter.finish();
-                        for t in tail {
-                            out.push(t, Instant::now());
-                        }
-                        // Calls cut off by max_tokens keep `length`; the whole ones still
-                        // come back.
-                        if finish_reason == FinishReason::Stop && !parsed.is_empty() {
-                            finish_reason = FinishReason::ToolCalls;
-                        }
-                        if matches!(finish_reason, FinishReason::ToolCalls | FinishReason::Length) {
-                            tool_calls = parsed;
-                        }
+                    let (tail, parsed) = filters.finish();
+                    for t in tail {
+                        out.push(t, Instant::now());
+                    }
+                    // Calls cut off by max_tokens keep `length`; the whole ones still
+                    // come back.
+                    if finish_reason == FinishReason::Stop && !parsed.is_empty() {
+                        finish_reason = FinishReason::ToolCalls;
+                    }
+                    if matches!(finish_reason, FinishReason::ToolCalls | FinishReason::Length) {
+                        tool_calls = parsed;
                     }
                     if let Some(first) = first_token_at {
                         crate::worker::telemetry::record_phases(&span, admitted_at, metrics.queue_us, first);
@@ -486,7 +497,7 @@ pub async fn pump(
         if handing && first_token_at.is_some() {
             drop(phase.take());
             span.record("switchyard.handed_over", true);
-            return super::handover::stop(sink, &mut events, cancel, out.take(), emitted).await;
+            return super::handover::stop(sink, &mut events, cancel, out.take(), emitted, filters).await;
         }
     }
 }

@@ -298,12 +298,17 @@ impl LlamaCppModel {
                     "resuming a stream is not supported by llama.cpp workers".into(),
                 ))
             }
-            Prompt::Chat { messages, .. } => {
+            Prompt::Chat { messages, kwargs, .. } => {
                 let messages: Vec<Value> = messages
                     .iter()
                     .map(|m| json!({"role": m.role, "content": m.content}))
                     .collect();
-                let rendered = self.post("/apply-template", json!({ "messages": messages })).await?;
+                let mut body = json!({ "messages": messages });
+                if !kwargs.is_empty() {
+                    // Checked to be a JSON object by the worker's validation.
+                    body["chat_template_kwargs"] = serde_json::from_str(kwargs).unwrap_or_default();
+                }
+                let rendered = self.post("/apply-template", body).await?;
                 json!(rendered["prompt"].as_str().unwrap_or_default())
             }
         })
@@ -464,6 +469,7 @@ impl LlamaCppModel {
                             let p = probs.and_then(|p| p.get(i))?;
                             token_logprob(p, n as usize)
                         }),
+                        reasoning: false,
                     };
                     if tx.send(Ok(GenerateEvent::Token(token))).await.is_err() {
                         return Ok(()); // the caller went away

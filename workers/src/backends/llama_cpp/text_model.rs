@@ -78,6 +78,7 @@ impl TextModel for LlamaCppModel {
                             id: id as u32,
                             text: v["content"].as_str().unwrap_or_default().to_string(),
                             logprob: None,
+                            reasoning: false,
                         },
                         logits: Vec::new(),
                     })

@@ -473,7 +473,10 @@ class Bridge:
         if req.get("tokens") is not None:
             tokens = [int(t) for t in req["tokens"]]
         elif req.get("messages") is not None:
-            rendered = self.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=False)
+            kwargs = req.get("chat_template_kwargs") or {}
+            rendered = self.tokenizer.apply_chat_template(
+                req["messages"], add_generation_prompt=True, tokenize=False, **kwargs
+            )
             tokens = self.tokenizer.encode(rendered, add_special_tokens=False)
         else:
             rendered = req.get("prompt") or ""

@@ -46,12 +46,17 @@ pub(super) fn floats(b64: &Value) -> Result<Vec<f32>, BackendError> {
 pub(super) fn prompt_fields(prompt: &Prompt) -> Value {
     match prompt {
         Prompt::Text(t) => json!({"prompt": t}),
-        Prompt::Chat { messages, .. } => {
+        Prompt::Chat { messages, kwargs, .. } => {
             let m: Vec<Value> = messages
                 .iter()
                 .map(|m| json!({"role": m.role, "content": m.content}))
                 .collect();
-            json!({"messages": m})
+            let mut fields = json!({"messages": m});
+            if !kwargs.is_empty() {
+                // Checked to be a JSON object by the worker's validation.
+                fields["chat_template_kwargs"] = serde_json::from_str(kwargs).unwrap_or_default();
+            }
+            fields
         }
         Prompt::Tokens(t) => json!({"tokens": t}),
         // Not offered to this backend (`resumes()` is false); an empty prompt fails.
@@ -155,6 +160,7 @@ async fn pump(
                     id: ev["token"].as_u64().unwrap_or(0) as u32,
                     text: ev["text"].as_str().unwrap_or_default().to_string(),
                     logprob: serde_json::from_value(ev["logprob"].clone()).ok(),
+                    reasoning: false,
                 };
                 let (emit, stop) = match filter.push(token) {
                     StopCheck::Continue(t) => (t, false),

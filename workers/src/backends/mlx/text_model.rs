@@ -132,6 +132,7 @@ impl TextModel for MlxModel {
                         id: ev["token"].as_u64().unwrap_or(0) as u32,
                         text: ev["text"].as_str().unwrap_or_default().to_string(),
                         logprob: None,
+                        reasoning: false,
                     };
                     let logits = if return_logits {
                         floats(&ev["logits"])?

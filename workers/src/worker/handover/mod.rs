@@ -132,14 +132,17 @@ pub enum Pumped {
 }
 
 /// Stops a generation to hand it over: cancels it, sends the client every token it
-/// produced meanwhile (`out` then the rest) and returns them all (`emitted` first).
-/// A generation that ended anyway meanwhile ends as it would have.
+/// produced meanwhile (`out` then the rest, through `filters`: text they hold stays
+/// there, and a continuation elsewhere holds it again from the tokens) and returns
+/// them all (`emitted` first). A generation that ended anyway meanwhile ends as it
+/// would have.
 pub async fn stop(
     sink: &ChunkSink,
     events: &mut switchyard_backend::GenerateStream,
     cancel: &switchyard_backend::CancelFlag,
     mut held: Vec<Token>,
     mut emitted: Vec<u32>,
+    filters: &mut crate::worker::reasoning::Filters,
 ) -> Pumped {
     use futures::StreamExt;
     cancel.cancel();
@@ -147,11 +150,12 @@ pub async fn stop(
         match events.next().await {
             Some(Ok(GenerateEvent::Token(t))) => {
                 emitted.push(t.id);
-                held.push(t);
+                held.extend(filters.push(t));
             }
             Some(Ok(GenerateEvent::Done { finish_reason, metrics }))
                 if finish_reason != switchyard_messages::FinishReason::Cancelled =>
             {
+                held.extend(filters.finish().0);
                 sink.finish(held, finish_reason, metrics, Vec::new()).await;
                 return Pumped::Ended;
             }

@@ -443,6 +443,6 @@ async fn stream_decode(ctx: &ServeContext, s: &mut Session, payload: &[u8], repl
     let cancel = ctx.cancels.insert(&request_id, sink.subject());
     let events = s.backend.decode(req.config, cancel.clone());
     let attrs = crate::worker::telemetry::attributes("text_completion", &ctx.model_name, &ctx.worker_id, &ctx.backend);
-    pump(ctx, &sink, events, &cancel, None, &attrs, None, None).await;
+    pump(ctx, &sink, events, &cancel, None, &attrs, &mut Default::default(), None).await;
     ctx.cancels.remove(&request_id);
 }

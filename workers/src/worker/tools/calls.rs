@@ -108,6 +108,7 @@ impl CallFilter {
             id,
             text,
             logprob: None,
+            reasoning: false,
         }]
     }
 
@@ -160,6 +161,7 @@ impl CallFilter {
                 id: self.captured_id,
                 text: captured,
                 logprob: None,
+                reasoning: false,
             });
         }
         let pending = std::mem::take(&mut self.pending);
@@ -246,6 +248,7 @@ mod tests {
                 id: i as u32,
                 text: p.to_string(),
                 logprob: None,
+                reasoning: false,
             }) {
                 text.push_str(&t.text);
             }

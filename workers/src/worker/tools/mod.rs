@@ -60,9 +60,14 @@ pub fn plan(
     enforces: &dyn Fn(&Constraint) -> Result<(), String>,
 ) -> Result<Plan, WireError> {
     let messages = req.messages.clone().unwrap_or_default();
+    let kwargs = req.chat_template_kwargs.clone();
     if req.tools.is_empty() && !mentions_tools(&messages) {
         return Ok(Plan {
-            prompt: Prompt::chat(messages),
+            prompt: Prompt::Chat {
+                messages,
+                tools: Vec::new(),
+                kwargs,
+            },
             constraint: None,
             filter: None,
         });
@@ -84,8 +89,13 @@ pub fn plan(
         ToolFormat::Hermes | ToolFormat::Llama3 => Prompt::Chat {
             messages,
             tools: offered.clone(),
+            kwargs,
         },
-        _ => Prompt::chat(generic::render(&messages, &offered, &schemas)),
+        _ => Prompt::Chat {
+            messages: generic::render(&messages, &offered, &schemas),
+            tools: Vec::new(),
+            kwargs,
+        },
     };
     let forced: Vec<(&Tool, &Value)> = match &req.tool_choice {
         ToolChoice::Required => req.tools.iter().zip(&schemas).collect(),
@@ -302,7 +312,7 @@ mod tests {
         );
         assert!(plan.filter.is_some());
         // The generic format puts the tools into a system turn.
-        let Prompt::Chat { messages, tools } = plan.prompt else {
+        let Prompt::Chat { messages, tools, .. } = plan.prompt else {
             panic!()
         };
         assert!(tools.is_empty());
@@ -332,6 +342,7 @@ mod tests {
             id: 1,
             text: r#"[{"name":"a","arguments":{}}]"#.into(),
             logprob: None,
+            reasoning: false,
         });
         assert!(sent.is_empty());
         assert_eq!(filter.finish().1[0].name, "a");
