@@ -95,9 +95,19 @@ async fn llama_cpp_backend_streams_and_agrees_with_the_cpu_engine() {
         stop: vec![" Paris".into()],
         ..greedy.clone()
     };
-    let (_, text, finish) = collect(&remote, Prompt::Text("The capital of France is".into()), with_stop).await;
+    let capital = || Prompt::Text("The capital of France is".into());
+    let (_, text, finish) = collect(&remote, capital(), with_stop.clone()).await;
     assert!(!text.contains("Paris"), "{text:?}");
     assert_eq!(finish, FinishReason::Stop);
+    // The final metrics name the stop that matched (llama-server's `stopping_word`).
+    let mut stream = remote.generate(capital(), with_stop, CancelFlag::new());
+    let mut matched = None;
+    while let Some(ev) = stream.next().await {
+        if let GenerateEvent::Done { metrics, .. } = ev.unwrap() {
+            matched = metrics.stop_sequence;
+        }
+    }
+    assert_eq!(matched.as_deref(), Some(" Paris"));
     let stop_at = theirs[3];
     let with_stop_token = GenerateConfig {
         stop_tokens: vec![stop_at],

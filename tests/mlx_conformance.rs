@@ -158,6 +158,12 @@ async fn mlx_keeps_the_contract_like_the_cpu_engine() {
         "{:?}",
         cut.text
     );
+    assert_eq!(
+        cut.metrics.stop_sequence.as_deref(),
+        Some("Paris"),
+        "the stop that matched"
+    );
+    assert_eq!(full.metrics.stop_sequence, None);
     let mut cfg = greedy(16);
     cfg.stop_tokens = vec![full.ids[2]];
     let by_token = gen(&mlx, text("The capital of France is"), cfg).await;

@@ -147,6 +147,7 @@ impl Running {
                 }
             }
             StopCheck::Stopped(tokens) => {
+                self.metrics.stop_sequence = self.stops.matched().map(str::to_string);
                 self.finish(FinishReason::Stop, tokens, engine);
                 return false;
             }

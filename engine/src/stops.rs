@@ -18,6 +18,8 @@ pub struct StopFilter {
     stops: Vec<String>,
     pending: Vec<Token>,
     pending_text: String,
+    /// The stop string that matched.
+    matched: Option<String>,
 }
 
 impl StopFilter {
@@ -39,9 +41,10 @@ impl StopFilter {
         let first_match = self
             .stops
             .iter()
-            .filter_map(|s| self.pending_text.find(s.as_str()))
-            .min();
-        if let Some(cut) = first_match {
+            .filter_map(|s| self.pending_text.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((cut, stop)) = first_match {
+            self.matched = Some(stop.clone());
             let mut out = Vec::new();
             let mut offset = 0;
             for mut t in self.pending.drain(..) {
@@ -71,6 +74,11 @@ impl StopFilter {
         }
         self.pending_text.drain(..offset);
         StopCheck::Continue(released)
+    }
+
+    /// The stop string that ended the generation (after [`StopCheck::Stopped`]).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Releases everything held (the generation ended for another reason).
@@ -116,6 +124,7 @@ mod tests {
         assert_eq!(f.push(t(2, "cE")), StopCheck::Continue(vec![]));
         assert_eq!(f.push(t(3, "N")), StopCheck::Continue(vec![]));
         assert_eq!(f.push(t(4, "Dx")), StopCheck::Stopped(vec![t(2, "c")]));
+        assert_eq!(f.matched(), Some("END"));
     }
 
     #[test]

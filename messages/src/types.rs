@@ -361,6 +361,10 @@ pub struct GenerateMetrics {
     /// prompt's KV (disaggregated prefill), before pulling it (`pull_us`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub remote_prefill_us: u64,
+    /// (1.18) The stop string (`config.stop`) that ended the generation; absent when
+    /// none did (end of generation, a stop token, the limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_sequence: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {

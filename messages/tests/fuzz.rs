@@ -551,6 +551,7 @@ fn seed_chunks() -> Vec<StreamChunk> {
                 pull_us: 1_500,
                 handovers: 1,
                 remote_prefill_us: 250_000,
+                stop_sequence: Some("END".into()),
             }),
             error: Some(seed_error()),
             worker_id: Some("w-0".into()),

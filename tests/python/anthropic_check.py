@@ -69,6 +69,23 @@ def _(res):
     check(res["text"] == out["create"].get("text"), "stream: greedy streamed == greedy whole")
 
 
+@section("stop_sequence")
+def _(res):
+    # Stop at the first space the answer writes: the answer is the text before it, and the
+    # message says which stop sequence ended it (whole and streamed).
+    full = c.messages.create(model=model, max_tokens=24, messages=ASK, **GREEDY)
+    m = c.messages.create(model=model, max_tokens=24, messages=ASK, stop_sequences=[" ", "\n"], **GREEDY)
+    res.update({"full": text_of(full), "text": text_of(m), "stop_reason": m.stop_reason,
+                "stop_sequence": m.stop_sequence})
+    check(m.stop_reason == "stop_sequence" and m.stop_sequence in (" ", "\n"),
+          f"stop_sequence: {m.stop_reason} {m.stop_sequence!r}")
+    check(full.content and text_of(full).startswith(text_of(m) + m.stop_sequence),
+          f"stop_sequence: the answer up to the stop ({text_of(full)!r})")
+    with c.messages.stream(model=model, max_tokens=24, messages=ASK, stop_sequences=[" ", "\n"], **GREEDY) as s:
+        final = s.get_final_message()
+    check((final.stop_reason, final.stop_sequence) == (m.stop_reason, m.stop_sequence), "stop_sequence: streamed")
+
+
 @section("count_tokens")
 def _(res):
     n = c.messages.count_tokens(model=model, system=SYSTEM, messages=ASK)

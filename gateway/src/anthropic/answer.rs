@@ -18,11 +18,15 @@ use switchyard_messages::{FinishReason, GenerateMetrics, ToolCall};
 use tracing::Instrument;
 
 /// Anthropic's `stop_reason`.
-fn stop_reason(reason: FinishReason) -> &'static str {
+/// Anthropic's `stop_reason` and `stop_sequence` (the stop string that matched).
+fn stop_reason(reason: FinishReason, m: &GenerateMetrics) -> (&'static str, Option<&str>) {
     match reason {
-        FinishReason::Length => "max_tokens",
-        FinishReason::ToolCalls => "tool_use",
-        _ => "end_turn",
+        FinishReason::Length => ("max_tokens", None),
+        FinishReason::ToolCalls => ("tool_use", None),
+        _ => match m.stop_sequence.as_deref() {
+            Some(s) => ("stop_sequence", Some(s)),
+            None => ("end_turn", None),
+        },
     }
 }
 
@@ -104,9 +108,10 @@ pub async fn run(
             content.push(json!({"type": "text", "text": done.text}));
         }
         content.extend(done.tool_calls.iter().map(|c| tool_use(c, true)));
+        let (reason, stop) = stop_reason(done.finish_reason, &done.metrics);
         return Ok(axum::Json(json!({
             "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason(done.finish_reason), "stop_sequence": null, "usage": usage(&done.metrics),
+            "stop_reason": reason, "stop_sequence": stop, "usage": usage(&done.metrics),
         }))
         .into_response());
     }
@@ -291,10 +296,11 @@ impl Streaming {
                             ),
                         ]);
                     }
+                    let (reason, stop) = stop_reason(finish_reason, &metrics);
                     self.queue.push_back((
                         "message_delta",
                         json!({"type": "message_delta",
-                               "delta": {"stop_reason": stop_reason(finish_reason), "stop_sequence": null},
+                               "delta": {"stop_reason": reason, "stop_sequence": stop},
                                "usage": usage(&metrics)}),
                     ));
                     self.queue.push_back(("message_stop", json!({"type": "message_stop"})));

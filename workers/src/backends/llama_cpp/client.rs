@@ -476,7 +476,10 @@ impl LlamaCppModel {
                     }
                 }
                 if v["stop"].as_bool() == Some(true) {
-                    let metrics = metrics_from(&v["timings"]);
+                    let mut metrics = metrics_from(&v["timings"]);
+                    if v["stop_type"].as_str() == Some("word") {
+                        metrics.stop_sequence = v["stopping_word"].as_str().map(str::to_string);
+                    }
                     *self.shared.last_metrics.lock().unwrap_or_else(|p| p.into_inner()) = metrics.clone();
                     if let Some(f) = follow.take() {
                         f.settle(true).await;

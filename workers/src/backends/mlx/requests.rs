@@ -197,7 +197,8 @@ async fn pump(
                     (_, Some("cancelled")) => FinishReason::Cancelled,
                     _ => FinishReason::Length,
                 };
-                let metrics = metrics_from(&ev["metrics"]);
+                let mut metrics = metrics_from(&ev["metrics"]);
+                metrics.stop_sequence = filter.matched().filter(|_| stopped).map(str::to_string);
                 *last.lock().unwrap_or_else(|p| p.into_inner()) = metrics.clone();
                 let _ = tx
                     .send(Ok(GenerateEvent::Done {
