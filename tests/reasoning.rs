@@ -7,7 +7,8 @@
 //! and CPU workers serving random-weight Qwen3 models: one with Qwen3's own chat
 //! template (the model opens the section) and one whose template opens it, as
 //! DeepSeek-R1's does. And over NATS: a stream that loses its worker in the middle
-//! of the reasoning resumes there, and the split goes on as if nothing happened.
+//! of the reasoning resumes there, and the split goes on as if nothing happened; a
+//! llama.cpp worker splits a template-opened section and passes the variables on.
 
 mod common;
 
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use switchyard::node;
 use switchyard_messages::{Message, Token};
+use switchyard_procs::llama_server::LlamaServer;
 
 /// Qwen3's template, and the same with the assistant's opener leaving `<think>` open.
 fn template(opened: bool) -> String {
@@ -148,4 +150,85 @@ async fn the_split_marks_tokens_and_survives_a_resume_mid_reasoning() {
         (whole.reasoning.clone(), whole.text.clone()),
         "resumed mid-reasoning, the split goes on"
     );
+}
+
+/// A llama.cpp worker: it tells a template-opened section from the server's own
+/// template (compiled on the worker for that), and the template variables reach
+/// the server's renderer (`/apply-template`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llama_cpp_worker_splits_a_template_opened_section_and_passes_kwargs() {
+    let Some(bin) = llama_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let opened = make_model(dir.path(), "qwen3-opened", &template(true));
+    let thinks = make_model(dir.path(), "qwen3-thinks", &template(false));
+    let start = |model: PathBuf| {
+        let bin = bin.clone();
+        async move { LlamaServer::start_with(&bin, &model, 1, 1, &["--jinja"]).await.unwrap() }
+    };
+    let (server_opened, server_thinks) = (start(opened).await, start(thinks).await);
+    let f = fleet(|c| {
+        c.worker.backend = "llama_cpp".into();
+        c.worker.llama_url = server_opened.url.clone();
+        c.worker.model_name = "qwen3-opened".into();
+    })
+    .await;
+    let mut c = f.config.clone();
+    c.worker.id = "w2".into();
+    c.worker.llama_url = server_thinks.url.clone();
+    c.worker.model_name = "qwen3-thinks".into();
+    let loaded = node::load(&c).await.unwrap();
+    let w2 = node::start_worker(&c, &loaded).await.unwrap();
+    let client = f.client().await;
+    wait_for_workers(&client, &["w1", "w2"], std::time::Duration::from_secs(10)).await;
+    let ask = |model: &str, split: bool, kwargs: &str| {
+        let mut r = switchyard::GenerateRequest::chat(
+            switchyard::Client::new_request_id(),
+            model,
+            vec![Message::new("user", "Why is the sky blue?")],
+        );
+        r.config.max_tokens = 12;
+        r.split_reasoning = split;
+        r.chat_template_kwargs = kwargs.into();
+        r
+    };
+    // Random weights never close the section the template opened: all reasoning.
+    let split = client
+        .chat(ask("qwen3-opened", true, ""))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let raw = client
+        .chat(ask("qwen3-opened", false, ""))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(token_ids(&split), token_ids(&raw));
+    assert!(!raw.text.trim().is_empty() && !raw.text.contains("</think>"), "{raw:?}");
+    assert_eq!((split.reasoning.as_str(), split.text.as_str()), (raw.text.trim(), ""));
+    // Thinking off closes an empty section in Qwen3's prompt: more prompt tokens.
+    let prompt = |kwargs: &'static str| {
+        let client = client.clone();
+        let req = ask("qwen3-thinks", true, kwargs);
+        async move {
+            client
+                .chat(req)
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap()
+                .metrics
+                .prompt_tokens
+        }
+    };
+    let (on, off) = (prompt("").await, prompt(r#"{"enable_thinking": false}"#).await);
+    assert!(
+        off > on,
+        "enable_thinking reaches llama-server's template: {on} vs {off}"
+    );
+    stop_workers(vec![(w2, loaded)]).await;
 }

@@ -54,6 +54,9 @@ pub(super) struct Shared {
     /// KV travelling to and from peers, for a server this worker supervises
     /// ([`super::kv_exchange`]).
     pub(super) exchange: std::sync::OnceLock<Arc<super::exchange::Exchange>>,
+    /// The server's chat template, compiled here only to tell whether a prompt
+    /// leaves a reasoning section open (the server renders the prompts itself).
+    pub(super) template: Option<switchyard_engine::text::template::ChatTemplate>,
 }
 
 impl Shared {
@@ -163,7 +166,11 @@ impl LlamaCppModel {
             _ => Value::Null,
         };
         tracing::info!(%url, model = %props.model_path, n_ctx = props.n_ctx, slots = props.total_slots, "llama.cpp server connected");
+        let template = (!props.chat_template.is_empty())
+            .then(|| switchyard_engine::text::template::ChatTemplate::new(&props.chat_template, "", "").ok())
+            .flatten();
         let shared = Arc::new(Shared {
+            template,
             url,
             http,
             info,

@@ -16,6 +16,25 @@ impl TextModel for LlamaCppModel {
         super::constraint::support(constraint)
     }
 
+    /// Told from the server's template rendered here (as the server renders it, but
+    /// for the tail only); a template this cannot compile says no.
+    fn opens_reasoning(&self, prompt: &Prompt) -> bool {
+        use switchyard_engine::text::template::ChatTemplate;
+        match (prompt, &self.shared.template) {
+            (
+                Prompt::Chat {
+                    messages,
+                    tools,
+                    kwargs,
+                },
+                Some(t),
+            ) => t
+                .render_with(messages, tools, kwargs, true)
+                .is_ok_and(|text| ChatTemplate::opens_reasoning(&text)),
+            _ => false,
+        }
+    }
+
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
         let this = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<GenerateEvent, BackendError>>(64);
