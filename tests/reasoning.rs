@@ -8,7 +8,8 @@
 //! template (the model opens the section) and one whose template opens it, as
 //! DeepSeek-R1's does. And over NATS: a stream that loses its worker in the middle
 //! of the reasoning resumes there, and the split goes on as if nothing happened; a
-//! llama.cpp worker splits a template-opened section and passes the variables on.
+//! llama.cpp worker splits a template-opened section and passes the variables on,
+//! and so does an MLX worker.
 
 mod common;
 
@@ -231,4 +232,61 @@ async fn a_llama_cpp_worker_splits_a_template_opened_section_and_passes_kwargs()
         "enable_thinking reaches llama-server's template: {on} vs {off}"
     );
     stop_workers(vec![(w2, loaded)]).await;
+}
+
+/// An MLX worker (MLX's CPU build here) tells a template-opened section from its
+/// model's template (compiled on the worker; the bridge renders with the same one):
+/// the demo model with ChatML whose assistant opener leaves `<think>` open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mlx_worker_splits_a_template_opened_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = converted_demo_model();
+    let model = dir.path().join("smol-opened");
+    std::fs::create_dir(&model).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        let name = e.file_name();
+        if name != "tokenizer_config.json" && name != "chat_template.jinja" {
+            std::os::unix::fs::symlink(e.path(), model.join(&name)).unwrap();
+        }
+    }
+    let opened = switchyard_workers::engine::text::template::CHATML
+        .replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'");
+    assert_ne!(opened, switchyard_workers::engine::text::template::CHATML);
+    let mut tc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    tc["chat_template"] = opened.clone().into();
+    std::fs::write(model.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    std::fs::write(model.join("chat_template.jinja"), &opened).unwrap();
+    let f = fleet(|c| {
+        c.worker.model = model.display().to_string();
+        c.worker.model_name = "smol-opened".into();
+        c.worker.backend = "metal".into();
+        c.worker.mlx_allow_cpu = true;
+        c.worker.mlx_python = python().display().to_string();
+    })
+    .await;
+    let client = f.client().await;
+    let ask = |split: bool| {
+        let mut r = switchyard::GenerateRequest::chat(
+            switchyard::Client::new_request_id(),
+            "smol-opened",
+            vec![Message::new("user", "What is the capital of France?")],
+        );
+        r.config.max_tokens = 16;
+        r.split_reasoning = split;
+        r
+    };
+    let split = client.chat(ask(true)).await.unwrap().collect().await.unwrap();
+    let raw = client.chat(ask(false)).await.unwrap().collect().await.unwrap();
+    assert_eq!(token_ids(&split), token_ids(&raw));
+    // The answer began inside the section: up to a `</think>` (if the model wrote
+    // one) it is reasoning.
+    let (reasoning, answer) = raw.text.split_once("</think>").unwrap_or((&raw.text, ""));
+    assert!(!reasoning.trim().is_empty(), "{raw:?}");
+    assert_eq!(
+        (split.reasoning.as_str(), split.text.as_str()),
+        (reasoning.trim(), answer.trim_start()),
+        "raw: {:?}",
+        raw.text
+    );
 }

@@ -171,17 +171,7 @@ impl TextModel for EngineModel {
     }
 
     fn opens_reasoning(&self, prompt: &Prompt) -> bool {
-        let Prompt::Chat {
-            messages,
-            tools,
-            kwargs,
-        } = prompt
-        else {
-            return false;
-        };
-        self.template
-            .render_with(messages, tools, kwargs, true)
-            .is_ok_and(|text| template::ChatTemplate::opens_reasoning(&text))
+        self.template.leaves_reasoning_open(prompt)
     }
 
     fn kv_transfer(&self) -> Option<&dyn switchyard_backend::KvTransfer> {

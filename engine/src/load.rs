@@ -246,19 +246,8 @@ impl EngineModel {
             ..ModelInfo::default()
         };
         // tokenizer_config.json carries the chat template and the BOS/EOS texts.
-        let tc: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        let token_text = |key: &str| match &tc[key] {
-            serde_json::Value::String(s) => s.clone(),
-            v => v["content"].as_str().unwrap_or_default().to_string(),
-        };
-        let template_src = std::fs::read_to_string(dir.join("chat_template.jinja"))
-            .ok()
-            .or_else(|| tc["chat_template"].as_str().map(str::to_string))
-            .unwrap_or_else(|| template::CHATML.to_string());
-        let template = template::ChatTemplate::new(&template_src, &token_text("bos_token"), &token_text("eos_token"))
+        let (source, bos, eos) = template::hf_template_parts(dir);
+        let template = template::ChatTemplate::new(&source, &bos, &eos)
             .map_err(|e| load_err(format!("chat template does not compile: {e}")))?;
         let model = forward::CpuForward::new(model, slots_for(config));
         let weights = std::fs::read_dir(dir)

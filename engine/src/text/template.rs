@@ -82,6 +82,22 @@ impl ChatTemplate {
         })
     }
 
+    /// Whether `prompt`, rendered as a chat, leaves a reasoning section open (see
+    /// [`ChatTemplate::opens_reasoning`]); a prompt that is not a chat, or does not
+    /// render, does not.
+    pub fn leaves_reasoning_open(&self, prompt: &switchyard_backend::Prompt) -> bool {
+        let switchyard_backend::Prompt::Chat {
+            messages,
+            tools,
+            kwargs,
+        } = prompt
+        else {
+            return false;
+        };
+        self.render_with(messages, tools, kwargs, true)
+            .is_ok_and(|text| Self::opens_reasoning(&text))
+    }
+
     /// Whether the assistant's opener that `render_with` ends with leaves a
     /// reasoning section open: `<think>` after the last `</think>` (DeepSeek-R1's
     /// and QwQ's templates end the opener with it; Qwen3's closes an empty one when
@@ -139,6 +155,25 @@ pub fn tool_format(source: &str) -> ToolFormat {
     } else {
         ToolFormat::Generic
     }
+}
+
+/// The chat template of a Hugging Face model directory — `chat_template.jinja`, else
+/// `tokenizer_config.json`'s `chat_template`, else ChatML — and the texts of its BOS
+/// and EOS tokens: (source, bos, eos).
+pub fn hf_template_parts(dir: &std::path::Path) -> (String, String, String) {
+    let tc: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let token_text = |key: &str| match &tc[key] {
+        serde_json::Value::String(s) => s.clone(),
+        v => v["content"].as_str().unwrap_or_default().to_string(),
+    };
+    let source = std::fs::read_to_string(dir.join("chat_template.jinja"))
+        .ok()
+        .or_else(|| tc["chat_template"].as_str().map(str::to_string))
+        .unwrap_or_else(|| CHATML.to_string());
+    (source, token_text("bos_token"), token_text("eos_token"))
 }
 
 /// The tags of a reasoning section.

@@ -19,20 +19,10 @@ impl TextModel for LlamaCppModel {
     /// Told from the server's template rendered here (as the server renders it, but
     /// for the tail only); a template this cannot compile says no.
     fn opens_reasoning(&self, prompt: &Prompt) -> bool {
-        use switchyard_engine::text::template::ChatTemplate;
-        match (prompt, &self.shared.template) {
-            (
-                Prompt::Chat {
-                    messages,
-                    tools,
-                    kwargs,
-                },
-                Some(t),
-            ) => t
-                .render_with(messages, tools, kwargs, true)
-                .is_ok_and(|text| ChatTemplate::opens_reasoning(&text)),
-            _ => false,
-        }
+        self.shared
+            .template
+            .as_ref()
+            .is_some_and(|t| t.leaves_reasoning_open(prompt))
     }
 
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {

@@ -30,6 +30,9 @@ pub struct MlxModel {
     pub(super) kv: Option<Arc<MlxKv>>,
     /// What the shared cache holds (`holdings`), when the tokenizer loads here.
     holdings: Option<Arc<MlxHoldings>>,
+    /// The model's chat template, compiled here only to tell whether a prompt leaves
+    /// a reasoning section open (the bridge renders the prompts itself).
+    template: Option<Arc<switchyard_engine::text::template::ChatTemplate>>,
 }
 
 impl MlxModel {
@@ -62,6 +65,12 @@ impl MlxModel {
             last: Arc::default(),
             kv: MlxKv::from_info(i),
             holdings: None,
+            template: {
+                let (source, bos, eos) = switchyard_engine::text::template::hf_template_parts(dir);
+                switchyard_engine::text::template::ChatTemplate::new(&source, &bos, &eos)
+                    .ok()
+                    .map(Arc::new)
+            },
         };
         me.holdings = MlxHoldings::open(dir, &eos);
         if let Some(h) = &me.holdings {
@@ -90,6 +99,12 @@ impl MlxModel {
 }
 
 impl TextModel for MlxModel {
+    /// Told from the model's template rendered here (the bridge renders the prompts
+    /// with the same template); a template this cannot compile says no.
+    fn opens_reasoning(&self, prompt: &Prompt) -> bool {
+        self.template.as_ref().is_some_and(|t| t.leaves_reasoning_open(prompt))
+    }
+
     fn generate(&self, prompt: Prompt, config: GenerateConfig, cancel: CancelFlag) -> GenerateStream {
         let request = body(
             "generate",
